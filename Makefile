@@ -1,0 +1,69 @@
+# TauGrid — the two commands that matter are `make run` and `make test` (see README.md).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+SYSTEM_PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+PIP := $(PYTHON) -m pip --disable-pip-version-check
+CONSTRAINTS := requirements/constraints.txt
+PORT ?= 8000
+export PORT
+
+.PHONY: help run test check-all lint format typecheck migrations-check pytest install install-dev lock bench clean
+
+help:
+	@echo "make run    — start the portal on http://127.0.0.1:$(PORT) (embedded default, no services needed)"
+	@echo "make test   — lint, type checks, migrations check and the whole test suite on PostgreSQL"
+	@echo "make lock   — refresh $(CONSTRAINTS) from the current environment"
+
+$(PYTHON):
+	@$(SYSTEM_PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "TauGrid needs Python 3.11; set SYSTEM_PYTHON=/path/to/python3.11")'
+	$(SYSTEM_PYTHON) -m venv $(VENV)
+
+$(VENV)/.runtime-installed: pyproject.toml $(CONSTRAINTS) | $(PYTHON)
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e .
+	@touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.runtime-installed
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.runtime-installed
+install-dev: $(VENV)/.dev-installed
+
+run: install
+	$(PYTHON) manage.py migrate --noinput
+	$(PYTHON) manage.py bootstrap_demo
+	@echo "Open http://127.0.0.1:$(PORT)/ and log in with one of the accounts above."
+	$(PYTHON) manage.py runportal --port $(PORT)
+
+# The suite's own PostgreSQL and Redis are started (and removed) around everything else.
+test: install-dev
+	$(PYTHON) deploy/dev/test_services.py run -- $(MAKE) --no-print-directory check-all
+
+check-all: lint typecheck migrations-check pytest
+
+lint: install-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install-dev
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+typecheck: install-dev
+	$(VENV)/bin/mypy .
+
+migrations-check: install-dev
+	$(PYTHON) manage.py makemigrations --check --dry-run
+
+pytest: install-dev
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lock: install-dev
+	$(PIP) freeze --exclude-editable | grep -v '^-e ' > $(CONSTRAINTS)
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

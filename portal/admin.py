@@ -1,0 +1,77 @@
+"""The audit log in the admin: searchable, filterable, and read-only."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from portal.models import AuditEvent
+
+AUDIT_FIELDS = (
+    "time",
+    "actor_display",
+    "action",
+    "source",
+    "workspace_slug",
+    "object_type",
+    "object_id",
+    "object_repr",
+    "before_pretty",
+    "after_pretty",
+    "request_id",
+    "remote_addr",
+)
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "time",
+        "actor_display",
+        "action",
+        "object_type",
+        "object_repr",
+        "workspace_slug",
+        "source",
+        "remote_addr",
+    ]
+    list_filter = ["action", "source", "object_type"]
+    search_fields = ["actor_username", "object_repr", "workspace_slug", "request_id", "object_id"]
+    date_hierarchy = "time"
+    fields = AUDIT_FIELDS
+    readonly_fields = AUDIT_FIELDS
+    show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AuditEvent]:
+        return super().get_queryset(request).unscoped()  # type: ignore[attr-defined, no-any-return]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="Actor", ordering="actor_username")
+    def actor_display(self, event: AuditEvent) -> str:
+        return event.actor_username or "system"
+
+    def _pretty(self, value: Any) -> str:
+        if value is None:
+            return "—"
+        return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True))
+
+    @admin.display(description="Before")
+    def before_pretty(self, event: AuditEvent) -> str:
+        return self._pretty(event.before)
+
+    @admin.display(description="After")
+    def after_pretty(self, event: AuditEvent) -> str:
+        return self._pretty(event.after)

@@ -1,0 +1,75 @@
+"""Liveness and readiness probes for load balancers and orchestrators.
+
+``/healthz`` says the process answers. ``/readyz`` says it can do its work: the database
+and the Celery broker are reachable. Failures name the component but not the error text,
+which can carry host names; the details go to the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from portal.celery import app as celery_app
+
+logger = logging.getLogger(__name__)
+_TIMEOUT_SECONDS = 2
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+def _check_database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+
+
+def _check_broker() -> None:
+    url: str = settings.CELERY_BROKER_URL
+    if url.startswith("filesystem://"):
+        options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+        for key in ("data_folder_in", "processed_folder"):
+            folder = Path(str(options[key]))
+            if not folder.is_dir():
+                raise OSError(f"broker folder {folder} is missing")
+            probe = folder / ".readyz"
+            probe.write_text("ok", encoding="utf-8")
+            probe.unlink()
+        return
+    with celery_app.connection_for_read(url) as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, timeout=_TIMEOUT_SECONDS)
+        # Creating a channel talks to the server (a PING for Redis), not only opens a socket.
+        channel: Any = conn.default_channel
+        channel.client.ping()
+
+
+_CHECKS = {"database": _check_database, "broker": _check_broker}
+
+
+@never_cache
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks: dict[str, str] = {}
+    for name, check in _CHECKS.items():
+        try:
+            check()
+        except Exception:
+            logger.exception("readiness check %s failed", name)
+            checks[name] = "down"
+        else:
+            checks[name] = "ok"
+    down = sorted(name for name, state in checks.items() if state != "ok")
+    if down:
+        return JsonResponse({"status": "unavailable", "down": down, "checks": checks}, status=503)
+    return JsonResponse({"status": "ok", "checks": checks})

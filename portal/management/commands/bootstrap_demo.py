@@ -1,0 +1,105 @@
+"""Create the demo platform admin, a ``demo`` workspace and a researcher in it (idempotent).
+
+Passwords are generated on first use and kept in ``var/demo-credentials.json`` (readable only
+by the owner), so a demo portal never ships with a password everyone knows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from portal import audit
+from workspaces.models import Membership, ResourceFlavor, Role, Workspace, WorkspaceQuota
+
+DEMO_USERS = {
+    "admin": {
+        "is_staff": True,
+        "is_superuser": True,
+        "first_name": "Platform",
+        "last_name": "Admin",
+    },
+    "researcher": {
+        "is_staff": False,
+        "is_superuser": False,
+        "first_name": "Demo",
+        "last_name": "Researcher",
+    },
+}
+
+
+def credentials_path() -> Path:
+    return Path(settings.VAR_DIR) / "demo-credentials.json"
+
+
+def load_or_create_passwords() -> dict[str, str]:
+    path = credentials_path()
+    if path.exists():
+        stored: dict[str, str] = json.loads(path.read_text(encoding="utf-8"))
+        if set(DEMO_USERS) <= set(stored):
+            return stored
+    passwords = {username: secrets.token_urlsafe(12) for username in DEMO_USERS}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        json.dump(passwords, handle, indent=2)
+    return passwords
+
+
+class Command(BaseCommand):
+    help = "Create the demo admin, the demo workspace and its researcher (safe to run again)."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if settings.PRODUCTION:
+            raise CommandError(
+                "bootstrap_demo creates known accounts; it refuses to run in production"
+            )
+        passwords = load_or_create_passwords()
+        user_model = get_user_model()
+        with transaction.atomic(), audit.acting_as(None, source="cli"):
+            users = {}
+            for username, attributes in DEMO_USERS.items():
+                user, created = user_model._default_manager.get_or_create(
+                    username=username, defaults=attributes
+                )
+                if created or not user.check_password(passwords[username]):
+                    user.set_password(passwords[username])
+                    user.save()
+                users[username] = user
+            flavor, _ = ResourceFlavor.objects.get_or_create(
+                name="local",
+                defaults={"description": "This machine (the embedded default)."},
+            )
+            workspace, _ = Workspace.unscoped_objects.get_or_create(
+                slug="demo",
+                defaults={
+                    "name": "Demo workspace",
+                    "description": "A workspace to try TauGrid in.",
+                    "namespace": "tau-demo",
+                    "local_queue": "demo",
+                    "default_image": settings.TAU_DEFAULT_IMAGE,
+                },
+            )
+            Membership.objects.get_or_create(
+                workspace=workspace, user=users["researcher"], defaults={"role": Role.RESEARCHER}
+            )
+            for resource, amount in (("cpu", Decimal(4)), ("memory", Decimal(8 * 2**30))):
+                WorkspaceQuota.objects.get_or_create(
+                    workspace=workspace,
+                    flavor=flavor,
+                    resource=resource,
+                    defaults={"nominal": amount},
+                )
+        self.stdout.write(self.style.SUCCESS("Demo accounts are ready:"))
+        for username in DEMO_USERS:
+            self.stdout.write(f"  {username:<11} password: {passwords[username]}")
+        self.stdout.write(f"  (kept in {credentials_path()})")

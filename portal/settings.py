@@ -1,0 +1,324 @@
+"""Django settings for TauGrid, read from the environment.
+
+With nothing set you get the *embedded default*: SQLite, a Celery broker on the local
+filesystem and a generated secret key, everything under ``var/``, so ``make run`` needs no
+service at all. ``TAU_ENV=production`` removes every default that is only safe on one
+machine: secrets, PostgreSQL and Redis must be given, and ``manage.py check --deploy``
+passes. The README lists every variable read here.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import django_stubs_ext
+from csp.constants import NONE, SELF
+
+from portal.env import (
+    ImproperlyConfiguredEnv,
+    env_bool,
+    env_int,
+    env_list,
+    env_secret,
+    env_str,
+    parse_database_url,
+)
+
+# Lets code subscript Django's generic classes at runtime (QuerySet[Run]) for the type checker.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+TAU_ENV = env_str("TAU_ENV", "development") or "development"
+if TAU_ENV not in {"development", "production"}:
+    raise ImproperlyConfiguredEnv(f"TAU_ENV must be development or production, got {TAU_ENV!r}")
+PRODUCTION = TAU_ENV == "production"
+
+# Everything the embedded default writes (database, broker queue, secret, logs) stays here.
+VAR_DIR = Path(env_str("TAU_VAR_DIR", str(BASE_DIR / "var")) or BASE_DIR / "var").resolve()
+
+
+def _development_secret_key() -> str:
+    """A per-checkout secret, generated once and kept in var/ (never in the repository)."""
+    path = VAR_DIR / "secret_key"
+    if path.exists():
+        return path.read_text(encoding="utf-8").strip()
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    # O_EXCL: two processes starting at once must not each write a different key.
+    try:
+        with open(path, "x", encoding="utf-8", opener=_private_opener) as handle:
+            handle.write(key)
+    except FileExistsError:
+        return path.read_text(encoding="utf-8").strip()
+    return key
+
+
+def _private_opener(path: str, flags: int) -> int:
+    import os
+
+    return os.open(path, flags, 0o600)
+
+
+_secret = env_secret("TAU_SECRET_KEY")
+if _secret is None:
+    if PRODUCTION:
+        raise ImproperlyConfiguredEnv(
+            "TAU_SECRET_KEY (or TAU_SECRET_KEY_FILE) must be set when TAU_ENV=production; "
+            'generate one with: python -c "import secrets; print(secrets.token_urlsafe(50))"'
+        )
+    _secret = _development_secret_key()
+SECRET_KEY = _secret
+
+DEBUG = env_bool("TAU_DEBUG", False)
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfiguredEnv("TAU_DEBUG must be off when TAU_ENV=production")
+
+ALLOWED_HOSTS = env_list("TAU_ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost"])
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfiguredEnv(
+        "TAU_ALLOWED_HOSTS must list the host names the portal is served under, "
+        "e.g. TAU_ALLOWED_HOSTS=taugrid.example.org"
+    )
+CSRF_TRUSTED_ORIGINS = env_list("TAU_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "drf_spectacular",
+    "django_htmx",
+    "template_partials",
+    "csp",
+    "portal",
+    "workspaces",
+    "runs",
+    "evidence",
+]
+
+MIDDLEWARE = [
+    "portal.middleware.RequestIdMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "portal.middleware.AuditContextMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "portal.context_processors.navigation",
+            ],
+        },
+    },
+]
+
+# --- Database -----------------------------------------------------------------------------
+_database_url = env_secret("DATABASE_URL")
+if _database_url is None:
+    if PRODUCTION:
+        raise ImproperlyConfiguredEnv(
+            "DATABASE_URL (or DATABASE_URL_FILE) must be set when TAU_ENV=production, "
+            "e.g. postgres://taugrid:secret@db.internal:5432/taugrid"
+        )
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    _database_url = f"sqlite:///{VAR_DIR / 'taugrid.sqlite3'}"
+_database = parse_database_url(
+    _database_url, conn_max_age=env_int("TAU_DB_CONN_MAX_AGE", 60 if PRODUCTION else 0, minimum=0)
+)
+if PRODUCTION and _database.vendor != "postgresql":
+    raise ImproperlyConfiguredEnv("DATABASE_URL must be PostgreSQL when TAU_ENV=production")
+DATABASES = {"default": _database.settings}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Celery ---------------------------------------------------------------------------------
+_broker_url = env_secret("CELERY_BROKER_URL")
+if _broker_url is None:
+    if PRODUCTION:
+        raise ImproperlyConfiguredEnv(
+            "CELERY_BROKER_URL (or CELERY_BROKER_URL_FILE) must be set when TAU_ENV=production, "
+            "e.g. redis://redis.internal:6379/0"
+        )
+    _broker_url = "filesystem://"
+if PRODUCTION and not _broker_url.startswith(("redis://", "rediss://")):
+    raise ImproperlyConfiguredEnv("CELERY_BROKER_URL must be redis:// or rediss:// in production")
+CELERY_BROKER_URL = _broker_url
+if _broker_url.startswith("filesystem://"):
+    _queue_dir = VAR_DIR / "celery" / "queue"
+    _processed_dir = VAR_DIR / "celery" / "processed"
+    _control_dir = VAR_DIR / "celery" / "control"
+    for _folder in (_queue_dir, _processed_dir, _control_dir):
+        _folder.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(_processed_dir),
+        "control_folder": str(_control_dir),
+        "store_processed": False,
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # Unacknowledged tasks come back after this long; tasks are idempotent and short.
+        "visibility_timeout": env_int("TAU_CELERY_VISIBILITY_TIMEOUT", 3600, minimum=60),
+        "socket_connect_timeout": 5,
+        "socket_timeout": 10,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TIME_LIMIT = 300
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+CELERY_TIMEZONE = "UTC"
+
+# --- Auth and sessions ----------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+SESSION_COOKIE_AGE = env_int("TAU_SESSION_AGE_SECONDS", 60 * 60 * 12, minimum=300)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_HTTPONLY = False  # HTMX reads the token from the page, not the cookie.
+
+# --- Security headers ----------------------------------------------------------------------
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = env_bool("TAU_SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = env_int("TAU_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("TAU_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("TAU_HSTS_PRELOAD", True)
+    # Behind a TLS-terminating proxy the portal only sees http; trust its header if told to.
+    if env_bool("TAU_BEHIND_TLS_PROXY", False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # /healthz and /readyz are probed over plain HTTP by the orchestrator.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+
+# --- Internationalisation and static files -------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            if PRODUCTION
+            else "django.contrib.staticfiles.storage.StaticFilesStorage"
+        )
+    },
+}
+# Outside production the files are served straight from the apps and STATICFILES_DIRS.
+WHITENOISE_USE_FINDERS = not PRODUCTION
+WHITENOISE_AUTOREFRESH = not PRODUCTION
+
+# --- REST API -------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.CursorPagination",
+    "PAGE_SIZE": 50,
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "TauGrid API",
+    "DESCRIPTION": "Submit and follow AI training runs on shared GPU clusters.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+}
+
+# --- Logging --------------------------------------------------------------------------------
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"request_id": {"()": "portal.request_id.RequestIdLogFilter"}},
+    "formatters": {
+        "plain": {
+            "format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s",
+        },
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["request_id"],
+        },
+    },
+    "root": {"handlers": ["console"], "level": env_str("TAU_LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+    },
+}
+
+# --- TauGrid ---------------------------------------------------------------------------------
+# The image a run gets when neither its tau.yaml nor its workspace names one.
+TAU_DEFAULT_IMAGE = env_str("TAU_DEFAULT_IMAGE", "python:3.11-slim") or "python:3.11-slim"

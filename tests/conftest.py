@@ -1,0 +1,88 @@
+"""Shared fixtures: a fixed cast of users around two workspaces, used by every test module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from workspaces.models import Cohort, Membership, ResourceFlavor, Role, Workspace, WorkspaceQuota
+
+CAST = ("platform_admin", "workspace_admin", "researcher", "viewer", "outsider", "anonymous")
+
+
+@dataclass
+class World:
+    """Workspace ``alpha`` with an admin, a researcher and a viewer; ``beta`` with the
+    outsider (who is therefore a real user of the platform, only not of ``alpha``)."""
+
+    alpha: Workspace
+    beta: Workspace
+    users: dict[str, Any]
+    gpu_flavor: ResourceFlavor
+    cohort: Cohort
+
+    def client_for(self, who: str) -> Client:
+        client = Client()
+        user = self.users[who]
+        if user is not None:
+            client.force_login(user)
+        return client
+
+    def api_client_for(self, who: str) -> APIClient:
+        client = APIClient()
+        user = self.users[who]
+        if user is not None:
+            client.force_authenticate(user)
+        return client
+
+
+def make_workspace(slug: str, **extra: Any) -> Workspace:
+    defaults: dict[str, Any] = {
+        "name": slug.title(),
+        "namespace": f"tau-{slug}",
+        "local_queue": slug,
+    }
+    defaults.update(extra)
+    return Workspace.unscoped_objects.create(slug=slug, **defaults)
+
+
+@pytest.fixture
+def world(django_user_model: Any) -> World:
+    def user(username: str, **flags: Any) -> Any:
+        created = django_user_model.objects.create_user(
+            username=username, password=None, email=f"{username}@example.org", **flags
+        )
+        return created
+
+    cohort = Cohort.objects.create(name="research")
+    gpu = ResourceFlavor.objects.create(
+        name="h100",
+        gpu_model="NVIDIA-H100-80GB-HBM3",
+        node_labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    )
+    alpha = make_workspace("alpha", cohort=cohort, allowed_priorities=["normal"])
+    beta = make_workspace("beta")
+    users: dict[str, Any] = {
+        "platform_admin": user("platform", is_staff=True, is_superuser=True),
+        "workspace_admin": user("alice"),
+        "researcher": user("rob"),
+        "viewer": user("vera"),
+        "outsider": user("otto"),
+        "anonymous": None,
+    }
+    Membership.objects.create(workspace=alpha, user=users["workspace_admin"], role=Role.ADMIN)
+    Membership.objects.create(workspace=alpha, user=users["researcher"], role=Role.RESEARCHER)
+    Membership.objects.create(workspace=alpha, user=users["viewer"], role=Role.VIEWER)
+    Membership.objects.create(workspace=beta, user=users["outsider"], role=Role.ADMIN)
+    WorkspaceQuota.objects.create(
+        workspace=alpha, flavor=gpu, resource="nvidia.com/gpu", nominal=Decimal(8)
+    )
+    WorkspaceQuota.objects.create(
+        workspace=beta, flavor=gpu, resource="nvidia.com/gpu", nominal=Decimal(4)
+    )
+    return World(alpha=alpha, beta=beta, users=users, gpu_flavor=gpu, cohort=cohort)

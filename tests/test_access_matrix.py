@@ -1,0 +1,286 @@
+"""The tenancy attack matrix: every URL of the project, every member of a fixed cast,
+the exact status code each must get.
+
+The cast: a platform admin (staff, not a member of ``alpha``), alpha's workspace admin,
+researcher and viewer, an outsider (a member of ``beta`` only) and an anonymous visitor.
+Outsiders get 404 (a workspace they cannot see does not exist), a viewer's write gets 403.
+
+``test_every_route_is_in_the_matrix`` walks Django's URL resolver: a route added without
+an entry here fails the suite until someone decides who may use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.contrib.contenttypes.models import ContentType
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+
+from portal import audit
+from portal.models import AuditEvent
+from tests.conftest import CAST
+from workspaces.models import Cohort, Membership, ResourceFlavor, Workspace, WorkspaceQuota
+
+pytestmark = pytest.mark.django_db
+
+Kwargs = Callable[[Any], dict[str, Any]]
+
+
+def codes(pa: int, wa: int, re: int, vi: int, out: int, anon: int) -> dict[str, int]:
+    return dict(zip(CAST, (pa, wa, re, vi, out, anon), strict=True))
+
+
+def same(code: int, *, anon: int | None = None) -> dict[str, int]:
+    return codes(code, code, code, code, code, code if anon is None else anon)
+
+
+@dataclass
+class Route:
+    methods: dict[str, dict[str, int]]
+    kwargs: Kwargs = lambda world: {}
+    data: dict[str, Any] = field(default_factory=dict)
+    api: bool = False
+
+
+def ALPHA(world: Any) -> dict[str, Any]:
+    return {"workspace_slug": "alpha"}
+
+
+def ALPHA_MEMBER(world: Any) -> dict[str, Any]:
+    return {"workspace_slug": "alpha", "username": "rob"}
+
+
+# Reads inside alpha: members and staff see it, the outsider gets 404.
+PAGE_READ = codes(200, 200, 200, 200, 404, 302)
+API_READ = codes(200, 200, 200, 200, 404, 403)
+
+
+def API_ADMIN_WRITE(ok: int) -> dict[str, int]:
+    """A write only the workspace admin may make; ``ok`` is what success looks like."""
+    return codes(403, ok, 403, 403, 404, 403)
+
+
+MATRIX: dict[str, Route] = {
+    "home": Route({"GET": same(200, anon=302)}),
+    "healthz": Route({"GET": same(200)}),
+    "readyz": Route({"GET": same(200)}),
+    "login": Route({"GET": same(302, anon=200)}),
+    "logout": Route({"POST": same(302), "GET": same(405)}),
+    "workspace-home": Route(
+        # Staff read as viewers (403 on write); members reach the view, which has no POST.
+        {"GET": PAGE_READ, "POST": codes(403, 405, 405, 403, 404, 302)},
+        ALPHA,
+    ),
+    "api:workspace-list": Route(
+        {"GET": same(200, anon=403), "POST": same(405, anon=403)}, api=True
+    ),
+    "api:workspace-detail": Route(
+        {"GET": API_READ, "PATCH": API_ADMIN_WRITE(200)},
+        ALPHA,
+        data={"description": "Updated by the matrix"},
+        api=True,
+    ),
+    # Read-only: the role check (staff and viewers may not write) comes before "no such method".
+    "api:quota-list": Route(
+        {"GET": API_READ, "POST": codes(403, 405, 405, 403, 404, 403)}, ALPHA, api=True
+    ),
+    "api:member-list": Route(
+        {"GET": API_READ, "POST": API_ADMIN_WRITE(201)},
+        ALPHA,
+        data={"username": "otto", "role": "viewer"},
+        api=True,
+    ),
+    "api:member-detail": Route(
+        {"GET": API_READ, "PATCH": API_ADMIN_WRITE(200), "DELETE": API_ADMIN_WRITE(204)},
+        ALPHA_MEMBER,
+        data={"role": "viewer"},
+        api=True,
+    ),
+    "api:schema": Route({"GET": same(200, anon=403)}, api=True),
+}
+
+# --- The admin: staff only. Everyone else is sent to the admin login page. -------------------
+
+
+def STAFF_ONLY(staff_code: int) -> dict[str, int]:
+    return codes(staff_code, 302, 302, 302, 302, 302)
+
+
+# One object per registered model, to fill <object_id> in the admin's routes.
+ADMIN_OBJECTS: dict[type, Callable[[Any], Any]] = {
+    Workspace: lambda world: world.alpha,
+    Membership: lambda world: Membership.objects.for_workspace(world.alpha).first(),
+    WorkspaceQuota: lambda world: WorkspaceQuota.objects.for_workspace(world.alpha).first(),
+    ResourceFlavor: lambda world: world.gpu_flavor,
+    Cohort: lambda world: world.cohort,
+    AuditEvent: lambda world: AuditEvent.objects.unscoped().first(),
+    get_user_model(): lambda world: world.users["researcher"],
+    Group: lambda world: Group.objects.create(name="matrix"),
+}
+# The audit log is view-only even for superusers.
+READ_ONLY_ADMIN_MODELS = {AuditEvent}
+
+
+def _object_kwargs(model: type) -> Kwargs:
+    def build(world: Any) -> dict[str, Any]:
+        instance = ADMIN_OBJECTS[model](world)
+        assert instance is not None, f"no {model.__name__} to test the admin with"
+        return {"object_id": str(instance.pk)}
+
+    return build
+
+
+def _admin_routes() -> Iterator[tuple[str, Route]]:
+    yield "admin:index", Route({"GET": STAFF_ONLY(200)})
+    # An authenticated non-staff user gets the login form (to switch accounts).
+    yield "admin:login", Route({"GET": codes(302, 200, 200, 200, 200, 200)})
+    # Logging out redirects to LOGOUT_REDIRECT_URL; non-staff are sent to the admin index.
+    yield "admin:logout", Route({"GET": STAFF_ONLY(405), "POST": STAFF_ONLY(302)})
+    yield "admin:password_change", Route({"GET": STAFF_ONLY(200)})
+    yield "admin:password_change_done", Route({"GET": STAFF_ONLY(200)})
+    yield "admin:autocomplete", Route({"GET": STAFF_ONLY(403)})  # no field named: refused
+    yield "admin:jsi18n", Route({"GET": STAFF_ONLY(200)})
+    yield (
+        "admin:view_on_site",
+        Route(
+            {"GET": STAFF_ONLY(302)},
+            lambda world: {
+                "content_type_id": str(ContentType.objects.get_for_model(Workspace).pk),
+                "object_id": str(world.alpha.pk),
+            },
+        ),
+    )
+    yield (
+        "admin:app_list",
+        Route({"GET": STAFF_ONLY(200)}, lambda world: {"app_label": "workspaces"}),
+    )
+    yield (
+        "admin:auth_user_password_change",
+        Route({"GET": STAFF_ONLY(200)}, lambda world: {"id": str(world.users["researcher"].pk)}),
+    )
+    yield (
+        "admin/(?P<url>.*)$",
+        Route({"GET": STAFF_ONLY(404)}, lambda world: {"url": "no-such-page/"}),
+    )
+    for model in admin.site._registry:
+        prefix = f"admin:{model._meta.app_label}_{model._meta.model_name}"
+        writable = model not in READ_ONLY_ADMIN_MODELS
+        by_id = _object_kwargs(model)
+        yield f"{prefix}_changelist", Route({"GET": STAFF_ONLY(200)})
+        yield f"{prefix}_add", Route({"GET": STAFF_ONLY(200 if writable else 403)})
+        yield f"{prefix}_history", Route({"GET": STAFF_ONLY(200)}, by_id)
+        yield f"{prefix}_delete", Route({"GET": STAFF_ONLY(200 if writable else 403)}, by_id)
+        yield f"{prefix}_change", Route({"GET": STAFF_ONLY(200)}, by_id)
+        # admin/<app>/<model>/<id>/ redirects to the change page.
+        yield (
+            f"admin/{model._meta.app_label}/{model._meta.model_name}/<path:object_id>/",
+            Route({"GET": STAFF_ONLY(302)}, by_id),
+        )
+
+
+MATRIX.update(dict(_admin_routes()))
+
+
+def _walk(
+    patterns: list[Any], prefix: str = "", namespace: str | None = None
+) -> Iterator[tuple[str, str]]:
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            inner = namespace
+            if pattern.namespace:
+                inner = f"{namespace}:{pattern.namespace}" if namespace else pattern.namespace
+            yield from _walk(pattern.url_patterns, prefix + str(pattern.pattern), inner)
+        elif isinstance(pattern, URLPattern):
+            route = prefix + str(pattern.pattern)
+            if pattern.name:
+                yield (f"{namespace}:{pattern.name}" if namespace else pattern.name), route
+            else:
+                yield route, route
+
+
+def project_routes() -> dict[str, str]:
+    return dict(_walk(get_resolver().url_patterns))
+
+
+def _url(key: str, kwargs: dict[str, Any]) -> str:
+    if "/" not in key and "$" not in key:
+        return reverse(key, kwargs=kwargs)
+    # An unnamed route: fill its single parameter by hand.
+    if key.endswith("(?P<url>.*)$"):
+        return "/admin/" + str(kwargs["url"])
+    return "/" + key.replace("<path:object_id>", str(kwargs["object_id"]))
+
+
+def test_every_route_is_in_the_matrix() -> None:
+    routes = project_routes()
+    missing = sorted(set(routes) - set(MATRIX))
+    stale = sorted(set(MATRIX) - set(routes))
+    assert not missing, f"routes without a matrix entry (decide who may use them): {missing}"
+    assert not stale, f"matrix entries for routes that no longer exist: {stale}"
+
+
+CASES = [
+    pytest.param(key, method, who, id=f"{key}-{method}-{who}")
+    for key, route in MATRIX.items()
+    for method in route.methods
+    for who in CAST
+]
+
+
+@pytest.mark.parametrize(("key", "method", "who"), CASES)
+def test_access(world: Any, key: str, method: str, who: str) -> None:
+    route = MATRIX[key]
+    # Something for the audit log's admin pages to show.
+    with audit.acting_as(None, source="system"):
+        audit.record(action="matrix", workspace=world.alpha)
+    url = _url(key, route.kwargs(world))
+    client = world.api_client_for(who) if route.api else world.client_for(who)
+    send = getattr(client, method.lower())
+    if route.api and method in {"POST", "PATCH", "PUT"}:
+        response = send(url, route.data, format="json")
+    elif method in {"POST", "PATCH", "PUT"}:
+        response = send(url, route.data)
+    else:
+        response = send(url)
+    expected = route.methods[method][who]
+    assert response.status_code == expected, (
+        f"{method} {url} as {who}: expected {expected}, got {response.status_code}"
+    )
+    if expected == 302 and who == "anonymous" and key not in {"logout", "admin:logout"}:
+        location = response["Location"]
+        assert "login" in location, (
+            f"anonymous {method} {url} redirected to {location}, not a login page"
+        )
+
+
+@pytest.mark.parametrize("who", ["outsider", "researcher"])
+def test_an_inaccessible_workspace_looks_like_a_missing_one(world: Any, who: str) -> None:
+    """The outsider's 404 for alpha is the same as anyone's 404 for a name that does not exist."""
+    client = world.api_client_for(who)
+    hidden = client.get(
+        reverse(
+            "api:workspace-detail",
+            kwargs={"workspace_slug": "beta" if who == "researcher" else "alpha"},
+        )
+    )
+    missing = client.get(
+        reverse("api:workspace-detail", kwargs={"workspace_slug": "no-such-space"})
+    )
+    assert hidden.status_code == missing.status_code == 404
+    assert hidden.json() == missing.json()
+    page_client = world.client_for(who)
+    hidden_page = page_client.get(
+        reverse(
+            "workspace-home", kwargs={"workspace_slug": "beta" if who == "researcher" else "alpha"}
+        )
+    )
+    missing_page = page_client.get(
+        reverse("workspace-home", kwargs={"workspace_slug": "no-such-space"})
+    )
+    assert hidden_page.status_code == missing_page.status_code == 404

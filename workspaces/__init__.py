@@ -1,0 +1,1 @@
+"""Workspaces: tenancy, members and roles, resource flavors, cohorts and quotas."""

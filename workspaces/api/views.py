@@ -1,0 +1,133 @@
+"""REST API for workspaces: the caller's workspaces, one workspace, its quotas and members."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from workspaces import services
+from workspaces.access import WorkspaceScopedViewSet
+from workspaces.api.serializers import (
+    MemberCreateSerializer,
+    MemberSerializer,
+    MemberUpdateSerializer,
+    QuotaSerializer,
+    WorkspaceSerializer,
+)
+from workspaces.models import Membership, Role, WorkspaceQuota
+from workspaces.selectors import workspaces_for_user
+
+
+def _as_api_error(exc: DjangoValidationError) -> ValidationError:
+    if hasattr(exc, "error_dict"):
+        return ValidationError(exc.message_dict)
+    return ValidationError({"detail": exc.messages})
+
+
+class WorkspaceListView(generics.ListAPIView):  # type: ignore[type-arg]
+    """The workspaces you can open, with your role in each."""
+
+    serializer_class = WorkspaceSerializer
+    permission_classes = [IsAuthenticated]
+    pagination_class = None  # a person belongs to a handful of workspaces
+
+    def get_queryset(self) -> Any:
+        return workspaces_for_user(self.request.user)
+
+
+class WorkspaceDetailViewSet(WorkspaceScopedViewSet):
+    """One workspace. Its admins may change its name, description and default image."""
+
+    serializer_class = WorkspaceSerializer
+    write_role = Role.ADMIN
+
+    def _annotated_workspace(self) -> Any:
+        return workspaces_for_user(self.request.user).get(pk=self.workspace.pk)
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return Response(WorkspaceSerializer(self._annotated_workspace()).data)
+
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = WorkspaceSerializer(self.workspace, data=request.data, partial=True)
+        serializer.is_valid(raise_exception=True)
+        try:
+            services.update_workspace_details(
+                workspace=self.workspace,
+                name=serializer.validated_data.get("name"),
+                description=serializer.validated_data.get("description"),
+                default_image=serializer.validated_data.get("default_image"),
+            )
+        except DjangoValidationError as exc:
+            raise _as_api_error(exc) from None
+        return Response(WorkspaceSerializer(self._annotated_workspace()).data)
+
+
+class QuotaViewSet(WorkspaceScopedViewSet):
+    """The workspace's quotas per flavor and resource (set by the platform team)."""
+
+    serializer_class = QuotaSerializer
+    base_queryset = WorkspaceQuota.objects.select_related("flavor").order_by(
+        "flavor__name", "resource"
+    )
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return Response(QuotaSerializer(self.get_queryset(), many=True).data)
+
+
+class MemberViewSet(WorkspaceScopedViewSet):
+    """Members and their roles. Workspace admins add, change and remove members."""
+
+    serializer_class = MemberSerializer
+    write_role = Role.ADMIN
+    base_queryset = Membership.objects.select_related("user").order_by("user__username")
+    lookup_field = "user__username"
+    lookup_url_kwarg = "username"
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return Response(MemberSerializer(self.get_queryset(), many=True).data)
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return Response(MemberSerializer(self.get_object()).data)
+
+    @extend_schema(request=MemberCreateSerializer, responses={201: MemberSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        payload = MemberCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        try:
+            membership = services.add_member(
+                workspace=self.workspace,
+                username=payload.validated_data["username"],
+                role=Role(payload.validated_data["role"]),
+            )
+        except DjangoValidationError as exc:
+            raise _as_api_error(exc) from None
+        return Response(MemberSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=MemberUpdateSerializer, responses={200: MemberSerializer})
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        membership = self.get_object()
+        payload = MemberUpdateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        try:
+            services.change_member_role(
+                membership=membership, role=Role(payload.validated_data["role"])
+            )
+        except DjangoValidationError as exc:
+            raise _as_api_error(exc) from None
+        return Response(MemberSerializer(membership).data)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        membership = self.get_object()
+        try:
+            services.remove_member(membership=membership)
+        except DjangoValidationError as exc:
+            raise _as_api_error(exc) from None
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,435 @@
+"""Tenancy: workspaces, their members, and the GPU/CPU/memory quotas they get from Kueue.
+
+A workspace maps to one Kubernetes namespace and one Kueue LocalQueue; its quotas become the
+resource groups of its ClusterQueue. Flavors and cohorts are platform-wide. Validation here
+follows Kueue's own rules, so what the platform team saves is what Kueue will accept.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+from django.urls import reverse
+from django.utils import timezone
+
+from portal.audit import AuditedModel
+from portal.tenancy import TenantModel, TenantQuerySet
+from tau.k8s_names import (
+    dns1123_label_problem,
+    dns1123_subdomain_problem,
+    label_key_problem,
+    label_value_problem,
+    resource_name_problem,
+)
+from tau.quantity import format_quantity
+from workspaces.fields import QuantityField
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# Resources Kubernetes allows fractions of; every other (extended) resource is whole units.
+FRACTIONAL_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+BYTE_RESOURCES = frozenset({"memory", "ephemeral-storage"})
+
+
+def validate_dns1123_label(value: str) -> None:
+    problem = dns1123_label_problem(value)
+    if problem:
+        raise ValidationError(f"{value!r} {problem}.", code="invalid")
+
+
+def validate_priority_class_names(value: Any) -> None:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValidationError("Give a list of WorkloadPriorityClass names.", code="invalid")
+    for name in value:
+        problem = dns1123_subdomain_problem(name)
+        if problem:
+            raise ValidationError(f"Priority {name!r} {problem}.", code="invalid")
+    if len(set(value)) != len(value):
+        raise ValidationError("Each priority may be listed only once.", code="duplicate")
+
+
+class Role(models.TextChoices):
+    """What a member may do in a workspace, lowest first."""
+
+    VIEWER = "viewer", "Viewer"
+    RESEARCHER = "researcher", "Researcher"
+    ADMIN = "admin", "Admin"
+
+    @property
+    def rank(self) -> int:
+        return _ROLE_RANK[self]
+
+    def includes(self, other: Role) -> bool:
+        return self.rank >= other.rank
+
+
+_ROLE_RANK = {Role.VIEWER: 1, Role.RESEARCHER: 2, Role.ADMIN: 3}
+
+
+class Cohort(AuditedModel):
+    """Workspaces in one cohort may borrow each other's unused quota (a Kueue Cohort)."""
+
+    name = models.CharField(
+        max_length=63,
+        unique=True,
+        validators=[validate_dns1123_label],
+        help_text="Kueue cohort name; lower-case letters, digits and '-'.",
+    )
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ResourceFlavor(AuditedModel):
+    """A kind of node capacity (a Kueue ResourceFlavor), e.g. H100 nodes or CPU-only nodes."""
+
+    name = models.CharField(
+        max_length=63,
+        unique=True,
+        validators=[validate_dns1123_label],
+        help_text="Kueue ResourceFlavor name, e.g. h100 or cpu.",
+    )
+    gpu_model = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="GPU product on these nodes (the nvidia.com/gpu.product label), if any.",
+    )
+    node_labels = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=(
+            "Labels that select these nodes, e.g. "
+            '{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}.'
+        ),
+    )
+    tolerations = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            "Tolerations for these nodes' taints, e.g. "
+            '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}].'
+        ),
+    )
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+        if not isinstance(self.node_labels, dict):
+            errors["node_labels"] = [
+                'Give an object of label keys to values, e.g. {"pool": "gpu"}.'
+            ]
+        else:
+            problems = []
+            for key, value in self.node_labels.items():
+                if not isinstance(value, str):
+                    problems.append(f"Label {key!r}: the value must be a string.")
+                    continue
+                key_problem = label_key_problem(key)
+                if key_problem:
+                    problems.append(f"Label key {key!r} {key_problem}.")
+                value_problem = label_value_problem(value)
+                if value_problem:
+                    problems.append(f"Label {key!r}: value {value!r} {value_problem}.")
+            if problems:
+                errors["node_labels"] = problems
+        toleration_problems = _toleration_problems(self.tolerations)
+        if toleration_problems:
+            errors["tolerations"] = toleration_problems
+        if errors:
+            raise ValidationError(errors)
+
+
+_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+_TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
+
+
+def _toleration_problems(tolerations: Any) -> list[str]:
+    if not isinstance(tolerations, list):
+        return ["Give a list of tolerations."]
+    problems = []
+    for index, toleration in enumerate(tolerations, start=1):
+        where = f"Toleration {index}"
+        if not isinstance(toleration, dict):
+            problems.append(f"{where}: must be an object with key, operator, value, effect.")
+            continue
+        unknown = set(toleration) - _TOLERATION_KEYS
+        if unknown:
+            problems.append(f"{where}: unknown field(s) {', '.join(sorted(unknown))}.")
+        operator = toleration.get("operator", "Equal")
+        if operator not in {"Equal", "Exists"}:
+            problems.append(f"{where}: operator must be Equal or Exists, not {operator!r}.")
+        if operator == "Exists" and toleration.get("value"):
+            problems.append(f"{where}: operator Exists takes no value.")
+        effect = toleration.get("effect")
+        if effect is not None and effect not in _TOLERATION_EFFECTS:
+            problems.append(
+                f"{where}: effect must be one of {', '.join(sorted(_TOLERATION_EFFECTS))}."
+            )
+        key = toleration.get("key")
+        if key is not None and (not isinstance(key, str) or label_key_problem(key)):
+            problems.append(f"{where}: key {key!r} is not a valid label key.")
+    return problems
+
+
+class WorkspaceQuerySet(TenantQuerySet["Workspace"]):
+    """Workspaces are listed only through a user's access (or explicitly across all)."""
+
+    def visible_to(self, user: User | AnonymousUser) -> WorkspaceQuerySet:
+        if not user.is_authenticated:
+            return self.none()
+        queryset = self.filter(active=True)
+        if not user.is_staff:
+            queryset = queryset.filter(memberships__user=user)
+        return queryset._mark_scoped()
+
+
+class WorkspaceManager(models.Manager["Workspace"]):
+    def get_queryset(self) -> WorkspaceQuerySet:
+        return WorkspaceQuerySet(self.model, using=self._db)
+
+    def visible_to(self, user: User | AnonymousUser) -> WorkspaceQuerySet:
+        return self.get_queryset().visible_to(user)
+
+    def unscoped(self) -> WorkspaceQuerySet:
+        return self.get_queryset().unscoped()
+
+
+class Workspace(AuditedModel):
+    """A team's place: its namespace and queue on the cluster, its members, its quotas."""
+
+    tenant_path: ClassVar[str | None] = None
+
+    slug = models.SlugField(
+        max_length=40,
+        unique=True,
+        validators=[validate_dns1123_label],
+        help_text="Short name used in URLs, the CLI and object names, e.g. vision-team.",
+    )
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    namespace = models.CharField(
+        max_length=63,
+        unique=True,
+        validators=[validate_dns1123_label],
+        help_text="Kubernetes namespace the workspace's runs are created in.",
+    )
+    local_queue = models.CharField(
+        "LocalQueue name",
+        max_length=63,
+        validators=[validate_dns1123_label],
+        help_text="Kueue LocalQueue in that namespace that runs are submitted to.",
+    )
+    cohort = models.ForeignKey(
+        Cohort,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="workspaces",
+        help_text="Workspaces in the same cohort can borrow each other's unused quota.",
+    )
+    default_image = models.CharField(
+        max_length=255, blank=True, help_text="Image for runs whose tau.yaml names none."
+    )
+    allowed_priorities = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[validate_priority_class_names],
+        help_text='Kueue WorkloadPriorityClass names members may use, e.g. ["low", "normal"].',
+    )
+    default_priority = models.CharField(
+        max_length=253,
+        blank=True,
+        help_text="Priority for runs that name none; must be one of the allowed priorities.",
+    )
+    active = models.BooleanField(
+        default=True, help_text="Inactive workspaces are hidden and accept no runs."
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    # Only reads that went through a user's access (or unscoped()) may run; Django's own
+    # machinery (uniqueness checks, the admin) uses the plain manager below.
+    objects = WorkspaceManager()
+    unscoped_objects = models.Manager()
+
+    class Meta:
+        ordering = ["slug"]
+        default_manager_name = "unscoped_objects"
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def get_absolute_url(self) -> str:
+        return reverse("workspace-home", kwargs={"workspace_slug": self.slug})
+
+    def audit_workspace(self) -> Workspace:
+        return self
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.default_priority and self.default_priority not in (self.allowed_priorities or []):
+            errors["default_priority"] = (
+                f"{self.default_priority!r} is not one of the allowed priorities; "
+                "add it there or clear this field."
+            )
+        if self.pk and self.cohort_id is None:
+            # Leaving a cohort: limits that only make sense inside one must go first.
+            with_limits = (
+                WorkspaceQuota.objects.for_workspace(self)
+                .filter(Q(borrowing_limit__isnull=False) | Q(lending_limit__isnull=False))
+                .count()
+            )
+            if with_limits:
+                errors["cohort"] = (
+                    f"{with_limits} quota row(s) have a borrowing or lending limit, which only "
+                    "apply inside a cohort; clear those limits before removing the cohort."
+                )
+        if errors:
+            raise ValidationError(errors)
+
+
+class Membership(AuditedModel, TenantModel):
+    """A user's role in one workspace."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.RESEARCHER)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta(TenantModel.Meta):
+        ordering = ["workspace", "user"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "user"],
+                name="membership_unique_user_per_workspace",
+                violation_error_message="This user is already a member of this workspace.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.workspace} ({self.role})"
+
+    @property
+    def role_enum(self) -> Role:
+        return Role(self.role)
+
+    def audit_workspace(self) -> Workspace:
+        return self.workspace
+
+
+class WorkspaceQuota(AuditedModel, TenantModel):
+    """How much of one resource on one flavor a workspace is guaranteed, may borrow and lends.
+
+    Rules (Kueue's): quotas are never negative; borrowing and lending limits only exist for
+    a workspace in a cohort; a lending limit cannot exceed the nominal quota; extended
+    resources such as ``nvidia.com/gpu`` come in whole units.
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="quotas")
+    flavor = models.ForeignKey(ResourceFlavor, on_delete=models.PROTECT, related_name="quotas")
+    resource = models.CharField(
+        max_length=253,
+        help_text="cpu, memory, nvidia.com/gpu, or another resource name.",
+    )
+    nominal = QuantityField(
+        "nominal quota", help_text="Guaranteed amount, e.g. 8 (GPUs), 64 (CPUs), 512Gi (memory)."
+    )
+    borrowing_limit = QuantityField(
+        null=True,
+        blank=True,
+        help_text="How much more it may borrow from its cohort; empty means no limit.",
+    )
+    lending_limit = QuantityField(
+        null=True,
+        blank=True,
+        help_text="How much of its nominal quota others may borrow; empty means all of it.",
+    )
+
+    class Meta(TenantModel.Meta):
+        ordering = ["workspace", "flavor", "resource"]
+        verbose_name = "quota"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "flavor", "resource"],
+                name="quota_unique_resource_per_flavor",
+                violation_error_message=(
+                    "This workspace already has a quota for this resource on this flavor; "
+                    "edit that row instead of adding another."
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        amount = self.display_amount(self.nominal)
+        return f"{self.workspace}: {amount} {self.resource} on {self.flavor}"
+
+    def audit_workspace(self) -> Workspace:
+        return self.workspace
+
+    def display_amount(self, value: Decimal | None) -> str:
+        if value is None:
+            return "unlimited"
+        return format_quantity(value, binary=self.resource in BYTE_RESOURCES)
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.resource:
+            problem = resource_name_problem(self.resource)
+            if problem:
+                errors["resource"] = f"{self.resource!r} is not a resource name: {problem}."
+        whole_units = bool(self.resource) and self.resource not in FRACTIONAL_RESOURCES
+        for field in ("nominal", "borrowing_limit", "lending_limit"):
+            value: Decimal | None = getattr(self, field)
+            if value is None:
+                continue
+            if value < 0:
+                errors[field] = "Must be zero or more."
+            elif whole_units and value != value.to_integral_value():
+                errors[field] = f"{self.resource} comes in whole units; use a whole number."
+        try:
+            workspace: Workspace | None = self.workspace
+        except Workspace.DoesNotExist:  # not chosen yet; the field's own check reports that
+            workspace = None
+        in_cohort = workspace is not None and workspace.cohort_id is not None
+        if not in_cohort:
+            if self.borrowing_limit is not None:
+                errors.setdefault(
+                    "borrowing_limit",
+                    "Borrowing needs a cohort: put the workspace in a cohort, or clear the limit.",
+                )
+            if self.lending_limit is not None:
+                errors.setdefault(
+                    "lending_limit",
+                    "Lending needs a cohort: put the workspace in a cohort, or clear the limit.",
+                )
+        if (
+            self.lending_limit is not None
+            and self.nominal is not None
+            and self.lending_limit > self.nominal
+            and "lending_limit" not in errors
+        ):
+            errors["lending_limit"] = (
+                f"Cannot lend more than the nominal quota ({self.display_amount(self.nominal)})."
+            )
+        if errors:
+            raise ValidationError(errors)
