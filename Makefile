@@ -11,7 +11,7 @@ CONSTRAINTS := requirements/constraints.txt
 PORT ?= 8000
 export PORT
 
-.PHONY: help run test check-all lint format typecheck migrations-check pytest install install-dev lock bench clean
+.PHONY: help run test test-tools check-all lint format typecheck migrations-check pytest install install-dev lock bench clean
 
 help:
 	@echo "make run    — start the portal on http://127.0.0.1:$(PORT) (embedded default, no services needed)"
@@ -40,8 +40,12 @@ run: install
 	$(PYTHON) manage.py runportal --port $(PORT)
 
 # The suite's own PostgreSQL and Redis are started (and removed) around everything else.
-test: install-dev
+test: install-dev test-tools
 	$(PYTHON) deploy/dev/test_services.py run -- $(MAKE) --no-print-directory check-all
+
+# Chromium (Debian) for the browser tests, npm packages of the test OpenID provider.
+test-tools:
+	$(PYTHON) deploy/dev/test_tools.py
 
 check-all: lint typecheck migrations-check pytest
 
@@ -61,6 +65,10 @@ migrations-check: install-dev
 
 pytest: install-dev
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Speed targets, measured on this machine against the suite's own PostgreSQL and Redis.
+bench: install-dev
+	$(PYTHON) deploy/dev/test_services.py run -- $(PYTHON) benchmarks/run.py
 
 lock: install-dev
 	$(PIP) freeze --exclude-editable | grep -v '^-e ' > $(CONSTRAINTS)

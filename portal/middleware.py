@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
-from django.http import HttpRequest, HttpResponse
+from csp.middleware import CSPMiddleware, PolicyParts
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from portal import audit
 from portal.request_id import current_request_id
@@ -51,3 +54,23 @@ class AuditContextMiddleware:
         )
         with audit.request_context(request, source=source):
             return self.get_response(request)
+
+
+class PortalCSPMiddleware(CSPMiddleware):
+    """The Content Security Policy from settings, plus the identity provider as a form
+    target: logging out posts to the portal, which redirects to the provider to end its
+    session, and browsers apply ``form-action`` to that redirect too."""
+
+    def get_policy_parts(
+        self, request: HttpRequest, response: HttpResponseBase, report_only: bool = False
+    ) -> PolicyParts:
+        parts = super().get_policy_parts(request, response, report_only)
+        if settings.TAU_OIDC_ENABLED and not report_only:
+            issuer = urlsplit(settings.TAU_OIDC_ISSUER)
+            update = dict(parts.update or {})
+            update["form-action"] = [
+                *update.get("form-action", []),
+                f"{issuer.scheme}://{issuer.netloc}",
+            ]
+            parts.update = update
+        return parts

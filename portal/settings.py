@@ -39,9 +39,10 @@ PRODUCTION = TAU_ENV == "production"
 VAR_DIR = Path(env_str("TAU_VAR_DIR", str(BASE_DIR / "var")) or BASE_DIR / "var").resolve()
 
 
-def _development_secret_key() -> str:
-    """A per-checkout secret, generated once and kept in var/ (never in the repository)."""
-    path = VAR_DIR / "secret_key"
+def _local_secret(filename: str) -> str:
+    """A secret for this checkout only, generated once and kept in var/ (never in the
+    repository). Only used outside production."""
+    path = VAR_DIR / filename
     if path.exists():
         return path.read_text(encoding="utf-8").strip()
     VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -68,7 +69,7 @@ if _secret is None:
             "TAU_SECRET_KEY (or TAU_SECRET_KEY_FILE) must be set when TAU_ENV=production; "
             'generate one with: python -c "import secrets; print(secrets.token_urlsafe(50))"'
         )
-    _secret = _development_secret_key()
+    _secret = _local_secret("secret_key")
 SECRET_KEY = _secret
 
 DEBUG = env_bool("TAU_DEBUG", False)
@@ -113,8 +114,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "csp.middleware.CSPMiddleware",
+    "portal.middleware.PortalCSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "portal.identity.oidc.OIDCSessionRefreshMiddleware",
     "portal.middleware.AuditContextMiddleware",
 ]
 
@@ -200,6 +202,28 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 CELERY_TIMEZONE = "UTC"
 
+# --- Cache (rate limits, OIDC provider metadata) --------------------------------------------
+# Shared between processes: Redis when there is one, files under var/ otherwise.
+_cache_url = env_secret("TAU_CACHE_URL") or (
+    _broker_url if _broker_url.startswith(("redis://", "rediss://")) else None
+)
+if _cache_url:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": _cache_url,
+            "KEY_PREFIX": "taugrid",
+            "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
+        }
+    }
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(VAR_DIR / "cache"),
+        }
+    }
+
 # --- Auth and sessions ----------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -210,6 +234,71 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
+
+# Username and password, for bootstrap and small installations; can be switched off once
+# OpenID Connect is configured.
+TAU_LOCAL_LOGIN = env_bool("TAU_LOCAL_LOGIN", True)
+
+# OpenID Connect (portal/identity/oidc.py). Endpoints and keys come from the provider's
+# discovery document at <issuer>/.well-known/openid-configuration.
+TAU_OIDC_ISSUER = (env_str("TAU_OIDC_ISSUER", "") or "").rstrip("/")
+TAU_OIDC_ENABLED = bool(TAU_OIDC_ISSUER)
+TAU_OIDC_PROVIDER_NAME = env_str("TAU_OIDC_PROVIDER_NAME", "your organisation") or "SSO"
+TAU_OIDC_SIGNING_ALGORITHMS = env_list("TAU_OIDC_SIGNING_ALGORITHMS", ["RS256", "ES256"])
+TAU_OIDC_USERNAME_CLAIM = env_str("TAU_OIDC_USERNAME_CLAIM", "preferred_username") or "sub"
+TAU_OIDC_EMAIL_CLAIM = env_str("TAU_OIDC_EMAIL_CLAIM", "email") or "email"
+TAU_OIDC_NAME_CLAIM = env_str("TAU_OIDC_NAME_CLAIM", "name") or "name"
+TAU_OIDC_GROUPS_CLAIM = env_str("TAU_OIDC_GROUPS_CLAIM", "groups") or "groups"
+TAU_OIDC_STAFF_GROUPS = env_list("TAU_OIDC_STAFF_GROUPS", [])
+TAU_OIDC_SUPERUSER_GROUPS = env_list("TAU_OIDC_SUPERUSER_GROUPS", [])
+# "group=workspace:role" pairs, e.g. "vision-leads=vision:admin,vision=vision:researcher".
+TAU_OIDC_WORKSPACE_ROLES = env_list("TAU_OIDC_WORKSPACE_ROLES", [])
+TAU_OIDC_CA_BUNDLE = env_str("TAU_OIDC_CA_BUNDLE", "") or None
+TAU_OIDC_PROVIDER_LOGOUT = env_bool("TAU_OIDC_PROVIDER_LOGOUT", True)
+OIDC_RP_CLIENT_ID = env_str("TAU_OIDC_CLIENT_ID", "") or ""
+OIDC_RP_CLIENT_SECRET = env_secret("TAU_OIDC_CLIENT_SECRET") or ""
+OIDC_RP_SCOPES = env_str("TAU_OIDC_SCOPES", "openid email profile") or "openid"
+OIDC_RP_SIGN_ALGO = "RS256"  # placeholder for the library; the allowed list above decides
+OIDC_USE_NONCE = True
+OIDC_USE_PKCE = True
+OIDC_STORE_ID_TOKEN = True  # needed to end the provider's session at logout
+OIDC_TOKEN_USE_BASIC_AUTH = env_bool("TAU_OIDC_CLIENT_SECRET_BASIC", True)
+OIDC_TIMEOUT = 10
+OIDC_VERIFY_SSL = TAU_OIDC_CA_BUNDLE or True
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("TAU_OIDC_RENEW_SECONDS", 15 * 60, minimum=60)
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc-callback"
+LOGIN_REDIRECT_URL_FAILURE = "/login/?oidc=failed"
+if TAU_OIDC_ENABLED and not (OIDC_RP_CLIENT_ID and OIDC_RP_CLIENT_SECRET):
+    raise ImproperlyConfiguredEnv(
+        "TAU_OIDC_ISSUER is set, so TAU_OIDC_CLIENT_ID and TAU_OIDC_CLIENT_SECRET "
+        "(or TAU_OIDC_CLIENT_SECRET_FILE) must be set too"
+    )
+if not TAU_LOCAL_LOGIN and not TAU_OIDC_ENABLED:
+    raise ImproperlyConfiguredEnv(
+        "TAU_LOCAL_LOGIN=false leaves no way to log in: configure TAU_OIDC_ISSUER first"
+    )
+AUTHENTICATION_BACKENDS = [
+    *(["portal.identity.oidc.OIDCBackend"] if TAU_OIDC_ENABLED else []),
+    *(["django.contrib.auth.backends.ModelBackend"] if TAU_LOCAL_LOGIN else []),
+]
+
+# API tokens (portal/identity/tokens.py): only an HMAC of the secret is stored, keyed with a
+# server-side pepper. Peppers are numbered ("2:new-pepper,1:old-pepper"); the highest number
+# signs new tokens, the others still verify old ones until they are removed.
+_peppers = env_secret("TAU_TOKEN_PEPPERS")
+if _peppers is None:
+    if PRODUCTION:
+        raise ImproperlyConfiguredEnv(
+            "TAU_TOKEN_PEPPERS (or TAU_TOKEN_PEPPERS_FILE) must be set when TAU_ENV=production, "
+            "e.g. TAU_TOKEN_PEPPERS=1:<32+ random characters>"
+        )
+    _peppers = f"1:{_local_secret('token_pepper')}"
+TAU_TOKEN_PEPPERS = _peppers
+TAU_TOKEN_DEFAULT_DAYS = env_int("TAU_TOKEN_DEFAULT_DAYS", 90, minimum=1)
+TAU_TOKEN_MAX_DAYS = env_int("TAU_TOKEN_MAX_DAYS", 365, minimum=1)
+TAU_AUTH_FAILURES_PER_ADDRESS = env_int("TAU_AUTH_FAILURES_PER_ADDRESS", 30, minimum=1)
+TAU_AUTH_FAILURES_PER_KEY = env_int("TAU_AUTH_FAILURES_PER_KEY", 10, minimum=1)
+TAU_AUTH_FAILURE_WINDOW_SECONDS = env_int("TAU_AUTH_FAILURE_WINDOW_SECONDS", 300, minimum=10)
 SESSION_COOKIE_AGE = env_int("TAU_SESSION_AGE_SECONDS", 60 * 60 * 12, minimum=300)
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
@@ -273,10 +362,15 @@ WHITENOISE_AUTOREFRESH = not PRODUCTION
 
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
+    # The token class comes first: its WWW-Authenticate header makes anonymous calls 401.
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "portal.identity.tokens.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "portal.identity.tokens.TokenScopePermission",
+    ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
         "rest_framework.parsers.JSONParser",
@@ -292,7 +386,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit and follow AI training runs on shared GPU clusters.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SERVE_PERMISSIONS": [
+        "rest_framework.permissions.IsAuthenticated",
+        "portal.identity.tokens.TokenScopePermission",
+    ],
     "SCHEMA_PATH_PREFIX": "/api/v1",
 }
 

@@ -1,9 +1,10 @@
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView
 
 from portal import health, views
+from portal.identity import oidc
+from portal.identity import views as identity_views
 
 admin.site.site_header = "TauGrid platform admin"
 admin.site.site_title = "TauGrid admin"
@@ -18,13 +19,17 @@ urlpatterns = [
     path("", views.HomeView.as_view(), name="home"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path(
-        "login/",
-        auth_views.LoginView.as_view(redirect_authenticated_user=True),
-        name="login",
-    ),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("login/", identity_views.LoginView.as_view(), name="login"),
+    path("logout/", identity_views.logout_view, name="logout"),
+    path("oidc/login/", oidc.OIDCLoginView.as_view(), name="oidc-login"),
+    path("oidc/callback/", oidc.OIDCCallbackView.as_view(), name="oidc-callback"),
+    path("profile/", identity_views.ProfileView.as_view(), name="profile"),
+    path("tokens/", identity_views.TokensView.as_view(), name="tokens"),
+    path("tokens/<int:pk>/revoke/", identity_views.TokenRevokeView.as_view(), name="token-revoke"),
+    path("audit/", identity_views.PlatformAuditView.as_view(), name="audit"),
     path("w/<slug:workspace_slug>/", include("workspaces.urls")),
     path("api/v1/", include((api_patterns, "api"))),
+    # One login page for everything: the admin's own login form would bypass single sign-on.
+    path("admin/login/", identity_views.admin_login),
     path("admin/", admin.site.urls),
 ]

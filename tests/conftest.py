@@ -12,6 +12,8 @@ from rest_framework.test import APIClient
 
 from workspaces.models import Cohort, Membership, ResourceFlavor, Role, Workspace, WorkspaceQuota
 
+pytest_plugins = ["tests.browser"]
+
 CAST = ("platform_admin", "workspace_admin", "researcher", "viewer", "outsider", "anonymous")
 
 

@@ -23,6 +23,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from portal import audit
+from portal.identity import tokens
 from portal.models import AuditEvent
 from tests.conftest import CAST
 from workspaces.models import Cohort, Membership, ResourceFlavor, Workspace, WorkspaceQuota
@@ -56,14 +57,15 @@ def ALPHA_MEMBER(world: Any) -> dict[str, Any]:
     return {"workspace_slug": "alpha", "username": "rob"}
 
 
-# Reads inside alpha: members and staff see it, the outsider gets 404.
+# Reads inside alpha: members and staff see it, the outsider gets 404. Anonymous API
+# callers get 401 with a WWW-Authenticate: Bearer challenge.
 PAGE_READ = codes(200, 200, 200, 200, 404, 302)
-API_READ = codes(200, 200, 200, 200, 404, 403)
+API_READ = codes(200, 200, 200, 200, 404, 401)
 
 
 def API_ADMIN_WRITE(ok: int) -> dict[str, int]:
     """A write only the workspace admin may make; ``ok`` is what success looks like."""
-    return codes(403, ok, 403, 403, 404, 403)
+    return codes(403, ok, 403, 403, 404, 401)
 
 
 MATRIX: dict[str, Route] = {
@@ -78,7 +80,7 @@ MATRIX: dict[str, Route] = {
         ALPHA,
     ),
     "api:workspace-list": Route(
-        {"GET": same(200, anon=403), "POST": same(405, anon=403)}, api=True
+        {"GET": same(200, anon=401), "POST": same(405, anon=401)}, api=True
     ),
     "api:workspace-detail": Route(
         {"GET": API_READ, "PATCH": API_ADMIN_WRITE(200)},
@@ -88,7 +90,7 @@ MATRIX: dict[str, Route] = {
     ),
     # Read-only: the role check (staff and viewers may not write) comes before "no such method".
     "api:quota-list": Route(
-        {"GET": API_READ, "POST": codes(403, 405, 405, 403, 404, 403)}, ALPHA, api=True
+        {"GET": API_READ, "POST": codes(403, 405, 405, 403, 404, 401)}, ALPHA, api=True
     ),
     "api:member-list": Route(
         {"GET": API_READ, "POST": API_ADMIN_WRITE(201)},
@@ -102,7 +104,23 @@ MATRIX: dict[str, Route] = {
         data={"role": "viewer"},
         api=True,
     ),
-    "api:schema": Route({"GET": same(200, anon=403)}, api=True),
+    "api:schema": Route({"GET": same(200, anon=401)}, api=True),
+    "profile": Route({"GET": same(200, anon=302)}),
+    "tokens": Route(
+        {"GET": same(200, anon=302), "POST": same(201, anon=302)},
+        data={"name": "matrix", "expires_in_days": "30"},
+    ),
+    # Only the owner may revoke a token; to anyone else it does not exist.
+    "token-revoke": Route(
+        {"POST": codes(404, 404, 302, 404, 404, 302), "GET": same(405, anon=302)},
+        lambda world: {"pk": tokens.issue_token(user=world.users["researcher"], name="m").token.pk},
+    ),
+    "audit": Route({"GET": codes(200, 403, 403, 403, 403, 302)}),
+    # A workspace's audit log is for its admins; staff read the platform-wide one instead.
+    "workspace-audit": Route({"GET": codes(403, 200, 403, 403, 404, 302)}, ALPHA),
+    # Single sign-on is not configured in this matrix (test_oidc_login.py covers it).
+    "oidc-login": Route({"GET": same(404)}),
+    "oidc-callback": Route({"GET": same(404)}),
 }
 
 # --- The admin: staff only. Everyone else is sent to the admin login page. -------------------
@@ -138,8 +156,11 @@ def _object_kwargs(model: type) -> Kwargs:
 
 def _admin_routes() -> Iterator[tuple[str, Route]]:
     yield "admin:index", Route({"GET": STAFF_ONLY(200)})
-    # An authenticated non-staff user gets the login form (to switch accounts).
-    yield "admin:login", Route({"GET": codes(302, 200, 200, 200, 200, 200)})
+    # The admin's login form is replaced by the portal's login page (and single sign-on);
+    # a logged-in non-staff user is told the admin is not for them.
+    admin_login = Route({"GET": codes(302, 403, 403, 403, 403, 302)})
+    yield "admin:login", admin_login
+    yield "admin/login/", admin_login
     # Logging out redirects to LOGOUT_REDIRECT_URL; non-staff are sent to the admin index.
     yield "admin:logout", Route({"GET": STAFF_ONLY(405), "POST": STAFF_ONLY(302)})
     yield "admin:password_change", Route({"GET": STAFF_ONLY(200)})
@@ -214,6 +235,8 @@ def _url(key: str, kwargs: dict[str, Any]) -> str:
     # An unnamed route: fill its single parameter by hand.
     if key.endswith("(?P<url>.*)$"):
         return "/admin/" + str(kwargs["url"])
+    if "<" not in key:
+        return "/" + key
     return "/" + key.replace("<path:object_id>", str(kwargs["object_id"]))
 
 
@@ -284,3 +307,44 @@ def test_an_inaccessible_workspace_looks_like_a_missing_one(world: Any, who: str
         reverse("workspace-home", kwargs={"workspace_slug": "no-such-space"})
     )
     assert hidden_page.status_code == missing_page.status_code == 404
+
+
+# --- The same API routes called with API tokens -----------------------------------------------
+
+TOKEN_CAST = (*CAST[:-1], "foreign_token")
+API_CASES = [
+    pytest.param(key, method, who, id=f"token-{key}-{method}-{who}")
+    for key, route in MATRIX.items()
+    if route.api
+    for method in route.methods
+    for who in TOKEN_CAST
+]
+
+
+@pytest.mark.parametrize(("key", "method", "who"), API_CASES)
+def test_access_with_tokens(world: Any, key: str, method: str, who: str) -> None:
+    """Each member calls with a token of their own (all workspaces, read-write) and gets
+    exactly what a session would. ``foreign_token`` is the workspace admin's token limited
+    to beta: to it, alpha does not exist."""
+    route = MATRIX[key]
+    kwargs = route.kwargs(world)
+    if who == "foreign_token":
+        admin = world.users["workspace_admin"]
+        Membership.objects.create(workspace=world.beta, user=admin, role="admin")
+        issued = tokens.issue_token(user=admin, name="beta only", workspace=world.beta)
+        in_alpha = kwargs.get("workspace_slug") == "alpha"
+        expected = 404 if in_alpha else route.methods[method]["workspace_admin"]
+    else:
+        issued = tokens.issue_token(user=world.users[who], name="matrix")
+        expected = route.methods[method][who]
+    client = world.api_client_for("anonymous")
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.plaintext}")
+    url = _url(key, kwargs)
+    send = getattr(client, method.lower())
+    if method in {"POST", "PATCH", "PUT"}:
+        response = send(url, route.data, format="json")
+    else:
+        response = send(url)
+    assert response.status_code == expected, (
+        f"{method} {url} with {who}'s token: expected {expected}, got {response.status_code}"
+    )

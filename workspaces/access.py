@@ -20,7 +20,7 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponseBase
 from rest_framework import exceptions as api_exceptions
 from rest_framework import viewsets
-from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 
 from portal.tenancy import TenantQuerySet
@@ -68,6 +68,11 @@ def resolve_workspace_access(user: User | AnonymousUser, workspace_slug: str) ->
     raise WorkspaceNotFound("No such workspace.")
 
 
+def token_workspace_id(request: Request) -> int | None:
+    """The workspace an API token is limited to, if the caller used such a token."""
+    return getattr(getattr(request, "auth", None), "workspace_id", None)
+
+
 def is_write(method: str) -> bool:
     return method not in SAFE_METHODS
 
@@ -111,7 +116,6 @@ class WorkspaceScopedViewSet(viewsets.GenericViewSet):  # type: ignore[type-arg]
 
     read_role: ClassVar[Role] = Role.VIEWER
     write_role: ClassVar[Role] = Role.RESEARCHER
-    permission_classes = [IsAuthenticated]
     # A tenant-owned queryset (Model.objects...); checked when used.
     base_queryset: ClassVar[QuerySet[Any] | None] = None
     workspace: Workspace
@@ -131,6 +135,10 @@ class WorkspaceScopedViewSet(viewsets.GenericViewSet):  # type: ignore[type-arg]
             self.access = resolve_workspace_access(request.user, kwargs["workspace_slug"])
         except Http404:
             raise api_exceptions.NotFound("No such workspace.") from None
+        scope = token_workspace_id(request)
+        if scope is not None and scope != self.access.workspace.pk:
+            # A token for one workspace cannot see that any other exists.
+            raise api_exceptions.NotFound("No such workspace.")
         self.workspace = self.access.workspace
         needed = (
             self.write_role_for(request) if is_write(request.method or "GET") else self.read_role

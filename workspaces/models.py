@@ -314,6 +314,12 @@ class Membership(AuditedModel, TenantModel):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
     role = models.CharField(max_length=20, choices=Role.choices, default=Role.RESEARCHER)
+    source = models.CharField(
+        max_length=10,
+        choices=[("manual", "Added by an admin"), ("oidc", "From identity-provider groups")],
+        default="manual",
+        help_text="Memberships from provider groups are kept in step with them at each login.",
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta(TenantModel.Meta):

@@ -89,6 +89,7 @@ def test_admin_creates_workspace_with_members_and_quota(world: Any) -> None:
         "workspace": gamma.pk,
         "user": world.users["researcher"].pk,
         "role": "admin",
+        "source": "manual",
         "created_at": new[1].after["created_at"],
     }
     assert new[2].after["resource"] == "nvidia.com/gpu"

@@ -22,6 +22,7 @@ PRODUCTION_ENV = {
     "DATABASE_URL": "postgres://taugrid:secret@db.internal:5432/taugrid",
     "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
     "TAU_ALLOWED_HOSTS": "taugrid.example.org",
+    "TAU_TOKEN_PEPPERS": "1:a-pepper-for-the-deploy-check-only",
 }
 SHOW_SETTINGS = """
 import json, django
@@ -92,6 +93,12 @@ def test_setting_a_secret_twice_is_refused(tmp_path: Path) -> None:
         ({"CELERY_BROKER_URL": None}, "CELERY_BROKER_URL (or CELERY_BROKER_URL_FILE) must be set"),
         ({"CELERY_BROKER_URL": "filesystem://"}, "CELERY_BROKER_URL must be redis://"),
         ({"TAU_ALLOWED_HOSTS": None}, "TAU_ALLOWED_HOSTS must list the host names"),
+        ({"TAU_TOKEN_PEPPERS": None}, "TAU_TOKEN_PEPPERS (or TAU_TOKEN_PEPPERS_FILE) must be set"),
+        (
+            {"TAU_OIDC_ISSUER": "https://idp.example.org"},
+            "TAU_OIDC_CLIENT_ID and TAU_OIDC_CLIENT_SECRET",
+        ),
+        ({"TAU_LOCAL_LOGIN": "false"}, "TAU_LOCAL_LOGIN=false leaves no way to log in"),
         ({"TAU_DEBUG": "true"}, "TAU_DEBUG must be off"),
         ({"TAU_DEBUG": "maybe"}, "TAU_DEBUG must be true or false"),
     ],

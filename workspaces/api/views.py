@@ -8,12 +8,11 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from workspaces import services
-from workspaces.access import WorkspaceScopedViewSet
+from workspaces.access import WorkspaceScopedViewSet, token_workspace_id
 from workspaces.api.serializers import (
     MemberCreateSerializer,
     MemberSerializer,
@@ -35,11 +34,12 @@ class WorkspaceListView(generics.ListAPIView):  # type: ignore[type-arg]
     """The workspaces you can open, with your role in each."""
 
     serializer_class = WorkspaceSerializer
-    permission_classes = [IsAuthenticated]
     pagination_class = None  # a person belongs to a handful of workspaces
 
     def get_queryset(self) -> Any:
-        return workspaces_for_user(self.request.user)
+        workspaces = workspaces_for_user(self.request.user)
+        scope = token_workspace_id(self.request)
+        return workspaces if scope is None else workspaces.filter(pk=scope)
 
 
 class WorkspaceDetailViewSet(WorkspaceScopedViewSet):

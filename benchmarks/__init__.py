@@ -1,0 +1,1 @@
+"""Benchmarks (`make bench`): speed targets are measured here, never asserted in tests."""

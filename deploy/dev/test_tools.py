@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Install what the test suite drives besides Python packages: Debian's Chromium for the
+browser tests, and the npm packages of the test OpenID provider. Idempotent and quick when
+everything is already there. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OP_DIR = ROOT / "tests" / "identity" / "oidc_provider"
+
+
+def log(message: str) -> None:
+    print(f"[test-tools] {message}", file=sys.stderr, flush=True)
+
+
+def apt_install(packages: list[str]) -> None:
+    prefix = [] if os.geteuid() == 0 else ["sudo"]
+    if prefix and shutil.which("sudo") is None:
+        raise SystemExit(f"install the Debian packages {' '.join(packages)} (needs root)")
+    log(f"installing Debian packages: {' '.join(packages)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run([*prefix, "apt-get", "update", "-q"], check=True, env=env)  # noqa: S603
+    subprocess.run(  # noqa: S603
+        [*prefix, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
+        check=True,
+        env=env,
+    )
+
+
+def ensure_chromium() -> None:
+    if Path("/usr/bin/chromium").exists():
+        return
+    apt_install(["chromium", "chromium-driver", "fonts-dejavu-core"])
+
+
+def ensure_node_packages() -> None:
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        apt_install(["nodejs", "npm"])
+    marker = OP_DIR / "node_modules" / ".package-lock.json"
+    lock = OP_DIR / "package-lock.json"
+    if marker.exists() and marker.stat().st_mtime >= lock.stat().st_mtime:
+        return
+    log("installing the test OpenID provider's npm packages")
+    subprocess.run(
+        ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],  # noqa: S607
+        cwd=OP_DIR,
+        check=True,
+    )
+
+
+def main() -> int:
+    ensure_chromium()
+    ensure_node_packages()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Describes TauGrid's bearer tokens in the OpenAPI schema (imported at start-up)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    target_class = "portal.identity.tokens.BearerTokenAuthentication"
+    name = "tauToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "tau_<key>_<secret>",
+            "description": (
+                "An API token from the portal's API tokens page or manage.py create_token."
+            ),
+        }

@@ -1,0 +1,259 @@
+"""API tokens: issue, verify, revoke, and authenticate API requests with them.
+
+A token reads ``tau_<key>_<secret>``: the prefix makes leaked tokens easy to find (secret
+scanners, logs), the key finds the row, and the secret is checked against an HMAC-SHA256
+keyed with a server-side pepper. A database leak alone therefore reveals no usable token,
+and rotating the pepper (add a new numbered one, later drop the old) needs no migration.
+Secrets are 238 random bits, so a fast keyed hash is the right tool (a slow password hash
+would only cost every API request time).
+
+Every failure — unknown key, wrong secret, expired, revoked, inactive user — gets the same
+answer, and failed attempts are rate limited per client address and per key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import string
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+from rest_framework import authentication, exceptions, permissions
+from rest_framework.request import Request
+
+from portal import audit
+from portal.models import ApiToken
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+    from workspaces.models import Workspace
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "tau_"
+_KEY_ALPHABET = string.ascii_lowercase + string.digits
+_SECRET_ALPHABET = string.ascii_letters + string.digits
+KEY_LENGTH = 12
+SECRET_LENGTH = 40
+TOKEN_PATTERN = re.compile(
+    rf"^{PREFIX}([a-z0-9]{{{KEY_LENGTH}}})_([A-Za-z0-9]{{{SECRET_LENGTH}}})$"
+)
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+INVALID_TOKEN_MESSAGE = "Invalid or expired token."  # noqa: S105 - a message, not a secret
+
+
+class TokenPolicyError(ValueError):
+    """A token request the policy does not allow (too long an expiry, say)."""
+
+
+def _peppers() -> dict[int, bytes]:
+    peppers: dict[int, bytes] = {}
+    for item in settings.TAU_TOKEN_PEPPERS.split(","):
+        number, separator, value = item.strip().partition(":")
+        if not separator or not number.isdigit() or len(value) < 16:
+            raise ValueError(
+                "TAU_TOKEN_PEPPERS must look like '2:<random, 16+ chars>,1:<older pepper>'"
+            )
+        peppers[int(number)] = value.encode()
+    return peppers
+
+
+def _digest(pepper: bytes, key: str, secret: str) -> str:
+    return hmac.new(pepper, f"{key}:{secret}".encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: ApiToken
+    plaintext: str  # shown to the user once, never stored
+
+
+def issue_token(
+    *,
+    user: User,
+    name: str,
+    workspace: Workspace | None = None,
+    read_only: bool = False,
+    expires_in_days: int | None = None,
+    kind: str = ApiToken.Kind.USER,
+) -> IssuedToken:
+    """Create a token and return it with its one-time plaintext. Audited."""
+    days = settings.TAU_TOKEN_DEFAULT_DAYS if expires_in_days is None else expires_in_days
+    if days < 1 or days > settings.TAU_TOKEN_MAX_DAYS:
+        raise TokenPolicyError(
+            f"A token can last between 1 and {settings.TAU_TOKEN_MAX_DAYS} days."
+        )
+    peppers = _peppers()
+    pepper_id = max(peppers)
+    key = "".join(secrets.choice(_KEY_ALPHABET) for _ in range(KEY_LENGTH))
+    secret = "".join(secrets.choice(_SECRET_ALPHABET) for _ in range(SECRET_LENGTH))
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            user=user,
+            name=name,
+            kind=kind,
+            key=key,
+            secret_hash=_digest(peppers[pepper_id], key, secret),
+            pepper_id=pepper_id,
+            workspace=workspace,
+            read_only=read_only,
+            expires_at=timezone.now() + timedelta(days=days),
+        )
+        audit.record(
+            action="token.create",
+            workspace=workspace,
+            object_type="portal.apitoken",
+            object_id=str(token.pk),
+            object_repr=f"{name} ({token.display_prefix}) of {user.get_username()}",
+            after={
+                "name": name,
+                "key": key,
+                "workspace": workspace.slug if workspace else None,
+                "read_only": read_only,
+                "expires_at": token.expires_at.isoformat(),
+            },
+        )
+    return IssuedToken(token=token, plaintext=f"{PREFIX}{key}_{secret}")
+
+
+def revoke_token(*, token: ApiToken) -> None:
+    if token.revoked_at is not None:
+        return
+    with transaction.atomic():
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit.record(
+            action="token.revoke",
+            workspace=token.workspace,
+            object_type="portal.apitoken",
+            object_id=str(token.pk),
+            object_repr=f"{token.name} ({token.display_prefix}) of {token.user.get_username()}",
+        )
+
+
+def key_of(raw: str) -> str | None:
+    match = TOKEN_PATTERN.match(raw)
+    return match.group(1) if match else None
+
+
+def verify_token(raw: str) -> ApiToken | None:
+    """The active token for ``raw``, or None. Takes the same time whether or not the key exists."""
+    match = TOKEN_PATTERN.match(raw)
+    peppers = _peppers()
+    if match is None:
+        return None
+    key, secret = match.groups()
+    token = ApiToken.objects.select_related("user", "workspace").filter(key=key).first()
+    if token is None or token.pepper_id not in peppers:
+        # Spend the same effort as for a real key, so timing does not reveal which keys exist.
+        hmac.compare_digest(_digest(peppers[max(peppers)], key, secret), "0" * 64)
+        return None
+    if not hmac.compare_digest(_digest(peppers[token.pepper_id], key, secret), token.secret_hash):
+        return None
+    now = timezone.now()
+    if token.revoked_at is not None or not token.user.is_active:
+        return None
+    if token.is_expired(now):
+        audit.record(
+            action="token.expired_use",
+            workspace=token.workspace,
+            actor=token.user,
+            object_type="portal.apitoken",
+            object_id=str(token.pk),
+            object_repr=f"{token.name} ({token.display_prefix}) of {token.user.get_username()}",
+        )
+        return None
+    if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
+        # At most one write a minute per token: reads must not turn into writes.
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token
+
+
+class FailureLimiter:
+    """Counts failed authentications per client address and per token key in the shared
+    cache, in fixed windows. Over the limit, requests are refused before any check."""
+
+    def __init__(self, address: str, key: str | None) -> None:
+        window = settings.TAU_AUTH_FAILURE_WINDOW_SECONDS
+        self.window = window
+        self.buckets = [(f"authfail:addr:{address}", settings.TAU_AUTH_FAILURES_PER_ADDRESS)]
+        if key is not None:
+            self.buckets.append((f"authfail:key:{key}", settings.TAU_AUTH_FAILURES_PER_KEY))
+
+    def blocked(self) -> bool:
+        counts = cache.get_many([name for name, _ in self.buckets])
+        return any(int(counts.get(name, 0)) >= limit for name, limit in self.buckets)
+
+    def record_failure(self) -> None:
+        for name, _ in self.buckets:
+            cache.add(name, 0, timeout=self.window)
+            try:
+                cache.incr(name)
+            except ValueError:  # expired between add and incr
+                cache.set(name, 1, timeout=self.window)
+
+
+class BearerTokenAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer tau_…`` on the whole API."""
+
+    keyword = "bearer"
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed(
+                "Give the token as: Authorization: Bearer <token>."
+            )
+        try:
+            raw = header[1].decode("ascii")
+        except UnicodeDecodeError:
+            raw = ""
+        limiter = FailureLimiter(request.META.get("REMOTE_ADDR", "unknown"), key_of(raw))
+        if limiter.blocked():
+            raise exceptions.Throttled(
+                wait=settings.TAU_AUTH_FAILURE_WINDOW_SECONDS,
+                detail="Too many failed attempts; try again later.",
+            )
+        token = verify_token(raw)
+        if token is None:
+            limiter.record_failure()
+            raise exceptions.AuthenticationFailed(INVALID_TOKEN_MESSAGE)
+        return (token.user, token)
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="TauGrid API"'
+
+
+def token_of(request: Request) -> ApiToken | None:
+    auth = getattr(request, "auth", None)
+    return auth if isinstance(auth, ApiToken) else None
+
+
+class TokenScopePermission(permissions.BasePermission):
+    """What a token may do beyond what its user may: read-only tokens only read, and run
+    tokens only reach the views that say they accept them."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        token = token_of(request)
+        if token is None:
+            return True
+        if token.kind != ApiToken.Kind.USER and not getattr(view, "accepts_run_tokens", False):
+            self.message = "This token can only report on its run."
+            return False
+        if token.read_only and request.method not in permissions.SAFE_METHODS:
+            self.message = "This token is read-only."
+            return False
+        return True
