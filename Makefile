@@ -11,6 +11,8 @@ CONSTRAINTS := requirements/constraints.txt
 PORT ?= 8000
 export PORT
 
+include deploy/cluster/cluster.mk
+
 .PHONY: help run test test-tools check-all lint format typecheck migrations-check pytest install install-dev lock bench clean
 
 help:
@@ -40,7 +42,9 @@ run: install
 	$(PYTHON) manage.py runportal --port $(PORT)
 
 # The suite's own PostgreSQL and Redis are started (and removed) around everything else.
-test: install-dev test-tools
+# The Kubernetes control plane is built first (cached; minutes when cold) with its progress
+# visible; the tests that need it start it themselves.
+test: install-dev test-tools cluster-build
 	$(PYTHON) deploy/dev/test_services.py run -- $(MAKE) --no-print-directory check-all
 
 # Chromium (Debian) for the browser tests, npm packages of the test OpenID provider.

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from workspaces.models import Cohort, Membership, ResourceFlavor, Role, Workspace, WorkspaceQuota
 
-pytest_plugins = ["tests.browser"]
+pytest_plugins = ["tests.browser", "tests.cluster.plugin"]
 
 CAST = ("platform_admin", "workspace_admin", "researcher", "viewer", "outsider", "anonymous")
 

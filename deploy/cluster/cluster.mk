@@ -1,0 +1,24 @@
+# The real Kubernetes control plane for tests (deploy/cluster/README.md).
+# Included from the main Makefile, which defines PYTHON (the project venv's interpreter).
+# Binaries are cached under $(TAUGRID_CACHE_DIR) or ~/.cache/taugrid; the running cluster's
+# state (kubeconfig, certificates, logs) lives in $(TAUGRID_CLUSTER_DIR) or ~/.cache/taugrid/run.
+
+CLUSTER_TOOL := deploy/cluster/controlplane.py
+
+.PHONY: cluster-build cluster-up cluster-down cluster-status
+
+## Build kine, kube-apiserver, kube-controller-manager, Kueue and KubeRay once (cached).
+cluster-build: install
+	$(PYTHON) $(CLUSTER_TOOL) build
+
+## Start the control plane on 127.0.0.1 (or reuse a running one); prints the kubeconfig path.
+cluster-up: install
+	$(PYTHON) $(CLUSTER_TOOL) up
+
+## Stop every process of the control plane, free its ports and remove its state.
+cluster-down: install
+	$(PYTHON) $(CLUSTER_TOOL) down
+
+## Processes, ports and readiness of the running control plane.
+cluster-status: install
+	$(PYTHON) $(CLUSTER_TOOL) status

@@ -1,0 +1,471 @@
+"""Smoke tests proving the test control plane is the real thing (issue 3).
+
+Each test owns its namespaces, ResourceFlavors and ClusterQueues (random suffixes; each
+ClusterQueue selects only its test's namespace), so the tests are independent of each other and
+of anything else running on the shared cluster. Waits poll with timeouts; nothing sleeps blindly.
+
+What the cluster lacks: kubelet, scheduler, kube-proxy. Pods are created but stay Pending, so a
+Job or RayJob never runs; everything up to and including admission and the operators' reactions
+is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.plugin import CONTROLPLANE, Kube, KubeCluster, load_controlplane, wait_until
+
+pytestmark = pytest.mark.cluster
+
+KUEUE = "kueue.x-k8s.io/v1beta2"
+RAY = "ray.io/v1"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+GPU = "nvidia.com/gpu"
+RAY_IMAGE = "rayproject/ray:2.46.0"
+
+
+# ---------------------------------------------------------------------------------------------
+# Object builders (Kueue v1beta2, ray.io/v1, batch/v1)
+# ---------------------------------------------------------------------------------------------
+
+
+def resource_flavor(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": KUEUE,
+        "kind": "ResourceFlavor",
+        "metadata": {"name": name},
+        "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+    }
+
+
+def cluster_queue(
+    name: str, flavor: str, namespace: str, gpus: int, cohort: str | None = None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        # Only this test's namespace: a null selector would admit from no namespace at all.
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "resourceGroups": [
+            {
+                "coveredResources": ["cpu", "memory", GPU],
+                "flavors": [
+                    {
+                        "name": flavor,
+                        "resources": [
+                            {"name": "cpu", "nominalQuota": "64"},
+                            {"name": "memory", "nominalQuota": "512Gi"},
+                            {"name": GPU, "nominalQuota": str(gpus)},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    if cohort is not None:
+        spec["cohortName"] = cohort
+    return {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
+
+
+def local_queue(name: str, namespace: str, cluster_queue_name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": KUEUE,
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterQueue": cluster_queue_name},
+    }
+
+
+def batch_job(name: str, namespace: str, queue: str, gpus: int = 0) -> dict[str, Any]:
+    resources = {"cpu": "1", "memory": "1Gi"}
+    if gpus:
+        resources[GPU] = str(gpus)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "busybox",
+                            "command": ["true"],
+                            "resources": {"requests": resources, "limits": resources},
+                        }
+                    ],
+                }
+            }
+        },
+    }
+
+
+def ray_job(
+    name: str,
+    namespace: str,
+    queue: str | None,
+    *,
+    gpus: int = 1,
+    shutdown_after_finish: bool = True,
+) -> dict[str, Any]:
+    """A Kueue-managed RayJob: a CPU head and one worker with `gpus` GPUs."""
+    head = {"cpu": "1", "memory": "2Gi"}
+    worker = {"cpu": "4", "memory": "16Gi", GPU: str(gpus)}
+    labels = {QUEUE_LABEL: queue} if queue else {}
+    return {
+        "apiVersion": RAY,
+        "kind": "RayJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "entrypoint": "python -c 'import ray; ray.init(); print(ray.cluster_resources())'",
+            "shutdownAfterJobFinishes": shutdown_after_finish,
+            "rayClusterSpec": {
+                "rayVersion": "2.46.0",
+                "headGroupSpec": {
+                    "rayStartParams": {},
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "ray-head",
+                                    "image": RAY_IMAGE,
+                                    "resources": {"requests": head, "limits": head},
+                                }
+                            ]
+                        }
+                    },
+                },
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "gpu",
+                        "replicas": 1,
+                        "minReplicas": 1,
+                        "maxReplicas": 1,
+                        "rayStartParams": {},
+                        "template": {
+                            "spec": {
+                                "containers": [
+                                    {
+                                        "name": "ray-worker",
+                                        "image": RAY_IMAGE,
+                                        "resources": {"requests": worker, "limits": worker},
+                                    }
+                                ]
+                            }
+                        },
+                    }
+                ],
+            },
+        },
+    }
+
+
+def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in ((obj or {}).get("status") or {}).get("conditions") or []}
+
+
+def is_true(obj: dict[str, Any] | None, condition: str) -> bool:
+    return conditions(obj).get(condition, {}).get("status") == "True"
+
+
+def suspended(kube: Kube, api_version: str, kind: str, name: str, namespace: str) -> bool:
+    """spec.suspend of a job; an absent field (Kueue writes `false`, omitted) is not suspended."""
+    job = kube.get(api_version, kind, name, namespace)
+    assert job is not None, f"{kind} {namespace}/{name} disappeared"
+    return bool(job["spec"].get("suspend", False))
+
+
+def workload_of(kube: Kube, job: dict[str, Any]) -> dict[str, Any] | None:
+    """Kueue's Workload for a job, found the documented way: by the job-uid label."""
+    found = kube.list(
+        KUEUE,
+        "Workload",
+        job["metadata"]["namespace"],
+        label_selector=f"{JOB_UID_LABEL}={job['metadata']['uid']}",
+    )
+    return found[0] if found else None
+
+
+def queue_setup(
+    kube: Kube, prefix: str, gpus: int, cohort: str | None = None, flavor: str | None = None
+) -> tuple[str, str, str]:
+    """A namespace, a ResourceFlavor (new unless given), a ClusterQueue with `gpus` GPUs of
+    it and a LocalQueue `team`. Borrowing in a cohort is per flavor: share the flavor."""
+    namespace = kube.namespace(prefix)
+    if flavor is None:
+        flavor = kube.create(resource_flavor(kube.unique(f"{prefix}-h100")))["metadata"]["name"]
+    cq = kube.create(cluster_queue(kube.unique(f"{prefix}-cq"), flavor, namespace, gpus, cohort))[
+        "metadata"
+    ]["name"]
+    kube.create(local_queue("team", namespace, cq))
+    return namespace, flavor, cq
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. batch/v1 Job: suspended by Kueue's webhook, Workload by job-uid, admitted and unsuspended
+# ---------------------------------------------------------------------------------------------
+
+
+def test_labelled_job_is_suspended_then_admitted(kube: Kube) -> None:
+    namespace, _, _ = queue_setup(kube, "t1", gpus=2)
+    job = kube.create(batch_job("train", namespace, "team", gpus=1))
+    assert job["spec"]["suspend"] is True, "Kueue's mutating webhook did not suspend the Job"
+
+    workload = wait_until(
+        "the Job's Workload (by kueue.x-k8s.io/job-uid)", lambda: workload_of(kube, job), timeout=30
+    )
+    owner = workload["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Job", "train", job["metadata"]["uid"])
+
+    wait_until(
+        "the Workload to be Admitted",
+        lambda: True if is_true(workload_of(kube, job), "Admitted") else None,
+        describe=lambda: str(conditions(workload_of(kube, job))),
+    )
+    wait_until(
+        "Kueue to unsuspend the admitted Job",
+        lambda: None if suspended(kube, "batch/v1", "Job", "train", namespace) else True,
+    )
+    # The controller-manager's Job controller then creates the pod; no kubelet runs it.
+    pods = wait_until(
+        "the Job's pod", lambda: kube.list("v1", "Pod", namespace, "job-name=train") or None
+    )
+    assert pods[0]["status"]["phase"] == "Pending"
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Quota of 2 GPUs, three 1-GPU RayJobs: two admitted, one pending with Kueue's own message
+# ---------------------------------------------------------------------------------------------
+
+
+def test_gpu_quota_admits_two_of_three_rayjobs(kube: Kube) -> None:
+    namespace, _, _ = queue_setup(kube, "t2", gpus=2)
+    jobs = [kube.create(ray_job(f"rj-{i}", namespace, "team")) for i in range(3)]
+    assert all(j["spec"]["suspend"] is True for j in jobs)
+
+    def split() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        workloads = [workload_of(kube, j) for j in jobs]
+        if any(w is None for w in workloads):
+            return None
+        admitted = [w for w in workloads if w and is_true(w, "Admitted")]
+        pending = [
+            w
+            for w in workloads
+            if w and conditions(w).get("QuotaReserved", {}).get("status") == "False"
+        ]
+        return (admitted, pending) if len(admitted) == 2 and len(pending) == 1 else None
+
+    admitted, pending = wait_until(
+        "two admitted Workloads and one pending",
+        split,
+        timeout=90,
+        describe=lambda: str([conditions(workload_of(kube, j)) for j in jobs]),
+    )
+    message = conditions(pending[0])["QuotaReserved"]["message"]
+    assert "insufficient unused quota" in message, message
+    assert GPU in message, message
+
+    # Kueue's visibility API, served by Kueue through the apiserver's aggregator.
+    visibility = (
+        f"/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}"
+        "/localqueues/team/pendingworkloads"
+    )
+    listed = wait_until(
+        "the pending Workload in Kueue's visibility API",
+        lambda: kube.raw_get(visibility)["items"] or None,
+    )
+    assert [w["metadata"]["name"] for w in listed] == [pending[0]["metadata"]["name"]]
+    assert listed[0]["positionInLocalQueue"] == 0
+
+    def job_named(workload: dict[str, Any]) -> str:
+        return str(workload["metadata"]["ownerReferences"][0]["name"])
+
+    def unsuspended(name: str) -> Callable[[], bool | None]:
+        return lambda: None if suspended(kube, RAY, "RayJob", name, namespace) else True
+
+    for workload in admitted:
+        wait_until(
+            f"RayJob {job_named(workload)} to be unsuspended", unsuspended(job_named(workload))
+        )
+    waiting = job_named(pending[0])
+    assert suspended(kube, RAY, "RayJob", waiting, namespace)
+
+    kube.delete(RAY, "RayJob", job_named(admitted[0]), namespace)
+    wait_until(
+        f"the pending RayJob {waiting} to be admitted once quota is freed",
+        lambda: (
+            True
+            if is_true(
+                workload_of(kube, kube.get(RAY, "RayJob", waiting, namespace) or {}), "Admitted"
+            )
+            else None
+        ),
+        timeout=90,
+        describe=lambda: str(conditions(pending[0])),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Cohort: a busy ClusterQueue borrows an idle one's quota
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cohort_borrows_idle_quota(kube: Kube) -> None:
+    cohort = kube.unique("t3-cohort")
+    namespace, flavor, busy_cq = queue_setup(kube, "t3a", gpus=2, cohort=cohort)
+    # The idle queue: same flavor, nothing is ever submitted to it.
+    queue_setup(kube, "t3b", gpus=4, cohort=cohort, flavor=flavor)
+
+    job = kube.create(batch_job("needs-five", namespace, "team", gpus=5))  # 2 own + 3 borrowed
+    wait_until(
+        "the 5-GPU Job to be admitted by borrowing",
+        lambda: True if is_true(workload_of(kube, job), "Admitted") else None,
+        describe=lambda: str(conditions(workload_of(kube, job))),
+    )
+
+    def gpu_reservation() -> dict[str, Any] | None:
+        cq = kube.get(KUEUE, "ClusterQueue", busy_cq)
+        for flavor in ((cq or {}).get("status") or {}).get("flavorsReservation") or []:
+            for res in flavor.get("resources", []):
+                if res["name"] == GPU and str(res.get("borrowed")) == "3":
+                    return dict(res)
+        return None
+
+    reservation = wait_until(
+        "ClusterQueue status to show 3 borrowed GPUs",
+        gpu_reservation,
+        describe=lambda: str(kube.get(KUEUE, "ClusterQueue", busy_cq)),
+    )
+    assert str(reservation["total"]) == "5"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Real validation: Kueue's webhook and the CRD schema both reject bad RayJobs
+# ---------------------------------------------------------------------------------------------
+
+
+def rejection(error: Exception) -> tuple[int, str]:
+    """HTTP status and the apiserver's Status message of a refused request."""
+    status = int(getattr(error, "status", 0))
+    body = getattr(error, "body", b"") or b""
+    try:
+        message = str(json.loads(body).get("message", body))
+    except ValueError:
+        message = str(body)
+    return status, message
+
+
+def test_bad_rayjobs_are_rejected(kube: Kube) -> None:
+    from kubernetes.dynamic.exceptions import DynamicApiError
+
+    namespace, _, _ = queue_setup(kube, "t4", gpus=2)
+
+    with pytest.raises(DynamicApiError) as by_kueue:
+        kube.create(ray_job("keeps-cluster", namespace, "team", shutdown_after_finish=False))
+    status, message = rejection(by_kueue.value)
+    assert status == 403, message
+    assert message.startswith('admission webhook "vrayjob.kb.io" denied the request'), message
+    assert "spec.shutdownAfterJobFinishes: Invalid value: false" in message, message
+
+    # Missing headGroupSpec decodes fine in Go (so Kueue's webhook is not what objects): the
+    # apiserver's structural schema from the KubeRay CRD rejects it.
+    invalid = ray_job("no-head", namespace, None)
+    del invalid["spec"]["rayClusterSpec"]["headGroupSpec"]
+    with pytest.raises(DynamicApiError) as by_schema:
+        kube.create(invalid)
+    status, message = rejection(by_schema.value)
+    assert status == 422, message
+    assert "spec.rayClusterSpec.headGroupSpec: Required value" in message, message
+    assert "admission webhook" not in message, message
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. The KubeRay operator reacts to an admitted RayJob
+# ---------------------------------------------------------------------------------------------
+
+
+def test_admitted_rayjob_gets_a_raycluster(kube: Kube) -> None:
+    """An admitted RayJob makes the real KubeRay operator create its RayCluster.
+
+    The RayCluster's pods are created but stay Pending: this control plane has no kubelet and
+    no scheduler, so nothing ever runs. Completion would have to be simulated.
+    """
+    namespace, _, _ = queue_setup(kube, "t5", gpus=2)
+    job = kube.create(ray_job("trainer", namespace, "team"))
+    wait_until(
+        "the RayJob to be admitted",
+        lambda: True if is_true(workload_of(kube, job), "Admitted") else None,
+    )
+
+    def cluster_name() -> str | None:
+        current = kube.get(RAY, "RayJob", "trainer", namespace) or {}
+        name = (current.get("status") or {}).get("rayClusterName")
+        return str(name) if name else None
+
+    name = wait_until(
+        "KubeRay to record a RayCluster for the RayJob",
+        cluster_name,
+        timeout=90,
+        describe=lambda: str(kube.get(RAY, "RayJob", "trainer", namespace)),
+    )
+    ray_cluster = wait_until(
+        "the RayCluster object", lambda: kube.get(RAY, "RayCluster", name, namespace)
+    )
+    owners = ray_cluster["metadata"].get("ownerReferences") or []
+    assert any(o["kind"] == "RayJob" and o["uid"] == job["metadata"]["uid"] for o in owners)
+    workers = ray_cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert workers["resources"]["limits"][GPU] == "1"
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. `down` leaves no process and no listening port behind
+# ---------------------------------------------------------------------------------------------
+
+
+def test_down_leaves_no_process_or_port(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    """A second, throwaway control plane (own state dir and ports) is started and stopped.
+
+    It also checks, while it runs, that every socket its processes listen on is on 127.0.0.1.
+    The shared session cluster is not touched.
+    """
+    controlplane = load_controlplane()
+    env = dict(os.environ, TAUGRID_CLUSTER_DIR=str(tmp_path / "cluster"))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(CONTROLPLANE), *args],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
+
+    started = run("up", "--no-build", "--gpu-nodes=1", "--cpu-nodes=1")
+    try:
+        assert started.returncode == 0, started.stderr[-4000:]
+        state = tmp_path / "cluster"
+        pids = controlplane.owned_pids(state)
+        assert len(pids) >= len(controlplane.PROCESSES), pids
+        listening = controlplane.listening_sockets(pids)
+        assert listening, "the control plane's processes listen on nothing?"
+        assert {host for host, _ in listening} == {"127.0.0.1"}, listening
+        ports = {port for _, port in listening}
+    finally:
+        stopped = run("down")
+    assert stopped.returncode == 0, stopped.stderr[-4000:]
+    assert [p for p in pids if controlplane.pid_alive(p)] == []
+    assert controlplane.owned_pids(state) == []
+    still_listening = ports & {port for _, port in controlplane.listening_sockets(None)}
+    assert still_listening == set(), still_listening
+    assert not state.exists()
+    assert kube_cluster.state_dir != state
