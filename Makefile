@@ -13,7 +13,7 @@ export PORT
 
 include deploy/cluster/cluster.mk
 
-.PHONY: help run test test-tools check-all lint format typecheck migrations-check pytest install install-dev lock bench clean
+.PHONY: help run test test-tools fuzz check-all lint format typecheck migrations-check pytest install install-dev lock bench clean
 
 help:
 	@echo "make run    — start the portal on http://127.0.0.1:$(PORT) (embedded default, no services needed)"
@@ -69,6 +69,10 @@ migrations-check: install-dev
 
 pytest: install-dev
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# A few minutes of fuzzing the tau.yaml checker (not part of make test).
+fuzz: install-dev
+	$(PYTHON) -m tau.spec.fuzz --seconds 180
 
 # Speed targets, measured on this machine against the suite's own PostgreSQL and Redis.
 bench: install-dev

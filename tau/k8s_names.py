@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+# The checks below use ``fullmatch``: with ``match``, ``$`` also matches before a trailing
+# newline, so "name\n" would pass as a valid label.
+
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -15,7 +18,7 @@ def dns1123_label_problem(value: str) -> str | None:
     """Why ``value`` is not a DNS-1123 label (namespaces, most object names), or None."""
     if len(value) > 63:
         return f"must be at most 63 characters (it has {len(value)})"
-    if not DNS1123_LABEL.match(value):
+    if not DNS1123_LABEL.fullmatch(value):
         return (
             "must be lower-case letters, digits and '-', starting and ending with a letter or digit"
         )
@@ -26,7 +29,7 @@ def dns1035_label_problem(value: str, *, max_length: int = 63) -> str | None:
     """Why ``value`` is not a DNS-1035 label (Service and RayJob names), or None."""
     if len(value) > max_length:
         return f"must be at most {max_length} characters (it has {len(value)})"
-    if not DNS1035_LABEL.match(value):
+    if not DNS1035_LABEL.fullmatch(value):
         return (
             "must be lower-case letters, digits and '-', "
             "start with a letter and end with a letter or digit"
@@ -37,7 +40,7 @@ def dns1035_label_problem(value: str, *, max_length: int = 63) -> str | None:
 def dns1123_subdomain_problem(value: str) -> str | None:
     if len(value) > 253:
         return f"must be at most 253 characters (it has {len(value)})"
-    if not DNS1123_SUBDOMAIN.match(value):
+    if not DNS1123_SUBDOMAIN.fullmatch(value):
         return (
             "must be lower-case letters, digits, '-' and '.', "
             "starting and ending with a letter or digit"
@@ -54,7 +57,7 @@ def label_key_problem(key: str) -> str | None:
         problem = dns1123_subdomain_problem(prefix)
         if problem:
             return f"prefix {prefix!r} {problem}"
-    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.fullmatch(name):
         return (
             "name part must be 1-63 characters of letters, digits, '-', '_' and '.', "
             "starting and ending with a letter or digit"
@@ -63,7 +66,7 @@ def label_key_problem(key: str) -> str | None:
 
 
 def label_value_problem(value: str) -> str | None:
-    if len(value) > 63 or not _LABEL_VALUE.match(value):
+    if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
         return (
             "must be at most 63 characters of letters, digits, '-', '_' and '.', "
             "starting and ending with a letter or digit"

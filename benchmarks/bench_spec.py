@@ -1,0 +1,13 @@
+"""tau.yaml parse + validate + normalise + hash (the article's example); target < 5 ms median."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tau.spec.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main(["--iterations", "2000"]))

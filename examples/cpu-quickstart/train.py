@@ -1,0 +1,247 @@
+"""Logistic regression on a synthetic, seeded dataset: a small but real CPU training run.
+
+Pure Python standard library, so it runs in any image with Python 3.10 or newer and on any
+laptop. It shows everything a TauGrid workload is expected to do:
+
+* metrics: one JSON object per line appended to ``$TAU_OUTPUT_DIR/metrics.jsonl``
+  (``{"step": 10, "loss": 0.31, ...}``), which the portal charts live;
+* checkpoints: ``$TAU_CHECKPOINT_DIR/step-<n>/`` every few steps, written to a temporary
+  directory first and renamed into place, with a ``COMPLETE`` marker, so a crash never
+  leaves a half-written checkpoint that looks finished;
+* resume: when ``$TAU_RESUME_FROM`` names a checkpoint, training continues from it. Mini-
+  batches are drawn from a generator seeded by (seed, step), so a resumed run computes
+  exactly the same numbers as one that never stopped;
+* a simulated crash for trying retries: ``--fail-at-step N`` (or ``EXAMPLE_FAIL_AT_STEP=N``)
+  exits with status 1 at step N on the first attempt only (not when ``TAU_RESUME_FROM`` is
+  set or ``TAU_ATTEMPT`` is above 1). The variable is not called ``TAU_…`` because those
+  names are reserved for the platform and cannot be set in tau.yaml.
+
+Run it locally:
+
+    TAU_OUTPUT_DIR=/tmp/o TAU_CHECKPOINT_DIR=/tmp/c python examples/cpu-quickstart/train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+KEEP_CHECKPOINTS = 3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--samples", type=int, default=20000)
+    parser.add_argument("--features", type=int, default=48)
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--learning-rate", type=float, default=0.5)
+    parser.add_argument("--log-every", type=int, default=25)
+    parser.add_argument("--checkpoint-every", type=int, default=100)
+    parser.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=int(os.environ.get("EXAMPLE_FAIL_AT_STEP", "0") or 0),
+        help="exit with status 1 at this step, on the first attempt only",
+    )
+    return parser.parse_args(argv)
+
+
+def make_dataset(
+    seed: int, samples: int, features: int
+) -> tuple[list[list[float]], list[float], list[list[float]], list[float]]:
+    """Points around a random hyperplane, with label noise; 80% train, 20% validation."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible data, not secrets
+    true_weights = [rng.gauss(0.0, 1.0) for _ in range(features)]
+    xs: list[list[float]] = []
+    ys: list[float] = []
+    for _ in range(samples):
+        x = [rng.gauss(0.0, 1.0) for _ in range(features)]
+        margin = sum(w * v for w, v in zip(true_weights, x, strict=True)) + rng.gauss(0.0, 1.0)
+        xs.append(x)
+        ys.append(1.0 if margin > 0 else 0.0)
+    split = samples * 4 // 5
+    return xs[:split], ys[:split], xs[split:], ys[split:]
+
+
+def sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+def evaluate(
+    weights: list[float], bias: float, xs: list[list[float]], ys: list[float]
+) -> tuple[float, float]:
+    """Mean binary cross-entropy and accuracy."""
+    loss = 0.0
+    correct = 0
+    for x, y in zip(xs, ys, strict=True):
+        p = sigmoid(sum(w * v for w, v in zip(weights, x, strict=True)) + bias)
+        p = min(max(p, 1e-12), 1.0 - 1e-12)
+        loss -= y * math.log(p) + (1.0 - y) * math.log(1.0 - p)
+        correct += (p >= 0.5) == (y == 1.0)
+    return loss / len(xs), correct / len(xs)
+
+
+def train_step(
+    weights: list[float],
+    bias: float,
+    xs: list[list[float]],
+    ys: list[float],
+    batch: list[int],
+    learning_rate: float,
+) -> tuple[list[float], float, float]:
+    """One SGD step on a mini-batch; returns the new weights, bias and the batch's loss."""
+    gradient = [0.0] * len(weights)
+    bias_gradient = 0.0
+    loss = 0.0
+    for index in batch:
+        x = xs[index]
+        y = ys[index]
+        p = sigmoid(sum(w * v for w, v in zip(weights, x, strict=True)) + bias)
+        clipped = min(max(p, 1e-12), 1.0 - 1e-12)
+        loss -= y * math.log(clipped) + (1.0 - y) * math.log(1.0 - clipped)
+        error = p - y
+        for j, v in enumerate(x):
+            gradient[j] += error * v
+        bias_gradient += error
+    scale = learning_rate / len(batch)
+    new_weights = [w - scale * g for w, g in zip(weights, gradient, strict=True)]
+    return new_weights, bias - scale * bias_gradient, loss / len(batch)
+
+
+def save_checkpoint(root: Path, step: int, state: dict[str, object]) -> Path:
+    """Write ``root/step-<step>/`` atomically: a temporary directory renamed into place."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step}"
+    if (final / "COMPLETE").exists():
+        return final  # an earlier attempt already wrote this exact state
+    staging = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
+    try:
+        with open(staging / "state.json", "w", encoding="utf-8") as handle:
+            json.dump(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        (staging / "COMPLETE").write_text(f"{step}\n", encoding="utf-8")
+        if final.exists():  # a leftover without COMPLETE; it never counted as a checkpoint
+            shutil.rmtree(final)
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _prune(root)
+    return final
+
+
+def _prune(root: Path) -> None:
+    complete = sorted(
+        (int(path.name.split("-", 1)[1]), path)
+        for path in root.glob("step-*")
+        if path.name.split("-", 1)[1].isdigit() and (path / "COMPLETE").exists()
+    )
+    for _step, path in complete[:-KEEP_CHECKPOINTS]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    if not (path / "COMPLETE").exists():
+        raise SystemExit(f"TAU_RESUME_FROM={path} is not a complete checkpoint")
+    with open(path / "state.json", encoding="utf-8") as handle:
+        state: dict[str, Any] = json.load(handle)
+    return state
+
+
+def is_first_attempt() -> bool:
+    if os.environ.get("TAU_RESUME_FROM"):
+        return False
+    try:
+        return int(os.environ.get("TAU_ATTEMPT", "1")) <= 1
+    except ValueError:
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    output_dir = Path(os.environ.get("TAU_OUTPUT_DIR", "outputs"))
+    checkpoint_dir = Path(os.environ.get("TAU_CHECKPOINT_DIR", "checkpoints"))
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    train_x, train_y, valid_x, valid_y = make_dataset(args.seed, args.samples, args.features)
+    weights = [0.0] * args.features
+    bias = 0.0
+    start_step = 0
+
+    resume_from = os.environ.get("TAU_RESUME_FROM")
+    if resume_from:
+        state = load_checkpoint(Path(resume_from))
+        start_step = int(state["step"])
+        weights = [float(w) for w in state["weights"]]
+        bias = float(state["bias"])
+        print(f"resumed from step {start_step}", flush=True)
+
+    started = time.monotonic()
+    interval_losses: list[float] = []
+    with open(output_dir / "metrics.jsonl", "a", encoding="utf-8") as metrics:
+        for step in range(start_step + 1, args.steps + 1):
+            if step == args.fail_at_step and is_first_attempt():
+                print(f"simulated failure at step {step} (first attempt only)", file=sys.stderr)
+                return 1
+            # Seeded by (seed, step): the same batch whether or not the run was interrupted.
+            batch = random.Random(f"{args.seed}/{step}").sample(  # noqa: S311
+                range(len(train_x)), args.batch_size
+            )
+            weights, bias, batch_loss = train_step(
+                weights, bias, train_x, train_y, batch, args.learning_rate
+            )
+            interval_losses.append(batch_loss)
+            if step % args.log_every == 0 or step == args.steps:
+                loss = sum(interval_losses) / len(interval_losses)
+                interval_losses.clear()
+                val_loss, val_accuracy = evaluate(weights, bias, valid_x, valid_y)
+                row = {
+                    "step": step,
+                    "loss": round(loss, 6),
+                    "val_loss": round(val_loss, 6),
+                    "val_accuracy": round(val_accuracy, 6),
+                }
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+                print(
+                    f"step {step}: loss {loss:.4f} val_loss {val_loss:.4f} "
+                    f"val_accuracy {val_accuracy:.3f}",
+                    flush=True,
+                )
+            if step % args.checkpoint_every == 0 or step == args.steps:
+                state = {"step": step, "weights": weights, "bias": bias, "seed": args.seed}
+                save_checkpoint(checkpoint_dir, step, state)
+
+    val_loss, val_accuracy = evaluate(weights, bias, valid_x, valid_y)
+    model = {
+        "weights": weights,
+        "bias": bias,
+        "val_loss": val_loss,
+        "val_accuracy": val_accuracy,
+    }
+    (output_dir / "model.json").write_text(json.dumps(model), encoding="utf-8")
+    elapsed = time.monotonic() - started
+    print(
+        f"done: step {args.steps} after {elapsed:.1f}s, val_loss {val_loss:.4f}, "
+        f"val_accuracy {val_accuracy:.3f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""The normalised spec: what a valid tau.yaml means, with every default made explicit.
+
+These frozen dataclasses are what the server stores (``Spec.to_dict()`` as JSON), hashes
+(``spec_hash``) and renders into Kubernetes objects. They hold no defaults of their own: the
+schema (``tau.spec.schema``) is the one place defaults live, and every ``Spec`` comes from it,
+either by loading a tau.yaml or by ``Spec.from_dict`` re-checking stored JSON.
+
+Normal form, so that equal meanings are equal values (and hash the same):
+
+* quantities are canonical strings: CPU ``"16"``/``"500m"``, memory ``"64Gi"``/``"1G"``;
+* durations are whole seconds;
+* relative paths are normalised (``./src//a.py`` → ``src/a.py``);
+* lists whose order carries no meaning (``exclude``, ``artifacts``, ``retry_on``, ``tags``)
+  are sorted; ``env`` and ``secrets`` are ordered by variable name; ``args`` and ``pip`` keep
+  the order they were written in;
+* ``image``, ``queue.priority`` and ``queue.name`` (among others) stay ``None`` when unset,
+  because workspace policy fills them at submission and must be able to tell "unset" from
+  "set to the workspace default".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal, TypeAlias
+
+from tau.quantity import parse_quantity
+
+SCHEMA_VERSION = 1
+
+WorkloadKind: TypeAlias = Literal["rayjob", "job"]
+WORKLOAD_KINDS: tuple[WorkloadKind, ...] = ("rayjob", "job")
+
+FailureClass: TypeAlias = Literal[
+    "user_error",
+    "oom_killed",
+    "preempted",
+    "evicted",
+    "node_failure",
+    "deadline_exceeded",
+    "infrastructure",
+    "unknown",
+]
+#: Every failure class, in the order the normal form lists them.
+FAILURE_CLASSES: tuple[FailureClass, ...] = (
+    "user_error",
+    "oom_killed",
+    "preempted",
+    "evicted",
+    "node_failure",
+    "deadline_exceeded",
+    "infrastructure",
+    "unknown",
+)
+#: Failures that are not the workload's fault; retried unless the spec says otherwise.
+DEFAULT_RETRY_ON: tuple[FailureClass, ...] = (
+    "preempted",
+    "evicted",
+    "node_failure",
+    "infrastructure",
+)
+
+#: How a script entry point is started, by file extension.
+SCRIPT_INTERPRETERS = {".py": "python", ".sh": "bash"}
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What to run and for how long."""
+
+    #: A script in the project directory (``train.py``, ``scripts/train.py --lr 0.1``) or a
+    #: command line (``torchrun --nproc-per-node 8 train.py``, ``python -m pkg.train``).
+    entrypoint: str
+    workload_kind: WorkloadKind
+    args: tuple[str, ...]
+    project_dir: str
+    exclude: tuple[str, ...]
+    #: Seconds; None = no limit of the spec's own (workspace policy may still set one).
+    max_runtime: int | None
+
+    @property
+    def script(self) -> str | None:
+        """The script the entry point starts (its first word, when that is a .py/.sh file)."""
+        first = shlex.split(self.entrypoint)[0]
+        return first if script_interpreter(first) else None
+
+    def command(self) -> tuple[str, ...]:
+        """The full argument vector: ``("python", "train.py", *args)`` or the command line's
+        words followed by ``args``. Renderers join it with ``shlex.join`` where a shell
+        string is needed (a RayJob ``entrypoint``)."""
+        words = shlex.split(self.entrypoint)
+        interpreter = script_interpreter(words[0])
+        prefix = (interpreter,) if interpreter else ()
+        return (*prefix, *words, *self.args)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "entrypoint": self.entrypoint,
+            "workload_kind": self.workload_kind,
+            "args": list(self.args),
+            "project_dir": self.project_dir,
+            "exclude": list(self.exclude),
+            "max_runtime": self.max_runtime,
+        }
+
+
+def script_interpreter(word: str) -> str | None:
+    """``python`` for ``train.py``, ``bash`` for ``run.sh``, None for anything else."""
+    for extension, interpreter in SCRIPT_INTERPRETERS.items():
+        if word.endswith(extension) and len(word) > len(extension):
+            return interpreter
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """Resources of each worker, and how many workers."""
+
+    gpus: int
+    #: Canonical Kubernetes quantity: "16", "500m".
+    cpus: str
+    #: Canonical Kubernetes quantity: "64Gi", "1G", "1536".
+    memory: str
+    workers: int
+    #: A flavor the workspace offers (a Kueue ResourceFlavor name), or None for any.
+    gpu_type: str | None
+
+    @property
+    def cpu_cores(self) -> Decimal:
+        return parse_quantity(self.cpus)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(parse_quantity(self.memory))
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus * self.workers
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "cpus": self.cpus,
+            "memory": self.memory,
+            "workers": self.workers,
+            "gpu_type": self.gpu_type,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    name: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRef:
+    """An environment variable whose value comes from a key of a Kubernetes Secret."""
+
+    #: The environment variable the workload reads.
+    env: str
+    #: The Secret's name, in the workspace's namespace.
+    secret: str
+    #: The key inside the Secret.
+    key: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"env": self.env, "secret": self.secret, "key": self.key}
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """The software the workload runs in."""
+
+    #: None = the workspace's default image.
+    image: str | None
+    pip: tuple[str, ...]
+    #: Literal values, ordered by name (the shape of a container's ``env`` list).
+    env: tuple[EnvVar, ...]
+    #: Ordered by variable name.
+    secrets: tuple[SecretRef, ...]
+
+    def env_dict(self) -> dict[str, str]:
+        return {variable.name: variable.value for variable in self.env}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "pip": list(self.pip),
+            "env": self.env_dict(),
+            "secrets": [secret.to_dict() for secret in self.secrets],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """Where the workload waits: both None = the workspace's defaults."""
+
+    #: A Kueue WorkloadPriorityClass name the workspace allows.
+    priority: str | None
+    #: One of the workspace's queues (a Kueue LocalQueue name).
+    name: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"priority": self.priority, "name": self.name}
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Wait before a retry: ``initial`` seconds, doubling per retry, at most ``max``."""
+
+    initial: int
+    max: int
+
+    def delay(self, retry: int) -> int:
+        """Seconds to wait before retry number ``retry`` (1 for the first retry)."""
+        if retry <= 1:
+            return min(self.initial, self.max)
+        # Doubling stops mattering long before the exponent gets large.
+        doubled: int = self.initial * 2 ** min(retry - 1, 32)
+        return min(self.max, doubled)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"initial": self.initial, "max": self.max}
+
+
+@dataclass(frozen=True, slots=True)
+class Resilience:
+    """When a failed attempt is retried, and where its checkpoints are."""
+
+    max_retries: int
+    #: Failure classes that are retried, in ``FAILURE_CLASSES`` order.
+    retry_on: tuple[FailureClass, ...]
+    backoff: Backoff
+    #: Relative to the project directory as it runs; None = the platform's choice. Either
+    #: way the workload finds it in ``TAU_CHECKPOINT_DIR``.
+    checkpoint_dir: str | None
+
+    def retries(self, failure_class: FailureClass, *, retries_so_far: int) -> bool:
+        """Whether a failure of this class, after this many retries, gets another attempt."""
+        return failure_class in self.retry_on and retries_so_far < self.max_retries
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_retries": self.max_retries,
+            "retry_on": list(self.retry_on),
+            "backoff": self.backoff.to_dict(),
+            "checkpoint_dir": self.checkpoint_dir,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Outputs:
+    """What the workload writes under ``TAU_OUTPUT_DIR``, and what is kept as evidence."""
+
+    metrics_file: str
+    #: Glob patterns relative to ``TAU_OUTPUT_DIR``, sorted.
+    artifacts: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metrics_file": self.metrics_file, "artifacts": list(self.artifacts)}
+
+
+@dataclass(frozen=True, slots=True)
+class Experiment:
+    """Labels for comparing runs; they change nothing about how a run executes."""
+
+    project: str | None
+    group: str | None
+    #: Sorted.
+    tags: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"project": self.project, "group": self.group, "tags": list(self.tags)}
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """A validated, normalised tau.yaml (schema version 1)."""
+
+    schema_version: int
+    name: str
+    run: Run
+    compute: Compute
+    runtime: Runtime
+    queue: Queue
+    resilience: Resilience
+    outputs: Outputs
+    experiment: Experiment
+
+    def to_dict(self) -> dict[str, Any]:
+        """The normal form as JSON-ready data; ``Spec.from_dict`` reads it back exactly."""
+        return {
+            "schema_version": self.schema_version,
+            "name": self.name,
+            "run": self.run.to_dict(),
+            "compute": self.compute.to_dict(),
+            "runtime": self.runtime.to_dict(),
+            "queue": self.queue.to_dict(),
+            "resilience": self.resilience.to_dict(),
+            "outputs": self.outputs.to_dict(),
+            "experiment": self.experiment.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Spec:
+        """A Spec from ``to_dict()`` output (or any tau.yaml-shaped data), checked by the
+        same rules as a file; raises ``SpecError`` (positions are 0: there is no file)."""
+        # Imported here because the schema builds Spec objects: the dependency is circular
+        # by nature, and the model module must stay importable on its own.
+        from tau.spec.schema import spec_from_data
+
+        return spec_from_data(data)
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.to_dict())
+
+
+def canonical_json(data: Any) -> str:
+    """Sorted keys, no whitespace, UTF-8 text. The normal form holds only strings, integers,
+    booleans, null, lists and objects with ASCII keys, for which this is also RFC 8785 (JCS)."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def spec_hash(spec: Spec) -> str:
+    """SHA-256 (hex) of the canonical JSON of the normal form; part of a run's evidence.
+
+    Stable across key order, formatting, comments and equivalent spellings (``16`` and
+    ``16000m`` CPUs, ``2h`` and ``7200`` seconds); any change of meaning changes it.
+    """
+    return hashlib.sha256(canonical_json(spec.to_dict()).encode("utf-8")).hexdigest()

@@ -1,0 +1,125 @@
+"""The article's tau.yaml and every example validate; a file with three mistakes gets three
+precise problems."""
+
+from __future__ import annotations
+
+import py_compile
+from pathlib import Path
+
+import pytest
+
+from tau.spec import SpecError, load_spec, validate
+from tau.spec.samples import ARTICLE_EXAMPLE, FULL_EXAMPLE
+
+from .support import EXAMPLES, REPO
+
+
+def test_the_article_example_validates_exactly_as_written() -> None:
+    spec = load_spec(ARTICLE_EXAMPLE)
+
+    assert spec.name == "aks-gpu-quickstart"
+    assert spec.run.entrypoint == "train.py"
+    assert spec.run.workload_kind == "rayjob"
+    assert (spec.compute.gpus, spec.compute.workers) == (1, 1)
+    assert (spec.compute.cpus, spec.compute.memory) == ("16", "64Gi")
+    assert spec.runtime.image == "mcr.microsoft.com/aks/ai-runtime/ray:py3.12-ray2.56.0-cuda13.0"
+    assert spec.runtime.pip == ("torch>=2.4.0",)
+
+
+def test_the_gpu_quickstart_example_is_the_article_example_verbatim() -> None:
+    text = (REPO / "examples" / "gpu-quickstart" / "tau.yaml").read_text("utf-8")
+    assert text == ARTICLE_EXAMPLE
+
+
+def test_the_examples_are_all_there() -> None:
+    names = {path.parent.name for path in EXAMPLES}
+    assert names >= {
+        "cpu-quickstart",
+        "gpu-quickstart",
+        "multi-node-torchrun",
+        "resume-from-checkpoint",
+    }
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.parent.name)
+def test_every_example_validates(path: Path) -> None:
+    assert validate(path.read_bytes()) == []
+    entrypoint_script = load_spec(path.read_bytes()).run.script
+    if entrypoint_script is not None:
+        assert (path.parent / entrypoint_script).is_file()
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "examples").glob("*/*.py")), ids=lambda path: str(path.parent.name)
+)
+def test_every_example_program_compiles(path: Path, tmp_path: Path) -> None:
+    py_compile.compile(str(path), cfile=str(tmp_path / "compiled.pyc"), doraise=True)
+
+
+def test_the_resume_example_runs_the_cpu_quickstart_program() -> None:
+    # One program, two tau.yaml files; a copy because bundles refuse links and `..`.
+    quickstart = REPO / "examples" / "cpu-quickstart" / "train.py"
+    resume = REPO / "examples" / "resume-from-checkpoint" / "train.py"
+    assert resume.read_bytes() == quickstart.read_bytes()
+
+
+def test_the_multi_node_example_is_a_job_with_several_gpu_workers() -> None:
+    spec = load_spec((REPO / "examples" / "multi-node-torchrun" / "tau.yaml").read_bytes())
+    assert spec.run.workload_kind == "job"
+    assert spec.compute.workers >= 2
+    assert spec.compute.gpus >= 1
+    assert spec.run.command()[:3] == ("torchrun", "--nproc-per-node", "8")
+
+
+def test_the_resume_example_retries_and_keeps_checkpoints() -> None:
+    spec = load_spec((REPO / "examples" / "resume-from-checkpoint" / "tau.yaml").read_bytes())
+    assert spec.resilience.max_retries >= 1
+    assert "user_error" in spec.resilience.retry_on
+    assert spec.resilience.checkpoint_dir == "checkpoints"
+    assert "--fail-at-step" in spec.run.args
+
+
+def test_the_full_sample_uses_every_block() -> None:
+    data = load_spec(FULL_EXAMPLE).to_dict()
+    assert data["compute"]["gpu_type"] == "h100"
+    assert data["runtime"]["secrets"]
+    assert data["queue"] == {"priority": "high", "name": "research"}
+    assert data["experiment"]["tags"] == ["baseline", "resnet50"]
+
+
+THREE_MISTAKES = """\
+schema_version: 1
+name: vision-baseline
+run:
+  entrypoint: train.py
+compute:
+  gpus: two
+  wokers: 2
+  memory: 64Gi
+runtime:
+  env:
+    TAU_RUN_ID: mine
+"""
+
+
+def test_a_file_with_three_mistakes_reports_all_three_with_lines_and_hints() -> None:
+    with pytest.raises(SpecError) as raised:
+        load_spec(THREE_MISTAKES, filename="tau.yaml")
+
+    found = raised.value.errors
+    assert [(p.path, p.line, p.column) for p in found] == [
+        ("compute.gpus", 6, 9),
+        ("compute.wokers", 7, 3),
+        ("runtime.env.TAU_RUN_ID", 11, 5),
+    ]
+    gpus, workers, env = found
+    assert gpus.message == "expected an integer, got the string `two`"
+    assert workers.message == "unknown key `wokers`"
+    assert workers.hint == "did you mean `workers`?"
+    assert "reserved" in env.message
+    assert env.hint is not None
+    assert "TAU_" in env.hint
+    assert str(raised.value).splitlines()[0] == "tau.yaml is not valid (3 problems)"
+    assert "tau.yaml:7:3: compute.wokers: unknown key `wokers` (did you mean `workers`?)" in str(
+        raised.value
+    )
