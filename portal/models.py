@@ -142,6 +142,14 @@ class ApiToken(models.Model):
         help_text="Empty: every workspace the user belongs to.",
     )
     read_only = models.BooleanField(default=False)
+    run = models.ForeignKey(
+        "runs.Run",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="For run tokens: the one run it may report on.",
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     expires_at = models.DateTimeField()
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)

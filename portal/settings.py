@@ -9,6 +9,7 @@ passes. The README lists every variable read here.
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -57,8 +58,6 @@ def _local_secret(filename: str) -> str:
 
 
 def _private_opener(path: str, flags: int) -> int:
-    import os
-
     return os.open(path, flags, 0o600)
 
 
@@ -135,6 +134,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "portal.context_processors.navigation",
             ],
+            "builtins": ["django.contrib.humanize.templatetags.humanize"],
         },
     },
 ]
@@ -188,6 +188,11 @@ else:
         "visibility_timeout": env_int("TAU_CELERY_VISIBILITY_TIMEOUT", 3600, minimum=60),
         "socket_connect_timeout": 5,
         "socket_timeout": 10,
+        # Publishing gives up quickly when Redis is down: the outbox row is the durable
+        # record and the reconciler delivers it later, so a request must not hang on it.
+        "max_retries": 1,
+        "interval_start": 0,
+        "interval_step": 1,
     }
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
@@ -199,7 +204,13 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
-CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    # The outbox relay: anything a lost task or a broker outage left undelivered.
+    "reconcile-deliveries": {
+        "task": "runs.tasks.reconcile_deliveries",
+        "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
+    },
+}
 CELERY_TIMEZONE = "UTC"
 
 # --- Cache (rate limits, OIDC provider metadata) --------------------------------------------
@@ -326,7 +337,9 @@ CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": [SELF],
         "script-src": [SELF],
-        "style-src": [SELF],
+        # plotly.js adds an empty <style> element and fills it through the CSSOM (which CSP
+        # does not govern); the hash of the empty string allows exactly that element.
+        "style-src": [SELF, "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='"],
         "img-src": [SELF, "data:"],
         "font-src": [SELF],
         "connect-src": [SELF],
@@ -346,6 +359,11 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "portal.staticfiles.PackagedAssetsFinder",
+]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -391,6 +409,10 @@ SPECTACULAR_SETTINGS = {
         "portal.identity.tokens.TokenScopePermission",
     ],
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    "ENUM_NAME_OVERRIDES": {
+        "RunStateEnum": "runs.models.RunState",
+        "AttemptStateEnum": "runs.models.RunAttempt.State",
+    },
 }
 
 # --- Logging --------------------------------------------------------------------------------
@@ -416,6 +438,35 @@ LOGGING = {
     },
 }
 
-# --- TauGrid ---------------------------------------------------------------------------------
+# --- Runs ----------------------------------------------------------------------------------
 # The image a run gets when neither its tau.yaml nor its workspace names one.
 TAU_DEFAULT_IMAGE = env_str("TAU_DEFAULT_IMAGE", "python:3.11-slim") or "python:3.11-slim"
+# Registries images may come from (empty: any).
+TAU_IMAGE_REGISTRIES = env_list("TAU_IMAGE_REGISTRIES", [])
+# No node offers more GPUs than this; a worker asking for more could never be placed.
+TAU_MAX_GPUS_PER_NODE = env_int("TAU_MAX_GPUS_PER_NODE", 8, minimum=0)
+# Where runs execute: "local" (this machine, the embedded default) or "kubernetes".
+TAU_BACKEND = env_str("TAU_BACKEND", "kubernetes" if PRODUCTION else "local") or "local"
+if TAU_BACKEND not in {"local", "kubernetes"}:
+    raise ImproperlyConfiguredEnv(f"TAU_BACKEND must be local or kubernetes, got {TAU_BACKEND!r}")
+# The local executor runs submitted code as the portal's own user: on by default on one
+# machine, and only when explicitly enabled in production.
+TAU_LOCAL_EXECUTOR = env_bool("TAU_LOCAL_EXECUTOR", not PRODUCTION)
+if TAU_BACKEND == "local" and not TAU_LOCAL_EXECUTOR:
+    raise ImproperlyConfiguredEnv(
+        "TAU_BACKEND=local needs TAU_LOCAL_EXECUTOR=true; it runs submitted code as this "
+        "user on this machine, so it must be switched on deliberately in production"
+    )
+# This machine's resources for local runs (detected when not set).
+TAU_LOCAL_CPUS = env_int("TAU_LOCAL_CPUS", os.cpu_count() or 1, minimum=1)
+TAU_LOCAL_MEMORY = env_str("TAU_LOCAL_MEMORY", "") or ""
+TAU_LOCAL_GPUS = env_int("TAU_LOCAL_GPUS", 0, minimum=0)
+TAU_RUN_LOG_MAX_BYTES = env_int("TAU_RUN_LOG_MAX_BYTES", 50 * 2**20, minimum=2**16)
+TAU_RUNS_DIR = VAR_DIR / "runs"
+# The resource flavor whose quota rows are a workspace's share of this machine.
+TAU_LOCAL_FLAVOR = env_str("TAU_LOCAL_FLAVOR", "local") or "local"
+# Seconds between SIGTERM and SIGKILL when the local agent stops a run's processes.
+TAU_LOCAL_GRACE_SECONDS = env_int("TAU_LOCAL_GRACE_SECONDS", 10, minimum=0)
+# How a running workload reaches the portal's API (TAU_API_URL in its environment).
+_port = env_int("PORT", 8000, minimum=1)  # the port `make run` serves on
+TAU_API_URL = env_str("TAU_API_URL", "") or f"http://127.0.0.1:{_port}"

@@ -12,6 +12,7 @@ admin.site.index_title = "Workspaces, members, quotas and audit"
 
 api_patterns: list[URLPattern | URLResolver] = [
     path("", include("workspaces.api.urls")),
+    path("", include("runs.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 

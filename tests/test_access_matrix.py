@@ -20,12 +20,15 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.contrib.contenttypes.models import ContentType
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from portal import audit
 from portal.identity import tokens
 from portal.models import AuditEvent
+from runs.models import RunState
 from tests.conftest import CAST
+from tests.runs.factories import TINY_SPEC, make_run
 from workspaces.models import Cohort, Membership, ResourceFlavor, Workspace, WorkspaceQuota
 
 pytestmark = pytest.mark.django_db
@@ -45,8 +48,12 @@ def same(code: int, *, anon: int | None = None) -> dict[str, int]:
 class Route:
     methods: dict[str, dict[str, int]]
     kwargs: Kwargs = lambda world: {}
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] | Callable[[], dict[str, Any]] = field(default_factory=dict)
     api: bool = False
+    multipart: bool = False
+
+    def payload(self) -> dict[str, Any]:
+        return self.data() if callable(self.data) else self.data
 
 
 def ALPHA(world: Any) -> dict[str, Any]:
@@ -55,6 +62,19 @@ def ALPHA(world: Any) -> dict[str, Any]:
 
 def ALPHA_MEMBER(world: Any) -> dict[str, Any]:
     return {"workspace_slug": "alpha", "username": "rob"}
+
+
+def RUN(world: Any) -> dict[str, Any]:
+    return {"workspace_slug": "alpha", "run_name": make_run(world).name}
+
+
+def FAILED_RUN(world: Any) -> dict[str, Any]:
+    return {"workspace_slug": "alpha", "run_name": make_run(world, state=RunState.FAILED).name}
+
+
+def RUN_WITH_BUNDLE(world: Any) -> dict[str, Any]:
+    run = make_run(world, files={"main.py": "print('hello')\n"})
+    return {"workspace_slug": "alpha", "run_name": run.name}
 
 
 # Reads inside alpha: members and staff see it, the outsider gets 404. Anonymous API
@@ -105,6 +125,55 @@ MATRIX: dict[str, Route] = {
         api=True,
     ),
     "api:schema": Route({"GET": same(200, anon=401)}, api=True),
+    # Runs. Submitting needs the researcher role; cancel and resume are for the submitter
+    # (the researcher here) and workspace admins.
+    "api:run-list": Route(
+        {"GET": API_READ, "POST": codes(403, 201, 201, 403, 404, 401)},
+        ALPHA,
+        data=lambda: {"spec": SimpleUploadedFile("tau.yaml", TINY_SPEC)},
+        api=True,
+        multipart=True,
+    ),
+    "api:run-detail": Route({"GET": API_READ}, RUN, api=True),
+    "api:run-cancel": Route({"POST": codes(403, 200, 200, 403, 404, 401)}, RUN, api=True),
+    "api:run-resume": Route({"POST": codes(403, 200, 200, 403, 404, 401)}, FAILED_RUN, api=True),
+    "api:run-events": Route({"GET": API_READ}, RUN, api=True),
+    "api:run-logs": Route({"GET": API_READ}, RUN, api=True),
+    "api:run-metrics": Route({"GET": API_READ}, RUN, api=True),
+    "api:run-checkpoints": Route({"GET": API_READ}, RUN, api=True),
+    "api:run-bundle": Route({"GET": API_READ}, RUN_WITH_BUNDLE, api=True),
+    # Only a run's own token may report on it (tests/runs/test_api.py covers that token).
+    "api:run-report-metrics": Route(
+        {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"rows": []}, api=True
+    ),
+    "api:run-report-checkpoints": Route(
+        {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"step": 1, "path": "x"}, api=True
+    ),
+    "api:run-report-events": Route(
+        {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"kind": "note"}, api=True
+    ),
+    # Run pages.
+    "runs": Route({"GET": PAGE_READ}, ALPHA),
+    "queue": Route({"GET": PAGE_READ}, ALPHA),
+    "run-page": Route({"GET": PAGE_READ}, RUN),
+    "run-submit": Route(
+        {"GET": codes(403, 200, 200, 403, 404, 302), "POST": codes(403, 302, 302, 403, 404, 302)},
+        ALPHA,
+        data={"spec_text": TINY_SPEC.decode()},
+    ),
+    "run-validate": Route(
+        {"POST": codes(403, 200, 200, 403, 404, 302), "GET": codes(403, 405, 405, 403, 404, 302)},
+        ALPHA,
+        data={"spec_text": TINY_SPEC.decode()},
+    ),
+    "run-page-cancel": Route(
+        {"POST": codes(403, 302, 302, 403, 404, 302), "GET": codes(405, 405, 405, 405, 404, 302)},
+        RUN,
+    ),
+    "run-page-resume": Route(
+        {"POST": codes(403, 302, 302, 403, 404, 302), "GET": codes(405, 405, 405, 405, 404, 302)},
+        FAILED_RUN,
+    ),
     "profile": Route({"GET": same(200, anon=302)}),
     "tokens": Route(
         {"GET": same(200, anon=302), "POST": same(201, anon=302)},
@@ -266,9 +335,9 @@ def test_access(world: Any, key: str, method: str, who: str) -> None:
     client = world.api_client_for(who) if route.api else world.client_for(who)
     send = getattr(client, method.lower())
     if route.api and method in {"POST", "PATCH", "PUT"}:
-        response = send(url, route.data, format="json")
+        response = send(url, route.payload(), format="multipart" if route.multipart else "json")
     elif method in {"POST", "PATCH", "PUT"}:
-        response = send(url, route.data)
+        response = send(url, route.payload())
     else:
         response = send(url)
     expected = route.methods[method][who]
@@ -342,7 +411,7 @@ def test_access_with_tokens(world: Any, key: str, method: str, who: str) -> None
     url = _url(key, kwargs)
     send = getattr(client, method.lower())
     if method in {"POST", "PATCH", "PUT"}:
-        response = send(url, route.data, format="json")
+        response = send(url, route.payload(), format="multipart" if route.multipart else "json")
     else:
         response = send(url)
     assert response.status_code == expected, (

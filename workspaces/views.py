@@ -4,22 +4,54 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Count, Q
 from django.views.generic import TemplateView
 
+from runs.models import Run, RunState
+from runs.usage import usage_lines
 from workspaces.access import WorkspaceViewMixin
 from workspaces.models import Membership
-from workspaces.selectors import quota_lines
+
+ACTIVE = [
+    RunState.QUEUED,
+    RunState.ADMITTED,
+    RunState.RUNNING,
+    RunState.CANCELLING,
+    RunState.PENDING,
+]
 
 
 class WorkspaceHomeView(WorkspaceViewMixin, TemplateView):
+    """My recent runs, what is queued and running, quota use, members."""
+
     template_name = "workspaces/home.html"
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
-        context["quotas"] = quota_lines(self.workspace)
-        context["members"] = list(
-            Membership.objects.for_workspace(self.workspace)
-            .select_related("user")
-            .order_by("user__username")[:50]
+        runs = Run.objects.for_workspace(self.workspace)
+        counts = runs.aggregate(
+            queued=Count("id", filter=Q(state__in=[RunState.PENDING, RunState.QUEUED])),
+            running=Count(
+                "id", filter=Q(state__in=[RunState.ADMITTED, RunState.RUNNING, RunState.CANCELLING])
+            ),
+        )
+        context.update(
+            {
+                "usage": usage_lines(self.workspace),
+                "my_runs": list(
+                    runs.filter(submitted_by=self.request.user.pk).order_by("-created_at", "-id")[
+                        :8
+                    ]
+                ),
+                "active_runs": list(
+                    runs.filter(state__in=ACTIVE).order_by("-created_at", "-id")[:10]
+                ),
+                "counts": counts,
+                "members": list(
+                    Membership.objects.for_workspace(self.workspace)
+                    .select_related("user")
+                    .order_by("user__username")[:50]
+                ),
+            }
         )
         return context

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Install what the test suite drives besides Python packages: Debian's Chromium for the
-browser tests, and the npm packages of the test OpenID provider. Idempotent and quick when
-everything is already there. Standard library only.
+browser tests, and npm packages (the test OpenID provider, axe-core). Idempotent and quick
+when everything is already there. Standard library only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OP_DIR = ROOT / "tests" / "identity" / "oidc_provider"
+# npm projects the tests use: the test OpenID provider, and axe-core for accessibility checks.
+NPM_DIRS = [
+    ROOT / "tests" / "identity" / "oidc_provider",
+    ROOT / "tests" / "pages" / "browser_tools",
+]
 
 
 def log(message: str) -> None:
@@ -43,16 +47,17 @@ def ensure_chromium() -> None:
 def ensure_node_packages() -> None:
     if shutil.which("node") is None or shutil.which("npm") is None:
         apt_install(["nodejs", "npm"])
-    marker = OP_DIR / "node_modules" / ".package-lock.json"
-    lock = OP_DIR / "package-lock.json"
-    if marker.exists() and marker.stat().st_mtime >= lock.stat().st_mtime:
-        return
-    log("installing the test OpenID provider's npm packages")
-    subprocess.run(
-        ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],  # noqa: S607
-        cwd=OP_DIR,
-        check=True,
-    )
+    for directory in NPM_DIRS:
+        marker = directory / "node_modules" / ".package-lock.json"
+        lock = directory / "package-lock.json"
+        if marker.exists() and marker.stat().st_mtime >= lock.stat().st_mtime:
+            continue
+        log(f"installing npm packages in {directory.relative_to(ROOT)}")
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],  # noqa: S607
+            cwd=directory,
+            check=True,
+        )
 
 
 def main() -> int:

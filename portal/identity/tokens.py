@@ -192,16 +192,25 @@ class FailureLimiter:
             self.buckets.append((f"authfail:key:{key}", settings.TAU_AUTH_FAILURES_PER_KEY))
 
     def blocked(self) -> bool:
-        counts = cache.get_many([name for name, _ in self.buckets])
+        try:
+            counts = cache.get_many([name for name, _ in self.buckets])
+        except Exception:
+            # The shared cache is down: keep serving (the token check itself still applies)
+            # rather than turn a cache outage into an API outage.
+            logger.warning("rate-limit cache unavailable; not limiting", exc_info=True)
+            return False
         return any(int(counts.get(name, 0)) >= limit for name, limit in self.buckets)
 
     def record_failure(self) -> None:
-        for name, _ in self.buckets:
-            cache.add(name, 0, timeout=self.window)
-            try:
-                cache.incr(name)
-            except ValueError:  # expired between add and incr
-                cache.set(name, 1, timeout=self.window)
+        try:
+            for name, _ in self.buckets:
+                cache.add(name, 0, timeout=self.window)
+                try:
+                    cache.incr(name)
+                except ValueError:  # expired between add and incr
+                    cache.set(name, 1, timeout=self.window)
+        except Exception:
+            logger.warning("rate-limit cache unavailable; failure not counted", exc_info=True)
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

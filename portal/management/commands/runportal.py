@@ -1,4 +1,5 @@
-"""Run the whole portal on this machine in the foreground: web server, Celery worker and beat.
+"""Run the whole portal on this machine in the foreground: web server, Celery worker and beat,
+and, when runs execute on this machine (``TAU_BACKEND=local``), the local agent.
 
 Ctrl-C (or SIGTERM) stops all of them; if one of them dies, the others are stopped too and
 the command exits non-zero, so nothing is left half-running.
@@ -18,6 +19,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 _GRACE_SECONDS = 10
+# The agent may take its grace period (TAU_LOCAL_GRACE_SECONDS) plus recording time; it gives
+# up by itself (killing its runs) 15 s after the grace period, before this runs out.
+_AGENT_EXTRA_SECONDS = 30
 
 
 class Command(BaseCommand):
@@ -73,6 +77,9 @@ class Command(BaseCommand):
                 os.path.join(var_dir, "celerybeat.pid"),
             ],
         }
+        if settings.TAU_BACKEND == "local":
+            # Executes queued local runs as process groups on this machine (runs.agent).
+            commands["agent"] = [python, os.path.join(settings.BASE_DIR, "manage.py"), "run_agent"]
         processes: dict[str, subprocess.Popen[bytes]] = {}
         stopping = False
         failed: str | None = None
@@ -108,13 +115,19 @@ class Command(BaseCommand):
         self.stdout.write("stopped.")
 
     def _stop_all(self, processes: dict[str, subprocess.Popen[bytes]]) -> None:
-        # SIGTERM to each leader only: gunicorn and celery stop their own children gracefully.
+        # SIGTERM to each leader only: gunicorn and celery stop their own children gracefully,
+        # and the agent stops its runs (each with its own grace period) before it exits. The
+        # runs live in process groups of their own, so killing the agent's group would not
+        # reach them: it gets the time it needs.
         for process in processes.values():
             if process.poll() is None:
                 process.terminate()
-        deadline = time.monotonic() + _GRACE_SECONDS
-        for process in processes.values():
-            remaining = max(0.1, deadline - time.monotonic())
+        started = time.monotonic()
+        for name, process in processes.items():
+            grace = _GRACE_SECONDS
+            if name == "agent":
+                grace = settings.TAU_LOCAL_GRACE_SECONDS + _AGENT_EXTRA_SECONDS
+            remaining = max(0.1, started + grace - time.monotonic())
             try:
                 process.wait(timeout=remaining)
             except subprocess.TimeoutExpired:

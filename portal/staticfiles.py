@@ -1,0 +1,53 @@
+"""Front-end libraries that come with Python packages, served as our own static files.
+
+plotly.js ships inside the ``plotly`` package from PyPI and htmx inside ``django-htmx``, so
+``make run`` needs nothing but pip; nothing third-party is committed to this repository.
+Only the files we use are exposed (the plotly package carries 10 MB of other data).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from django.contrib.staticfiles.finders import BaseFinder
+from django.core.files.storage import FileSystemStorage
+
+# static path → (package, file inside the package)
+PACKAGED_ASSETS = {
+    "vendor/plotly.min.js": ("plotly", "package_data/plotly.min.js"),
+}
+
+
+def _package_dir(package: str) -> Path:
+    spec = find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupError(f"the {package!r} package is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+class PackagedAssetsFinder(BaseFinder):
+    def _source(self, path: str) -> Path | None:
+        entry = PACKAGED_ASSETS.get(path)
+        if entry is None:
+            return None
+        package, inner = entry
+        return _package_dir(package) / inner
+
+    def find(self, path: str, find_all: bool = False, **kwargs: Any) -> Any:
+        source = self._source(path)
+        if source is None or not source.exists():
+            return [] if find_all else None
+        return [str(source)] if find_all else str(source)
+
+    def list(self, ignore_patterns: Any) -> Iterator[tuple[str, FileSystemStorage]]:
+        for path in PACKAGED_ASSETS:
+            source = self._source(path)
+            if source is None or not source.exists():
+                continue
+            prefix, _, name = path.rpartition("/")
+            storage = FileSystemStorage(location=str(source.parent))
+            storage.prefix = prefix  # type: ignore[attr-defined]
+            yield name, storage

@@ -1,0 +1,278 @@
+"""Which queued local runs may start now, and what the others are waiting for.
+
+Pure functions over amounts (no database, no processes), so the rule can be read and tested
+on its own. The rule:
+
+* A run's demand is what the whole workload asks for at once, compute per worker times workers
+  (``runs.policy.requested_totals``, the same amount Kueue would admit on a cluster). Locally
+  all workers are one process tree, but it holds the whole request: a spec means the same
+  thing, and uses the same quota, on either backend.
+* Runs are considered in queue order: higher ``priority_value`` first, then first queued
+  first (FIFO within a priority).
+* A run starts when its workspace's quota on the local flavor and this machine's free
+  capacity both cover its demand. A resource the workspace has no quota row for (on the
+  local flavor) is limited only by the machine. A workspace in a cohort may go over its
+  nominal quota by borrowing, up to its borrowing limit, while the cohort's members together
+  stay within the sum of their nominal quotas (lending limits are not modelled locally).
+* No overtaking within the pool a run waits for: once a run waits for this machine, later
+  runs do not take machine capacity before it; once a run waits for its workspace's quota,
+  later runs of that workspace wait behind it. Runs of other workspaces are not held up by
+  someone else's quota. A run that can never fit (it asks for more than the machine or its
+  quota could ever give) holds nothing up and says why.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from tau.quantity import format_quantity
+from workspaces.models import GPU_RESOURCE
+
+CPU = "cpu"
+MEMORY = "memory"
+RESOURCES = (CPU, MEMORY, GPU_RESOURCE)
+ZERO = Decimal(0)
+
+Amounts = Mapping[str, Decimal]
+
+
+@dataclass(frozen=True)
+class Quota:
+    nominal: Decimal
+    borrowing_limit: Decimal | None = None  # None: no limit (only meaningful in a cohort)
+
+
+@dataclass(frozen=True)
+class WorkspaceShare:
+    """A workspace's quota rows on the local flavor, by resource."""
+
+    quotas: Mapping[str, Quota]
+    cohort: int | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    run_id: int
+    workspace_id: int
+    demand: Amounts
+
+
+@dataclass(frozen=True)
+class Decision:
+    run_id: int
+    admit: bool
+    position: int | None = None  # 1-based place among waiting runs on this machine
+    reason: str = ""
+
+
+@dataclass
+class Usage:
+    """What the runs this machine executes hold, in total and per workspace."""
+
+    machine: dict[str, Decimal] = field(default_factory=lambda: dict.fromkeys(RESOURCES, ZERO))
+    workspaces: dict[int, dict[str, Decimal]] = field(
+        default_factory=lambda: defaultdict(lambda: dict.fromkeys(RESOURCES, ZERO))
+    )
+
+    def add(self, workspace_id: int, demand: Amounts) -> None:
+        held = self.workspaces[workspace_id]
+        for resource in RESOURCES:
+            amount = demand.get(resource, ZERO)
+            self.machine[resource] += amount
+            held[resource] += amount
+
+    def of(self, workspace_id: int) -> Mapping[str, Decimal]:
+        return self.workspaces.get(workspace_id) or dict.fromkeys(RESOURCES, ZERO)
+
+
+def amount_text(resource: str, amount: Decimal) -> str:
+    """``2 CPUs``, ``1 CPU``, ``512Mi of memory``, ``1 GPU``."""
+    number = number_text(resource, amount)
+    if resource == CPU:
+        return f"{number} CPU" if amount == 1 else f"{number} CPUs"
+    if resource == GPU_RESOURCE:
+        return f"{number} GPU" if amount == 1 else f"{number} GPUs"
+    if resource == MEMORY:
+        return f"{number} of memory"
+    return f"{number} {resource}"
+
+
+def number_text(resource: str, amount: Decimal) -> str:
+    if resource == MEMORY:
+        exact = format_quantity(amount, binary=True)
+        if exact.endswith(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")) and not exact.endswith("Ki"):
+            return exact  # 512Mi, 8Gi
+        if amount >= 2**30:
+            return f"{(amount / 2**30).quantize(Decimal('0.1'))}Gi"  # detected: 23.5Gi
+        return exact
+    if amount == amount.to_integral_value():
+        return str(int(amount))
+    return format(amount.normalize(), "f")
+
+
+_SETTING_FOR = {CPU: "TAU_LOCAL_CPUS", MEMORY: "TAU_LOCAL_MEMORY", GPU_RESOURCE: "TAU_LOCAL_GPUS"}
+
+
+def _machine_problem(demand: Amounts, capacity: Amounts, used: Amounts) -> tuple[str | None, bool]:
+    """(why the machine cannot take it now, whether it never could)."""
+    for resource in RESOURCES:
+        wanted = demand.get(resource, ZERO)
+        if wanted > capacity.get(resource, ZERO):
+            have = capacity.get(resource, ZERO)
+            return (
+                f"Cannot start on this machine: it needs {amount_text(resource, wanted)} at "
+                f"once and the machine offers {number_text(resource, have)} "
+                f"({_SETTING_FOR[resource]}).",
+                True,
+            )
+    for resource in RESOURCES:
+        wanted = demand.get(resource, ZERO)
+        free = max(ZERO, capacity.get(resource, ZERO) - used.get(resource, ZERO))
+        if wanted > free:
+            return (
+                f"Waiting for {amount_text(resource, wanted)}: "
+                f"{number_text(resource, free)} of this machine's "
+                f"{number_text(resource, capacity.get(resource, ZERO))} are free.",
+                False,
+            )
+    return None, False
+
+
+def _quota_problem(
+    workspace_id: int,
+    demand: Amounts,
+    usage: Usage,
+    shares: Mapping[int, WorkspaceShare],
+) -> tuple[str | None, bool]:
+    """(why the workspace's quota does not cover it now, whether it never could)."""
+    share = shares.get(workspace_id)
+    if share is None:
+        return None, False
+    held = usage.of(workspace_id)
+    for resource in RESOURCES:
+        wanted = demand.get(resource, ZERO)
+        quota = share.quotas.get(resource)
+        if wanted == 0 or quota is None:
+            continue
+        using = held.get(resource, ZERO)
+        if using + wanted <= quota.nominal:
+            continue
+        what = amount_text(resource, wanted)
+        uses = (
+            f"the workspace uses {number_text(resource, using)} of its "
+            f"{number_text(resource, quota.nominal)}"
+        )
+        if share.cohort is None:
+            if wanted > quota.nominal:
+                return (
+                    f"Cannot start: it needs {what} at once and the workspace's quota on "
+                    f"this machine is {number_text(resource, quota.nominal)}.",
+                    True,
+                )
+            return f"Waiting for {what}: {uses}.", False
+        members = [
+            (member, other.quotas[resource])
+            for member, other in shares.items()
+            if other.cohort == share.cohort and resource in other.quotas
+        ]
+        pool = sum((q.nominal for _, q in members), ZERO)
+        pool_used = sum((usage.of(member).get(resource, ZERO) for member, _ in members), ZERO)
+        own_ceiling = (
+            quota.nominal + quota.borrowing_limit if quota.borrowing_limit is not None else pool
+        )
+        if wanted > min(own_ceiling, pool):
+            return (
+                f"Cannot start: it needs {what} at once and the workspace can get at most "
+                f"{number_text(resource, min(own_ceiling, pool))} on this machine, borrowing "
+                "included.",
+                True,
+            )
+        if using + wanted <= own_ceiling and pool_used + wanted <= pool:
+            continue  # borrowed from the cohort's unused quota
+        if min(own_ceiling, pool) <= quota.nominal:
+            return f"Waiting for {what}: {uses}.", False  # nothing to borrow, ever
+        if using + wanted > own_ceiling:
+            borrowable = number_text(resource, own_ceiling - quota.nominal)
+            return f"Waiting for {what}: {uses} and may borrow at most {borrowable}.", False
+        return f"Waiting for {what}: {uses} and its cohort has none to lend right now.", False
+    return None, False
+
+
+def plan_admission(
+    candidates: Iterable[Candidate],
+    *,
+    capacity: Amounts,
+    usage: Usage,
+    shares: Mapping[int, WorkspaceShare],
+) -> list[Decision]:
+    """Decide, in queue order, which candidates start now; ``usage`` grows by each admitted
+    run's demand (the caller passes a copy if it must keep the original)."""
+    decisions: list[Decision] = []
+    position = 0
+    waiting_for_machine = 0
+    waiting_for_quota: set[int] = set()
+    for candidate in candidates:
+        problem, never = _quota_problem(candidate.workspace_id, candidate.demand, usage, shares)
+        if never:
+            decisions.append(Decision(candidate.run_id, admit=False, reason=problem or ""))
+            continue
+        machine_problem, machine_never = _machine_problem(candidate.demand, capacity, usage.machine)
+        if machine_never:
+            decisions.append(Decision(candidate.run_id, admit=False, reason=machine_problem or ""))
+            continue
+        if candidate.workspace_id in waiting_for_quota:
+            position += 1
+            decisions.append(
+                Decision(
+                    candidate.run_id,
+                    admit=False,
+                    position=position,
+                    reason="Waiting behind an earlier run of this workspace for its quota.",
+                )
+            )
+            continue
+        if problem is not None:
+            waiting_for_quota.add(candidate.workspace_id)
+            position += 1
+            decisions.append(
+                Decision(candidate.run_id, admit=False, position=position, reason=problem)
+            )
+            continue
+        if waiting_for_machine:
+            position += 1
+            earlier = (
+                "1 earlier run is"
+                if waiting_for_machine == 1
+                else f"{waiting_for_machine} earlier runs are"
+            )
+            decisions.append(
+                Decision(
+                    candidate.run_id,
+                    admit=False,
+                    position=position,
+                    reason=f"Waiting: {earlier} waiting for this machine's resources first.",
+                )
+            )
+            continue
+        if machine_problem is not None:
+            waiting_for_machine += 1
+            position += 1
+            decisions.append(
+                Decision(candidate.run_id, admit=False, position=position, reason=machine_problem)
+            )
+            continue
+        usage.add(candidate.workspace_id, candidate.demand)
+        decisions.append(Decision(candidate.run_id, admit=True))
+    return decisions
+
+
+def detect_memory_bytes(meminfo: str = "/proc/meminfo") -> Decimal:
+    """This machine's memory (``MemTotal``), in bytes."""
+    with open(meminfo, encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("MemTotal:"):
+                return Decimal(int(line.split()[1]) * 1024)
+    raise RuntimeError(f"{meminfo} has no MemTotal line")

@@ -1,0 +1,199 @@
+"""What a running workload writes that the portal keeps: metric rows and checkpoints.
+
+**Metrics.** The workload appends JSON lines to ``$TAU_OUTPUT_DIR/<outputs.metrics_file>``:
+``{"step": 10, "loss": 0.31, "accuracy": 0.9}``. Each line with an integer ``step``
+becomes one point per numeric value (booleans, strings, NaN and infinities are skipped).
+Only complete lines (ending in a newline) are read, from the byte offset reached so far, so a
+half-written line is read once it is finished; when the workload has exited, a last line
+without a newline counts too. A line that is not a JSON object with an integer ``step`` is
+counted and skipped, never fatal.
+
+**Checkpoints.** Entries directly in ``$TAU_CHECKPOINT_DIR`` whose name ends in the step
+number, optionally followed by extensions: ``step-700``, ``checkpoint-700``, ``700``,
+``model-700.pt``, ``ckpt_700.tar.gz``.
+
+* A folder is a checkpoint once it contains a file named ``COMPLETE`` (write the folder
+  under a temporary name, then rename it, or write ``COMPLETE`` last).
+* A file is a checkpoint once it exists under its final name: write it under a name that
+  starts with ``.`` or ends in ``.tmp``/``.partial`` and rename it when it is whole.
+
+Each checkpoint is recorded once (unique by path); the newest complete one (highest step)
+is what a retry resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_READ_BYTES = 1024 * 1024  # per collection pass; the rest waits for the next pass
+MAX_KEY_LENGTH = 100  # MetricPoint.key
+MAX_VALUES_PER_LINE = 200
+COMPLETE_MARKER = "COMPLETE"
+_STEP_NAME = re.compile(r"^(?:.*?[^0-9])?(?P<step>\d{1,18})(?:\.[A-Za-z][A-Za-z0-9]*)*$")
+_IGNORED_SUFFIXES = (".tmp", ".partial", ".incomplete", ".lock")
+_MAX_WALK_ENTRIES = 100_000
+
+
+@dataclass
+class MetricsBatch:
+    points: list[tuple[str, int, float]]  # key, step, value
+    offset: int  # where the next read starts
+    bad_lines: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MetricsReader:
+    """Reads new complete lines of one attempt's metrics file."""
+
+    path: Path
+    offset: int = 0
+    line_number: int = 0  # lines read so far in this process (for messages only)
+    bad_lines: int = 0
+    first_problem: str = ""
+
+    def read(self, *, final: bool = False) -> MetricsBatch:
+        batch = MetricsBatch(points=[], offset=self.offset)
+        try:
+            size = self.path.stat().st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return batch
+        if size < self.offset:
+            # The file was replaced or truncated by the workload: start over.
+            self._problem(batch, "the metrics file shrank; reading it again from the start")
+            self.offset = batch.offset = 0
+        if size == self.offset:
+            return batch
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read(MAX_READ_BYTES)
+        except OSError as exc:
+            self._problem(batch, f"could not read the metrics file: {exc}")
+            return batch
+        end = data.rfind(b"\n")
+        if end >= 0:
+            complete, consumed = data[:end], end + 1
+        elif len(data) >= MAX_READ_BYTES:
+            complete, consumed = data, len(data)  # one enormous line: count it as bad
+            self.line_number += 1
+            self._bad(batch, "longer than 1 MiB")
+            complete = b""
+        elif final:
+            complete, consumed = data, len(data)
+        else:
+            return batch  # a line still being written
+        for raw in complete.split(b"\n") if complete else []:
+            self.line_number += 1
+            self._parse(raw, batch)
+        self.offset += consumed
+        batch.offset = self.offset
+        return batch
+
+    def _parse(self, raw: bytes, batch: MetricsBatch) -> None:
+        text = raw.strip()
+        if not text:
+            return
+        try:
+            row: Any = json.loads(text)
+        except (ValueError, UnicodeDecodeError):
+            self._bad(batch, "not JSON")
+            return
+        if not isinstance(row, dict):
+            self._bad(batch, "not a JSON object")
+            return
+        step = row.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or abs(step) >= 2**63:
+            self._bad(batch, 'no integer "step"')
+            return
+        taken = 0
+        for key, value in row.items():
+            if key == "step" or isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if not key or len(key) > MAX_KEY_LENGTH or taken >= MAX_VALUES_PER_LINE:
+                continue
+            number = float(value)
+            if not math.isfinite(number):
+                continue
+            batch.points.append((key, step, number))
+            taken += 1
+
+    def _bad(self, batch: MetricsBatch, why: str) -> None:
+        self.bad_lines += 1
+        batch.bad_lines += 1
+        self._problem(batch, f"line {self.line_number}: {why}")
+
+    def _problem(self, batch: MetricsBatch, message: str) -> None:
+        batch.problems.append(message)
+        if not self.first_problem:
+            self.first_problem = message
+
+
+@dataclass(frozen=True)
+class FoundCheckpoint:
+    path: str
+    step: int
+    size: int
+    kind: str  # "directory" or "file"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step a checkpoint's name says, or None if the name is not a checkpoint's."""
+    if name.startswith(".") or name.endswith(_IGNORED_SUFFIXES):
+        return None
+    match = _STEP_NAME.match(name)
+    return int(match["step"]) if match else None
+
+
+@dataclass
+class CheckpointScanner:
+    """Finds complete checkpoints in one directory that are not recorded yet."""
+
+    directory: Path
+    known: set[str] = field(default_factory=set)
+
+    def scan(self) -> list[FoundCheckpoint]:
+        found: list[FoundCheckpoint] = []
+        try:
+            entries = list(os.scandir(self.directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return found
+        for entry in entries:
+            if entry.path in self.known:
+                continue
+            step = checkpoint_step(entry.name)
+            if step is None:
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if not os.path.isfile(os.path.join(entry.path, COMPLETE_MARKER)):
+                        continue
+                    found.append(
+                        FoundCheckpoint(entry.path, step, _tree_size(entry.path), "directory")
+                    )
+                elif entry.is_file(follow_symlinks=False):
+                    found.append(FoundCheckpoint(entry.path, step, entry.stat().st_size, "file"))
+            except OSError:
+                continue  # removed while we looked
+        return found
+
+
+def _tree_size(path: str) -> int:
+    total = 0
+    seen = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            seen += 1
+            if seen > _MAX_WALK_ENTRIES:
+                return total
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    return total

@@ -1,0 +1,196 @@
+"""Everything an attempt needs on disk before its process starts, and the command to start.
+
+Layout, under ``TAU_RUNS_DIR/<run id>/``::
+
+    checkpoints/          TAU_CHECKPOINT_DIR, shared by all attempts so a retry can resume
+    attempt-<n>/
+        run.log           stdout and stderr (and the environment build's output), capped
+        work/             the code bundle unpacked (the working directory, and HOME)
+        output/           TAU_OUTPUT_DIR (metrics file, artifacts)
+        tmp/              TMPDIR
+
+This runs in a worker thread (building an environment can take minutes) and touches only
+the filesystem; the database is the main loop's.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from runs import bundles
+from runs.agent import environments
+from tau.spec import Spec
+
+LOG_NAME = "run.log"
+
+
+class PreparationFailed(RuntimeError):
+    """The attempt cannot start. ``failure_class`` says whose fault it is."""
+
+    def __init__(self, failure_class: str, message: str) -> None:
+        super().__init__(message)
+        self.failure_class = failure_class
+        self.message = message
+
+
+@dataclass(frozen=True)
+class AttemptLayout:
+    run_dir: Path
+    attempt_dir: Path
+
+    @classmethod
+    def for_attempt(cls, runs_dir: Path, run_id: int, number: int) -> AttemptLayout:
+        run_dir = runs_dir / str(run_id)
+        return cls(run_dir=run_dir, attempt_dir=run_dir / f"attempt-{number}")
+
+    @property
+    def log(self) -> Path:
+        return self.attempt_dir / LOG_NAME
+
+    @property
+    def work(self) -> Path:
+        return self.attempt_dir / "work"
+
+    @property
+    def output(self) -> Path:
+        return self.attempt_dir / "output"
+
+    @property
+    def tmp(self) -> Path:
+        return self.attempt_dir / "tmp"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+@dataclass(frozen=True)
+class PreparationPlan:
+    layout: AttemptLayout
+    spec: Spec
+    bundle_sha256: str | None
+    venvs_dir: Path
+    # TAU_* variables (everything but the token, which the main loop adds at start).
+    platform_env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    command: list[str]
+    env: dict[str, str]
+    cwd: Path
+
+
+def make_directories(layout: AttemptLayout) -> None:
+    """The attempt's folders and an empty log; an older folder of the same number (a database
+    restored from a backup, say) is moved aside, never reused or deleted."""
+    layout.run_dir.mkdir(parents=True, exist_ok=True)
+    if layout.attempt_dir.exists():
+        aside = layout.attempt_dir.with_name(f"{layout.attempt_dir.name}.old-{int(time.time())}")
+        os.rename(layout.attempt_dir, aside)
+    layout.attempt_dir.mkdir()
+    layout.output.mkdir()
+    layout.tmp.mkdir()
+    layout.checkpoints.mkdir(exist_ok=True)
+    layout.log.touch()
+
+
+def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
+    """Unpack, link, build the environment, work out the command. Raises PreparationFailed."""
+    layout = plan.layout
+    spec = plan.spec
+    with open(layout.log, "ab", buffering=0) as log:
+        if plan.bundle_sha256:
+            try:
+                bundles.unpack(plan.bundle_sha256, layout.work)
+            except (bundles.BundleRejected, OSError) as exc:
+                log.write(f"[taugrid] could not unpack the code bundle: {exc}\n".encode())
+                raise PreparationFailed(
+                    "infrastructure", f"Could not unpack the code bundle: {exc}"
+                ) from None
+        else:
+            layout.work.mkdir()
+        _link_checkpoint_dir(layout, spec.resilience.checkpoint_dir)
+        command = entrypoint_command(spec, layout.work)
+        try:
+            venv = environments.ensure_environment(
+                plan.venvs_dir, spec.runtime.pip, log=log, cancelled=cancelled
+            )
+        except environments.EnvironmentFailed as exc:
+            log.write(f"[taugrid] {exc}\n".encode())
+            raise PreparationFailed(
+                "infrastructure", f"Could not build the Python environment: {exc}."
+            ) from None
+    python = venv / "bin" / "python"
+    if command[0] == "python":
+        command[0] = str(python)
+    env = child_environment(
+        venv=venv, layout=layout, spec_env=spec.runtime.env_dict(), platform_env=plan.platform_env
+    )
+    return Prepared(command=command, env=env, cwd=layout.work)
+
+
+def entrypoint_command(spec: Spec, work: Path) -> list[str]:
+    """``python <script.py> <args…>`` (the run's Python), ``bash <script.sh> <args…>``, or the
+    entry point's words as a command line (no shell) followed by ``run.args``."""
+    try:
+        words = shlex.split(spec.run.entrypoint)
+    except ValueError as exc:
+        raise PreparationFailed("user_error", f"run.entrypoint cannot be read: {exc}") from None
+    if not words:
+        raise PreparationFailed("user_error", "run.entrypoint is empty")
+    script = spec.run.script
+    if script is not None:
+        target = (work / script).resolve()
+        if work.resolve() not in target.parents or not target.is_file():
+            raise PreparationFailed(
+                "user_error",
+                f"run.entrypoint names {script}, which is not a file in the project.",
+            )
+        interpreter = "python" if script.endswith(".py") else "bash"
+        return [interpreter, *words, *spec.run.args]
+    return [*words, *spec.run.args]
+
+
+def _link_checkpoint_dir(layout: AttemptLayout, relative: str | None) -> None:
+    """When the spec names ``resilience.checkpoint_dir`` (relative to the project), make that
+    path lead to the run's shared checkpoint folder, unless the project ships such a path."""
+    if not relative:
+        return
+    parts = PurePosixPath(relative).parts
+    if not parts or ".." in parts or PurePosixPath(relative).is_absolute():
+        return
+    link = layout.work.joinpath(*parts)
+    if link.exists() or link.is_symlink():
+        return
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(layout.checkpoints, link, target_is_directory=True)
+
+
+def child_environment(
+    *,
+    venv: Path,
+    layout: AttemptLayout,
+    spec_env: Mapping[str, str],
+    platform_env: Mapping[str, str],
+) -> dict[str, str]:
+    """A fresh environment, never the agent's own (which holds the portal's secrets): a
+    minimal base, then the spec's ``runtime.env``, then the platform's TAU_* variables."""
+    env = {
+        "PATH": f"{venv / 'bin'}:{environments.BASE_PATH}",
+        "HOME": str(layout.work),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TMPDIR": str(layout.tmp),
+        "VIRTUAL_ENV": str(venv),
+        "PYTHONUNBUFFERED": "1",  # the log is read live
+    }
+    env.update(spec_env)
+    env.update(platform_env)
+    return env

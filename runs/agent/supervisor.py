@@ -1,0 +1,1059 @@
+"""The local agent's main loop: admit queued local runs, start them, watch them, stop them,
+and record how they ended.
+
+One process, one loop (every ``interval`` seconds), one database connection. Threads do only
+what would block the loop: building an attempt's environment (``prepare``) and copying its
+output into the log (``LogPump``). Every state change goes through ``runs.services``.
+
+Signals: SIGTERM or SIGINT stops admitting and stops every running attempt the way a cancel
+does (SIGTERM to its process group, the grace period, SIGKILL), then closes those attempts
+with class ``infrastructure`` ("agent stopped") so the retry policy brings them back when an
+agent runs again — the same outcome as a crash of the agent, only tidier. A second signal
+skips the grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import logging
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection, connections, transaction
+from django.utils import timezone
+
+from portal.identity.tokens import issue_token, revoke_token
+from portal.models import ApiToken
+from runs import services
+from runs.agent import admission, environments, processes
+from runs.agent.collect import CheckpointScanner, FoundCheckpoint, MetricsReader
+from runs.agent.logs import LogPump, truncation_marker
+from runs.agent.prepare import (
+    AttemptLayout,
+    PreparationFailed,
+    PreparationPlan,
+    Prepared,
+    make_directories,
+    prepare,
+)
+from runs.models import (
+    Backend,
+    Checkpoint,
+    FailureClass,
+    MetricPoint,
+    Run,
+    RunAttempt,
+    RunState,
+)
+from runs.policy import requested_totals
+from runs.services import AttemptOutcome, IllegalTransition
+from tau.spec import Spec
+from workspaces.models import GPU_RESOURCE, WorkspaceQuota
+
+logger = logging.getLogger("runs.agent")
+
+COLLECT_SECONDS = 1.0  # how often metrics and checkpoints of a running attempt are read
+LOG_SIZE_SAVE_SECONDS = 5.0  # how often a growing log's size is written to the database
+SWEEP_SECONDS = 15.0  # how often runs and attempts nobody supervises are looked for
+QUOTA_CACHE_SECONDS = 5.0
+QUEUE_WINDOW = 1000  # queued runs looked at per pass (positions beyond are not written)
+STOP_TIMEOUT_EXTRA_SECONDS = 15.0  # after the grace period, give up waiting on a stop
+# Session-level PostgreSQL advisory lock: one agent per database.
+ADVISORY_LOCK_KEY = zlib.crc32(b"taugrid local agent")
+AGENT_STOPPED = "agent stopped"
+AGENT_RESTARTED = "agent restarted"
+
+
+class AgentConflict(RuntimeError):
+    """Another agent already runs for this installation."""
+
+
+class Phase(enum.Enum):
+    PREPARING = "preparing"  # directories, bundle, environment (in a worker thread)
+    RUNNING = "running"  # the process group lives
+    DRAINING = "draining"  # the main process has exited; stopping what it left behind
+    FINISHING = "finishing"  # recording the outcome (retried until the database takes it)
+
+
+class StopReason(enum.Enum):
+    CANCEL = "cancel"
+    DEADLINE = "deadline"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(eq=False)
+class Execution:
+    """One attempt this agent is responsible for, from admission to its recorded end."""
+
+    run: Run
+    attempt: RunAttempt
+    spec: Spec
+    demand: dict[str, Decimal]
+    layout: AttemptLayout
+    gpus: tuple[int, ...]
+    metrics: MetricsReader
+    checkpoints: CheckpointScanner
+    phase: Phase = Phase.PREPARING
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    preparation: Future[Prepared] | None = None
+    process: subprocess.Popen[bytes] | None = None
+    pump: LogPump | None = None
+    running_recorded: bool = False
+    deadline: float | None = None
+    stop_reason: StopReason | None = None
+    term_sent_at: float | None = None
+    kill_sent: bool = False
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    outcome: AttemptOutcome | None = None
+    token_id: int | None = None
+    next_collect: float = 0.0
+    log_size_saved_at: float = 0.0
+
+    @property
+    def run_id(self) -> int:
+        return self.run.pk
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+class Agent:
+    def __init__(self, *, interval: float = 0.5, grace: float | None = None) -> None:
+        self.interval = interval
+        self.grace = float(settings.TAU_LOCAL_GRACE_SECONDS if grace is None else grace)
+        self.capacity = machine_capacity()
+        self.runs_dir = Path(settings.TAU_RUNS_DIR)
+        self.venvs_dir = Path(settings.VAR_DIR) / "venvs"
+        self.log_limit = int(settings.TAU_RUN_LOG_MAX_BYTES)
+        self.free_gpus = list(range(int(settings.TAU_LOCAL_GPUS)))
+        self.executions: dict[int, Execution] = {}  # by attempt id
+        self.stopping = False
+        self.hurry = False
+        self._stop_deadline = math.inf
+        self._wake = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare")
+        self._specs: dict[int, Spec] = {}
+        self._shares: dict[int, admission.WorkspaceShare] = {}
+        self._shares_loaded_at = -math.inf
+        self._last_sweep = -math.inf
+        self._locked_connection: Any = None
+        self._stop_logged = False
+        self._recovered = False
+        self._database_error_logged_at = -math.inf
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run until stopped by a signal (or ``request_stop``)."""
+        with self._exclusive():
+            self._install_signal_handlers()
+            logger.info(
+                "local agent started: %s CPUs, %s of memory, %s GPUs; runs in %s",
+                admission.number_text("cpu", self.capacity["cpu"]),
+                admission.number_text("memory", self.capacity["memory"]),
+                admission.number_text(GPU_RESOURCE, self.capacity[GPU_RESOURCE]),
+                self.runs_dir,
+            )
+            try:
+                self._loop()
+            finally:
+                self._kill_everything()
+                self._pool.shutdown(wait=False, cancel_futures=True)
+        logger.info("local agent stopped")
+
+    def request_stop(self, *, hurry: bool = False, wake: bool = True) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self._stop_deadline = time.monotonic() + self.grace + STOP_TIMEOUT_EXTRA_SECONDS
+        self.hurry = self.hurry or hurry
+        if wake:
+            self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                self._hold_database_lock(wait=10.0)
+                if not self._recovered:
+                    self.recover()
+                    self._recovered = True
+                self.tick()
+            except AgentConflict:
+                raise
+            except DatabaseError:
+                # Reconnect on the next pass; say so once in a while, not on every pass.
+                if time.monotonic() - self._database_error_logged_at > 30:
+                    logger.exception("database error; retrying every %ss", self.interval)
+                    self._database_error_logged_at = time.monotonic()
+                connections.close_all()
+            except Exception:
+                logger.exception("unexpected error in the agent loop; continuing")
+            if self.stopping and not self.executions:
+                return
+            if self.stopping and time.monotonic() > self._stop_deadline:
+                logger.error(
+                    "gave up waiting for %d attempt(s) to be recorded; the next start closes them",
+                    len(self.executions),
+                )
+                return
+            self._wake.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            self._wake.clear()
+
+    def _install_signal_handlers(self) -> None:
+        # Only flags here: a handler runs between two bytecodes of the loop, which may hold
+        # the (non-reentrant) locks of the objects it would touch. The loop notices within
+        # one interval.
+        def handle(signum: int, frame: FrameType | None) -> None:
+            self.request_stop(hurry=self.stopping, wake=False)
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One agent per installation directory: a lock file under VAR_DIR."""
+        path = Path(settings.VAR_DIR) / "agent.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise AgentConflict(f"another local agent is running ({path} is locked)") from None
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _hold_database_lock(self, *, wait: float = 0.0) -> None:
+        """On PostgreSQL, hold an advisory lock for as long as the connection lives, so a
+        second agent (on another machine, against the same database) refuses to start. After
+        a reconnect the lock is taken again."""
+        if connection.vendor != "postgresql":
+            return
+        connection.ensure_connection()
+        if connection.connection is self._locked_connection:
+            return
+        deadline = time.monotonic() + wait
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
+                row = cursor.fetchone()
+            if row and row[0]:
+                self._locked_connection = connection.connection
+                return
+            if time.monotonic() >= deadline:
+                raise AgentConflict("another local agent is connected to this database")
+            time.sleep(0.5)
+
+    # --- one pass ----------------------------------------------------------------------
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.stopping:
+            if not self._stop_logged:
+                logger.info(
+                    "stopping: no new runs; stopping %d running attempt(s)", len(self.executions)
+                )
+                self._stop_logged = True
+            self._stop_all(now)
+        # A database outage must not stop the parts that need no database (deadlines, the
+        # SIGKILL after a grace period, noticing exits): every execution gets its turn.
+        errors: list[DatabaseError] = []
+        try:
+            self._notice_cancellations(now)
+        except DatabaseError as exc:
+            errors.append(exc)
+        for execution in list(self.executions.values()):
+            try:
+                self._advance(execution, now)
+            except DatabaseError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        if not self.stopping:
+            if now - self._last_sweep >= SWEEP_SECONDS:
+                # Anything executing that this agent does not supervise: a lost attempt.
+                self.sweep()
+            self.admit()
+
+    # --- recovery -----------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """At start: whatever a previous agent left running is an orphan. Stop its process
+        group and close its attempt (``infrastructure``, "agent restarted") so the retry
+        policy applies; then put right runs that are executing without an attempt."""
+        self.sweep()
+
+    def sweep(self) -> None:
+        self._last_sweep = time.monotonic()
+        mine = {execution.attempt.pk for execution in self.executions.values()}
+        strays = (
+            RunAttempt.objects.unscoped()
+            .filter(
+                run__backend=Backend.LOCAL,
+                state__in=[RunAttempt.State.STARTING, RunAttempt.State.RUNNING],
+            )
+            .exclude(pk__in=mine)
+            .select_related("run")
+        )
+        for attempt in strays:
+            if attempt.pid:
+                markers = {"TAU_RUN_ID": str(attempt.run_id), "TAU_ATTEMPT": str(attempt.number)}
+                members = processes.orphaned_group(
+                    attempt.pid, attempt.process_start_ticks, markers
+                )
+                if members:
+                    logger.warning(
+                        "stopping orphaned processes of %s attempt %d: %s",
+                        attempt.run.name,
+                        attempt.number,
+                        members,
+                    )
+                    processes.stop_group(attempt.pid, grace=self.grace)
+            logger.warning(
+                "closing %s attempt %d: %s", attempt.run.name, attempt.number, AGENT_RESTARTED
+            )
+            services.finish_attempt(
+                attempt=attempt,
+                outcome=AttemptOutcome(
+                    succeeded=False,
+                    failure_class=FailureClass.INFRASTRUCTURE,
+                    message=AGENT_RESTARTED,
+                ),
+            )
+            self._revoke_run_tokens(attempt.run_id)
+        executing = {execution.run_id for execution in self.executions.values()}
+        stuck = (
+            Run.objects.unscoped()
+            .filter(
+                backend=Backend.LOCAL,
+                state__in=[RunState.ADMITTED, RunState.RUNNING, RunState.CANCELLING],
+            )
+            .exclude(pk__in=executing)
+        )
+        for run in stuck:
+            if services.has_live_attempt(run):
+                continue
+            try:
+                if run.state == RunState.CANCELLING:
+                    services.transition(
+                        run, RunState.CANCELLED, reason="Cancelled.", kind="cancelled"
+                    )
+                else:
+                    services.transition(
+                        run,
+                        RunState.QUEUED,
+                        reason="The local agent restarted before this run was started; it "
+                        "waits to be started again.",
+                    )
+            except IllegalTransition:
+                continue  # it moved on meanwhile
+
+    # --- admission ----------------------------------------------------------------------
+
+    def admit(self) -> None:
+        rows = list(
+            Run.objects.unscoped()
+            .filter(backend=Backend.LOCAL, state=RunState.QUEUED, cancel_requested_at__isnull=True)
+            .order_by("-priority_value", "queued_at", "pk")
+            .values("pk", "workspace_id", "not_before", "queue_position", "state_reason")[
+                :QUEUE_WINDOW
+            ]
+        )
+        if not rows:
+            return
+        self._forget_specs({row["pk"] for row in rows})
+        now = timezone.now()
+        ready = [row for row in rows if row["not_before"] is None or row["not_before"] <= now]
+        for row in rows:
+            if row["not_before"] is not None and row["not_before"] > now:
+                # Waiting out a retry's backoff: not in line yet; the reason that
+                # finish_attempt gave ("retrying in 30s") stays.
+                self._write_waiting(row, None, row["state_reason"])
+        self._load_specs([row["pk"] for row in ready])
+        candidates = [
+            admission.Candidate(
+                run_id=row["pk"],
+                workspace_id=row["workspace_id"],
+                demand=requested_totals(self._specs[row["pk"]]),
+            )
+            for row in ready
+            if row["pk"] in self._specs
+        ]
+        if not candidates:
+            return
+        decisions = admission.plan_admission(
+            candidates, capacity=self.capacity, usage=self._usage(), shares=self._quota_shares()
+        )
+        by_id = {row["pk"]: row for row in ready}
+        for decision in decisions:
+            row = by_id[decision.run_id]
+            if decision.admit:
+                self._start(decision.run_id)
+            else:
+                self._write_waiting(row, decision.position, decision.reason)
+
+    def _write_waiting(self, row: Mapping[str, Any], position: int | None, reason: str) -> None:
+        if row["queue_position"] == position and row["state_reason"] == reason:
+            return
+        # Guarded by the state: a run cancelled or admitted meanwhile keeps its own reason.
+        Run.objects.unscoped().filter(pk=row["pk"], state=RunState.QUEUED).update(
+            queue_position=position, state_reason=reason, updated_at=timezone.now()
+        )
+
+    def _forget_specs(self, queued: set[int]) -> None:
+        """Keep parsed specs only of runs still queued or executing."""
+        keep = queued | {execution.run_id for execution in self.executions.values()}
+        if len(self._specs) > len(keep):
+            self._specs = {run_id: spec for run_id, spec in self._specs.items() if run_id in keep}
+
+    def _load_specs(self, run_ids: list[int]) -> None:
+        missing = [run_id for run_id in run_ids if run_id not in self._specs]
+        if not missing:
+            return
+        for run_id, data in Run.objects.unscoped().filter(pk__in=missing).values_list("pk", "spec"):
+            try:
+                self._specs[run_id] = Spec.from_dict(data)
+            except Exception as exc:  # a stored spec the current schema refuses
+                logger.warning("run %s has a spec that no longer validates: %s", run_id, exc)
+                with contextlib.suppress(IllegalTransition, Run.DoesNotExist):
+                    services.transition(
+                        Run(pk=run_id),
+                        RunState.FAILED,
+                        reason=f"Its stored tau.yaml no longer validates: {exc}",
+                    )
+
+    def _usage(self) -> admission.Usage:
+        usage = admission.Usage()
+        for execution in self.executions.values():
+            usage.add(execution.run.workspace_id, execution.demand)
+        return usage
+
+    def _quota_shares(self) -> dict[int, admission.WorkspaceShare]:
+        if time.monotonic() - self._shares_loaded_at < QUOTA_CACHE_SECONDS:
+            return self._shares
+        quotas: dict[int, dict[str, admission.Quota]] = {}
+        cohorts: dict[int, int | None] = {}
+        rows = (
+            WorkspaceQuota.objects.unscoped()
+            .filter(flavor__name=settings.TAU_LOCAL_FLAVOR)
+            .values_list(
+                "workspace_id", "workspace__cohort_id", "resource", "nominal", "borrowing_limit"
+            )
+        )
+        for workspace_id, cohort_id, resource, nominal, borrowing_limit in rows:
+            quotas.setdefault(workspace_id, {})[resource] = admission.Quota(
+                nominal=Decimal(nominal),
+                borrowing_limit=Decimal(borrowing_limit) if borrowing_limit is not None else None,
+            )
+            cohorts[workspace_id] = cohort_id
+        self._shares = {
+            workspace_id: admission.WorkspaceShare(quotas=rows_of, cohort=cohorts[workspace_id])
+            for workspace_id, rows_of in quotas.items()
+        }
+        self._shares_loaded_at = time.monotonic()
+        return self._shares
+
+    # --- starting -----------------------------------------------------------------------
+
+    def _start(self, run_id: int) -> None:
+        try:
+            run = (
+                Run.objects.unscoped()
+                .select_related("workspace", "submitted_by", "bundle")
+                .get(pk=run_id)
+            )
+            attempt = services.start_attempt(run=run)
+        except (IllegalTransition, Run.DoesNotExist):
+            return  # cancelled or changed since the queue was read
+        spec = self._specs[run_id]
+        layout = AttemptLayout.for_attempt(self.runs_dir, run.pk, attempt.number)
+        demand = dict(requested_totals(spec))
+        gpu_count = int(demand.get(GPU_RESOURCE, 0))
+        gpus = tuple(self.free_gpus[:gpu_count])
+        del self.free_gpus[:gpu_count]
+        execution = Execution(
+            run=run,
+            attempt=attempt,
+            spec=spec,
+            demand=demand,
+            layout=layout,
+            gpus=gpus,
+            metrics=MetricsReader(layout.output / spec.outputs.metrics_file),
+            checkpoints=CheckpointScanner(layout.checkpoints),
+        )
+        # From here on the attempt is this agent's: whatever fails is recorded as its end.
+        self.executions[attempt.pk] = execution
+        logger.info("admitted %s attempt %d", run.name, attempt.number)
+        try:
+            self._begin(execution)
+        except Exception as exc:
+            logger.exception("could not start %s attempt %d", run.name, attempt.number)
+            self._fail(execution, FailureClass.INFRASTRUCTURE, f"Could not start it: {exc}")
+        self._wake.set()  # look again soon: a cached environment is ready at once
+
+    def _begin(self, execution: Execution) -> None:
+        """Directories, log, and the preparation in a worker thread."""
+        run, attempt, spec, layout = (
+            execution.run,
+            execution.attempt,
+            execution.spec,
+            execution.layout,
+        )
+        # Checkpoints of earlier attempts are known already (an optimisation only: a
+        # checkpoint recorded twice is ignored by its unique path).
+        execution.checkpoints.known.update(
+            Checkpoint.objects.for_workspace(run.workspace_id)
+            .filter(run=run)
+            .values_list("path", flat=True)
+        )
+        attempt.log_path = str(layout.log)
+        attempt.backend_name = f"local:{layout.attempt_dir.relative_to(self.runs_dir)}"
+        RunAttempt.objects.unscoped().filter(pk=attempt.pk).update(
+            log_path=attempt.log_path, backend_name=attempt.backend_name
+        )
+        make_directories(layout)
+        venv_ready = environments.is_ready(
+            environments.environment_path(self.venvs_dir, spec.runtime.pip)
+        )
+        if spec.runtime.pip and not venv_ready:
+            Run.objects.unscoped().filter(pk=run.pk, state=RunState.ADMITTED).update(
+                state_reason=f"Installing its {len(spec.runtime.pip)} pip requirement(s); "
+                "later runs with the same requirements reuse the environment."
+            )
+        plan = PreparationPlan(
+            layout=layout,
+            spec=spec,
+            bundle_sha256=run.bundle.sha256 if run.bundle is not None else None,
+            venvs_dir=self.venvs_dir,
+            platform_env=self._platform_env(execution),
+        )
+        execution.preparation = self._pool.submit(prepare, plan, execution.cancelled)
+
+    def _platform_env(self, execution: Execution) -> dict[str, str]:
+        run = execution.run
+        attempt = execution.attempt
+        env = {
+            "TAU_RUN_ID": str(run.pk),
+            "TAU_RUN_NAME": run.name,
+            "TAU_WORKSPACE": run.workspace.slug,
+            "TAU_ATTEMPT": str(attempt.number),
+            "TAU_OUTPUT_DIR": str(execution.layout.output),
+            "TAU_CHECKPOINT_DIR": str(execution.layout.checkpoints),
+            "TAU_API_URL": settings.TAU_API_URL,
+            # Only the GPUs this run was given; none at all when it asked for none.
+            "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in execution.gpus),
+        }
+        if attempt.resume_from_id is not None and attempt.resume_from is not None:
+            env["TAU_RESUME_FROM"] = attempt.resume_from.path
+        if attempt.retry_reason:
+            env["TAU_RETRY_REASON"] = attempt.retry_reason
+        return env
+
+    def _issue_run_token(self, execution: Execution) -> str | None:
+        """A token that can only report on this run, for this attempt's lifetime. Its
+        plaintext goes into the child's environment and nowhere else."""
+        run = execution.run
+        user = run.submitted_by
+        if user is None or not user.is_active:
+            return None
+        runtime_days = math.ceil((execution.spec.run.max_runtime or 7 * 86400) / 86400) + 1
+        days = max(1, min(int(settings.TAU_TOKEN_MAX_DAYS), runtime_days))
+        with transaction.atomic():
+            issued = issue_token(
+                user=user,
+                name=f"run {run.name} attempt {execution.attempt.number}",
+                kind=ApiToken.Kind.RUN,
+                workspace=run.workspace,
+                expires_in_days=days,
+            )
+            ApiToken.objects.filter(pk=issued.token.pk).update(run=run)
+        execution.token_id = issued.token.pk
+        return issued.plaintext
+
+    def _spawn(self, execution: Execution, prepared: Prepared) -> None:
+        env = dict(prepared.env)
+        token = self._issue_run_token(execution)
+        if token is not None:
+            env["TAU_RUN_TOKEN"] = token
+        read_end, write_end = os.pipe()
+        try:
+            process = subprocess.Popen(  # noqa: S603 - the researcher's command, no shell
+                prepared.command,
+                cwd=prepared.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=write_end,
+                start_new_session=True,  # its own process group: signalled as a whole
+                close_fds=True,
+            )
+        except OSError as exc:
+            os.close(read_end)
+            os.close(write_end)
+            reason = exc.strerror or str(exc)
+            self._note(execution, f"could not start {prepared.command[0]}: {reason}")
+            self._fail(
+                execution,
+                FailureClass.INFRASTRUCTURE,
+                f"Could not start {prepared.command[0]}: {reason}.",
+            )
+            return
+        os.close(write_end)
+        execution.process = process
+        execution.phase = Phase.RUNNING
+        execution.pump = LogPump(read_end, execution.layout.log, limit=self.log_limit)
+        execution.pump.start()
+        started = time.monotonic()
+        if execution.spec.run.max_runtime:
+            execution.deadline = started + execution.spec.run.max_runtime
+        execution.next_collect = started + COLLECT_SECONDS
+        execution.log_size_saved_at = started
+        logger.info(
+            "started %s attempt %d as pid %d",
+            execution.run.name,
+            execution.attempt.number,
+            process.pid,
+        )
+        # attempt_running is recorded by the RUNNING phase, right after this in the same pass.
+
+    def _record_running(self, execution: Execution) -> None:
+        assert execution.process is not None
+        pid = execution.process.pid
+        services.attempt_running(
+            attempt=execution.attempt, pid=pid, start_ticks=processes.start_ticks(pid)
+        )
+        execution.running_recorded = True
+
+    # --- supervising --------------------------------------------------------------------
+
+    def _notice_cancellations(self, now: float) -> None:
+        watched = {
+            execution.run_id
+            for execution in self.executions.values()
+            if execution.stop_reason is None and execution.phase in {Phase.PREPARING, Phase.RUNNING}
+        }
+        if not watched:
+            return
+        cancelling = set(
+            Run.objects.unscoped()
+            .filter(pk__in=watched, state=RunState.CANCELLING)
+            .values_list("pk", flat=True)
+        )
+        for execution in list(self.executions.values()):
+            if execution.run_id in cancelling and execution.stop_reason is None:
+                logger.info(
+                    "cancelling %s attempt %d", execution.run.name, execution.attempt.number
+                )
+                self._stop(execution, StopReason.CANCEL, now)
+
+    def _stop_all(self, now: float) -> None:
+        for execution in self.executions.values():
+            if execution.stop_reason is None:
+                self._stop(execution, StopReason.SHUTDOWN, now)
+            if (
+                self.hurry
+                and execution.phase in {Phase.RUNNING, Phase.DRAINING}
+                and not execution.kill_sent
+            ):
+                self._kill(execution)
+
+    def _stop(self, execution: Execution, reason: StopReason, now: float) -> None:
+        if execution.phase not in {Phase.PREPARING, Phase.RUNNING}:
+            return
+        execution.stop_reason = reason
+        execution.cancelled.set()
+        if execution.phase == Phase.RUNNING and execution.pid is not None:
+            processes.signal_group(execution.pid, signal.SIGTERM)
+            execution.term_sent_at = now
+
+    def _kill(self, execution: Execution) -> None:
+        if execution.pid is not None:
+            processes.signal_group(execution.pid, signal.SIGKILL)
+            execution.kill_sent = True
+
+    def _escalate(self, execution: Execution, now: float) -> None:
+        """SIGKILL the group once the grace period after SIGTERM has passed."""
+        if execution.term_sent_at is None or execution.kill_sent:
+            return
+        if self.hurry or now - execution.term_sent_at >= self.grace:
+            self._kill(execution)
+
+    def _advance(self, execution: Execution, now: float) -> None:
+        try:
+            self._advance_phases(execution, now)
+        except DatabaseError:
+            raise
+        except Exception:
+            logger.exception(
+                "supervising %s attempt %d failed", execution.run.name, execution.attempt.number
+            )
+            if execution.phase == Phase.PREPARING:
+                self._fail(
+                    execution, FailureClass.INFRASTRUCTURE, "The local agent failed to start it."
+                )
+
+    def _advance_phases(self, execution: Execution, now: float) -> None:
+        if execution.phase == Phase.PREPARING:
+            self._advance_preparing(execution)
+        if execution.phase == Phase.RUNNING:
+            self._advance_running(execution, now)
+        if execution.phase == Phase.DRAINING:
+            self._advance_draining(execution, now)
+        if execution.phase == Phase.FINISHING:
+            self._finish(execution)
+
+    def _advance_preparing(self, execution: Execution) -> None:
+        preparation = execution.preparation
+        if preparation is None or not preparation.done():
+            return
+        try:
+            prepared = preparation.result()
+        except PreparationFailed as exc:
+            self._fail(execution, exc.failure_class, exc.message)
+            return
+        except environments.BuildCancelled:
+            execution.outcome = self._stopped_outcome(execution, exit_code=None)
+            execution.phase = Phase.FINISHING
+            return
+        except Exception as exc:
+            logger.exception(
+                "preparing %s attempt %d failed", execution.run.name, execution.attempt.number
+            )
+            self._note(execution, f"could not prepare the attempt: {exc}")
+            self._fail(
+                execution, FailureClass.INFRASTRUCTURE, f"Could not prepare the attempt: {exc}"
+            )
+            return
+        if execution.stop_reason is not None:
+            execution.outcome = self._stopped_outcome(execution, exit_code=None)
+            execution.phase = Phase.FINISHING
+            return
+        self._spawn(execution, prepared)
+
+    def _advance_running(self, execution: Execution, now: float) -> None:
+        assert execution.process is not None
+        pid = execution.process.pid
+        status = _exit_status(pid)
+        if status is None:
+            if (
+                execution.deadline is not None
+                and now >= execution.deadline
+                and execution.stop_reason is None
+            ):
+                logger.info(
+                    "%s attempt %d ran past its max_runtime",
+                    execution.run.name,
+                    execution.attempt.number,
+                )
+                self._stop(execution, StopReason.DEADLINE, now)
+            self._escalate(execution, now)
+            if not execution.running_recorded:
+                self._record_running(execution)
+            if now >= execution.next_collect:
+                self._collect(execution, now)
+                execution.next_collect = now + COLLECT_SECONDS
+            return
+        execution.exit_code, execution.exit_signal = status
+        execution.phase = Phase.DRAINING
+        # The main process is gone (not yet reaped, so its pid still names the group).
+        if execution.term_sent_at is None and processes.group_members(pid, exclude=pid):
+            processes.signal_group(pid, signal.SIGTERM)
+            execution.term_sent_at = now
+
+    def _advance_draining(self, execution: Execution, now: float) -> None:
+        assert execution.process is not None
+        pid = execution.process.pid
+        if processes.group_members(pid, exclude=pid):
+            self._escalate(execution, now)
+            return
+        execution.process.wait()  # reap: only now may the pid be reused
+        if execution.pump is not None:
+            execution.pump.stop(timeout=2.0)
+        execution.outcome = self._exit_outcome(execution)
+        execution.phase = Phase.FINISHING
+
+    # --- outcomes -----------------------------------------------------------------------
+
+    def _exit_outcome(self, execution: Execution) -> AttemptOutcome:
+        code, signum = execution.exit_code, execution.exit_signal
+        # Like a container's status: 128 + the signal's number when a signal ended it.
+        exit_code = code if signum is None else 128 + signum
+        if execution.stop_reason is not None:
+            return self._stopped_outcome(execution, exit_code=exit_code)
+        if signum is None and code == 0:
+            return AttemptOutcome(succeeded=True, exit_code=0)
+        last = _last_log_line(execution.layout.log)
+        tail = f" Its last output: {last}" if last else ""
+        if signum == signal.SIGKILL:
+            return AttemptOutcome(
+                succeeded=False,
+                exit_code=exit_code,
+                failure_class=FailureClass.OOM_KILLED,
+                message="Killed by the kernel (SIGKILL, not sent by TauGrid), most likely "
+                "because the machine ran out of memory." + tail,
+            )
+        if signum is not None:
+            return AttemptOutcome(
+                succeeded=False,
+                exit_code=exit_code,
+                failure_class=FailureClass.USER_ERROR,
+                message=f"Stopped by {processes.signal_name(signum)}." + tail,
+            )
+        return AttemptOutcome(
+            succeeded=False,
+            exit_code=exit_code,
+            failure_class=FailureClass.USER_ERROR,
+            message=f"Exited with code {code}." + tail,
+        )
+
+    def _stopped_outcome(self, execution: Execution, *, exit_code: int | None) -> AttemptOutcome:
+        if execution.stop_reason == StopReason.CANCEL:
+            return AttemptOutcome(
+                succeeded=False, cancelled=True, exit_code=exit_code, message="Cancelled."
+            )
+        if execution.stop_reason == StopReason.DEADLINE:
+            limit = execution.spec.run.max_runtime or 0
+            return AttemptOutcome(
+                succeeded=False,
+                exit_code=exit_code,
+                failure_class=FailureClass.DEADLINE_EXCEEDED,
+                message=f"Stopped after {_duration(limit)}, its run.max_runtime.",
+            )
+        return AttemptOutcome(
+            succeeded=False,
+            exit_code=exit_code,
+            failure_class=FailureClass.INFRASTRUCTURE,
+            message=AGENT_STOPPED,
+        )
+
+    def _fail(self, execution: Execution, failure_class: str, message: str) -> None:
+        execution.outcome = AttemptOutcome(
+            succeeded=False, failure_class=failure_class, message=message
+        )
+        execution.phase = Phase.FINISHING
+
+    def _finish(self, execution: Execution) -> None:
+        """Collect what is left, then record the outcome (services decide retry or end).
+        If the database refuses, the next pass tries again."""
+        assert execution.outcome is not None
+        if execution.process is not None:
+            if not execution.running_recorded:
+                self._record_running(execution)  # a process that ended at once
+            self._collect(execution, time.monotonic(), final=True)
+        with transaction.atomic():
+            if execution.metrics.bad_lines:
+                locked = services.lock_run(execution.run_id)
+                services.append_event(
+                    locked,
+                    "metrics-skipped",
+                    message=f"{execution.metrics.bad_lines} line(s) of the metrics file could not "
+                    f"be read; the first: {execution.metrics.first_problem}.",
+                    data={
+                        "attempt": execution.attempt.number,
+                        "lines": execution.metrics.bad_lines,
+                    },
+                )
+            run = services.finish_attempt(attempt=execution.attempt, outcome=execution.outcome)
+        logger.info(
+            "%s attempt %d ended (%s); the run is %s",
+            execution.run.name,
+            execution.attempt.number,
+            execution.attempt.state,
+            run.state,
+        )
+        if execution.pump is not None and execution.pump.dropped:
+            logger.info(
+                "%s attempt %d: %d bytes of output over the log cap were dropped",
+                execution.run.name,
+                execution.attempt.number,
+                execution.pump.dropped,
+            )
+        self._revoke_token(execution)
+        self.free_gpus.extend(execution.gpus)
+        self.free_gpus.sort()
+        del self.executions[execution.attempt.pk]
+        self._wake.set()  # its resources are free: admit at once
+
+    def _revoke_run_tokens(self, run_id: int) -> None:
+        """Revoke the tokens of a run none of whose attempts lives any more (the agent that
+        issued them died before it could)."""
+        for token in ApiToken.objects.filter(
+            run_id=run_id, kind=ApiToken.Kind.RUN, revoked_at__isnull=True
+        ):
+            revoke_token(token=token)
+
+    def _revoke_token(self, execution: Execution) -> None:
+        if execution.token_id is None:
+            return
+        try:
+            token = ApiToken.objects.get(pk=execution.token_id)
+            revoke_token(token=token)
+        except (ApiToken.DoesNotExist, DatabaseError):
+            logger.warning("could not revoke the run token of %s", execution.run.name)
+        execution.token_id = None
+
+    # --- collecting ---------------------------------------------------------------------
+
+    def _collect(self, execution: Execution, now: float, *, final: bool = False) -> None:
+        attempt = execution.attempt
+        points: list[MetricPoint] = []
+        while True:
+            before = execution.metrics.offset
+            batch = execution.metrics.read(final=final)
+            stamp = timezone.now()
+            points.extend(
+                MetricPoint(
+                    run_id=execution.run_id,
+                    attempt=attempt.number,
+                    key=key,
+                    step=step,
+                    value=value,
+                    time=stamp,
+                )
+                for key, step, value in batch.points
+            )
+            # While it runs, one chunk per pass; at the end, everything that is there.
+            if not final or execution.metrics.offset == before or len(points) >= 100_000:
+                break
+        found = execution.checkpoints.scan()
+        log_size = execution.pump.size if execution.pump is not None else attempt.log_size
+        save_log_size = log_size != attempt.log_size and (
+            final or now - execution.log_size_saved_at >= LOG_SIZE_SAVE_SECONDS
+        )
+        offset_changed = execution.metrics.offset != attempt.metrics_offset
+        if not (points or found or offset_changed or save_log_size):
+            return
+        updates: dict[str, Any] = {}
+        if offset_changed:
+            updates["metrics_offset"] = execution.metrics.offset
+        if save_log_size:
+            updates["log_size"] = log_size
+        try:
+            self._save_collected(execution, points, found, updates)
+        except DatabaseError:
+            # Nothing was kept: read the same lines again next time.
+            execution.metrics.offset = attempt.metrics_offset
+            raise
+        for name, value in updates.items():
+            setattr(attempt, name, value)
+        if save_log_size:
+            execution.log_size_saved_at = now
+        execution.checkpoints.known.update(checkpoint.path for checkpoint in found)
+
+    def _save_collected(
+        self,
+        execution: Execution,
+        points: list[MetricPoint],
+        found: list[FoundCheckpoint],
+        updates: dict[str, Any],
+    ) -> None:
+        attempt = execution.attempt
+        with transaction.atomic():
+            if points:
+                MetricPoint.objects.bulk_create(points, batch_size=1000)
+            if found:
+                Checkpoint.objects.bulk_create(
+                    [
+                        Checkpoint(
+                            run_id=execution.run_id,
+                            attempt=attempt.number,
+                            step=checkpoint.step,
+                            path=checkpoint.path,
+                            size=checkpoint.size,
+                            complete=True,
+                            data={"kind": checkpoint.kind},
+                        )
+                        for checkpoint in found
+                    ],
+                    ignore_conflicts=True,
+                )
+            if updates:
+                RunAttempt.objects.unscoped().filter(pk=attempt.pk).update(**updates)
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _note(self, execution: Execution, message: str) -> None:
+        """A line from the platform in the attempt's log."""
+        with contextlib.suppress(OSError), open(execution.layout.log, "ab") as log:
+            log.write(f"[taugrid] {message}\n".encode())
+
+    def _kill_everything(self) -> None:
+        """Last resort when the loop ends with attempts still alive (an error, or a stop
+        that could not be recorded): leave no process behind. The next start closes their
+        attempts."""
+        for execution in self.executions.values():
+            if execution.phase in {Phase.RUNNING, Phase.DRAINING} and execution.pid is not None:
+                processes.signal_group(execution.pid, signal.SIGKILL)
+            execution.cancelled.set()
+
+
+def machine_capacity() -> dict[str, Decimal]:
+    """What this machine offers local runs: TAU_LOCAL_CPUS, TAU_LOCAL_MEMORY (``MemTotal``
+    when unset), TAU_LOCAL_GPUS."""
+    from tau.quantity import parse_quantity
+
+    memory_setting = settings.TAU_LOCAL_MEMORY
+    memory = parse_quantity(memory_setting) if memory_setting else admission.detect_memory_bytes()
+    return {
+        admission.CPU: Decimal(int(settings.TAU_LOCAL_CPUS)),
+        admission.MEMORY: memory,
+        GPU_RESOURCE: Decimal(int(settings.TAU_LOCAL_GPUS)),
+    }
+
+
+def _exit_status(pid: int) -> tuple[int | None, int | None] | None:
+    """(exit code, signal) of our child ``pid`` once it has exited, without reaping it (the
+    zombie keeps the pid, and so the process group id, from being reused); None while it
+    runs."""
+    try:
+        result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return (None, None)
+    if result is None or result.si_pid == 0:
+        return None
+    if result.si_code == os.CLD_EXITED:
+        return (result.si_status, None)
+    return (None, result.si_status)  # CLD_KILLED or CLD_DUMPED
+
+
+def _last_log_line(path: Path, limit: int = 300) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 4096))
+            tail = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    marker = truncation_marker(0).decode().strip().split(" at ")[0]
+    for line in reversed(tail.splitlines()):
+        line = line.strip()
+        if line and not line.startswith("[taugrid]") and not line.startswith(marker):
+            return line[:limit]
+    return ""
+
+
+def _duration(seconds: int) -> str:
+    if seconds % 3600 == 0 and seconds >= 3600:
+        return f"{seconds // 3600} h"
+    if seconds % 60 == 0 and seconds >= 60:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"

@@ -1,0 +1,228 @@
+"""Code bundles: the project directory a run ships, as a zip, checked before it is kept.
+
+An upload is accepted only if it is a plain, modest zip: limited in size and file count, no
+absolute paths or ``..``, no symlinks or device files, valid UTF-8 names, and a bounded
+compression ratio (zip bombs). Accepted bundles are stored once per content under
+``var/bundles/<sha256[:2]>/<sha256>.zip`` and only ever unpacked into a fresh directory, with
+every member checked again on the way out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import stat
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from runs.models import CodeBundle
+from workspaces.models import Workspace
+
+MAX_BUNDLE_BYTES = 50 * 2**20
+MAX_UNPACKED_BYTES = 500 * 2**20
+MAX_FILES = 5000
+MAX_RATIO = 100  # uncompressed / compressed, per member and overall
+MAX_PATH_LENGTH = 255
+_CHUNK = 2**16
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class BundleRejected(ValueError):
+    """The upload is not an acceptable bundle; the message says why, for the user."""
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    sha256: str
+    size: int
+    file_count: int
+    unpacked_size: int
+
+
+def storage_root() -> Path:
+    return Path(settings.VAR_DIR) / "bundles"
+
+
+def bundle_path(sha256: str) -> Path:
+    if not _SHA256.fullmatch(sha256):
+        raise ValueError(f"{sha256!r} is not a SHA-256 hex digest")
+    return storage_root() / sha256[:2] / f"{sha256}.zip"
+
+
+def _member_problem(info: zipfile.ZipInfo) -> str | None:
+    name = info.filename
+    if info.flag_bits & 0x1:
+        return f"{name!r} is encrypted"
+    # Without the UTF-8 flag, names are CP437 by the zip spec; accept plain ASCII only.
+    if info.flag_bits & 0x800 == 0 and not name.isascii():
+        return f"{name!r}: file names must be UTF-8"
+    if "\x00" in name or "\\" in name:
+        return f"{name!r} has a character not allowed in a path"
+    if len(name) > MAX_PATH_LENGTH:
+        return f"a path is longer than {MAX_PATH_LENGTH} characters"
+    path = PurePosixPath(name)
+    if name.startswith("/") or path.is_absolute() or (len(name) > 1 and name[1] == ":"):
+        return f"{name!r} is an absolute path"
+    if any(part == ".." for part in path.parts):
+        return f"{name!r} points outside the project ('..')"
+    if str(path) == "." and not info.is_dir():
+        return f"{name!r} is not a file name"
+    # Unix modes live in the high 16 bits; many tools leave the type bits empty (a plain file).
+    file_type = stat.S_IFMT(info.external_attr >> 16)
+    if file_type == stat.S_IFLNK:
+        return f"{name!r} is a symbolic link"
+    if file_type not in (0, stat.S_IFREG, stat.S_IFDIR):
+        return f"{name!r} is not a regular file or folder"
+    if (
+        info.compress_size
+        and info.file_size / info.compress_size > MAX_RATIO
+        and info.file_size > 2**20
+    ):
+        return f"{name!r} expands {info.file_size // max(info.compress_size, 1)}x (zip bomb?)"
+    # No compression method grows data by more than a fraction of a percent plus a header, so
+    # far more compressed than uncompressed bytes means the declared size is a lie (zipfile
+    # would stop at the declared size and never look at the rest).
+    if info.compress_size > info.file_size + info.file_size // 100 + 1024:
+        return (
+            f"{name!r} declares {info.file_size} bytes but holds {info.compress_size} "
+            "compressed bytes (a damaged or crafted size header)"
+        )
+    return None
+
+
+def inspect_zip(path: Path) -> BundleInfo:
+    """Check a zip file on disk against every rule; its fingerprint if it passes."""
+    size = path.stat().st_size
+    if size > MAX_BUNDLE_BYTES:
+        raise BundleRejected(
+            f"The bundle is {size // 2**20} MiB; the limit is {MAX_BUNDLE_BYTES // 2**20} MiB."
+        )
+    try:
+        archive = zipfile.ZipFile(path)
+    except UnicodeDecodeError:
+        raise BundleRejected(
+            "The bundle is refused: its file names are marked UTF-8 but are not valid UTF-8."
+        ) from None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        raise BundleRejected("The bundle is not a zip file.") from None
+    with archive:
+        members = archive.infolist()
+        if len(members) > MAX_FILES:
+            raise BundleRejected(
+                f"The bundle has {len(members)} entries; the limit is {MAX_FILES}."
+            )
+        seen: set[str] = set()
+        files_at: set[str] = set()
+        folders: set[str] = set()
+        unpacked = 0
+        files = 0
+        for info in members:
+            problem = _member_problem(info)
+            if problem:
+                raise BundleRejected(f"The bundle is refused: {problem}.")
+            normal = str(PurePosixPath(info.filename))
+            if normal in seen:
+                raise BundleRejected(f"The bundle lists {info.filename!r} twice.")
+            seen.add(normal)
+            if not info.is_dir():
+                files_at.add(normal)
+            folders.update(str(parent) for parent in PurePosixPath(normal).parents)
+            unpacked += info.file_size
+            files += 0 if info.is_dir() else 1
+        clash = sorted(files_at & folders)
+        if clash:
+            raise BundleRejected(f"The bundle has {clash[0]!r} both as a file and as a folder.")
+        if unpacked > MAX_UNPACKED_BYTES:
+            raise BundleRejected(
+                f"The bundle unpacks to {unpacked // 2**20} MiB; "
+                f"the limit is {MAX_UNPACKED_BYTES // 2**20} MiB."
+            )
+        if size and unpacked / size > MAX_RATIO and unpacked > 10 * 2**20:
+            raise BundleRejected("The bundle expands far more than real code does (zip bomb?).")
+        # The declared sizes could lie: read every member through, counting real bytes.
+        actual = 0
+        for info in members:
+            if info.is_dir():
+                continue
+            try:
+                with archive.open(info) as stream:
+                    while chunk := stream.read(_CHUNK):
+                        actual += len(chunk)
+                        if actual > MAX_UNPACKED_BYTES:
+                            raise BundleRejected(
+                                "The bundle unpacks to more than its entries declare."
+                            )
+            except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as exc:
+                raise BundleRejected(f"The bundle is damaged ({info.filename}: {exc}).") from None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return BundleInfo(sha256=digest.hexdigest(), size=size, file_count=files, unpacked_size=actual)
+
+
+def store_upload(*, workspace: Workspace, upload: IO[bytes]) -> CodeBundle:
+    """Check an uploaded zip and keep it (once per content). Nothing is stored if it fails."""
+    root = storage_root()
+    root.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix="upload-", suffix=".zip", dir=root)
+    try:
+        written = 0
+        with os.fdopen(handle, "wb") as out:
+            while chunk := upload.read(_CHUNK):
+                written += len(chunk)
+                if written > MAX_BUNDLE_BYTES:
+                    raise BundleRejected(
+                        f"The bundle is larger than {MAX_BUNDLE_BYTES // 2**20} MiB."
+                    )
+                out.write(chunk)
+        info = inspect_zip(Path(temporary))
+        final = bundle_path(info.sha256)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if not final.exists():
+            os.replace(temporary, final)  # atomic: readers never see half a bundle
+            os.chmod(final, 0o440)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    try:
+        with transaction.atomic():
+            bundle, _ = CodeBundle.objects.get_or_create(
+                workspace=workspace,
+                sha256=info.sha256,
+                defaults={"size": info.size, "file_count": info.file_count},
+            )
+    except IntegrityError:  # a concurrent upload of the same content won the race
+        bundle = CodeBundle.objects.for_workspace(workspace).get(sha256=info.sha256)
+    return bundle
+
+
+def unpack(bundle_sha256: str, destination: Path) -> None:
+    """Unpack a stored bundle into ``destination``, which must be a new, empty directory."""
+    source = bundle_path(bundle_sha256)
+    # A stored file could have been damaged or replaced: check it again, digest included.
+    if inspect_zip(source).sha256 != bundle_sha256:
+        raise BundleRejected(f"The stored bundle {bundle_sha256[:12]} does not match its digest.")
+    destination.mkdir(parents=True, exist_ok=False)
+    root = destination.resolve()
+    with zipfile.ZipFile(source) as archive:
+        for info in archive.infolist():
+            target = (root / info.filename).resolve()
+            if target != root and root not in target.parents:
+                raise BundleRejected(f"{info.filename!r} would land outside the run directory.")
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(info) as stream, open(target, "xb") as out:
+                shutil.copyfileobj(stream, out, _CHUNK)
+            mode = (info.external_attr >> 16) & 0o777
+            os.chmod(target, (mode or 0o644) & 0o755)

@@ -1,0 +1,344 @@
+"""Runs: one row per submitted workload, its attempts, its append-only event history, the
+delivery records that make submission durable, and what the workload reports (metric
+points, checkpoints).
+
+A run's state lives in ``Run.state`` and is changed only by ``runs.services.transition``,
+which checks the transition table below and writes a :class:`RunEvent` in the same
+transaction. Events form a hash chain per run (each stores the hash of the one before), so
+the history can be verified and, later, sealed into the run's evidence.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from portal.tenancy import TenantModel
+
+
+class RunState(models.TextChoices):
+    PENDING = "pending", "Pending"  # accepted, not yet handed to the backend
+    QUEUED = "queued", "Queued"  # waiting for admission
+    ADMITTED = "admitted", "Admitted"  # has resources, starting
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLING = "cancelling", "Cancelling"
+    CANCELLED = "cancelled", "Cancelled"
+    PREEMPTED = "preempted", "Preempted"  # lost its resources to higher priority work
+    EVICTED = "evicted", "Evicted"  # removed by the platform (node failure, timeout)
+
+
+TERMINAL_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
+LIVE_STATES = frozenset(set(RunState) - TERMINAL_STATES)
+
+# Which state may follow which. Anything else is a bug and raises IllegalTransition.
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.PENDING: frozenset({RunState.QUEUED, RunState.CANCELLED, RunState.FAILED}),
+    RunState.QUEUED: frozenset(
+        {RunState.ADMITTED, RunState.CANCELLING, RunState.CANCELLED, RunState.FAILED}
+    ),
+    RunState.ADMITTED: frozenset(
+        {
+            RunState.RUNNING,
+            RunState.QUEUED,  # admission withdrawn before it started
+            RunState.PREEMPTED,
+            RunState.EVICTED,
+            RunState.CANCELLING,
+            RunState.FAILED,
+        }
+    ),
+    RunState.RUNNING: frozenset(
+        {
+            RunState.SUCCEEDED,
+            RunState.FAILED,
+            RunState.CANCELLING,
+            RunState.PREEMPTED,
+            RunState.EVICTED,
+            RunState.QUEUED,  # the attempt failed and a retry is due
+        }
+    ),
+    RunState.PREEMPTED: frozenset({RunState.QUEUED, RunState.FAILED, RunState.CANCELLED}),
+    RunState.EVICTED: frozenset({RunState.QUEUED, RunState.FAILED, RunState.CANCELLED}),
+    # A workload can still finish on its own while it is being stopped.
+    RunState.CANCELLING: frozenset({RunState.CANCELLED, RunState.SUCCEEDED, RunState.FAILED}),
+    # Finished runs can be resumed (a new attempt, from a checkpoint).
+    RunState.SUCCEEDED: frozenset({RunState.QUEUED}),
+    RunState.FAILED: frozenset({RunState.QUEUED}),
+    RunState.CANCELLED: frozenset({RunState.QUEUED}),
+}
+
+
+class FailureClass(models.TextChoices):
+    USER_ERROR = "user_error", "Exited with an error"
+    OOM_KILLED = "oom_killed", "Out of memory"
+    PREEMPTED = "preempted", "Preempted"
+    EVICTED = "evicted", "Evicted"
+    NODE_FAILURE = "node_failure", "Node or GPU failure"
+    DEADLINE_EXCEEDED = "deadline_exceeded", "Ran out of time"
+    INFRASTRUCTURE = "infrastructure", "Could not start"
+    UNKNOWN = "unknown", "Unknown"
+
+
+FAILURE_HINTS: dict[str, str] = {
+    FailureClass.USER_ERROR: (
+        "The program exited with an error; the end of its log usually says why."
+    ),
+    FailureClass.OOM_KILLED: (
+        "It used more memory than it was given; ask for more `compute.memory` "
+        "or use smaller batches."
+    ),
+    FailureClass.PREEMPTED: (
+        "Higher-priority work needed the resources; it resumes from its newest checkpoint "
+        "when retried."
+    ),
+    FailureClass.EVICTED: (
+        "The platform removed it (node drained or unhealthy); retrying usually works."
+    ),
+    FailureClass.NODE_FAILURE: "The machine or a GPU failed under it; a retry runs elsewhere.",
+    FailureClass.DEADLINE_EXCEEDED: (
+        "It ran longer than `run.max_runtime` allows; raise the limit or checkpoint more often."
+    ),
+    FailureClass.INFRASTRUCTURE: (
+        "It could not be started (environment, image or dependencies); the log shows what failed."
+    ),
+    FailureClass.UNKNOWN: "It stopped for a reason TauGrid could not determine; look at the log.",
+}
+
+
+class Backend(models.TextChoices):
+    LOCAL = "local", "This machine"
+    KUBERNETES = "kubernetes", "Kubernetes"
+
+
+class CodeBundle(TenantModel):
+    """A project directory as submitted: a zip stored once per content (SHA-256)."""
+
+    workspace = models.ForeignKey(
+        "workspaces.Workspace", on_delete=models.PROTECT, related_name="+"
+    )
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField()
+    file_count = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta(TenantModel.Meta):
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "sha256"], name="bundle_unique_per_workspace"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"bundle {self.sha256[:12]} ({self.file_count} files)"
+
+
+class Run(TenantModel):
+    workspace = models.ForeignKey(
+        "workspaces.Workspace", on_delete=models.PROTECT, related_name="runs"
+    )
+    name = models.CharField(max_length=63, help_text="The spec name plus a short unique suffix.")
+    spec_name = models.CharField(max_length=63)
+    spec = models.JSONField(help_text="The normalised tau.yaml, with workspace defaults applied.")
+    spec_hash = models.CharField(max_length=64)
+    spec_source = models.TextField(help_text="The tau.yaml exactly as submitted.")
+    bundle = models.ForeignKey(
+        CodeBundle, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    submitted_by_username = models.CharField(max_length=150)
+    backend = models.CharField(max_length=20, choices=Backend.choices)
+    priority = models.CharField(max_length=253, blank=True)
+    priority_value = models.IntegerField(default=0, help_text="Higher runs first.")
+
+    state = models.CharField(max_length=20, choices=RunState.choices, default=RunState.PENDING)
+    state_reason = models.TextField(blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    attempt_count = models.PositiveIntegerField(default=0)
+    failure_class = models.CharField(max_length=30, choices=FailureClass.choices, blank=True)
+
+    created_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # The next attempt may not start before this (retry backoff).
+    not_before = models.DateTimeField(null=True, blank=True)
+    # What the next attempt starts from, and why it is happening.
+    resume_from = models.ForeignKey(
+        "Checkpoint", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    retry_reason = models.CharField(max_length=30, blank=True)
+
+    class Meta(TenantModel.Meta):
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "name"], name="run_unique_name_per_workspace"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["workspace", "-created_at", "-id"], name="run_list"),
+            models.Index(fields=["workspace", "state", "-created_at"], name="run_state_list"),
+            models.Index(fields=["workspace", "spec_name", "-created_at"], name="run_spec_name"),
+            models.Index(fields=["backend", "state"], name="run_backend_state"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in LIVE_STATES
+
+
+class RunAttempt(TenantModel):
+    """One execution of a run: the first try, a retry, or a resume."""
+
+    tenant_path: ClassVar[str | None] = "run__workspace"
+
+    class State(models.TextChoices):
+        STARTING = "starting", "Starting"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    state = models.CharField(max_length=20, choices=State.choices, default=State.STARTING)
+    backend_name = models.CharField(max_length=253, blank=True, help_text="Object or process name.")
+    pid = models.IntegerField(null=True, blank=True)
+    process_start_ticks = models.BigIntegerField(
+        null=True, blank=True, help_text="Start time of the process, to tell it from a reused pid."
+    )
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_class = models.CharField(max_length=30, choices=FailureClass.choices, blank=True)
+    failure_message = models.TextField(blank=True)
+    resume_from = models.ForeignKey(
+        "Checkpoint", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    retry_reason = models.CharField(max_length=30, blank=True)
+    log_path = models.CharField(max_length=500, blank=True)
+    log_size = models.PositiveBigIntegerField(default=0)
+    metrics_offset = models.PositiveBigIntegerField(
+        default=0, help_text="Bytes of the metrics file read."
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta(TenantModel.Meta):
+        ordering = ["run", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="attempt_unique_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run.name} attempt {self.number}"
+
+    @property
+    def failure_hint(self) -> str:
+        return FAILURE_HINTS.get(self.failure_class, "")
+
+
+class RunEvent(TenantModel):
+    """Append-only history of a run. ``hash`` = SHA-256 over the previous event's hash and
+    this event's canonical content, so any change to the history breaks the chain."""
+
+    tenant_path: ClassVar[str | None] = "run__workspace"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    time = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=40)
+    old_state = models.CharField(max_length=20, blank=True)
+    new_state = models.CharField(max_length=20, blank=True)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta(TenantModel.Meta):
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="event_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.kind}"
+
+
+class Delivery(TenantModel):
+    """Outbox: an instruction for the backend, written in the same transaction as the change
+    that needs it, and retried by the reconciler until the backend has it."""
+
+    tenant_path: ClassVar[str | None] = "run__workspace"
+
+    class Action(models.TextChoices):
+        SUBMIT = "submit", "Submit"
+        CANCEL = "cancel", "Cancel"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="deliveries")
+    action = models.CharField(max_length=20, choices=Action.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    tries = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    next_try_at = models.DateTimeField(default=timezone.now)
+
+    class Meta(TenantModel.Meta):
+        indexes = [
+            models.Index(
+                fields=["next_try_at"],
+                name="delivery_due",
+                condition=models.Q(delivered_at__isnull=True),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.run_id}"
+
+
+class MetricPoint(TenantModel):
+    """One value of one metric at one step, as the workload reported it."""
+
+    tenant_path: ClassVar[str | None] = "run__workspace"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points")
+    attempt = models.PositiveIntegerField()
+    key = models.CharField(max_length=100)
+    step = models.BigIntegerField()
+    value = models.FloatField()
+    time = models.DateTimeField(default=timezone.now)
+
+    class Meta(TenantModel.Meta):
+        indexes = [models.Index(fields=["run", "key", "step"], name="metric_series")]
+
+
+class Checkpoint(TenantModel):
+    """A checkpoint the workload wrote (a folder or file per step) or registered."""
+
+    tenant_path: ClassVar[str | None] = "run__workspace"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    attempt = models.PositiveIntegerField()
+    step = models.BigIntegerField()
+    path = models.CharField(max_length=1000, help_text="Where it is, as the backend sees it.")
+    complete = models.BooleanField(default=True)
+    size = models.PositiveBigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    data: Any = models.JSONField(default=dict, blank=True)
+
+    class Meta(TenantModel.Meta):
+        ordering = ["run", "-step"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "path"], name="checkpoint_unique_path")
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.step}"

@@ -1,0 +1,237 @@
+"""Workspace policy at submission: fill in what the spec leaves to the workspace, refuse what
+the workspace does not allow. It never changes a value the spec sets; a value the workspace
+forbids is an error the researcher sees, with the path in tau.yaml it is about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.conf import settings
+
+from runs import render
+from tau.quantity import parse_quantity
+from tau.spec import Spec
+from workspaces.models import GPU_RESOURCE, Workspace, WorkspaceQuota
+
+
+@dataclass(frozen=True)
+class PolicyProblem:
+    path: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "message": self.message}
+
+
+class PolicyRefused(ValueError):
+    def __init__(self, problems: list[PolicyProblem]) -> None:
+        super().__init__("; ".join(f"{p.path}: {p.message}" for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Placement:
+    spec: Spec  # with workspace defaults filled in
+    priority: str
+    priority_value: int
+
+
+def _registry_of(image: str) -> str:
+    first = image.split("/", 1)[0]
+    if "/" in image and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def requested_totals(spec: Spec) -> dict[str, Decimal]:
+    """What the workers ask for together (compute per worker times workers): the amount the
+    local agent admits, and on Kubernetes the one pod set Kueue places on a single flavor."""
+    workers = spec.compute.workers
+    totals = {
+        GPU_RESOURCE: Decimal(spec.compute.gpus * workers),
+        "cpu": parse_quantity(spec.compute.cpus) * workers,
+        "memory": parse_quantity(spec.compute.memory) * workers,
+    }
+    return totals
+
+
+def cluster_totals(spec: Spec) -> dict[str, Decimal]:
+    """What Kueue admits together for the run on Kubernetes: the workers, plus for a RayJob
+    the Ray head and KubeRay's submitter pod (``runs.render`` fixes their size)."""
+    totals = requested_totals(spec)
+    if spec.run.workload_kind == "rayjob":
+        for fixed in (render.HEAD_RESOURCES, render.SUBMITTER_RESOURCES):
+            for resource, amount in fixed.items():
+                totals[resource] = totals.get(resource, Decimal(0)) + parse_quantity(amount)
+    return totals
+
+
+def quota_ceilings(workspace: Workspace) -> dict[str, dict[str, Decimal | None]]:
+    """resource -> flavor -> the most of it the workspace could ever hold on that flavor:
+    its nominal quota plus, in a cohort, its borrowing limit (None: borrowing is unlimited).
+    Borrowing limits outside a cohort mean nothing. Resources without quota rows are absent."""
+    in_cohort = workspace.cohort_id is not None
+    ceilings: dict[str, dict[str, Decimal | None]] = {}
+    for quota in WorkspaceQuota.objects.for_workspace(workspace).select_related("flavor"):
+        ceiling: Decimal | None = quota.nominal
+        if in_cohort:
+            borrowing = quota.borrowing_limit
+            ceiling = None if borrowing is None else quota.nominal + borrowing
+        ceilings.setdefault(quota.resource, {})[quota.flavor.name] = ceiling
+    return ceilings
+
+
+def _sum(values: Iterable[Decimal | None]) -> Decimal | None:
+    total = Decimal(0)
+    for value in values:
+        if value is None:
+            return None
+        total += value
+    return total
+
+
+def _largest(values: Iterable[Decimal | None]) -> Decimal | None:
+    present = list(values)
+    if any(value is None for value in present):
+        return None
+    return max((value for value in present if value is not None), default=Decimal(0))
+
+
+def max_obtainable(workspace: Workspace) -> dict[str, Decimal | None]:
+    """The most of each resource the workspace could ever get, over all its flavors (None: no
+    limit on borrowing). A resource without quota rows is absent."""
+    return {
+        resource: _sum(by_flavor.values())
+        for resource, by_flavor in quota_ceilings(workspace).items()
+    }
+
+
+def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement:
+    problems: list[PolicyProblem] = []
+
+    # Priority: a name the workspace allows; its rank in the list orders the queue.
+    allowed = list(workspace.allowed_priorities or [])
+    priority = spec.queue.priority or workspace.default_priority or ""
+    if spec.queue.priority and spec.queue.priority not in allowed:
+        choices = ", ".join(allowed) if allowed else "none (leave queue.priority out)"
+        problems.append(
+            PolicyProblem(
+                "queue.priority",
+                f"{spec.queue.priority!r} is not allowed in {workspace.slug}; allowed: {choices}.",
+            )
+        )
+    priority_value = allowed.index(priority) if priority in allowed else 0
+
+    if spec.queue.name and spec.queue.name != workspace.local_queue:
+        problems.append(
+            PolicyProblem(
+                "queue.name",
+                f"{workspace.slug} has one queue, {workspace.local_queue!r}; "
+                "leave queue.name out or use it.",
+            )
+        )
+
+    image = spec.runtime.image or workspace.default_image or settings.TAU_DEFAULT_IMAGE
+    registries = settings.TAU_IMAGE_REGISTRIES
+    if registries and _registry_of(image) not in registries:
+        problems.append(
+            PolicyProblem(
+                "runtime.image",
+                f"images from {_registry_of(image)} are not allowed here; "
+                f"use one of: {', '.join(registries)}.",
+            )
+        )
+
+    if backend == "local" and spec.runtime.secrets:
+        problems.append(
+            PolicyProblem(
+                "runtime.secrets",
+                "runs here execute on this machine, which has no Kubernetes Secrets to read; "
+                "remove runtime.secrets (the run would otherwise start without them).",
+            )
+        )
+    if backend == "kubernetes":
+        problems += [
+            PolicyProblem(path, message) for path, message in render.kubernetes_problems(spec)
+        ]
+
+    if spec.compute.gpus > settings.TAU_MAX_GPUS_PER_NODE:
+        problems.append(
+            PolicyProblem(
+                "compute.gpus",
+                f"{spec.compute.gpus} GPUs per worker, but no node here has more than "
+                f"{settings.TAU_MAX_GPUS_PER_NODE}; use more workers with fewer GPUs each.",
+            )
+        )
+
+    ceilings = quota_ceilings(workspace)
+    gpu_type = spec.compute.gpu_type
+    gpu_flavors = ceilings.get(GPU_RESOURCE, {})
+    if gpu_type is not None and gpu_type not in gpu_flavors:
+        offered = ", ".join(sorted(gpu_flavors)) or "none"
+        problems.append(
+            PolicyProblem(
+                "compute.gpu_type",
+                f"{workspace.slug} has no GPU quota on {gpu_type!r}; its GPU flavors: {offered}.",
+            )
+        )
+    workers = requested_totals(spec)
+    whole_run = cluster_totals(spec) if backend == "kubernetes" else workers
+    for resource, wanted in whole_run.items():
+        if wanted == 0:
+            continue
+        by_flavor = ceilings.get(resource)
+        if not by_flavor:
+            if resource == GPU_RESOURCE:
+                problems.append(
+                    PolicyProblem("compute.gpus", f"{workspace.slug} has no GPU quota.")
+                )
+            continue
+        if resource == GPU_RESOURCE and gpu_type is not None:
+            if gpu_type not in by_flavor:
+                continue  # reported above
+            by_flavor = {gpu_type: by_flavor[gpu_type]}
+        path = {GPU_RESOURCE: "compute.gpus", "cpu": "compute.cpus", "memory": "compute.memory"}[
+            resource
+        ]
+        total = _sum(by_flavor.values())
+        # Kueue places one pod set (all the workers) on one flavor: the largest share counts.
+        largest = _largest(by_flavor.values())
+        if total is not None and wanted > total:
+            problems.append(
+                PolicyProblem(
+                    path,
+                    f"the run needs {_amount(resource, wanted)} {resource} at once "
+                    f"({spec.compute.workers} worker(s)), but {workspace.slug} can get at most "
+                    f"{_amount(resource, total)}; it would never start.",
+                )
+            )
+        elif largest is not None and workers[resource] > largest:
+            problems.append(
+                PolicyProblem(
+                    path,
+                    f"the {spec.compute.workers} worker(s) need "
+                    f"{_amount(resource, workers[resource])} {resource} on one flavor, but the "
+                    f"most {workspace.slug} can get on any single flavor is "
+                    f"{_amount(resource, largest)}; it would never start.",
+                )
+            )
+    if problems:
+        raise PolicyRefused(problems)
+    runtime = dataclasses.replace(spec.runtime, image=image)
+    queue = dataclasses.replace(spec.queue, priority=priority or None, name=workspace.local_queue)
+    return Placement(
+        spec=dataclasses.replace(spec, runtime=runtime, queue=queue),
+        priority=priority,
+        priority_value=priority_value,
+    )
+
+
+def _amount(resource: str, value: Decimal) -> str:
+    from tau.quantity import format_quantity
+
+    return format_quantity(value, binary=resource == "memory")

@@ -1,0 +1,513 @@
+"""Every change to a run goes through here: submit, transition, cancel, resume, retry.
+
+``transition`` is the only code that writes ``Run.state``. It locks the row, checks the
+transition table, and appends a hash-chained :class:`RunEvent` in the same transaction.
+Backends are reached only through :class:`Delivery` rows (an outbox): a change that needs the
+backend writes one together with the change, a Celery task delivers it, and the reconciler
+delivers whatever a lost task or a down broker left behind. Backend calls are idempotent, so a
+delivery made twice has the effect of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.utils import timezone
+
+from runs.models import (
+    TERMINAL_STATES,
+    TRANSITIONS,
+    Checkpoint,
+    Delivery,
+    FailureClass,
+    Run,
+    RunAttempt,
+    RunEvent,
+    RunState,
+)
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+    from runs.models import CodeBundle
+    from tau.spec import Spec
+    from workspaces.models import Workspace
+
+logger = logging.getLogger(__name__)
+
+GENESIS_HASH = "0" * 64
+_SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
+NAME_SUFFIX_LENGTH = 6
+
+
+class IllegalTransition(RuntimeError):
+    """A state change the transition table does not allow: a bug, never user input."""
+
+
+class RunActionRefused(ValueError):
+    """A request that makes no sense for the run's state (cancel a finished run, say)."""
+
+
+def _event_hash(prev_hash: str, content: dict[str, Any]) -> str:
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder)
+    return hashlib.sha256(f"{prev_hash}\n{canonical}".encode()).hexdigest()
+
+
+def _event_content(event: RunEvent) -> dict[str, Any]:
+    return {
+        "run": event.run_id,
+        "seq": event.seq,
+        "time": event.time.isoformat(),
+        "kind": event.kind,
+        "old_state": event.old_state,
+        "new_state": event.new_state,
+        "message": event.message,
+        "data": event.data,
+    }
+
+
+def append_event(
+    run: Run,
+    kind: str,
+    *,
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    old_state: str = "",
+    new_state: str = "",
+) -> RunEvent:
+    """Add an event to the run's chain. The caller holds the run's row lock."""
+    last = RunEvent.objects.for_workspace(run.workspace_id).filter(run=run).order_by("-seq").first()
+    event = RunEvent(
+        run=run,
+        seq=(last.seq + 1) if last else 1,
+        time=timezone.now(),
+        kind=kind,
+        old_state=old_state,
+        new_state=new_state,
+        message=message,
+        data=json.loads(json.dumps(data or {}, cls=DjangoJSONEncoder)),
+        prev_hash=last.hash if last else GENESIS_HASH,
+    )
+    event.hash = _event_hash(event.prev_hash, _event_content(event))
+    event.save()
+    return event
+
+
+def verify_event_chain(run: Run) -> bool:
+    """Whether the run's events form an unbroken chain from the first one."""
+    prev = GENESIS_HASH
+    expected_seq = 1
+    for event in RunEvent.objects.for_workspace(run.workspace_id).filter(run=run).order_by("seq"):
+        if event.seq != expected_seq or event.prev_hash != prev:
+            return False
+        if event.hash != _event_hash(prev, _event_content(event)):
+            return False
+        prev = event.hash
+        expected_seq += 1
+    return True
+
+
+def lock_run(run_id: int) -> Run:
+    """The run, locked for update until the surrounding transaction ends."""
+    return Run.objects.unscoped().select_for_update().select_related("workspace").get(pk=run_id)
+
+
+_TIMESTAMP_FOR_STATE = {
+    RunState.QUEUED: "queued_at",
+    RunState.ADMITTED: "admitted_at",
+    RunState.RUNNING: "started_at",
+}
+
+
+@transaction.atomic
+def transition(
+    run: Run,
+    new_state: RunState,
+    *,
+    reason: str = "",
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    kind: str = "state",
+) -> Run:
+    """Move the run to ``new_state`` (row-locked, checked, recorded). Returns the fresh run."""
+    locked = lock_run(run.pk)
+    old_state = RunState(locked.state)
+    if new_state not in TRANSITIONS[old_state]:
+        raise IllegalTransition(f"run {locked.name}: {old_state} → {new_state} is not allowed")
+    now = timezone.now()
+    locked.state = new_state
+    locked.state_reason = reason
+    if new_state != RunState.QUEUED:
+        locked.queue_position = None
+    stamp = _TIMESTAMP_FOR_STATE.get(new_state)
+    if stamp:
+        setattr(locked, stamp, now)
+    if new_state in TERMINAL_STATES:
+        locked.finished_at = now
+    elif old_state in TERMINAL_STATES:
+        locked.finished_at = None  # resumed
+    locked.save()
+    append_event(
+        locked,
+        kind,
+        message=message or reason,
+        data=data,
+        old_state=old_state,
+        new_state=new_state,
+    )
+    return locked
+
+
+# --- Names ------------------------------------------------------------------------------------
+
+
+def new_run_name(spec_name: str) -> str:
+    """``<spec name>-<6 random characters>``: unique in practice, checked by a constraint,
+    and short enough for Kubernetes object names (the spec name is bounded to fit)."""
+    suffix = "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(NAME_SUFFIX_LENGTH))
+    return f"{spec_name}-{suffix}"
+
+
+# --- Submission -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submission:
+    spec: Spec
+    source: str
+    bundle: CodeBundle | None
+    priority: str
+    priority_value: int
+    backend: str
+
+
+def create_run(*, workspace: Workspace, user: User, submission: Submission) -> Run:
+    """Write the run and its delivery in one transaction; deliver after commit.
+
+    If the broker is unreachable the run still exists, pending, and the reconciler delivers
+    it when it can: nothing a user submitted is lost.
+    """
+    with transaction.atomic():
+        for _ in range(5):
+            name = new_run_name(submission.spec.name)
+            if not Run.objects.for_workspace(workspace).filter(name=name).exists():
+                break
+        run = Run.objects.create(
+            workspace=workspace,
+            name=name,
+            spec_name=submission.spec.name,
+            spec=submission.spec.to_dict(),
+            spec_hash=_spec_hash(submission.spec),
+            spec_source=submission.source,
+            bundle=submission.bundle,
+            submitted_by=user,
+            submitted_by_username=user.get_username(),
+            backend=submission.backend,
+            priority=submission.priority,
+            priority_value=submission.priority_value,
+            state=RunState.PENDING,
+            state_reason="Accepted; handing it to the scheduler.",
+        )
+        append_event(
+            run,
+            "submitted",
+            new_state=RunState.PENDING,
+            message=f"Submitted by {user.get_username()}",
+            data={
+                "spec_hash": run.spec_hash,
+                "bundle": submission.bundle.sha256 if submission.bundle else None,
+            },
+        )
+        delivery = Delivery.objects.create(run=run, action=Delivery.Action.SUBMIT)
+        transaction.on_commit(lambda: enqueue_delivery(delivery.pk))
+    return run
+
+
+def _spec_hash(spec: Spec) -> str:
+    from tau.spec import spec_hash
+
+    return spec_hash(spec)
+
+
+def enqueue_delivery(delivery_id: int) -> None:
+    """Ask a worker to deliver now. Failing is fine: the reconciler will deliver it."""
+    from runs.tasks import deliver
+
+    try:
+        deliver.apply_async(args=(delivery_id,), retry=False)
+    except Exception as exc:  # the broker is down: the outbox row is the durable record
+        logger.warning("could not enqueue delivery %s (%s); the reconciler will", delivery_id, exc)
+
+
+# --- Delivery ---------------------------------------------------------------------------------
+
+DELIVERY_RETRY_SECONDS = 10
+
+
+def deliver(delivery_id: int, *, backend_for: Callable[[Run], Any] | None = None) -> bool:
+    """Hand one outbox row to the run's backend, at most once. True if this call did it."""
+    from runs.backends import backend_for_run
+
+    resolve = backend_for or backend_for_run
+    with transaction.atomic():
+        delivery = (
+            Delivery.objects.unscoped()
+            .select_for_update(skip_locked=True)
+            .select_related("run", "run__workspace")
+            .filter(pk=delivery_id, delivered_at__isnull=True)
+            .first()
+        )
+        if delivery is None:
+            return False  # delivered already, or another worker is on it right now
+        delivery.tries += 1
+        try:
+            backend = resolve(delivery.run)
+            if delivery.action == Delivery.Action.SUBMIT:
+                backend.submit(delivery.run)
+            else:
+                backend.cancel(delivery.run)
+        except Exception as exc:
+            logger.exception("delivery %s of run %s failed", delivery.action, delivery.run.name)
+            delivery.last_error = f"{type(exc).__name__}: {exc}"[:2000]
+            delivery.next_try_at = timezone.now() + timedelta(
+                seconds=min(300, DELIVERY_RETRY_SECONDS * delivery.tries)
+            )
+            delivery.save(update_fields=["tries", "last_error", "next_try_at"])
+            return False
+        delivery.delivered_at = timezone.now()
+        delivery.last_error = ""
+        delivery.save(update_fields=["tries", "last_error", "delivered_at"])
+    return True
+
+
+def due_deliveries(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
+    """Undelivered outbox rows whose time has come (older than a short grace period, so a
+    task published right after commit gets its chance first)."""
+    now = timezone.now()
+    return list(
+        Delivery.objects.unscoped()
+        .filter(
+            delivered_at__isnull=True,
+            next_try_at__lte=now,
+            created_at__lte=now - timedelta(seconds=grace_seconds),
+        )
+        .order_by("next_try_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+# --- Cancel and resume --------------------------------------------------------------------------
+
+
+@transaction.atomic
+def cancel_run(*, run: Run, user: User | None) -> Run:
+    """Stop a run in whatever state it is. Durable like submission: recorded now, carried out
+    by the backend through the outbox."""
+    locked = lock_run(run.pk)
+    who = user.get_username() if user is not None else "the system"
+    state = RunState(locked.state)
+    if state in TERMINAL_STATES:
+        raise RunActionRefused(f"{locked.name} has already {state.label.lower()}.")
+    if state == RunState.CANCELLING:
+        return locked
+    locked.cancel_requested_at = timezone.now()
+    locked.save(update_fields=["cancel_requested_at"])
+    if state in {RunState.PENDING, RunState.PREEMPTED, RunState.EVICTED} or (
+        state == RunState.QUEUED and not has_live_attempt(locked)
+    ):
+        # Nothing is executing: it can stop right away.
+        result = transition(
+            locked, RunState.CANCELLED, reason=f"Cancelled by {who}.", kind="cancelled"
+        )
+    else:
+        result = transition(
+            locked,
+            RunState.CANCELLING,
+            reason=f"Cancelled by {who}; stopping it.",
+            kind="cancel-requested",
+        )
+    delivery = Delivery.objects.create(run=locked, action=Delivery.Action.CANCEL)
+    transaction.on_commit(lambda: enqueue_delivery(delivery.pk))
+    return result
+
+
+def has_live_attempt(run: Run) -> bool:
+    return (
+        RunAttempt.objects.for_workspace(run.workspace_id)
+        .filter(run=run, state__in=[RunAttempt.State.STARTING, RunAttempt.State.RUNNING])
+        .exists()
+    )
+
+
+def newest_checkpoint(run: Run) -> Checkpoint | None:
+    return (
+        Checkpoint.objects.for_workspace(run.workspace_id)
+        .filter(run=run, complete=True)
+        .order_by("-step", "-created_at")
+        .first()
+    )
+
+
+@transaction.atomic
+def resume_run(*, run: Run, user: User | None, checkpoint: Checkpoint | None = None) -> Run:
+    """A new attempt of a finished run, from ``checkpoint`` (default: the newest complete one)."""
+    locked = lock_run(run.pk)
+    if RunState(locked.state) not in TERMINAL_STATES:
+        raise RunActionRefused(
+            f"{locked.name} is {locked.get_state_display().lower()}; "
+            "only a finished run can be resumed."
+        )
+    if checkpoint is not None and checkpoint.run_id != locked.pk:
+        raise RunActionRefused("That checkpoint belongs to another run.")
+    start_from = checkpoint or newest_checkpoint(locked)
+    locked.resume_from = start_from
+    locked.retry_reason = "manual_resume"
+    locked.cancel_requested_at = None
+    locked.not_before = None
+    locked.failure_class = ""
+    locked.save(
+        update_fields=[
+            "resume_from",
+            "retry_reason",
+            "cancel_requested_at",
+            "not_before",
+            "failure_class",
+        ]
+    )
+    who = user.get_username() if user is not None else "the system"
+    where = f" from checkpoint at step {start_from.step}" if start_from else " from the start"
+    return transition(
+        locked,
+        RunState.QUEUED,
+        reason=f"Resumed by {who}{where}.",
+        kind="resumed",
+        data={"checkpoint": start_from.path if start_from else None},
+    )
+
+
+# --- Attempts (used by executors) ---------------------------------------------------------------
+
+
+@transaction.atomic
+def start_attempt(*, run: Run, backend_name: str = "") -> RunAttempt:
+    """Record a new attempt as the run is admitted. The run must be queued."""
+    locked = lock_run(run.pk)
+    number = locked.attempt_count + 1
+    attempt = RunAttempt.objects.create(
+        run=locked,
+        number=number,
+        backend_name=backend_name,
+        resume_from=locked.resume_from,
+        retry_reason=locked.retry_reason,
+    )
+    locked.attempt_count = number
+    locked.save(update_fields=["attempt_count"])
+    transition(
+        locked, RunState.ADMITTED, reason="Resources reserved; starting.", data={"attempt": number}
+    )
+    return attempt
+
+
+@transaction.atomic
+def attempt_running(
+    *, attempt: RunAttempt, pid: int | None = None, start_ticks: int | None = None
+) -> None:
+    attempt.state = RunAttempt.State.RUNNING
+    attempt.started_at = timezone.now()
+    attempt.pid = pid
+    attempt.process_start_ticks = start_ticks
+    attempt.save(update_fields=["state", "started_at", "pid", "process_start_ticks"])
+    run = lock_run(attempt.run_id)
+    if run.state == RunState.ADMITTED:
+        transition(run, RunState.RUNNING, reason="Running.", data={"attempt": attempt.number})
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    succeeded: bool
+    exit_code: int | None = None
+    failure_class: str = ""
+    message: str = ""
+    cancelled: bool = False
+
+
+@transaction.atomic
+def finish_attempt(
+    *, attempt: RunAttempt, outcome: AttemptOutcome, now: datetime | None = None
+) -> Run:
+    """Close an attempt and decide what the run does next: succeed, fail, or retry."""
+    from tau.spec import Spec
+
+    now = now or timezone.now()
+    run = lock_run(attempt.run_id)
+    attempt.finished_at = now
+    attempt.exit_code = outcome.exit_code
+    if outcome.succeeded:
+        attempt.state = RunAttempt.State.SUCCEEDED
+    elif outcome.cancelled:
+        attempt.state = RunAttempt.State.CANCELLED
+    else:
+        attempt.state = RunAttempt.State.FAILED
+        attempt.failure_class = outcome.failure_class or FailureClass.UNKNOWN
+        attempt.failure_message = outcome.message[:4000]
+    attempt.save()
+    data = {"attempt": attempt.number, "exit_code": outcome.exit_code}
+    state = RunState(run.state)
+    if state in TERMINAL_STATES:
+        return run  # already decided (e.g. cancelled while the process was exiting)
+    if outcome.succeeded:
+        run.failure_class = ""
+        run.save(update_fields=["failure_class"])
+        return transition(run, RunState.SUCCEEDED, reason="Finished successfully.", data=data)
+    if outcome.cancelled or state == RunState.CANCELLING:
+        return transition(
+            run,
+            RunState.CANCELLED,
+            reason=run.state_reason or "Cancelled.",
+            data=data,
+            kind="cancelled",
+        )
+    failure = FailureClass(attempt.failure_class)
+    run.failure_class = failure
+    spec = Spec.from_dict(run.spec)
+    retries_so_far = attempt.number - 1
+    if spec.resilience.retries(failure.value, retries_so_far=retries_so_far):  # type: ignore[arg-type]
+        delay = spec.resilience.backoff.delay(retries_so_far + 1)
+        run.not_before = now + timedelta(seconds=delay)
+        run.resume_from = newest_checkpoint(run)
+        run.retry_reason = failure.value
+        run.save(update_fields=["failure_class", "not_before", "resume_from", "retry_reason"])
+        where = f" from step {run.resume_from.step}" if run.resume_from else ""
+        if state in {RunState.PREEMPTED, RunState.EVICTED}:
+            pass
+        elif failure in {FailureClass.PREEMPTED, FailureClass.EVICTED}:
+            run = transition(run, RunState(failure.value), reason=f"{failure.label}.", data=data)
+        return transition(
+            run,
+            RunState.QUEUED,
+            reason=(
+                f"Attempt {attempt.number} failed ({failure.label.lower()}); "
+                f"retrying{where} in {delay}s."
+            ),
+            data={**data, "failure_class": failure.value, "retry_in_seconds": delay},
+            kind="retry",
+        )
+    run.save(update_fields=["failure_class"])
+    return transition(
+        run,
+        RunState.FAILED,
+        reason=(
+            f"Attempt {attempt.number} failed: {failure.label.lower()}. {outcome.message}"
+        ).strip(),
+        data={**data, "failure_class": failure.value},
+    )

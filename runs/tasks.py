@@ -1,0 +1,21 @@
+"""Celery tasks for runs. They only call services; they are safe to run twice."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from runs import services
+
+
+@shared_task(ignore_result=True, acks_late=True)
+def deliver(delivery_id: int) -> bool:
+    return services.deliver(delivery_id)
+
+
+@shared_task(ignore_result=True)
+def reconcile_deliveries() -> int:
+    """Deliver what a lost task or a broker outage left in the outbox."""
+    delivered = 0
+    for delivery_id in services.due_deliveries():
+        delivered += services.deliver(delivery_id)
+    return delivered

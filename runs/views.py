@@ -1,0 +1,355 @@
+"""Run pages: the list, submitting, one run (live), the queue.
+
+One template renders a page and its fragments (template partials); HTMX requests and the
+live pollers get the fragment. Live fragments carry an ETag: when nothing changed, the server
+answers 304 after one small query, and the browser keeps what it shows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.views import View
+from django.views.generic import TemplateView
+
+from runs import selectors, services, submission
+from runs.models import LIVE_STATES, Checkpoint, Run, RunAttempt, RunEvent, RunState
+from runs.usage import queue_estimate, usage_lines
+from workspaces.access import WorkspaceViewMixin
+from workspaces.models import Role
+
+PAGE_SIZE = 25
+
+
+def _etag(*parts: Any) -> str:
+    return '"' + hashlib.sha256("|".join(str(p) for p in parts).encode()).hexdigest()[:32] + '"'
+
+
+def _not_modified(request: HttpRequest, etag: str) -> bool:
+    return etag in {tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")}
+
+
+def _fragment_response(
+    request: HttpRequest, template: str, context: dict[str, Any], etag: str
+) -> HttpResponse:
+    if _not_modified(request, etag):
+        response = HttpResponse(status=304)
+    else:
+        response = render(request, template, {**context, "etag": etag})
+    response["ETag"] = etag
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+class RunListView(WorkspaceViewMixin, TemplateView):
+    """Runs of the workspace: filters, search, newest or oldest first, keyset pages."""
+
+    template_name = "runs/list.html"
+
+    def _runs(self) -> tuple[QuerySet[Run], dict[str, str]]:
+        params = self.request.GET
+        filters = {
+            "state": params.get("state", ""),
+            "submitter": params.get("submitter", "").strip(),
+            "q": params.get("q", "").strip(),
+            "sort": "oldest" if params.get("sort") == "oldest" else "newest",
+        }
+        runs = Run.objects.for_workspace(self.workspace)
+        if filters["state"] == "live":
+            runs = runs.filter(state__in=LIVE_STATES)
+        elif filters["state"] in RunState.values:
+            runs = runs.filter(state=filters["state"])
+        else:
+            filters["state"] = ""
+        if filters["submitter"]:
+            runs = runs.filter(submitted_by_username=filters["submitter"])
+        if filters["q"]:
+            runs = runs.filter(
+                Q(name__startswith=filters["q"]) | Q(spec_name__startswith=filters["q"])
+            )
+        return runs, filters
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        runs, filters = self._runs()
+        newest_first = filters["sort"] == "newest"
+        cursor = self.request.GET.get("after", "")
+        created, _, pk = cursor.partition("_")
+        cursor_time = parse_datetime(created) if created else None
+        if cursor_time is not None and pk.isdigit():
+            # Keyset pagination: the next page starts after the last row shown.
+            if newest_first:
+                runs = runs.filter(
+                    Q(created_at__lt=cursor_time) | Q(created_at=cursor_time, id__lt=int(pk))
+                )
+            else:
+                runs = runs.filter(
+                    Q(created_at__gt=cursor_time) | Q(created_at=cursor_time, id__gt=int(pk))
+                )
+        order = ("-created_at", "-id") if newest_first else ("created_at", "id")
+        page = list(runs.order_by(*order)[: PAGE_SIZE + 1])
+        has_more = len(page) > PAGE_SIZE
+        page = page[:PAGE_SIZE]
+        next_query = None
+        if has_more:
+            last = page[-1]
+            query = self.request.GET.copy()
+            query["after"] = f"{last.created_at.isoformat()}_{last.pk}"
+            next_query = query.urlencode()
+        context.update(
+            {
+                "runs": page,
+                "filters": filters,
+                "states": RunState.choices,
+                "next_query": next_query,
+                "any_live": any(run.state in LIVE_STATES for run in page),
+                "filtered": bool(filters["state"] or filters["submitter"] or filters["q"]),
+            }
+        )
+        return context
+
+    def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        context = self.get_context_data(**kwargs)
+        if request.headers.get("HX-Request"):
+            rows = context["runs"]
+            etag = _etag(
+                "list", *[(r.pk, r.state, r.attempt_count, r.queue_position) for r in rows]
+            )
+            return _fragment_response(request, "runs/list.html#rows", context, etag)
+        return self.render_to_response(context)
+
+
+def _run_or_404(workspace: Any, run_name: str) -> Run:
+    return selectors.resolve_run(workspace, run_name)
+
+
+class RunDetailView(WorkspaceViewMixin, TemplateView):
+    """One run: state in plain words, timeline, log, charts, checkpoints, attempts, actions."""
+
+    template_name = "runs/detail.html"
+
+    def _context(self, run: Run) -> dict[str, Any]:
+        attempts = list(
+            RunAttempt.objects.for_workspace(self.workspace)
+            .filter(run=run)
+            .select_related("resume_from")
+            .order_by("-number")
+        )
+        events = list(
+            RunEvent.objects.for_workspace(self.workspace).filter(run=run).order_by("-seq")[:50]
+        )
+        checkpoints = list(
+            Checkpoint.objects.for_workspace(self.workspace).filter(run=run).order_by("-step")[:20]
+        )
+        may_act = self.access.allows(Role.ADMIN) or (
+            self.access.allows(Role.RESEARCHER) and run.submitted_by_id == self.request.user.pk
+        )
+        return {
+            "run": run,
+            "attempts": attempts,
+            "events": events,
+            "checkpoints": checkpoints,
+            "is_live": run.is_live,
+            "can_cancel": may_act and run.is_live and run.state != RunState.CANCELLING,
+            "can_resume": may_act and not run.is_live,
+            "latest_attempt": attempts[0] if attempts else None,
+        }
+
+    def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        run = _run_or_404(self.workspace, kwargs["run_name"])
+        if run.name != kwargs["run_name"]:
+            # Named by its spec: show the run's own address.
+            return HttpResponseRedirect(
+                reverse(
+                    "run-page", kwargs={"workspace_slug": self.workspace.slug, "run_name": run.name}
+                )
+            )
+        if request.headers.get("HX-Request"):
+            # The live part polls: answer "nothing changed" from the run row alone.
+            etag = _etag("run", run.pk, run.updated_at.isoformat(), run.state, run.attempt_count)
+            if _not_modified(request, etag):
+                return _fragment_response(request, "runs/detail.html#live", {}, etag)
+            context = {**self.get_context_data(**kwargs), **self._context(run)}
+            return _fragment_response(request, "runs/detail.html#live", context, etag)
+        context = {**self.get_context_data(**kwargs), **self._context(run)}
+        return self.render_to_response(context)
+
+
+class RunActionView(WorkspaceViewMixin, View):
+    """Cancel or resume from the run page (a form post; the page asks for confirmation)."""
+
+    write_role = Role.RESEARCHER
+    action = ""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        run = _run_or_404(self.workspace, kwargs["run_name"])
+        if run.submitted_by_id != request.user.pk and not self.access.allows(Role.ADMIN):
+            raise PermissionDenied("Only its submitter or a workspace admin can do that.")
+        try:
+            if self.action == "cancel":
+                services.cancel_run(run=run, user=request.user)  # type: ignore[arg-type]
+                messages.success(request, f"Cancelling {run.name}.")
+            else:
+                checkpoint = None
+                if request.POST.get("checkpoint", "").isdigit():
+                    checkpoint = (
+                        Checkpoint.objects.for_workspace(self.workspace)
+                        .filter(run=run, pk=int(request.POST["checkpoint"]))
+                        .first()
+                    )
+                    if checkpoint is None:
+                        raise Http404("No such checkpoint of this run.")
+                services.resume_run(run=run, user=request.user, checkpoint=checkpoint)  # type: ignore[arg-type]
+                where = f" from step {checkpoint.step}" if checkpoint else ""
+                messages.success(request, f"Resuming {run.name}{where}.")
+        except services.RunActionRefused as exc:
+            messages.error(request, str(exc))
+        return HttpResponseRedirect(
+            reverse(
+                "run-page", kwargs={"workspace_slug": self.workspace.slug, "run_name": run.name}
+            )
+        )
+
+
+class SubmitView(WorkspaceViewMixin, TemplateView):
+    """Upload or paste a tau.yaml (and a project zip); it is checked as you type."""
+
+    template_name = "runs/submit.html"
+    read_role = Role.RESEARCHER
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        source = _spec_source(request)
+        bundle = request.FILES.get("bundle")
+        try:
+            run = submission.submit(
+                workspace=self.workspace,
+                user=request.user,  # type: ignore[arg-type]
+                spec_source=source,
+                bundle=bundle,
+            )
+        except submission.SubmissionRefused as exc:
+            context = self.get_context_data(**kwargs)
+            context.update(
+                {"problems": exc.problems, "spec_text": source.decode("utf-8", "replace")}
+            )
+            return self.render_to_response(context, status=400)
+        messages.success(request, f"Submitted {run.name}.")
+        return HttpResponseRedirect(
+            reverse(
+                "run-page", kwargs={"workspace_slug": self.workspace.slug, "run_name": run.name}
+            )
+        )
+
+
+def _spec_source(request: HttpRequest) -> bytes:
+    upload = request.FILES.get("spec_file")
+    if upload is not None:
+        return bytes(upload.read(submission.MAX_SPEC_BYTES + 1))
+    return request.POST.get("spec_text", "").encode("utf-8")
+
+
+class ValidateView(WorkspaceViewMixin, View):
+    """The submit page's live check: problems at their lines, or a preview of what happens."""
+
+    read_role = Role.RESEARCHER
+    write_role = Role.RESEARCHER
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        source = _spec_source(request)
+        context: dict[str, Any] = {"workspace": self.workspace}
+        if not source.strip():
+            context["empty"] = True
+        else:
+            try:
+                placement = submission.check_spec(source, workspace=self.workspace)
+            except submission.SubmissionRefused as exc:
+                context["problems"] = exc.problems
+            else:
+                from runs.policy import requested_totals
+                from tau.quantity import format_quantity
+
+                position = (
+                    Run.objects.for_workspace(self.workspace).filter(state=RunState.QUEUED).count()
+                    + 1
+                )
+                estimate = queue_estimate(self.workspace)
+                context.update(
+                    {
+                        "spec": placement.spec,
+                        "priority": placement.priority,
+                        "totals": [
+                            (resource, format_quantity(amount, binary=resource == "memory"))
+                            for resource, amount in requested_totals(placement.spec).items()
+                            if amount
+                        ],
+                        "position": position,
+                        "estimate": estimate,
+                        "starts_in": estimate.start_after(position - 1) if position > 1 else None,
+                    }
+                )
+        return render(request, "runs/submit.html#validation", context)
+
+
+class QueueView(WorkspaceViewMixin, TemplateView):
+    """Use against quota, pending runs in order with reason and estimate, running runs."""
+
+    template_name = "runs/queue.html"
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        runs = Run.objects.for_workspace(self.workspace)
+        pending = list(
+            runs.filter(state__in=[RunState.PENDING, RunState.QUEUED]).order_by(
+                "queue_position", "-priority_value", "queued_at", "id"
+            )[:200]
+        )
+        running = list(
+            runs.filter(
+                state__in=[RunState.ADMITTED, RunState.RUNNING, RunState.CANCELLING]
+            ).order_by("admitted_at")[:200]
+        )
+        estimate = queue_estimate(self.workspace)
+        now = timezone.now()
+        context.update(
+            {
+                "usage": usage_lines(self.workspace),
+                "pending": [
+                    (
+                        run,
+                        estimate.start_after(
+                            run.queue_position - 1 if run.queue_position else None
+                        ),
+                    )
+                    for run in pending
+                ],
+                "running": running,
+                "estimate": estimate,
+                "now": now,
+                "is_live": bool(pending or running),
+            }
+        )
+        return context
+
+    def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        context = self.get_context_data(**kwargs)
+        if request.headers.get("HX-Request"):
+            etag = _etag(
+                "queue",
+                *[
+                    (run.pk, run.state, run.queue_position, run.state_reason)
+                    for run, _ in context["pending"]
+                ],
+                *[(run.pk, run.state) for run in context["running"]],
+                *[(line.resource, line.used) for line in context["usage"]],
+            )
+            return _fragment_response(request, "runs/queue.html#live", context, etag)
+        return self.render_to_response(context)

@@ -1,0 +1,61 @@
+"""Runs for tests, made the way real ones are: through submission, from tau.yaml text."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from runs import submission
+from runs.models import Run, RunState
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY_SPEC = b"""schema_version: 1
+name: tiny
+run:
+  entrypoint: main.py
+  workload_kind: job
+compute:
+  cpus: 1
+  memory: 256Mi
+"""
+
+
+def zip_bytes(files: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in files.items():
+            archive.writestr(name, content)
+    return buffer.getvalue()
+
+
+def zip_directory(directory: Path) -> bytes:
+    return zip_bytes(
+        {
+            str(path.relative_to(directory)): path.read_text()
+            for path in sorted(directory.rglob("*"))
+            if path.is_file()
+        }
+    )
+
+
+def make_run(
+    world: Any,
+    *,
+    who: str = "researcher",
+    spec: bytes = TINY_SPEC,
+    files: dict[str, str] | None = None,
+    state: RunState | None = None,
+) -> Run:
+    """A submitted run in alpha; ``state`` forces a state afterwards (bypassing the machine,
+    for tests that need a run in a given state and nothing else)."""
+    bundle = io.BytesIO(zip_bytes(files)) if files is not None else None
+    run = submission.submit(
+        workspace=world.alpha, user=world.users[who], spec_source=spec, bundle=bundle
+    )
+    if state is not None:
+        Run.objects.for_workspace(world.alpha).filter(pk=run.pk).update(state=state)
+        run.refresh_from_db()
+    return run

@@ -1,0 +1,205 @@
+"""Real portal processes for end-to-end tests: a Redis of the test's own (so it can be stopped
+and started again), and gunicorn, a Celery worker and Celery beat against the test database."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(check: Callable[[], bool], *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what} did not happen within {timeout}s")
+
+
+def session_database_url() -> str:
+    """The database this test session uses (pytest-django's test_… copy), as a URL."""
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+class PrivateRedis:
+    """A redis-server only this test talks to: stop() and start() keep port and password."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.password = secrets.token_urlsafe(12)
+        self.directory = directory
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = f"redis://default:{self.password}@127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        server = shutil.which("redis-server")
+        assert server, "redis-server is installed by make test"
+        self.process = subprocess.Popen(
+            [
+                server,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--requirepass",
+                self.password,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(self.answers, timeout=20, what="redis start")
+
+    def answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+        wait_for(lambda: not self.answers(), timeout=10, what="redis stop")
+
+
+class Portal:
+    """gunicorn + Celery worker + Celery beat, as ``make run`` starts them."""
+
+    def __init__(
+        self, *, broker_url: str, var_dir: Path, extra_env: dict[str, str] | None = None
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **{k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")},
+            "DJANGO_SETTINGS_MODULE": "portal.settings",
+            "DATABASE_URL": session_database_url(),
+            "CELERY_BROKER_URL": broker_url,
+            "TAU_VAR_DIR": str(var_dir),
+            "TAU_RECONCILE_SECONDS": "1",
+            # The same secrets as this test process, so tokens and sessions it makes work there.
+            "TAU_SECRET_KEY": settings.SECRET_KEY,
+            "TAU_TOKEN_PEPPERS": settings.TAU_TOKEN_PEPPERS,
+            **(extra_env or {}),
+        }
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs = var_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        self.processes[name] = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def start(self, *, web: bool = True, worker: bool = True, beat: bool = True) -> None:
+        if web:
+            self._spawn(
+                "web",
+                [
+                    str(BIN / "gunicorn"),
+                    "portal.wsgi:application",
+                    "--bind",
+                    f"127.0.0.1:{self.port}",
+                    "--workers",
+                    "1",
+                    "--threads",
+                    "4",
+                ],
+            )
+            wait_for(self._healthy, timeout=60, what="gunicorn start")
+        if worker:
+            self._spawn(
+                "worker",
+                [
+                    str(BIN / "celery"),
+                    "-A",
+                    "portal",
+                    "worker",
+                    "--concurrency",
+                    "2",
+                    "--loglevel",
+                    "INFO",
+                    "--hostname",
+                    f"test-{self.port}@localhost",
+                ],
+            )
+        if beat:
+            self._spawn(
+                "beat",
+                [
+                    str(BIN / "celery"),
+                    "-A",
+                    "portal",
+                    "beat",
+                    "--loglevel",
+                    "INFO",
+                    "--schedule",
+                    str(self.logs / "beat-schedule"),
+                ],
+            )
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
+                return int(response.status) == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+
+def portal_processes(tmp_path: Path, broker_url: str, **kwargs: Any) -> Iterator[Portal]:
+    portal = Portal(broker_url=broker_url, var_dir=tmp_path / "var", **kwargs)
+    try:
+        yield portal
+    finally:
+        portal.stop()

@@ -1,0 +1,140 @@
+"""The rendering cases shared by the golden tests and the control-plane tests: every example
+with fixed run inputs, plus variants for what the examples leave out (a priority, a flavor,
+a deadline, a resumed attempt, a PVC, no bundle)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runs.render import (
+    Flavor,
+    Manifest,
+    Owner,
+    RunTarget,
+    render_dependents,
+    render_workload,
+    run_token_secret_name,
+)
+from tau.spec import Spec, load_spec
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+#: Fixed inputs, so the rendered objects are byte-for-byte stable.
+RUN_ID = 42
+SUFFIX = "k3x9q2"
+BUNDLE_SHA256 = "3f" * 32
+TOKEN = "tau_run_golden.not-a-real-token"
+OWNER_UID = "6f1f1e0e-0000-4000-8000-000000000042"
+PORTAL_URL = "https://taugrid.example.org"
+H100_LABELS = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    spec: Spec
+    target: RunTarget
+
+
+def example_spec(name: str) -> Spec:
+    return load_spec((EXAMPLES / name / "tau.yaml").read_bytes())
+
+
+def target_for(spec: Spec, **changes: Any) -> RunTarget:
+    run_name = f"{spec.name}-{SUFFIX}"
+    target = RunTarget(
+        run_id=RUN_ID,
+        run_name=run_name,
+        workspace="alpha",
+        namespace="tau-alpha",
+        local_queue="alpha",
+        attempt=1,
+        portal_url=PORTAL_URL,
+        token_secret=run_token_secret_name(run_name),
+        bundle_sha256=BUNDLE_SHA256,
+    )
+    return dataclasses.replace(target, **changes)
+
+
+def with_changes(spec: Spec, **blocks: dict[str, Any]) -> Spec:
+    """``spec`` with fields of its blocks replaced, e.g. ``queue={"priority": "high"}``."""
+    replaced = {
+        block: dataclasses.replace(getattr(spec, block), **fields)
+        for block, fields in blocks.items()
+    }
+    return dataclasses.replace(spec, **replaced)
+
+
+def cases() -> list[Case]:
+    found = [
+        Case(path.parent.name, spec, target_for(spec))
+        for path in sorted(EXAMPLES.glob("*/tau.yaml"))
+        for spec in [load_spec(path.read_bytes())]
+    ]
+    gpu = with_changes(
+        example_spec("gpu-quickstart"),
+        compute={"gpu_type": "h100"},
+        queue={"priority": "high"},
+        run={"max_runtime": 7200, "args": ("--name", 'it\'s a "test"', "$HOME")},
+    )
+    found.append(
+        Case(
+            "gpu-quickstart-retry-on-h100",
+            gpu,
+            target_for(
+                gpu,
+                attempt=3,
+                flavor=Flavor("h100", H100_LABELS),
+                resume_from="/tau/checkpoints/step-400",
+                retry_reason="preempted",
+                data_volume={"persistentVolumeClaim": {"claimName": "tau-data-alpha"}},
+            ),
+        )
+    )
+    cpu = example_spec("cpu-quickstart")
+    found.append(Case("cpu-quickstart-no-bundle", cpu, target_for(cpu, bundle_sha256=None)))
+    return found
+
+
+def render_case(spec: Spec, target: RunTarget, *, uid: str = OWNER_UID) -> list[Manifest]:
+    """The workload and its dependents, as the backend would create them."""
+    workload = render_workload(spec, target)
+    owner = Owner(
+        api_version=workload["apiVersion"],
+        kind=workload["kind"],
+        name=workload["metadata"]["name"],
+        uid=uid,
+    )
+    return [workload, *render_dependents(spec, target, token=TOKEN, owner=owner)]
+
+
+class _GoldenDumper(yaml.SafeDumper):
+    """Readable golden files: no anchors, multi-line strings as literal blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_GoldenDumper.add_representer(str, _represent_str)
+
+
+def dump(objects: list[Manifest]) -> str:
+    return yaml.dump_all(
+        objects, Dumper=_GoldenDumper, sort_keys=False, width=100, allow_unicode=True
+    )
+
+
+def load(text: str) -> list[Manifest]:
+    return [document for document in yaml.safe_load_all(text) if document is not None]

@@ -1,0 +1,450 @@
+"""The local executor end to end: a real agent process (``manage.py run_agent``) running real
+workloads as process groups, against the test PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from portal.models import ApiToken
+from runs import services
+from runs.agent.logs import truncation_marker
+from runs.models import (
+    Checkpoint,
+    FailureClass,
+    MetricPoint,
+    Run,
+    RunAttempt,
+    RunState,
+)
+from tests.runs.agent_harness import (
+    GRACE_SECONDS,
+    LOG_CAP,
+    ROOT,
+    Agent,
+    attempt_dir,
+    attempts,
+    local_quota,
+    process_alive,
+    spec,
+    submit,
+    wait_for_state,
+    wait_until,
+)
+from tests.runs.factories import zip_directory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EXAMPLES = ROOT / "examples"
+
+# A workload that starts a grandchild which ignores SIGTERM, writes both pids, and sleeps.
+# From attempt 2 on it says how it was started and exits at once.
+TREE_WORKLOAD = """\
+    import json, os, subprocess, sys, time
+    attempt = int(os.environ["TAU_ATTEMPT"])
+    if attempt > 1:
+        print(f"attempt {attempt}, retry reason {os.environ.get('TAU_RETRY_REASON')}", flush=True)
+        sys.exit(0)
+    child = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"])
+    pids = os.path.join(os.environ["TAU_OUTPUT_DIR"], "pids.json")
+    with open(pids + ".tmp", "w") as handle:
+        json.dump({"main": os.getpid(), "grandchild": child.pid}, handle)
+    os.rename(pids + ".tmp", pids)
+    print("started", flush=True)
+    time.sleep(300)
+    """
+
+
+@pytest.fixture
+def var_dir(tmp_path: Path, settings: Any) -> Path:
+    """The agent's TAU_VAR_DIR, and this process's too (code bundles are stored there)."""
+    directory = tmp_path / "var"
+    directory.mkdir()
+    settings.VAR_DIR = directory
+    return directory
+
+
+@pytest.fixture
+def agents(var_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Agent]]:
+    """Agents started by a test; every one is stopped before the database is emptied."""
+    # Deliveries are made by the test itself (services.deliver), not by a Celery worker.
+    monkeypatch.setattr(services, "enqueue_delivery", lambda delivery_id: None)
+    started: list[Agent] = []
+    yield started
+    for agent in started:
+        if agent.process is not None and agent.process.poll() is None:
+            agent.stop()
+
+
+@pytest.fixture
+def start_agent(agents: list[Agent], var_dir: Path) -> Any:
+    def start(**extra_env: str) -> Agent:
+        agent = Agent(var_dir, extra_env).start()
+        agents.append(agent)
+        return agent
+
+    return start
+
+
+def read_pids(var_dir: Path, run: Run, agent: Agent) -> dict[str, int]:
+    path = attempt_dir(var_dir, run, 1) / "output" / "pids.json"
+    wait_until(path.exists, timeout=30, what="the workload's pid file", agent=agent)
+    pids: dict[str, int] = json.loads(path.read_text())
+    return pids
+
+
+def test_cpu_quickstart_runs_to_success(world: Any, var_dir: Path, start_agent: Any) -> None:
+    local_quota(world.alpha)
+    example = EXAMPLES / "cpu-quickstart"
+    run = submit(world, (example / "tau.yaml").read_bytes(), bundle=zip_directory(example))
+    agent = start_agent()
+    wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=120, agent=agent)
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    (attempt,) = attempts(run)
+    assert attempt.state == RunAttempt.State.SUCCEEDED
+    assert attempt.exit_code == 0
+    assert attempt.pid
+    assert attempt.process_start_ticks
+    log = Path(attempt.log_path)
+    assert log == attempt_dir(var_dir, run, 1) / "run.log"
+    text = log.read_text()
+    assert "step 1500: loss" in text
+    assert "done: step 1500" in text
+    assert attempt.log_size == log.stat().st_size
+    metrics_file = attempt_dir(var_dir, run, 1) / "output" / "metrics.jsonl"
+    assert attempt.metrics_offset == metrics_file.stat().st_size
+    losses = MetricPoint.objects.for_workspace(world.alpha).filter(run=run, key="loss")
+    assert losses.count() == 1500 // 25  # one row every 25 steps, none twice
+    assert set(losses.values_list("attempt", flat=True)) == {1}
+    assert (
+        MetricPoint.objects.for_workspace(world.alpha).filter(run=run, key="val_accuracy").exists()
+    )
+    checkpoints = Checkpoint.objects.for_workspace(world.alpha).filter(run=run)
+    newest = services.newest_checkpoint(run)
+    assert newest is not None
+    assert newest.step == 1500
+    assert Path(newest.path) == var_dir / "runs" / str(run.pk) / "checkpoints" / "step-1500"
+    assert all(checkpoint.complete and checkpoint.size for checkpoint in checkpoints)
+    assert services.verify_event_chain(run)
+    kinds = [event.new_state for event in run.events.all().order_by("seq") if event.new_state]
+    assert kinds == ["pending", "queued", "admitted", "running", "succeeded"]
+    # The run token existed only for the attempt: tied to the run, revoked at the end.
+    (token,) = ApiToken.objects.filter(run=run)
+    assert token.kind == ApiToken.Kind.RUN
+    assert token.revoked_at is not None
+
+
+def test_a_killed_agent_is_recovered_on_restart(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    local_quota(world.alpha)
+    resilience = """\
+        resilience:
+          max_retries: 1
+          retry_on: [infrastructure]
+          backoff: {initial: 0s, max: 1s}
+        """
+    run = submit(world, spec("crashy", extra=resilience), {"main.py": TREE_WORKLOAD})
+    first = start_agent()
+    pids = read_pids(var_dir, run, first)
+    wait_for_state(run, RunState.RUNNING, timeout=10, agent=first)
+    first.kill()
+    # Orphans now: nobody supervises them.
+    assert process_alive(pids["main"])
+    assert process_alive(pids["grandchild"])
+
+    second = start_agent()
+    wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=60, agent=second)
+    assert not process_alive(pids["main"])
+    assert not process_alive(pids["grandchild"])
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    crashed, retried = attempts(run)
+    assert crashed.state == RunAttempt.State.FAILED
+    assert crashed.failure_class == FailureClass.INFRASTRUCTURE
+    assert crashed.failure_message == "agent restarted"
+    assert retried.retry_reason == FailureClass.INFRASTRUCTURE
+    assert "attempt 2, retry reason infrastructure" in Path(retried.log_path).read_text()
+    assert services.verify_event_chain(run)
+    assert not ApiToken.objects.filter(run=run, revoked_at__isnull=True).exists()
+
+
+def test_cancel_stops_the_whole_process_tree(world: Any, var_dir: Path, start_agent: Any) -> None:
+    local_quota(world.alpha)
+    run = submit(world, spec("cancelme"), {"main.py": TREE_WORKLOAD})
+    agent = start_agent()
+    pids = read_pids(var_dir, run, agent)
+    wait_for_state(run, RunState.RUNNING, timeout=10, agent=agent)
+    services.cancel_run(run=run, user=world.users["researcher"])
+    # The grandchild ignores SIGTERM: it takes the grace period and a SIGKILL.
+    wait_for_state(run, RunState.CANCELLED, timeout=GRACE_SECONDS + 15, agent=agent)
+    assert not process_alive(pids["main"])
+    assert not process_alive(pids["grandchild"])
+    (attempt,) = attempts(run)
+    assert attempt.state == RunAttempt.State.CANCELLED
+    assert services.verify_event_chain(run)
+
+
+def test_a_retry_resumes_from_the_newest_checkpoint(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    local_quota(world.alpha)
+    example = EXAMPLES / "resume-from-checkpoint"
+    source = (example / "tau.yaml").read_text()
+    # The example, shorter: fail at step 175 on the first attempt, checkpoints every 50.
+    source = source.replace(
+        "args: [--steps, 1500, --checkpoint-every, 100, --fail-at-step, 750]",
+        "args: [--steps, 300, --checkpoint-every, 50, --fail-at-step, 175]",
+    ).replace("initial: 5s", "initial: 0s")
+    assert "--fail-at-step, 175" in source
+    assert "initial: 0s" in source
+    run = submit(world, source.encode(), bundle=zip_directory(EXAMPLES / "cpu-quickstart"))
+    agent = start_agent()
+    wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=90, agent=agent)
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    failed, resumed = attempts(run)
+    assert failed.failure_class == FailureClass.USER_ERROR
+    assert "simulated failure at step 175" in failed.failure_message
+    assert resumed.retry_reason == FailureClass.USER_ERROR
+    assert resumed.resume_from is not None
+    assert resumed.resume_from.step == 150
+    assert resumed.resume_from.attempt == 1
+    log = Path(resumed.log_path).read_text()
+    assert "resumed from step 150" in log
+    assert "resumed from" not in Path(failed.log_path).read_text()
+    steps = MetricPoint.objects.for_workspace(world.alpha).filter(run=run, key="loss", attempt=2)
+    assert min(steps.values_list("step", flat=True)) == 175
+    assert services.verify_event_chain(run)
+
+
+def test_max_runtime_is_enforced(world: Any, start_agent: Any) -> None:
+    local_quota(world.alpha)
+    source = spec("slow", extra="resilience: {max_retries: 0}\n").replace(
+        b"  workload_kind: job\n", b"  workload_kind: job\n  max_runtime: 1s\n"
+    )
+    run = submit(world, source, {"main.py": "import time\ntime.sleep(300)\n"})
+    agent = start_agent()
+    wait_for_state(run, RunState.FAILED, timeout=GRACE_SECONDS + 20, agent=agent)
+    assert run.failure_class == FailureClass.DEADLINE_EXCEEDED
+    (attempt,) = attempts(run)
+    assert attempt.failure_class == FailureClass.DEADLINE_EXCEEDED
+    assert "max_runtime" in attempt.failure_message
+    assert attempt.exit_code == 128 + signal.SIGTERM
+
+
+def test_a_noisy_log_stops_at_the_cap(world: Any, start_agent: Any) -> None:
+    local_quota(world.alpha)
+    noisy = """\
+        import sys
+        line = "x" * 99 + "\\n"
+        for _ in range(5000):  # 500 KB, far over the cap
+            sys.stdout.write(line)
+        print("the end")
+        """
+    run = submit(world, spec("noisy"), {"main.py": noisy})
+    agent = start_agent()
+    wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=30, agent=agent)
+    assert run.state == RunState.SUCCEEDED
+    (attempt,) = attempts(run)
+    content = Path(attempt.log_path).read_bytes()
+    marker = truncation_marker(LOG_CAP)
+    assert content.endswith(marker)
+    assert content.count(marker) == 1
+    assert len(content) == LOG_CAP + len(marker) == attempt.log_size
+    assert b"the end" not in content
+
+
+def test_quota_admits_one_run_after_the_other(world: Any, start_agent: Any) -> None:
+    local_quota(world.alpha, cpu="1")
+    workload = {"main.py": "import time\ntime.sleep(2)\nprint('slept')\n"}
+    first = submit(world, spec("first", cpus="1"), workload)
+    second = submit(world, spec("second", cpus="1"), workload)
+    agent = start_agent()
+    wait_for_state(first, RunState.RUNNING, timeout=15, agent=agent)
+
+    def waits_with_a_reason() -> bool:
+        second.refresh_from_db()
+        return second.queue_position == 1 and "Waiting for 1 CPU" in second.state_reason
+
+    wait_until(waits_with_a_reason, timeout=5, what="a queue position and reason", agent=agent)
+    assert second.state == RunState.QUEUED
+    assert second.state_reason == "Waiting for 1 CPU: the workspace uses 1 of its 1."
+    wait_for_state(second, RunState.SUCCEEDED, timeout=30, agent=agent)
+    first.refresh_from_db()
+    assert first.state == RunState.SUCCEEDED
+    assert second.queue_position is None
+    (first_attempt,) = attempts(first)
+    (second_attempt,) = attempts(second)
+    assert first_attempt.finished_at is not None
+    assert second_attempt.started_at is not None
+    assert second_attempt.started_at >= first_attempt.finished_at
+
+
+def test_outcomes_by_exit_and_a_clean_environment(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    """Several small runs at once: exit codes, a kill by the kernel, a command that does not
+    exist, and a workload that shows its environment (no portal secrets in it)."""
+    local_quota(world.alpha)
+    no_retry = "resilience: {max_retries: 0}\n"
+    failing = submit(
+        world,
+        spec("failing", extra=no_retry),
+        {"main.py": "import sys\nprint('giving up', file=sys.stderr)\nsys.exit(3)\n"},
+    )
+    oom = submit(
+        world,
+        spec("oom", extra=no_retry),
+        {"main.py": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"},
+    )
+    missing = submit(world, spec("missing", "no-such-program-xyz --flag", extra=no_retry))
+    dump = """\
+        import json, os
+        with open(os.path.join(os.environ["TAU_OUTPUT_DIR"], "env.json"), "w") as out:
+            json.dump(dict(os.environ), out)
+        """
+    environment = submit(
+        world,
+        spec("environment").replace(
+            b"  workload_kind: job\n", b"  workload_kind: job\n  args: [--flag, two words]\n"
+        ),
+        {"main.py": dump},
+    )
+    agent = start_agent(DJANGO_SECRET_CANARY="never-in-a-run")
+    done: set[str] = {RunState.SUCCEEDED, RunState.FAILED}
+    for run in (failing, oom, missing, environment):
+        wait_for_state(run, done, timeout=30, agent=agent)
+
+    assert failing.state == RunState.FAILED
+    (attempt,) = attempts(failing)
+    assert attempt.exit_code == 3
+    assert attempt.failure_class == FailureClass.USER_ERROR
+    assert attempt.failure_message == "Exited with code 3. Its last output: giving up"
+    assert attempt.failure_hint
+
+    (attempt,) = attempts(oom)
+    assert attempt.failure_class == FailureClass.OOM_KILLED
+    assert attempt.exit_code == 128 + signal.SIGKILL
+    assert "most likely" in attempt.failure_message
+
+    (attempt,) = attempts(missing)
+    assert attempt.failure_class == FailureClass.INFRASTRUCTURE
+    assert "no-such-program-xyz" in attempt.failure_message
+    assert "no-such-program-xyz" in Path(attempt.log_path).read_text()
+
+    assert environment.state == RunState.SUCCEEDED, environment.state_reason
+    env = json.loads((attempt_dir(var_dir, environment, 1) / "output" / "env.json").read_text())
+    for secret in (
+        "DATABASE_URL",
+        "TAU_SECRET_KEY",
+        "TAU_TOKEN_PEPPERS",
+        "CELERY_BROKER_URL",
+        "DJANGO_SECRET_CANARY",
+    ):
+        assert secret not in env
+    values = "\n".join(env.values())
+    assert settings.SECRET_KEY not in values
+    assert settings.TAU_TOKEN_PEPPERS.split(":", 1)[1] not in values
+    assert env["TAU_RUN_ID"] == str(environment.pk)
+    assert env["TAU_RUN_NAME"] == environment.name
+    assert env["TAU_WORKSPACE"] == "alpha"
+    assert env["TAU_ATTEMPT"] == "1"
+    assert env["TAU_OUTPUT_DIR"] == str(attempt_dir(var_dir, environment, 1) / "output")
+    assert env["TAU_CHECKPOINT_DIR"] == str(var_dir / "runs" / str(environment.pk) / "checkpoints")
+    assert env["TAU_API_URL"] == "http://127.0.0.1:9"
+    assert env["TAU_RUN_TOKEN"].startswith("tau_")
+    assert "TAU_RESUME_FROM" not in env
+    assert "TAU_RETRY_REASON" not in env
+    assert env["HOME"] == str(attempt_dir(var_dir, environment, 1) / "work")
+    assert env["PATH"].startswith(str(var_dir / "venvs"))
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    # The token's secret is in the child's environment only: the database has a hash.
+    (token,) = ApiToken.objects.filter(run=environment)
+    assert env["TAU_RUN_TOKEN"].split("_")[-1] not in token.secret_hash
+    assert token.revoked_at is not None
+
+
+def test_a_failed_pip_install_fails_the_attempt_as_infrastructure(
+    world: Any, start_agent: Any
+) -> None:
+    local_quota(world.alpha)
+    source = spec(
+        "needs-pip",
+        extra="""\
+            runtime:
+              pip: [taugrid-does-not-exist-xyz==0.0.1]
+            resilience: {max_retries: 0}
+            """,
+    )
+    run = submit(world, source, {"main.py": "print('never')\n"})
+    agent = start_agent()
+    wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=60, agent=agent)
+    assert run.state == RunState.FAILED
+    (attempt,) = attempts(run)
+    assert attempt.failure_class == FailureClass.INFRASTRUCTURE
+    assert "pip install failed" in attempt.failure_message
+    log = Path(attempt.log_path).read_text()
+    assert "taugrid-does-not-exist-xyz" in log
+    assert "No matching distribution" in log
+    assert "never" not in log
+
+
+def test_stopping_the_agent_stops_its_runs_for_a_later_retry(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    local_quota(world.alpha)
+    resilience = """\
+        resilience:
+          max_retries: 1
+          retry_on: [infrastructure]
+          backoff: {initial: 1m, max: 1m}
+        """
+    run = submit(world, spec("stopped", extra=resilience), {"main.py": TREE_WORKLOAD})
+    agent = start_agent()
+    pids = read_pids(var_dir, run, agent)
+    wait_for_state(run, RunState.RUNNING, timeout=10, agent=agent)
+    assert agent.stop() == 0, agent.output()
+    assert not process_alive(pids["main"])
+    assert not process_alive(pids["grandchild"])
+    run.refresh_from_db()
+    assert run.state == RunState.QUEUED
+    assert run.not_before is not None
+    (attempt,) = attempts(run)
+    assert attempt.failure_class == FailureClass.INFRASTRUCTURE
+    assert attempt.failure_message == "agent stopped"
+
+
+def test_runs_left_executing_without_an_attempt_are_put_right(world: Any, start_agent: Any) -> None:
+    """A run admitted but never started (no attempt), and one being cancelled with nothing
+    left to stop: the agent queues the first again and finishes the cancel of the second."""
+    local_quota(world.alpha)
+    lost = submit(world, spec("lost"), {"main.py": "print('ran after all')\n"})
+    stopping = submit(world, spec("stopping"), {"main.py": "print('never')\n"})
+    Run.objects.for_workspace(world.alpha).filter(pk=lost.pk).update(state=RunState.ADMITTED)
+    Run.objects.for_workspace(world.alpha).filter(pk=stopping.pk).update(state=RunState.CANCELLING)
+    agent = start_agent()
+    wait_for_state(stopping, RunState.CANCELLED, timeout=15, agent=agent)
+    wait_for_state(lost, {RunState.SUCCEEDED, RunState.FAILED}, timeout=30, agent=agent)
+    assert lost.state == RunState.SUCCEEDED
+    (attempt,) = attempts(lost)
+    assert "ran after all" in Path(attempt.log_path).read_text()
+    assert attempts(stopping) == []
+
+
+def test_a_second_agent_refuses_to_start(var_dir: Path, start_agent: Any) -> None:
+    first = start_agent()
+    wait_until(
+        lambda: "local agent started" in first.output(), timeout=20, what="start", agent=first
+    )
+    second = start_agent()
+    assert second.process is not None
+    assert second.process.wait(timeout=30) != 0
+    assert "another local agent is running" in second.output()
+    assert first.process is not None
+    assert first.process.poll() is None

@@ -1,0 +1,401 @@
+"""The local agent's parts on their own: admission rule, metrics and checkpoint collection,
+the capped log, process groups, environments and the child's command line. No database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from runs.agent import admission, environments, processes
+from runs.agent.admission import Candidate, Quota, Usage, WorkspaceShare, plan_admission
+from runs.agent.collect import CheckpointScanner, MetricsReader, checkpoint_step
+from runs.agent.logs import LogPump, truncation_marker
+from runs.agent.prepare import (
+    AttemptLayout,
+    PreparationFailed,
+    child_environment,
+    entrypoint_command,
+)
+from tau.spec import Spec, load_spec
+
+GiB = Decimal(2**30)
+MACHINE = {"cpu": Decimal(2), "memory": 4 * GiB, "nvidia.com/gpu": Decimal(0)}
+
+
+def demand(cpu: str = "1", memory: Decimal = GiB / 4, gpus: int = 0) -> dict[str, Decimal]:
+    return {"cpu": Decimal(cpu), "memory": memory, "nvidia.com/gpu": Decimal(gpus)}
+
+
+def plan(
+    candidates: list[Candidate],
+    *,
+    usage: Usage | None = None,
+    shares: dict[int, WorkspaceShare] | None = None,
+) -> dict[int, admission.Decision]:
+    decisions = plan_admission(
+        candidates, capacity=MACHINE, usage=usage or Usage(), shares=shares or {}
+    )
+    return {decision.run_id: decision for decision in decisions}
+
+
+# --- admission ---------------------------------------------------------------------------
+
+
+def test_runs_start_in_queue_order_while_the_machine_has_room() -> None:
+    decisions = plan([Candidate(run, 1, demand()) for run in (1, 2, 3)])
+    assert [decisions[run].admit for run in (1, 2, 3)] == [True, True, False]
+    assert decisions[3].position == 1
+    assert decisions[3].reason == "Waiting for 1 CPU: 0 of this machine's 2 are free."
+
+
+def test_later_runs_do_not_overtake_one_waiting_for_the_machine() -> None:
+    usage = Usage()
+    usage.add(9, demand("1"))
+    decisions = plan(
+        [Candidate(1, 1, demand("2")), Candidate(2, 1, demand("1")), Candidate(3, 2, demand("1"))],
+        usage=usage,
+    )
+    assert not any(decision.admit for decision in decisions.values())
+    assert decisions[1].reason == "Waiting for 2 CPUs: 1 of this machine's 2 are free."
+    assert (decisions[2].position, decisions[3].position) == (2, 3)
+    assert (
+        decisions[2].reason
+        == "Waiting: 1 earlier run is waiting for this machine's resources first."
+    )
+
+
+def test_a_run_that_can_never_fit_holds_nobody_up() -> None:
+    decisions = plan([Candidate(1, 1, demand("4")), Candidate(2, 1, demand("1"))])
+    assert not decisions[1].admit
+    assert decisions[1].position is None
+    assert decisions[1].reason == (
+        "Cannot start on this machine: it needs 4 CPUs at once and the machine offers 2 "
+        "(TAU_LOCAL_CPUS)."
+    )
+    assert decisions[2].admit
+
+
+def test_memory_and_gpus_count_too() -> None:
+    decisions = plan(
+        [Candidate(1, 1, demand("1", memory=3 * GiB)), Candidate(2, 1, demand("1", memory=2 * GiB))]
+    )
+    assert decisions[1].admit
+    assert decisions[2].reason == "Waiting for 2Gi of memory: 1Gi of this machine's 4Gi are free."
+    decisions = plan([Candidate(1, 1, demand("1", gpus=1))])
+    assert decisions[1].reason.startswith("Cannot start on this machine: it needs 1 GPU")
+
+
+def test_a_workspace_quota_holds_its_own_runs_only() -> None:
+    shares = {1: WorkspaceShare(quotas={"cpu": Quota(Decimal(1))})}
+    decisions = plan(
+        [
+            Candidate(1, 1, demand("1")),
+            Candidate(2, 1, demand("1")),
+            Candidate(3, 1, demand("0.5")),
+            Candidate(4, 2, demand("1")),
+        ],
+        shares=shares,
+    )
+    assert decisions[1].admit
+    assert decisions[2].reason == "Waiting for 1 CPU: the workspace uses 1 of its 1."
+    assert decisions[2].position == 1
+    assert decisions[3].reason == "Waiting behind an earlier run of this workspace for its quota."
+    assert decisions[4].admit  # another workspace (no quota rows: only the machine limits it)
+
+
+def test_more_than_the_quota_can_never_start() -> None:
+    shares = {1: WorkspaceShare(quotas={"cpu": Quota(Decimal("0.5"))})}
+    decisions = plan([Candidate(1, 1, demand("1")), Candidate(2, 1, demand("0.5"))], shares=shares)
+    assert decisions[1].position is None
+    assert decisions[1].reason.startswith("Cannot start: it needs 1 CPU at once")
+    assert decisions[2].admit
+
+
+def test_a_cohort_lends_unused_quota_within_the_borrowing_limit() -> None:
+    shares = {
+        1: WorkspaceShare(quotas={"cpu": Quota(Decimal(1), borrowing_limit=Decimal(1))}, cohort=7),
+        2: WorkspaceShare(quotas={"cpu": Quota(Decimal(3))}, cohort=7),
+    }
+    capacity = {**MACHINE, "cpu": Decimal(8)}
+    decisions = plan_admission(
+        [Candidate(1, 1, demand("2")), Candidate(2, 1, demand("1"))],
+        capacity=capacity,
+        usage=Usage(),
+        shares=shares,
+    )
+    assert decisions[0].admit  # 1 own + 1 borrowed
+    assert (
+        decisions[1].reason
+        == "Waiting for 1 CPU: the workspace uses 2 of its 1 and may borrow at most 1."
+    )
+    usage = Usage()
+    usage.add(2, demand("3"))  # the lender uses all of its own
+    decisions = plan_admission(
+        [Candidate(1, 1, demand("2"))], capacity=capacity, usage=usage, shares=shares
+    )
+    assert decisions[0].reason == (
+        "Waiting for 2 CPUs: the workspace uses 0 of its 1 and its cohort has none to lend "
+        "right now."
+    )
+
+
+def test_detect_memory_reads_memtotal(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       2048 kB\nMemFree: 1 kB\n")
+    assert admission.detect_memory_bytes(str(meminfo)) == Decimal(2048 * 1024)
+
+
+# --- metrics and checkpoints ------------------------------------------------------------
+
+
+def test_metrics_are_read_by_complete_lines(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    reader = MetricsReader(path)
+    assert reader.read().points == []  # no file yet
+    path.write_text('{"step": 1, "loss": 0.5, "acc": 1, "ok": true, "tag": "x"}\n{"step": 2, "lo')
+    batch = reader.read()
+    assert sorted(batch.points) == [("acc", 1, 1.0), ("loss", 1, 0.5)]
+    assert reader.offset == path.read_text().index("\n") + 1
+    with open(path, "a") as handle:
+        handle.write(
+            'ss": 0.25}\nnot json\n[1]\n{"loss": 1}\n{"step": 2.5, "x": 1}\n{"step": 3, "n": NaN}\n'
+        )
+    batch = reader.read()
+    assert batch.points == [("loss", 2, 0.25)]
+    assert batch.bad_lines == 4
+    assert reader.first_problem == "line 3: not JSON"
+    with open(path, "a") as handle:
+        handle.write('{"step": 4, "loss": 0.1}')  # the program ended without a newline
+    assert reader.read().points == []
+    assert reader.read(final=True).points == [("loss", 4, 0.1)]
+    assert reader.offset == path.stat().st_size
+
+
+def test_a_replaced_metrics_file_is_read_again(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 1}\n' * 3)
+    reader = MetricsReader(path)
+    assert len(reader.read().points) == 3
+    path.write_text('{"step": 9, "loss": 2}\n')
+    batch = reader.read()
+    assert batch.points == [("loss", 9, 2.0)]
+    assert "shrank" in batch.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "step"),
+    [
+        ("step-700", 700),
+        ("checkpoint-700", 700),
+        ("700", 700),
+        ("step_12.pt", 12),
+        ("model-3.tar.gz", 3),
+        ("epoch5.ckpt", 5),
+        (".step-700-abc", None),
+        ("step-700.tmp", None),
+        ("step-700.partial", None),
+        ("latest", None),
+        ("step-7a", None),
+    ],
+)
+def test_checkpoint_names(name: str, step: int | None) -> None:
+    assert checkpoint_step(name) == step
+
+
+def test_checkpoints_count_once_complete(tmp_path: Path) -> None:
+    scanner = CheckpointScanner(tmp_path / "checkpoints")
+    assert scanner.scan() == []  # no folder yet
+    root = tmp_path / "checkpoints"
+    (root / "step-100").mkdir(parents=True)
+    (root / "step-100" / "state.json").write_text("{}")
+    (root / "model-50.pt").write_bytes(b"12345")
+    (root / "model-60.pt.tmp").write_bytes(b"half")
+    (root / ".step-200-x").mkdir()
+    found = scanner.scan()
+    assert [(item.step, item.kind, item.size) for item in found] == [(50, "file", 5)]
+    scanner.known.update(item.path for item in found)
+    (root / "step-100" / "COMPLETE").write_text("100\n")
+    (found_dir,) = scanner.scan()
+    assert (found_dir.step, found_dir.kind, found_dir.path) == (
+        100,
+        "directory",
+        str(root / "step-100"),
+    )
+    assert found_dir.size == len("{}") + len("100\n")
+
+
+# --- the log -----------------------------------------------------------------------------
+
+
+def test_the_log_stops_at_its_cap_with_one_marker(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_bytes(b"[taugrid] before\n")
+    read_end, write_end = os.pipe()
+    pump = LogPump(read_end, log, limit=100)
+    pump.start()
+    for _ in range(10):
+        os.write(write_end, b"y" * 50)
+    os.close(write_end)
+    pump.stop(timeout=5)
+    assert not pump.is_alive()
+    content = log.read_bytes()
+    assert content.startswith(b"[taugrid] before\ny")
+    assert content.endswith(truncation_marker(100))
+    assert len(content) == 100 + len(truncation_marker(100)) == pump.size
+    assert pump.dropped == 17 + 500 - 100
+
+
+def test_the_log_pump_gives_up_on_a_pipe_kept_open(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    pump = LogPump(read_end, tmp_path / "run.log", limit=1000)
+    pump.start()
+    os.write(write_end, b"hello\n")
+    started = time.monotonic()
+    pump.stop(timeout=0.3)  # a writer outside the group still holds the pipe
+    assert not pump.is_alive()
+    assert time.monotonic() - started < 3
+    assert (tmp_path / "run.log").read_bytes() == b"hello\n"
+    os.close(write_end)
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+def test_a_process_is_known_by_pid_and_start_time() -> None:
+    me = processes.read_process(os.getpid())
+    assert me is not None
+    assert me.start_ticks > 0
+    assert processes.is_same_process(os.getpid(), me.start_ticks)
+    assert not processes.is_same_process(os.getpid(), me.start_ticks + 1)
+    assert processes.read_process(2**22 + 12345) is None
+
+
+def test_an_orphaned_group_is_found_and_stopped() -> None:
+    stubborn = (
+        "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", stubborn],
+        start_new_session=True,
+        env={**os.environ, "TAU_RUN_ID": "41", "TAU_ATTEMPT": "2"},
+    )
+    try:
+        ticks = processes.start_ticks(leader.pid)
+        deadline = time.monotonic() + 10
+        while len(processes.group_members(leader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        members = processes.orphaned_group(
+            leader.pid, ticks, {"TAU_RUN_ID": "41", "TAU_ATTEMPT": "2"}
+        )
+        assert leader.pid in members
+        assert len(members) == 2
+        assert processes.orphaned_group(leader.pid, (ticks or 0) + 1, {}) == []  # not our process
+        assert processes.stop_group(leader.pid, grace=0.3)  # SIGTERM is ignored: SIGKILL
+        leader.wait(timeout=5)
+        assert processes.group_members(leader.pid) == []
+    finally:
+        processes.signal_group(leader.pid, signal.SIGKILL)
+        leader.wait(timeout=5)
+
+
+def test_signal_names() -> None:
+    assert processes.signal_name(9) == "SIGKILL"
+    assert processes.signal_name(200) == "signal 200"
+
+
+# --- environments and commands -----------------------------------------------------------
+
+
+def test_environments_are_keyed_by_requirements() -> None:
+    assert environments.environment_key(["a==1", " b "]) == environments.environment_key(
+        ["a==1", "b", ""]
+    )
+    assert environments.environment_key(["a==1"]) != environments.environment_key(["a==2"])
+    assert environments.environment_key([]) != environments.environment_key(["a"])
+
+
+def test_an_empty_environment_is_built_once_and_isolated(tmp_path: Path) -> None:
+    log = open(tmp_path / "build.log", "w+b")  # noqa: SIM115 - closed below
+    try:
+        path = environments.ensure_environment(
+            tmp_path / "venvs", [], log=log, cancelled=threading.Event()
+        )
+        assert environments.is_ready(path)
+        python = path / "bin" / "python"
+        result = subprocess.run(
+            [str(python), "-c", "import sys, json; print(json.dumps([sys.prefix, sys.path]))"],
+            capture_output=True,
+            check=True,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        prefix, search_path = json.loads(result.stdout)
+        assert prefix == str(path)
+        assert not any("site-packages" in entry and str(path) not in entry for entry in search_path)
+        marker_time = (path / environments.READY_MARKER).stat().st_mtime_ns
+        again = environments.ensure_environment(
+            tmp_path / "venvs", [], log=log, cancelled=threading.Event()
+        )
+        assert again == path
+        assert (path / environments.READY_MARKER).stat().st_mtime_ns == marker_time
+        # A build that never finished (no marker) is thrown away and built again.
+        (path / environments.READY_MARKER).unlink()
+        (path / "leftover").write_text("x")
+        environments.ensure_environment(
+            tmp_path / "venvs", [], log=log, cancelled=threading.Event()
+        )
+        assert environments.is_ready(path)
+        assert not (path / "leftover").exists()
+    finally:
+        log.close()
+
+
+def spec_with(entrypoint: str, args: str = "[]") -> Spec:
+    return load_spec(
+        f"schema_version: 1\nname: t\nrun:\n  entrypoint: {entrypoint}\n  args: {args}\n"
+        "  workload_kind: job\ncompute:\n  cpus: 1\n  memory: 64Mi\n"
+        "runtime:\n  env:\n    MY_SETTING: one\n    PATH: /spec/bin\n",
+        filename="tau.yaml",
+    )
+
+
+def test_the_entrypoint_becomes_an_argument_vector(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "run.sh").write_text("")
+    spec = spec_with("train.py", "[--lr, '0.1', two words]")
+    assert entrypoint_command(spec, tmp_path) == ["python", "train.py", "--lr", "0.1", "two words"]
+    spec = spec_with("'tools/run.sh --fast'")
+    assert entrypoint_command(spec, tmp_path) == ["bash", "tools/run.sh", "--fast"]
+    spec = spec_with("'python -m pkg.train'", "[--x]")
+    assert entrypoint_command(spec, tmp_path) == ["python", "-m", "pkg.train", "--x"]
+    with pytest.raises(PreparationFailed) as missing:
+        entrypoint_command(spec_with("other.py"), tmp_path)
+    assert missing.value.failure_class == "user_error"
+
+
+def test_the_child_environment_is_built_from_nothing(tmp_path: Path) -> None:
+    layout = AttemptLayout.for_attempt(tmp_path, 5, 2)
+    env = child_environment(
+        venv=tmp_path / "venv",
+        layout=layout,
+        spec_env={"MY_SETTING": "one", "PATH": "/spec/bin"},
+        platform_env={"TAU_RUN_ID": "5", "TAU_ATTEMPT": "2"},
+    )
+    assert env["MY_SETTING"] == "one"
+    assert env["PATH"] == "/spec/bin"  # the spec may set its own PATH
+    assert env["TAU_ATTEMPT"] == "2"
+    assert env["HOME"] == str(tmp_path / "5" / "attempt-2" / "work")
+    assert set(env) == {
+        "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONUNBUFFERED",
+        "MY_SETTING", "TAU_RUN_ID", "TAU_ATTEMPT",
+    }  # fmt: skip

@@ -1,0 +1,322 @@
+"""The runs API: submission with every problem at once, listing, following, acting, and the
+workload-facing endpoints that only a run's own token reaches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from rest_framework.test import APIClient
+
+from portal.identity import tokens
+from portal.models import ApiToken
+from runs import services
+from runs.models import Checkpoint, Delivery, MetricPoint, Run, RunAttempt, RunState
+from tests.runs.factories import ROOT, TINY_SPEC, make_run, zip_directory
+
+pytestmark = pytest.mark.django_db
+
+RUNS = reverse("api:run-list", kwargs={"workspace_slug": "alpha"})
+
+
+def run_url(name: str, view: str = "run-detail") -> str:
+    return reverse(f"api:{view}", kwargs={"workspace_slug": "alpha", "run_name": name})
+
+
+def submit(client: APIClient, spec: bytes, bundle: bytes | None = None) -> Any:
+    payload: dict[str, Any] = {"spec": SimpleUploadedFile("tau.yaml", spec)}
+    if bundle is not None:
+        payload["bundle"] = SimpleUploadedFile("project.zip", bundle)
+    return client.post(RUNS, payload, format="multipart")
+
+
+def test_submit_the_cpu_quickstart(world: Any) -> None:
+    example = ROOT / "examples" / "cpu-quickstart"
+    response = submit(
+        world.api_client_for("researcher"),
+        (example / "tau.yaml").read_bytes(),
+        zip_directory(example),
+    )
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["name"].startswith("cpu-quickstart-")
+    assert body["state"] == "pending"
+    assert body["url"] == run_url(body["name"])
+    assert len(body["spec_hash"]) == 64
+    assert body["bundle"]["files"] == 2
+    run = Run.objects.for_workspace(world.alpha).get(name=body["name"])
+    assert run.submitted_by_username == "rob"
+    assert run.spec["runtime"]["image"] == "python:3.12-slim"  # the spec's own value is kept
+    # One durable delivery record was written with the run.
+    assert Delivery.objects.for_workspace(world.alpha).filter(run=run, action="submit").count() == 1
+    detail = world.api_client_for("viewer").get(body["url"]).json()
+    assert {"name", "state", "state_reason", "attempts"} <= set(detail)
+
+
+def test_submit_reports_every_problem_with_lines(world: Any) -> None:
+    broken = b"""schema_version: 1
+name: Bad_Name
+run:
+  entrypoint: train.py
+compute:
+  gpus: -1
+  wokers: 2
+"""
+    response = submit(world.api_client_for("researcher"), broken)
+    assert response.status_code == 400
+    problems = response.json()["problems"]
+    by_path = {p["path"]: p for p in problems}
+    assert {"name", "compute.gpus", "compute.wokers"} <= set(by_path)
+    assert by_path["compute.wokers"]["line"] == 7
+    assert "workers" in (by_path["compute.wokers"]["hint"] or "")
+    assert Run.objects.for_workspace(world.alpha).count() == 0
+
+
+def test_submit_applies_workspace_policy(world: Any) -> None:
+    spec = TINY_SPEC + b"queue:\n  priority: urgent\n"
+    response = submit(world.api_client_for("researcher"), spec)
+    assert response.status_code == 400
+    assert response.json()["problems"][0]["path"] == "queue.priority"
+    assert Run.objects.for_workspace(world.alpha).count() == 0
+
+
+def test_a_bad_bundle_changes_nothing(world: Any, settings: Any, tmp_path: Path) -> None:
+    settings.VAR_DIR = tmp_path
+    response = submit(world.api_client_for("researcher"), TINY_SPEC, b"this is not a zip")
+    assert response.status_code == 400
+    assert response.json()["problems"] == [
+        {
+            "path": "bundle",
+            "line": None,
+            "column": None,
+            "message": "The bundle is not a zip file.",
+            "hint": None,
+        }
+    ]
+    assert Run.objects.for_workspace(world.alpha).count() == 0
+    assert list((tmp_path / "bundles").iterdir()) == []
+
+
+def test_submit_needs_a_spec_file(world: Any) -> None:
+    response = world.api_client_for("researcher").post(RUNS, {}, format="multipart")
+    assert response.status_code == 400
+    assert "spec" in response.json()
+
+
+def test_list_filters_and_pages_with_constant_queries(world: Any) -> None:
+    client = world.api_client_for("viewer")
+    make_run(world)
+    with CaptureQueriesContext(connection) as few:
+        assert client.get(RUNS).status_code == 200
+    for _ in range(7):
+        make_run(world)
+    make_run(world, who="workspace_admin", state=RunState.FAILED)
+    with CaptureQueriesContext(connection) as many:
+        page = client.get(RUNS, {"limit": 4}).json()
+    assert len(few) == len(many)
+    assert len(page["results"]) == 4
+    assert page["next"]
+    second = client.get(page["next"]).json()
+    assert {r["name"] for r in second["results"]}.isdisjoint({r["name"] for r in page["results"]})
+    failed = client.get(RUNS, {"state": "failed"}).json()["results"]
+    assert [r["submitted_by"] for r in failed] == ["alice"]
+    by_alice = client.get(RUNS, {"submitter": "alice"}).json()["results"]
+    assert len(by_alice) == 1
+    by_name = client.get(RUNS, {"name": "tiny"}).json()["results"]
+    assert len(by_name) == 9
+    assert client.get(RUNS, {"state": "bogus"}).status_code == 400
+
+
+def test_a_run_is_found_by_spec_name_as_its_newest_run(world: Any) -> None:
+    make_run(world)
+    newest = make_run(world)
+    response = world.api_client_for("viewer").get(run_url("tiny"))
+    assert response.json()["name"] == newest.name
+
+
+def test_runs_of_another_workspace_are_not_found(world: Any) -> None:
+    run = make_run(world)
+    outsider = world.api_client_for("outsider")
+    beta_url = reverse("api:run-detail", kwargs={"workspace_slug": "beta", "run_name": run.name})
+    assert outsider.get(beta_url).status_code == 404
+    assert outsider.post(beta_url + "cancel/").status_code == 404
+
+
+def test_cancel_and_resume(world: Any) -> None:
+    run = make_run(world)
+    client = world.api_client_for("researcher")
+    cancelled = client.post(run_url(run.name, "run-cancel"))
+    assert cancelled.status_code == 200
+    assert cancelled.json()["state"] == "cancelled"
+    again = client.post(run_url(run.name, "run-cancel"))
+    assert again.status_code == 409
+    assert "already cancelled" in again.json()["detail"]
+    resumed = client.post(run_url(run.name, "run-resume"), {}, format="json")
+    assert resumed.status_code == 200
+    assert resumed.json()["state"] == "queued"
+    events = client.get(run_url(run.name, "run-events")).json()
+    assert [e["kind"] for e in events] == ["submitted", "cancelled", "resumed"]
+    run.refresh_from_db()
+    assert services.verify_event_chain(run)
+
+
+def test_only_the_submitter_or_an_admin_acts_on_a_run(world: Any) -> None:
+    from workspaces.models import Membership
+
+    colleague = world.users["outsider"]
+    Membership.objects.create(workspace=world.alpha, user=colleague, role="researcher")
+    run = make_run(world)
+    assert world.api_client_for("outsider").post(run_url(run.name, "run-cancel")).status_code == 403
+    assert (
+        world.api_client_for("workspace_admin").post(run_url(run.name, "run-cancel")).status_code
+        == 200
+    )
+
+
+def test_resume_from_a_chosen_checkpoint(world: Any) -> None:
+    run = make_run(world, state=RunState.FAILED)
+    early = Checkpoint.objects.create(run=run, attempt=1, step=10, path="/c/step-10")
+    Checkpoint.objects.create(run=run, attempt=1, step=20, path="/c/step-20")
+    client = world.api_client_for("researcher")
+    response = client.post(run_url(run.name, "run-resume"), {"checkpoint": early.pk}, format="json")
+    assert response.status_code == 200
+    run.refresh_from_db()
+    assert run.resume_from == early
+    other = make_run(world, state=RunState.FAILED)
+    wrong = client.post(run_url(other.name, "run-resume"), {"checkpoint": early.pk}, format="json")
+    assert wrong.status_code == 400
+
+
+def test_logs_tail_and_follow(world: Any, tmp_path: Path) -> None:
+    run = make_run(world)
+    log = tmp_path / "attempt.log"
+    log.write_text("".join(f"line {i}\n" for i in range(1, 501)))
+    RunAttempt.objects.create(run=run, number=1, log_path=str(log))
+    client = world.api_client_for("viewer")
+    tail = client.get(run_url(run.name, "run-logs"), {"tail": 3}).json()
+    assert tail["text"] == "line 498\nline 499\nline 500\n"
+    assert tail["next_offset"] == log.stat().st_size
+    with log.open("a") as handle:
+        handle.write("line 501\n")
+    follow = client.get(run_url(run.name, "run-logs"), {"offset": tail["next_offset"]}).json()
+    assert follow["text"] == "line 501\n"
+    assert follow["complete"] is False
+    assert client.get(run_url(run.name, "run-logs"), {"attempt": 9}).status_code == 404
+    assert client.get(run_url(run.name, "run-logs"), {"offset": "x"}).status_code == 400
+
+
+def test_metrics_are_downsampled_in_the_database(world: Any) -> None:
+    run = make_run(world)
+    MetricPoint.objects.bulk_create(
+        [
+            MetricPoint(run=run, attempt=1, key="loss", step=step, value=1.0 / (step + 1))
+            for step in range(10_000)
+        ]
+        + [
+            MetricPoint(run=run, attempt=1, key="acc", step=step, value=0.5)
+            for step in range(0, 100, 10)
+        ]
+    )
+    client = world.api_client_for("viewer")
+    body = client.get(run_url(run.name, "run-metrics"), {"max_points": 100}).json()
+    assert body["keys"] == ["acc", "loss"]
+    loss = body["series"]["loss"]
+    assert 50 <= len(loss) <= 100
+    assert loss[-1][0] == 9999
+    assert loss[0][1] < 1.0  # an average of the first bucket, not the first point
+    assert body["series"]["acc"] == [[float(step), 0.5] for step in range(0, 100, 10)]
+    only = client.get(run_url(run.name, "run-metrics"), {"keys": "acc"}).json()
+    assert list(only["series"]) == ["acc"]
+
+
+def run_token(world: Any, run: Run) -> str:
+    issued = tokens.issue_token(
+        user=world.users["researcher"],
+        name=f"run {run.name}",
+        kind=ApiToken.Kind.RUN,
+        workspace=world.alpha,
+    )
+    ApiToken.objects.filter(pk=issued.token.pk).update(run=run)
+    return issued.plaintext
+
+
+def bearer(plaintext: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    return client
+
+
+def test_a_workload_reports_with_its_run_token(world: Any) -> None:
+    run = make_run(world)
+    client = bearer(run_token(world, run))
+    rows = [{"step": 1, "loss": 0.9, "lr": 0.1}, {"step": 2, "loss": 0.7}]
+    assert (
+        client.post(
+            run_url(run.name, "run-report-metrics"), {"rows": rows}, format="json"
+        ).status_code
+        == 202
+    )
+    assert MetricPoint.objects.for_workspace(world.alpha).filter(run=run).count() == 3
+    bad = client.post(
+        run_url(run.name, "run-report-metrics"),
+        {"rows": [{"step": "x", "loss": "nan"}]},
+        format="json",
+    )
+    assert bad.status_code == 400
+    assert MetricPoint.objects.for_workspace(world.alpha).filter(run=run).count() == 3
+    checkpoint = client.post(
+        run_url(run.name, "run-report-checkpoints"),
+        {"step": 2, "path": "s3://b/step-2"},
+        format="json",
+    )
+    assert checkpoint.status_code == 201
+    event = client.post(
+        run_url(run.name, "run-report-events"),
+        {"kind": "epoch", "message": "epoch 1 done"},
+        format="json",
+    )
+    assert event.status_code == 201
+    assert event.json()["kind"] == "workload.epoch"
+    run.refresh_from_db()
+    assert services.verify_event_chain(run)
+
+
+def test_a_run_token_reaches_nothing_else(world: Any) -> None:
+    run = make_run(world)
+    other = make_run(world)
+    client = bearer(run_token(world, run))
+    # Not another run's reports, not the run's own reading endpoints, not any page of the API.
+    assert (
+        client.post(
+            run_url(other.name, "run-report-metrics"), {"rows": []}, format="json"
+        ).status_code
+        == 404
+    )
+    assert client.get(run_url(run.name)).status_code == 403
+    assert client.get(run_url(other.name, "run-logs")).status_code == 403
+    assert client.get(reverse("api:workspace-list")).status_code == 403
+    assert (
+        client.post(
+            RUNS, {"spec": SimpleUploadedFile("tau.yaml", TINY_SPEC)}, format="multipart"
+        ).status_code
+        == 403
+    )
+    # Nor the portal's pages: a bearer token is not a session.
+    assert client.get(reverse("home")).status_code == 302
+
+
+def test_bundle_download_for_members_and_its_own_workload(world: Any) -> None:
+    run = make_run(world, files={"main.py": "print(1)\n"})
+    other = make_run(world, files={"main.py": "print(2)\n"})
+    response = world.api_client_for("viewer").get(run_url(run.name, "run-bundle"))
+    assert response.status_code == 200
+    assert run.bundle is not None
+    assert response["X-Content-SHA256"] == run.bundle.sha256
+    token = run_token(world, run)
+    assert bearer(token).get(run_url(run.name, "run-bundle")).status_code == 200
+    assert bearer(token).get(run_url(other.name, "run-bundle")).status_code == 404

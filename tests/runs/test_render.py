@@ -1,0 +1,614 @@
+"""Rendering runs into Kubernetes objects: golden files for every example, and the rules one
+by one (names, Kueue labels, resources, environment, bundle fetch, dependents).
+
+``UPDATE_GOLDEN=1 pytest tests/runs/test_render.py`` rewrites tests/runs/golden/ from the
+current renderer (review the diff); in CI that variable makes the test fail.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from runs import labels, render
+from runs.render import (
+    Flavor,
+    Owner,
+    RenderError,
+    kubernetes_problems,
+    render_job,
+    render_rayjob,
+    render_workload,
+    workload_name,
+)
+from tau.spec import MAX_NAME_LENGTH, RAYJOB_NAME_MAX_LENGTH, RUN_NAME_SUFFIX_MAX_LENGTH, spec_hash
+
+from .render_cases import (
+    BUNDLE_SHA256,
+    GOLDEN,
+    H100_LABELS,
+    OWNER_UID,
+    TOKEN,
+    Case,
+    cases,
+    dump,
+    example_spec,
+    load,
+    render_case,
+    target_for,
+    with_changes,
+)
+
+CASES = cases()
+
+
+def containers_of(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+
+
+def pod_specs(workload: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(component, pod spec) of every pod template in a RayJob or Job."""
+    if workload["kind"] == "RayJob":
+        cluster = workload["spec"]["rayClusterSpec"]
+        yield "head", cluster["headGroupSpec"]["template"]["spec"]
+        for group in cluster["workerGroupSpecs"]:
+            yield "worker", group["template"]["spec"]
+        yield "submitter", workload["spec"]["submitterPodTemplate"]["spec"]
+    else:
+        yield "worker", workload["spec"]["template"]["spec"]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    names = [variable["name"] for variable in container.get("env", [])]
+    assert len(names) == len(set(names)), f"duplicate env names in {container['name']}: {names}"
+    return {variable["name"]: variable for variable in container.get("env", [])}
+
+
+def user_containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The containers that run the researcher's code (not the submitter, not the fetcher)."""
+    return [
+        pod["containers"][0]
+        for component, pod in pod_specs(workload)
+        if component in {"head", "worker"}
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Golden files
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_example_has_a_case() -> None:
+    names = {case.name for case in CASES}
+    assert {"cpu-quickstart", "gpu-quickstart", "multi-node-torchrun"} <= names
+    assert "resume-from-checkpoint" in names
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_rendered_objects_match_the_golden_file(case: Case) -> None:
+    path = GOLDEN / f"{case.name}.yaml"
+    rendered = render_case(case.spec, case.target)
+    if os.environ.get("UPDATE_GOLDEN"):
+        if os.environ.get("CI"):
+            pytest.fail("UPDATE_GOLDEN is set in CI: golden files are only rewritten by hand")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dump(rendered), encoding="utf-8")
+        pytest.skip(f"rewrote {path.name}; review the diff")
+    assert path.exists(), f"{path} is missing: run with UPDATE_GOLDEN=1 to create it"
+    expected = path.read_text(encoding="utf-8")
+    if load(expected) != rendered:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                dump(rendered).splitlines(keepends=True),
+                fromfile=f"golden/{path.name}",
+                tofile="rendered",
+            )
+        )
+        pytest.fail(f"rendered objects differ from {path.name}:\n{diff}", pytrace=False)
+
+
+def test_no_golden_file_is_stale() -> None:
+    assert {path.stem for path in GOLDEN.glob("*.yaml")} == {case.name for case in CASES}
+
+
+def test_rendering_is_deterministic() -> None:
+    for case in CASES:
+        assert dump(render_case(case.spec, case.target)) == dump(
+            render_case(case.spec, case.target)
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Names
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_47_character_rule() -> None:
+    longest = "a" + "b" * (RAYJOB_NAME_MAX_LENGTH - 2) + "c"
+    assert len(longest) == 47
+    assert workload_name(longest) == longest
+    with pytest.raises(RenderError, match="at most 47 characters"):
+        workload_name(longest + "d")
+    for bad in ("1-starts-with-a-digit", "Upper-case", "ends-with-", "has_underscore", "a.b"):
+        with pytest.raises(RenderError, match="cannot name a workload"):
+            workload_name(bad)
+
+
+def test_every_run_name_the_platform_makes_fits() -> None:
+    from runs.services import new_run_name
+
+    assert MAX_NAME_LENGTH + 1 + RUN_NAME_SUFFIX_MAX_LENGTH == RAYJOB_NAME_MAX_LENGTH
+    longest_spec_name = "a" * MAX_NAME_LENGTH
+    for _ in range(20):
+        name = new_run_name(longest_spec_name)
+        assert workload_name(name) == name
+
+
+def test_the_workload_is_named_after_the_run_and_nothing_else() -> None:
+    spec = example_spec("gpu-quickstart")
+    first = render_workload(spec, target_for(spec))
+    retry = render_workload(spec, target_for(spec, attempt=2, retry_reason="preempted"))
+    assert first["metadata"]["name"] == retry["metadata"]["name"] == "aks-gpu-quickstart-k3x9q2"
+
+
+def test_a_run_name_over_47_characters_is_refused() -> None:
+    spec = example_spec("gpu-quickstart")
+    with pytest.raises(RenderError, match="at most 47"):
+        render_workload(spec, target_for(spec, run_name="x" * 48, token_secret="t"))
+
+
+def test_bad_inputs_are_refused_with_the_reason() -> None:
+    spec = example_spec("gpu-quickstart")
+    bad_inputs: list[tuple[dict[str, Any], str]] = [
+        ({"namespace": "Not_A_Namespace"}, "namespace"),
+        ({"portal_url": "taugrid.example.org"}, "portal URL"),
+        ({"bundle_sha256": "abc"}, "bundle digest"),
+        ({"attempt": 0}, "start at 1"),
+        ({"flavor": Flavor("h100", H100_LABELS)}, "no compute.gpu_type"),
+    ]
+    for changes, message in bad_inputs:
+        with pytest.raises(RenderError, match=message):
+            render_workload(spec, target_for(spec, **changes))
+    unplaced = with_changes(spec, runtime={"image": None})
+    with pytest.raises(RenderError, match=r"runtime.image is unset"):
+        render_workload(unplaced, target_for(unplaced))
+    typed = with_changes(spec, compute={"gpu_type": "h100"})
+    with pytest.raises(RenderError, match="flavor 'h100' is needed"):
+        render_workload(typed, target_for(typed))
+    with pytest.raises(RenderError, match="not 'job'"):
+        render_job(spec, target_for(spec))
+    cpu = example_spec("cpu-quickstart")
+    with pytest.raises(RenderError, match="not 'rayjob'"):
+        render_rayjob(cpu, target_for(cpu))
+
+
+# ---------------------------------------------------------------------------------------------
+# Kueue, deadlines, suspend
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_kueue_labels_are_present_exactly_when_they_apply(case: Case) -> None:
+    workload = render_case(case.spec, case.target)[0]
+    object_labels = workload["metadata"]["labels"]
+    assert object_labels[labels.KUEUE_QUEUE_NAME] == case.target.local_queue
+    if case.spec.queue.priority is None:
+        assert labels.KUEUE_PRIORITY_CLASS not in object_labels
+    else:
+        assert object_labels[labels.KUEUE_PRIORITY_CLASS] == case.spec.queue.priority
+    max_runtime = case.spec.run.max_runtime
+    if max_runtime is None:
+        assert labels.KUEUE_MAX_EXEC_TIME_SECONDS not in object_labels
+        assert "activeDeadlineSeconds" not in workload["spec"]
+    else:
+        # The object's own deadline first (a clean failure); Kueue's as the backstop.
+        assert workload["spec"]["activeDeadlineSeconds"] == max_runtime
+        assert object_labels[labels.KUEUE_MAX_EXEC_TIME_SECONDS] == str(
+            max_runtime + render.MAX_EXEC_TIME_GRACE_SECONDS
+        )
+    # Kueue's labels go on the workload only, never on its pods.
+    for template_labels in _template_labels(workload):
+        assert not any(key.startswith("kueue.x-k8s.io/") for key in template_labels)
+
+
+def _template_labels(workload: dict[str, Any]) -> Iterator[dict[str, str]]:
+    if workload["kind"] == "RayJob":
+        cluster = workload["spec"]["rayClusterSpec"]
+        yield cluster["headGroupSpec"]["template"]["metadata"]["labels"]
+        for group in cluster["workerGroupSpecs"]:
+            yield group["template"]["metadata"]["labels"]
+        yield workload["spec"]["submitterPodTemplate"]["metadata"]["labels"]
+    else:
+        yield workload["spec"]["template"]["metadata"]["labels"]
+
+
+def test_priority_label_follows_the_spec() -> None:
+    spec = with_changes(example_spec("cpu-quickstart"), queue={"priority": "high"})
+    job = render_workload(spec, target_for(spec))
+    assert job["metadata"]["labels"][labels.KUEUE_PRIORITY_CLASS] == "high"
+    too_long = with_changes(spec, queue={"priority": "p" * 64})
+    with pytest.raises(RenderError, match="priority"):
+        render_workload(too_long, target_for(too_long))
+
+
+def _walk(value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield key, item
+            yield from _walk(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _walk(item)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_suspend_is_left_to_kueue(case: Case) -> None:
+    assert all(key != "suspend" for key, _ in _walk(render_case(case.spec, case.target)))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_taugrid_labels_and_annotations(case: Case) -> None:
+    workload = render_case(case.spec, case.target)[0]
+    metadata = workload["metadata"]
+    assert metadata["labels"][labels.RUN] == case.target.run_name
+    assert metadata["labels"][labels.RUN_ID] == "42"
+    assert metadata["labels"][labels.WORKSPACE] == "alpha"
+    assert metadata["labels"][labels.ATTEMPT] == str(case.target.attempt)
+    assert metadata["labels"][labels.MANAGED_BY] == labels.MANAGED_BY_TAUGRID
+    assert metadata["annotations"][labels.SPEC_HASH] == spec_hash(case.spec)
+    if case.target.bundle_sha256 is None:
+        assert labels.BUNDLE_SHA256 not in metadata["annotations"]
+    else:
+        assert metadata["annotations"][labels.BUNDLE_SHA256] == case.target.bundle_sha256
+    for template_labels in _template_labels(workload):
+        assert template_labels[labels.RUN] == case.target.run_name
+        assert template_labels[labels.COMPONENT] in {"head", "worker", "submitter"}
+
+
+def test_every_key_is_spelt_in_the_labels_module() -> None:
+    keys = set()
+    for case in CASES:
+        for obj in render_case(case.spec, case.target):
+            keys |= set(obj["metadata"].get("labels", {}))
+            keys |= set(obj["metadata"].get("annotations", {}))
+            if obj["kind"] in {"RayJob", "Job"}:
+                for template_labels in _template_labels(obj):
+                    keys |= set(template_labels)
+    spelt = {
+        value
+        for name, value in vars(labels).items()
+        if name.isupper() and isinstance(value, str) and "/" in value
+    }
+    assert keys <= spelt, keys - spelt
+
+
+# ---------------------------------------------------------------------------------------------
+# Resources
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_requests_equal_limits_everywhere(case: Case) -> None:
+    workload = render_case(case.spec, case.target)[0]
+    for _, pod in pod_specs(workload):
+        for container in containers_of(pod):
+            resources = container["resources"]
+            assert resources["requests"] == resources["limits"], container["name"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_workers_get_compute_and_gpus_only_there(case: Case) -> None:
+    workload = render_case(case.spec, case.target)[0]
+    compute = case.spec.compute
+    expected = {"cpu": compute.cpus, "memory": compute.memory}
+    if compute.gpus:
+        expected["nvidia.com/gpu"] = str(compute.gpus)
+    for component, pod in pod_specs(workload):
+        limits = pod["containers"][0]["resources"]["limits"]
+        if component == "worker":
+            assert limits == expected
+        else:
+            assert "nvidia.com/gpu" not in limits
+    if workload["kind"] == "RayJob":
+        group = workload["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"]
+        assert group["replicas"] == compute.workers
+        head = workload["spec"]["rayClusterSpec"]["headGroupSpec"]
+        assert head["template"]["spec"]["containers"][0]["resources"]["limits"] == dict(
+            render.HEAD_RESOURCES
+        )
+        assert head["rayStartParams"] == {"num-cpus": "0"}
+    else:
+        assert workload["spec"]["completions"] == workload["spec"]["parallelism"]
+        assert workload["spec"]["parallelism"] == compute.workers
+
+
+def test_a_cpu_only_worker_asks_for_no_gpu() -> None:
+    spec = with_changes(example_spec("gpu-quickstart"), compute={"gpus": 0})
+    worker = render_workload(spec, target_for(spec))["spec"]["rayClusterSpec"]
+    limits = worker["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]
+    assert "nvidia.com/gpu" not in limits["limits"]
+
+
+def test_a_named_flavor_selects_its_nodes_for_the_gpu_pods_only() -> None:
+    case = next(case for case in CASES if case.name == "gpu-quickstart-retry-on-h100")
+    workload = render_case(case.spec, case.target)[0]
+    for component, pod in pod_specs(workload):
+        if component == "worker":
+            assert pod["nodeSelector"] == H100_LABELS
+        else:
+            assert "nodeSelector" not in pod
+        assert "tolerations" not in pod  # Kueue injects the flavor's tolerations
+    plain = render_case(*_case("gpu-quickstart"))[0]
+    assert all("nodeSelector" not in pod for _, pod in pod_specs(plain))
+
+
+def _case(name: str) -> tuple[Any, Any]:
+    case = next(case for case in CASES if case.name == name)
+    return case.spec, case.target
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_every_container_gets_the_platform_environment(case: Case) -> None:
+    workload = render_case(case.spec, case.target)[0]
+    target = case.target
+    for _, pod in pod_specs(workload):
+        for container in containers_of(pod):
+            env = env_of(container)
+            expected = set(render.PLATFORM_ENV)
+            if target.resume_from is None:
+                expected.discard("TAU_RESUME_FROM")
+            assert expected <= set(env), (container["name"], expected - set(env))
+            assert env["TAU_RUN_ID"]["value"] == "42"
+            assert env["TAU_RUN_NAME"]["value"] == target.run_name
+            assert env["TAU_WORKSPACE"]["value"] == "alpha"
+            assert env["TAU_ATTEMPT"]["value"] == str(target.attempt)
+            assert env["TAU_OUTPUT_DIR"]["value"] == "/tau/outputs"
+            assert env["TAU_CHECKPOINT_DIR"]["value"] == "/tau/checkpoints"
+            assert env["TAU_RETRY_REASON"].get("value", "") == target.retry_reason
+            assert env["TAU_API_URL"]["value"] == "https://taugrid.example.org"
+            assert env["TAU_RUN_TOKEN"] == {
+                "name": "TAU_RUN_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": target.token_secret, "key": "token"}},
+            }
+            if target.resume_from is not None:
+                assert env["TAU_RESUME_FROM"]["value"] == target.resume_from
+
+
+def test_the_spec_environment_and_secrets_reach_the_user_containers() -> None:
+    spec = with_changes(
+        example_spec("gpu-quickstart"),
+        runtime={
+            "env": (
+                render_env("NCCL_DEBUG", "WARN"),
+                render_env("PRICE", "$(HOME) costs $5"),
+            ),
+            "secrets": (render_secret("WANDB_API_KEY", "wandb", "api-key"),),
+        },
+    )
+    workload = render_workload(spec, target_for(spec))
+    for container in [*user_containers(workload), _submitter(workload)]:
+        env = env_of(container)
+        assert env["NCCL_DEBUG"]["value"] == "WARN"
+        # The kubelet expands $(NAME) and turns $$ into $: doubled, the value stays literal.
+        assert env["PRICE"]["value"] == "$$(HOME) costs $$5"
+        assert env["WANDB_API_KEY"]["valueFrom"] == {
+            "secretKeyRef": {"name": "wandb", "key": "api-key"}
+        }
+    runtime_env = yaml.safe_load(workload["spec"]["runtimeEnvYAML"])
+    assert "env_vars" not in runtime_env  # container env is exact; see the module docstring
+    assert runtime_env == {"pip": ["torch>=2.4.0"], "working_dir": "/tau/code"}
+
+
+def render_env(name: str, value: str) -> Any:
+    from tau.spec import EnvVar
+
+    return EnvVar(name, value)
+
+
+def render_secret(env: str, secret: str, key: str) -> Any:
+    from tau.spec import SecretRef
+
+    return SecretRef(env=env, secret=secret, key=key)
+
+
+def _submitter(workload: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = workload["spec"]["submitterPodTemplate"]["spec"]["containers"][0]
+    return container
+
+
+def test_a_multi_worker_job_gets_rendezvous_settings_and_a_headless_service() -> None:
+    spec, target = _case("multi-node-torchrun")
+    job, secret, service = render_case(spec, target)
+    name = target.run_name
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    assert pod["subdomain"] == service["metadata"]["name"] == name
+    env = env_of(pod["containers"][0])
+    assert env["MASTER_ADDR"]["value"] == env["PET_MASTER_ADDR"]["value"] == f"{name}-0.{name}"
+    assert env["MASTER_PORT"]["value"] == env["PET_MASTER_PORT"]["value"] == "29500"
+    assert env["WORLD_SIZE"]["value"] == env["PET_NNODES"]["value"] == "2"
+    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index
+    assert env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    template_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= template_labels.items()
+    assert secret["kind"] == "Secret"
+
+
+def test_the_spec_wins_over_a_rendezvous_default() -> None:
+    from tau.spec import EnvVar
+
+    spec = with_changes(
+        example_spec("multi-node-torchrun"), runtime={"env": (EnvVar("MASTER_PORT", "1234"),)}
+    )
+    env = env_of(
+        render_workload(spec, target_for(spec))["spec"]["template"]["spec"]["containers"][0]
+    )
+    assert env["MASTER_PORT"]["value"] == "1234"
+    assert env["PET_MASTER_PORT"]["value"] == "29500"
+
+
+def test_single_worker_jobs_are_plain() -> None:
+    spec, target = _case("cpu-quickstart")
+    job, _secret = render_case(spec, target)
+    assert "completionMode" not in job["spec"]
+    assert job["spec"]["backoffLimit"] == 0
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert "subdomain" not in pod
+    assert "MASTER_ADDR" not in env_of(pod["containers"][0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points (the shell round trip itself is in test_render_entrypoint.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_job_commands_are_the_exact_argument_vector() -> None:
+    spec = with_changes(
+        example_spec("cpu-quickstart"),
+        run={"args": ("--name", "my run", 'say "hi"', "it's", "$(HOME)", "a\tb\nc")},
+    )
+    container = render_workload(spec, target_for(spec))["spec"]["template"]["spec"]
+    command = container["containers"][0]["command"]
+    assert command == [
+        "python",
+        "train.py",
+        "--name",
+        "my run",
+        'say "hi"',
+        "it's",
+        "$$(HOME)",
+        "a\tb\nc",
+    ]
+
+
+def test_plain_ray_entry_points_stay_readable() -> None:
+    assert render.ray_entrypoint(["python", "train.py", "--steps", "1500"]) == (
+        "python train.py --steps 1500"
+    )
+    spec, target = _case("gpu-quickstart")
+    assert render_workload(spec, target)["spec"]["entrypoint"] == "python train.py"
+
+
+def test_what_a_rayjob_cannot_carry_is_reported_before_rendering() -> None:
+    spec = with_changes(
+        example_spec("gpu-quickstart"),
+        run={"args": ("a\tb",)},
+        runtime={"pip": ("torch>=2.4.0", "pkg @ https://example.org/$x.whl")},
+    )
+    assert [path for path, _ in kubernetes_problems(spec)] == ["run.args[0]", "runtime.pip[1]"]
+    with pytest.raises(RenderError, match="TAB"):
+        render_workload(spec, target_for(spec))
+    job = with_changes(spec, run={"workload_kind": "job"})
+    assert kubernetes_problems(job) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Bundle fetch, storage, dependents
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_bundle_is_fetched_verified_and_shared() -> None:
+    spec, target = _case("gpu-quickstart")
+    rayjob = render_workload(spec, target)
+    submitter = rayjob["spec"]["submitterPodTemplate"]["spec"]
+    (fetcher,) = submitter["initContainers"]
+    assert fetcher["command"][:4] == ["python3", "-I", "-c", render.FETCH_SCRIPT]
+    assert fetcher["command"][4:] == [
+        "https://taugrid.example.org/api/v1/workspaces/alpha/runs/aks-gpu-quickstart-k3x9q2/bundle/",
+        BUNDLE_SHA256,
+        "/tau/fetch",
+        str(render.MAX_BUNDLE_BYTES),
+    ]
+    assert fetcher["securityContext"]["runAsNonRoot"] is True
+    assert fetcher["securityContext"]["readOnlyRootFilesystem"] is True
+    assert submitter["containers"][0]["volumeMounts"] == [
+        {"name": "tau-code", "mountPath": "/tau/code", "subPath": "code", "readOnly": True}
+    ]
+    submit_env = env_of(submitter["containers"][0])
+    assert submit_env["RAY_RUNTIME_ENV_IGNORE_GITIGNORE"]["value"] == "1"
+    # Head and workers get the code through Ray's working_dir, not a volume of their own.
+    for container in user_containers(rayjob):
+        assert all(mount["name"] != "tau-code" for mount in container["volumeMounts"])
+
+    spec, target = _case("resume-from-checkpoint")
+    job = render_workload(spec, target)["spec"]["template"]["spec"]
+    assert [init["name"] for init in job["initContainers"]] == ["tau-fetch-bundle"]
+    workload = job["containers"][0]
+    assert workload["workingDir"] == "/tau/code"
+    mounts = {mount["mountPath"]: mount for mount in workload["volumeMounts"]}
+    # resilience.checkpoint_dir is relative to the project directory, and persistent.
+    assert mounts["/tau/code/checkpoints"]["subPath"] == mounts["/tau/checkpoints"]["subPath"]
+    assert mounts["/tau/outputs"]["subPath"].endswith("/outputs/attempt-1")
+
+
+def test_without_a_bundle_there_is_no_fetcher() -> None:
+    spec, target = _case("cpu-quickstart-no-bundle")
+    pod = render_workload(spec, target)["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert "workingDir" not in pod["containers"][0]
+    gpu = example_spec("gpu-quickstart")
+    rayjob = render_workload(gpu, target_for(gpu, bundle_sha256=None))
+    assert "initContainers" not in rayjob["spec"]["submitterPodTemplate"]["spec"]
+    assert yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"]) == {"pip": ["torch>=2.4.0"]}
+
+
+def test_the_fetch_script_is_safe_from_the_kubelet_and_matches_the_upload_limit() -> None:
+    from runs import bundles
+
+    assert "$" not in render.FETCH_SCRIPT
+    assert render.MAX_BUNDLE_BYTES == bundles.MAX_BUNDLE_BYTES
+    compile(render.FETCH_SCRIPT, "<fetch>", "exec")
+
+
+def test_the_run_secret_is_owned_by_the_workload() -> None:
+    spec, target = _case("gpu-quickstart")
+    secret = render_case(spec, target)[1]
+    assert secret["metadata"]["name"] == "aks-gpu-quickstart-k3x9q2-run-token"
+    assert secret["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayJob",
+            "name": "aks-gpu-quickstart-k3x9q2",
+            "uid": OWNER_UID,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
+    assert secret["immutable"] is True
+    created = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "x", "uid": "u-1", "namespace": "n"},
+    }
+    assert Owner.of(created) == Owner("ray.io/v1", "RayJob", "x", "u-1")
+    with pytest.raises(RenderError, match="token"):
+        render.render_run_secret(spec, target, token="", owner=Owner.of(created))
+
+
+def test_rendering_imports_neither_django_nor_kubernetes() -> None:
+    code = (
+        "import sys, runs.render\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'django', 'kubernetes'})\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))

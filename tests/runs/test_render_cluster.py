@@ -1,0 +1,330 @@
+"""Rendered objects against the real control plane (deploy/cluster): the real kube-apiserver
+with the real Kueue and KubeRay CRDs, Kueue's webhooks, the KubeRay operator and the
+controller-manager's garbage collector.
+
+* every object of every rendering case passes a server-side dry run with strict field
+  validation (an unknown or misspelt field is an error, not silently pruned), and the server
+  keeps every field we set;
+* the gpu-quickstart RayJob, created for real, is suspended by Kueue's webhook, gets a
+  Workload with the pod sets we expect, is admitted and unsuspended, and KubeRay accepts it
+  (it creates the Ray cluster);
+* the run Secret owned by that RayJob is accepted and garbage-collected with it;
+* the multi-node Job is admitted, its pods get their stable names, and its headless Service
+  and Secret go away with it.
+
+No kubelet runs here, so no container starts; everything up to that point is real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from runs import labels
+from runs.render import Flavor, Owner, RunTarget, render_dependents, render_workload
+from tau.spec import Spec
+from tests.cluster.plugin import Kube, wait_until
+
+from .render_cases import H100_LABELS, TOKEN, cases, render_case, with_changes
+
+pytestmark = pytest.mark.cluster
+
+KUEUE = "kueue.x-k8s.io/v1beta2"
+RAY = "ray.io/v1"
+GPU = "nvidia.com/gpu"
+FAKE_OWNER_UID = "00000000-0000-4000-8000-00000000beef"
+
+
+@dataclasses.dataclass(frozen=True)
+class Queue:
+    namespace: str
+    flavor: str
+    cluster_queue: str
+    priority: str
+
+
+def queue_setup(kube: Kube, prefix: str, *, gpus: int = 16) -> Queue:
+    """A namespace with LocalQueue ``alpha`` (the cases' workspace queue), a ClusterQueue
+    with room for every case, a ResourceFlavor on the H100 nodes and a priority class."""
+    namespace = kube.namespace(prefix)
+    flavor = kube.unique(f"{prefix}-h100")
+    kube.create(
+        {
+            "apiVersion": KUEUE,
+            "kind": "ResourceFlavor",
+            "metadata": {"name": flavor},
+            "spec": {"nodeLabels": H100_LABELS},
+        }
+    )
+    cluster_queue = kube.unique(f"{prefix}-cq")
+    kube.create(
+        {
+            "apiVersion": KUEUE,
+            "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory", GPU],
+                        "flavors": [
+                            {
+                                "name": flavor,
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "256"},
+                                    {"name": "memory", "nominalQuota": "2Ti"},
+                                    {"name": GPU, "nominalQuota": str(gpus)},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        }
+    )
+    kube.create(
+        {
+            "apiVersion": KUEUE,
+            "kind": "LocalQueue",
+            "metadata": {"name": "alpha", "namespace": namespace},
+            "spec": {"clusterQueue": cluster_queue},
+        }
+    )
+    priority = kube.unique(f"{prefix}-high")
+    kube.create(
+        {
+            "apiVersion": KUEUE,
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": priority},
+            "value": 1000,
+            "description": "test priority",
+        }
+    )
+    return Queue(namespace, flavor, cluster_queue, priority)
+
+
+def placed(spec: Spec, target: RunTarget, queue: Queue) -> tuple[Spec, RunTarget]:
+    """A case moved into the test's namespace, with the test's flavor and priority names."""
+    if spec.queue.priority is not None:
+        spec = with_changes(spec, queue={"priority": queue.priority})
+    if spec.compute.gpu_type is not None:
+        spec = with_changes(spec, compute={"gpu_type": queue.flavor})
+        target = dataclasses.replace(target, flavor=Flavor(queue.flavor, H100_LABELS))
+    return spec, dataclasses.replace(target, namespace=queue.namespace, local_queue="alpha")
+
+
+def dry_run(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
+    """A server-side dry-run create with strict field validation: an unknown field is
+    refused rather than silently pruned. Returns the object as the server would store it."""
+    resource = kube.cluster.resource(body["apiVersion"], body["kind"])
+    stored: dict[str, Any] = resource.create(
+        body=body,
+        namespace=body["metadata"].get("namespace"),
+        dry_run="All",
+        query_params=[("fieldValidation", "Strict")],
+    ).to_dict()
+    return stored
+
+
+def missing_from(sent: Any, stored: Any, path: str = "") -> list[str]:
+    """Paths of what we sent that the server did not keep as sent (additions are fine)."""
+    if isinstance(sent, dict):
+        if not isinstance(stored, dict):
+            return [path or "."]
+        problems = []
+        for key, value in sent.items():
+            if key not in stored:
+                problems.append(f"{path}.{key}")
+            else:
+                problems += missing_from(value, stored[key], f"{path}.{key}")
+        return problems
+    if isinstance(sent, list):
+        if not isinstance(stored, list) or len(stored) != len(sent):
+            return [path]
+        return [
+            p for i, item in enumerate(sent) for p in missing_from(item, stored[i], f"{path}[{i}]")
+        ]
+    return [] if sent == stored else [f"{path}: sent {sent!r}, stored {stored!r}"]
+
+
+def workload_of(kube: Kube, job: dict[str, Any]) -> dict[str, Any] | None:
+    found = kube.list(
+        KUEUE,
+        "Workload",
+        job["metadata"]["namespace"],
+        label_selector=f"{labels.KUEUE_JOB_UID}={job['metadata']['uid']}",
+    )
+    return found[0] if found else None
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for entry in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if entry["type"] == kind:
+            return dict(entry)
+    return {}
+
+
+def admitted(kube: Kube, job: dict[str, Any]) -> bool | None:
+    return True if condition(workload_of(kube, job), "Admitted").get("status") == "True" else None
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) every object of every case passes a strict server-side dry run
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_rendered_object_passes_a_strict_dry_run(kube: Kube) -> None:
+    queue = queue_setup(kube, "render-dry")
+    checked = []
+    for case in cases():
+        spec, target = placed(case.spec, case.target, queue)
+        for body in render_case(spec, target, uid=FAKE_OWNER_UID):
+            stored = dry_run(kube, body)
+            problems = missing_from(body, stored)
+            assert problems == [], f"{case.name} {body['kind']}: {problems}"
+            if body["kind"] in {"RayJob", "Job"}:
+                # Kueue's mutating webhook ran (dry runs call side-effect-free webhooks).
+                assert stored["spec"]["suspend"] is True, f"{case.name}: not suspended"
+            checked.append(f"{case.name}/{body['kind']}")
+    assert len(checked) >= 2 * len(cases())
+    # Dry runs persist nothing.
+    assert kube.list(RAY, "RayJob", queue.namespace) == []
+    assert kube.list("batch/v1", "Job", queue.namespace) == []
+
+
+def test_a_misspelt_field_would_be_caught(kube: Kube) -> None:
+    """The dry run above is strict: prove that an unknown field fails rather than vanishes."""
+    from kubernetes.dynamic.exceptions import DynamicApiError
+
+    queue = queue_setup(kube, "render-strict")
+    case = next(case for case in cases() if case.name == "gpu-quickstart")
+    spec, target = placed(case.spec, case.target, queue)
+    body = render_workload(spec, target)
+    body["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replica"] = 1
+    with pytest.raises(DynamicApiError) as refused:
+        dry_run(kube, body)
+    message = json.loads(refused.value.body or "{}").get("message", "")
+    assert 'unknown field "spec.rayClusterSpec.workerGroupSpecs[0].replica"' in message
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) + (c) the gpu-quickstart RayJob for real: suspended, Workload, admitted; its Secret GC'd
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_gpu_quickstart_rayjob_is_suspended_then_admitted(kube: Kube) -> None:
+    queue = queue_setup(kube, "render-rj")
+    case = next(case for case in cases() if case.name == "gpu-quickstart")
+    spec, target = placed(case.spec, case.target, queue)
+    spec = with_changes(spec, queue={"priority": queue.priority})
+    name = target.run_name
+
+    rayjob = kube.create(render_workload(spec, target))
+    assert rayjob["spec"]["suspend"] is True, "Kueue's webhook did not suspend the RayJob"
+
+    workload = wait_until("the RayJob's Workload", lambda: workload_of(kube, rayjob), timeout=30)
+    owner = workload["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("RayJob", name)
+    assert workload["spec"]["queueName"] == "alpha"
+    assert workload["spec"]["priorityClassRef"]["name"] == queue.priority
+    pod_sets = {pod_set["name"]: pod_set for pod_set in workload["spec"]["podSets"]}
+    assert set(pod_sets) == {"head", "workers", "submitter"}
+    assert {name: pod_set["count"] for name, pod_set in pod_sets.items()} == {
+        "head": 1,
+        "workers": 1,
+        "submitter": 1,
+    }
+    worker = pod_sets["workers"]["template"]["spec"]["containers"][0]["resources"]
+    assert worker["requests"] == {"cpu": "16", "memory": "64Gi", GPU: "1"}
+
+    wait_until(
+        "the Workload to be admitted",
+        lambda: admitted(kube, rayjob),
+        describe=lambda: str(condition(workload_of(kube, rayjob), "QuotaReserved")),
+    )
+
+    def unsuspended() -> bool | None:
+        current = kube.get(RAY, "RayJob", name, queue.namespace) or {}
+        return None if current.get("spec", {}).get("suspend", False) else True
+
+    wait_until("Kueue to unsuspend the RayJob", unsuspended)
+
+    # KubeRay accepts the RayJob (no ValidationFailed) and builds its Ray cluster.
+    def ray_cluster() -> str | None:
+        current = kube.get(RAY, "RayJob", name, queue.namespace) or {}
+        status = current.get("status") or {}
+        assert status.get("jobDeploymentStatus") != "ValidationFailed", status.get("message")
+        return status.get("rayClusterName") or None
+
+    cluster_name = wait_until("KubeRay's RayCluster", ray_cluster, timeout=90)
+    cluster = wait_until(
+        "the RayCluster", lambda: kube.get(RAY, "RayCluster", cluster_name, queue.namespace)
+    )
+    group = cluster["spec"]["workerGroupSpecs"][0]
+    assert group["template"]["spec"]["containers"][0]["resources"]["limits"][GPU] == "1"
+
+
+def test_the_run_secret_goes_away_with_its_rayjob(kube: Kube) -> None:
+    queue = queue_setup(kube, "render-gc", gpus=0)  # no admission needed
+    case = next(case for case in cases() if case.name == "gpu-quickstart")
+    spec, target = placed(case.spec, case.target, queue)
+    rayjob = kube.create(render_workload(spec, target))
+
+    (secret_body,) = render_dependents(spec, target, token=TOKEN, owner=Owner.of(rayjob))
+    secret = kube.create(secret_body)
+    reference = secret["metadata"]["ownerReferences"][0]
+    assert (reference["kind"], reference["uid"]) == ("RayJob", rayjob["metadata"]["uid"])
+
+    kube.delete(RAY, "RayJob", target.run_name, queue.namespace)
+    wait_until(
+        "the garbage collector to delete the run Secret",
+        lambda: (
+            True if kube.get("v1", "Secret", target.token_secret, queue.namespace) is None else None
+        ),
+        timeout=90,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The multi-node Job: admitted, stable pod names, dependents collected with it
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_multi_node_job_runs_its_pods_under_stable_names(kube: Kube) -> None:
+    queue = queue_setup(kube, "render-job")
+    case = next(case for case in cases() if case.name == "multi-node-torchrun")
+    spec, target = placed(case.spec, case.target, queue)
+    name = target.run_name
+
+    job = kube.create(render_workload(spec, target))
+    assert job["spec"]["suspend"] is True
+    dependents = [
+        kube.create(body)
+        for body in render_dependents(spec, target, token=TOKEN, owner=Owner.of(job))
+    ]
+    assert [obj["kind"] for obj in dependents] == ["Secret", "Service"]
+
+    wait_until("the Job to be admitted", lambda: admitted(kube, job), timeout=60)
+    pods = wait_until(
+        "both pods of the Indexed Job",
+        lambda: (lambda found: found if len(found) == 2 else None)(
+            kube.list("v1", "Pod", queue.namespace, f"{labels.RUN}={name}")
+        ),
+        timeout=60,
+    )
+    assert sorted(pod["spec"]["hostname"] for pod in pods) == [f"{name}-0", f"{name}-1"]
+    assert {pod["spec"]["subdomain"] for pod in pods} == {name}
+    # Kueue put the flavor's node labels on the admitted pods.
+    assert all(pod["spec"]["nodeSelector"] == H100_LABELS for pod in pods)
+
+    kube.delete("batch/v1", "Job", name, queue.namespace)
+
+    def dependents_gone() -> bool | None:
+        secret = kube.get("v1", "Secret", target.token_secret, queue.namespace)
+        service = kube.get("v1", "Service", name, queue.namespace)
+        return True if secret is None and service is None else None
+
+    wait_until("the Job's Secret and Service to be collected", dependents_gone, timeout=90)
