@@ -76,6 +76,7 @@ fuzz: install-dev
 
 # Speed targets, measured on this machine against the suite's own PostgreSQL and Redis.
 bench: install-dev
+	$(PYTHON) deploy/dev/test_tools.py --bench
 	$(PYTHON) deploy/dev/test_services.py run -- $(PYTHON) benchmarks/run.py
 
 lock: install-dev

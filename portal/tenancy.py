@@ -17,6 +17,7 @@ every place that reads across workspaces.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
@@ -35,6 +36,7 @@ class UnscopedQueryError(RuntimeError):
     """A tenant-owned queryset was evaluated without being restricted to a workspace."""
 
 
+@functools.cache
 def _anchor_fields(model: type[models.Model]) -> tuple[models.Field[Any, Any], ...]:
     """The foreign keys along ``model.tenant_path``; filtering on any of them scopes a query."""
     path: str | None = getattr(model, "tenant_path", "workspace")

@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView
 from portal import health, views
 from portal.identity import oidc
 from portal.identity import views as identity_views
+from runs import views as run_views
 
 admin.site.site_header = "TauGrid platform admin"
 admin.site.site_title = "TauGrid admin"
@@ -28,6 +29,7 @@ urlpatterns = [
     path("tokens/", identity_views.TokensView.as_view(), name="tokens"),
     path("tokens/<int:pk>/revoke/", identity_views.TokenRevokeView.as_view(), name="token-revoke"),
     path("audit/", identity_views.PlatformAuditView.as_view(), name="audit"),
+    path("queue/", run_views.PlatformQueueView.as_view(), name="platform-queue"),
     path("w/<slug:workspace_slug>/", include("workspaces.urls")),
     path("api/v1/", include((api_patterns, "api"))),
     # One login page for everything: the admin's own login form would bypass single sign-on.

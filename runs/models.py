@@ -221,6 +221,9 @@ class RunAttempt(TenantModel):
     exit_code = models.IntegerField(null=True, blank=True)
     failure_class = models.CharField(max_length=30, choices=FailureClass.choices, blank=True)
     failure_message = models.TextField(blank=True)
+    counts_against_retries = models.BooleanField(
+        default=True, help_text="False when the platform, not the workload, ended it."
+    )
     resume_from = models.ForeignKey(
         "Checkpoint", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )

@@ -18,15 +18,17 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from runs.models import (
     TERMINAL_STATES,
     TRANSITIONS,
+    Backend,
     Checkpoint,
     Delivery,
     FailureClass,
@@ -84,9 +86,18 @@ def append_event(
     data: dict[str, Any] | None = None,
     old_state: str = "",
     new_state: str = "",
+    first: bool = False,
 ) -> RunEvent:
-    """Add an event to the run's chain. The caller holds the run's row lock."""
-    last = RunEvent.objects.for_workspace(run.workspace_id).filter(run=run).order_by("-seq").first()
+    """Add an event to the run's chain. The caller holds the run's row lock (or has just
+    created the run, which then has no events yet)."""
+    last = (
+        None
+        if first
+        else RunEvent.objects.for_workspace(run.workspace_id)
+        .filter(run=run)
+        .order_by("-seq")
+        .first()
+    )
     event = RunEvent(
         run=run,
         seq=(last.seq + 1) if last else 1,
@@ -198,13 +209,8 @@ def create_run(*, workspace: Workspace, user: User, submission: Submission) -> R
     it when it can: nothing a user submitted is lost.
     """
     with transaction.atomic():
-        for _ in range(5):
-            name = new_run_name(submission.spec.name)
-            if not Run.objects.for_workspace(workspace).filter(name=name).exists():
-                break
-        run = Run.objects.create(
+        run = Run(
             workspace=workspace,
-            name=name,
             spec_name=submission.spec.name,
             spec=submission.spec.to_dict(),
             spec_hash=_spec_hash(submission.spec),
@@ -218,6 +224,16 @@ def create_run(*, workspace: Workspace, user: User, submission: Submission) -> R
             state=RunState.PENDING,
             state_reason="Accepted; handing it to the scheduler.",
         )
+        # 36^6 suffixes: a clash is rare, and the unique constraint, not a prior read, decides.
+        for attempt in range(5):
+            run.name = new_run_name(submission.spec.name)
+            try:
+                with transaction.atomic():
+                    run.save(force_insert=True)
+                break
+            except IntegrityError:
+                if attempt == 4:
+                    raise
         append_event(
             run,
             "submitted",
@@ -227,6 +243,7 @@ def create_run(*, workspace: Workspace, user: User, submission: Submission) -> R
                 "spec_hash": run.spec_hash,
                 "bundle": submission.bundle.sha256 if submission.bundle else None,
             },
+            first=True,
         )
         delivery = Delivery.objects.create(run=run, action=Delivery.Action.SUBMIT)
         transaction.on_commit(lambda: enqueue_delivery(delivery.pk))
@@ -349,13 +366,22 @@ def has_live_attempt(run: Run) -> bool:
     )
 
 
+def checkpoint_exists(run: Run, checkpoint: Checkpoint) -> bool:
+    """Whether a checkpoint can still be resumed from. On this machine the workload may have
+    deleted it (many keep only the newest few); elsewhere the backend checks."""
+    if run.backend != Backend.LOCAL:
+        return True
+    return Path(checkpoint.path).exists()
+
+
 def newest_checkpoint(run: Run) -> Checkpoint | None:
-    return (
+    """The newest complete checkpoint that still exists."""
+    candidates = (
         Checkpoint.objects.for_workspace(run.workspace_id)
         .filter(run=run, complete=True)
-        .order_by("-step", "-created_at")
-        .first()
+        .order_by("-step", "-created_at")[:50]
     )
+    return next((c for c in candidates if checkpoint_exists(run, c)), None)
 
 
 @transaction.atomic
@@ -369,6 +395,11 @@ def resume_run(*, run: Run, user: User | None, checkpoint: Checkpoint | None = N
         )
     if checkpoint is not None and checkpoint.run_id != locked.pk:
         raise RunActionRefused("That checkpoint belongs to another run.")
+    if checkpoint is not None and not checkpoint_exists(locked, checkpoint):
+        raise RunActionRefused(
+            f"The checkpoint at step {checkpoint.step} no longer exists (the workload removed "
+            "it); resume from a newer one."
+        )
     start_from = checkpoint or newest_checkpoint(locked)
     locked.resume_from = start_from
     locked.retry_reason = "manual_resume"
@@ -439,6 +470,30 @@ class AttemptOutcome:
     failure_class: str = ""
     message: str = ""
     cancelled: bool = False
+    # The platform stopped it (the local agent restarted, say), not the workload: it starts
+    # again from its newest checkpoint whatever the retry policy says, and uses no retry.
+    interrupted: bool = False
+
+
+def retries_used(run: Run, *, before: RunAttempt) -> int:
+    """Automatic retries the run has had since it was last started by a person (submitted or
+    resumed): its earlier failed attempts that count (platform interruptions do not)."""
+    attempts = RunAttempt.objects.for_workspace(run.workspace_id).filter(
+        run=run, number__lt=before.number
+    )
+    last_start = (
+        attempts.filter(retry_reason="manual_resume")
+        .order_by("-number")
+        .values_list("number", flat=True)
+        .first()
+        if before.retry_reason != "manual_resume"
+        else before.number
+    )
+    return attempts.filter(
+        number__gte=last_start or 1,
+        state=RunAttempt.State.FAILED,
+        counts_against_retries=True,
+    ).count()
 
 
 @transaction.atomic
@@ -460,6 +515,7 @@ def finish_attempt(
         attempt.state = RunAttempt.State.FAILED
         attempt.failure_class = outcome.failure_class or FailureClass.UNKNOWN
         attempt.failure_message = outcome.message[:4000]
+        attempt.counts_against_retries = not outcome.interrupted
     attempt.save()
     data = {"attempt": attempt.number, "exit_code": outcome.exit_code}
     state = RunState(run.state)
@@ -480,7 +536,20 @@ def finish_attempt(
     failure = FailureClass(attempt.failure_class)
     run.failure_class = failure
     spec = Spec.from_dict(run.spec)
-    retries_so_far = attempt.number - 1
+    if outcome.interrupted:
+        run.not_before = None
+        run.resume_from = newest_checkpoint(run)
+        run.retry_reason = failure.value
+        run.save(update_fields=["failure_class", "not_before", "resume_from", "retry_reason"])
+        where = f" from step {run.resume_from.step}" if run.resume_from else ""
+        return transition(
+            run,
+            RunState.QUEUED,
+            reason=f"Interrupted ({outcome.message}); starting again{where}.",
+            data={**data, "failure_class": failure.value, "interrupted": True},
+            kind="retry",
+        )
+    retries_so_far = retries_used(run, before=attempt)
     if spec.resilience.retries(failure.value, retries_so_far=retries_so_far):  # type: ignore[arg-type]
         delay = spec.resilience.backoff.delay(retries_so_far + 1)
         run.not_before = now + timedelta(seconds=delay)

@@ -11,8 +11,9 @@ import hashlib
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.auth.mixins import LoginRequiredMixin, UserPassesTestMixin
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -23,9 +24,9 @@ from django.views.generic import TemplateView
 
 from runs import selectors, services, submission
 from runs.models import LIVE_STATES, Checkpoint, Run, RunAttempt, RunEvent, RunState
-from runs.usage import queue_estimate, usage_lines
+from runs.usage import platform_usage, queue_estimate, usage_lines
 from workspaces.access import WorkspaceViewMixin
-from workspaces.models import Role
+from workspaces.models import Role, Workspace
 
 PAGE_SIZE = 25
 
@@ -150,6 +151,8 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
         checkpoints = list(
             Checkpoint.objects.for_workspace(self.workspace).filter(run=run).order_by("-step")[:20]
         )
+        for checkpoint in checkpoints:
+            checkpoint.available = services.checkpoint_exists(run, checkpoint)  # type: ignore[attr-defined]
         may_act = self.access.allows(Role.ADMIN) or (
             self.access.allows(Role.RESEARCHER) and run.submitted_by_id == self.request.user.pk
         )
@@ -164,6 +167,25 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
             "latest_attempt": attempts[0] if attempts else None,
         }
 
+    def _version(self, run: Run) -> tuple[Any, ...]:
+        """Everything the live fragment shows changes one of these: the run row (state,
+        reason, attempts), its newest event (workload events do not touch the run row), its
+        newest checkpoint."""
+        newest_event = (
+            RunEvent.objects.filter(run=OuterRef("pk")).order_by("-seq").values("seq")[:1]
+        )
+        newest_checkpoint = (
+            Checkpoint.objects.filter(run=OuterRef("pk")).order_by("-id").values("id")[:1]
+        )
+        row = (
+            Run.objects.for_workspace(self.workspace)
+            .filter(pk=run.pk)
+            .annotate(event=Subquery(newest_event), checkpoint=Subquery(newest_checkpoint))
+            .values_list("updated_at", "state", "event", "checkpoint")
+            .get()
+        )
+        return (run.pk, *row)
+
     def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         run = _run_or_404(self.workspace, kwargs["run_name"])
         if run.name != kwargs["run_name"]:
@@ -174,8 +196,8 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
                 )
             )
         if request.headers.get("HX-Request"):
-            # The live part polls: answer "nothing changed" from the run row alone.
-            etag = _etag("run", run.pk, run.updated_at.isoformat(), run.state, run.attempt_count)
+            # The live part polls: answer "nothing changed" after one small query.
+            etag = _etag("run", *self._version(run))
             if _not_modified(request, etag):
                 return _fragment_response(request, "runs/detail.html#live", {}, etag)
             context = {**self.get_context_data(**kwargs), **self._context(run)}
@@ -353,3 +375,57 @@ class QueueView(WorkspaceViewMixin, TemplateView):
             )
             return _fragment_response(request, "runs/queue.html#live", context, etag)
         return self.render_to_response(context)
+
+
+class PlatformQueueView(LoginRequiredMixin, UserPassesTestMixin, TemplateView):
+    """Every workspace's queue and use of quota, for platform staff."""
+
+    template_name = "runs/platform_queue.html"
+
+    def test_func(self) -> bool:
+        return bool(self.request.user.is_staff)
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        # unscoped(): the platform team's view across all workspaces.
+        live = list(
+            Run.objects.unscoped()
+            .filter(
+                state__in=[
+                    RunState.PENDING,
+                    RunState.QUEUED,
+                    RunState.ADMITTED,
+                    RunState.RUNNING,
+                    RunState.CANCELLING,
+                ]
+            )
+            .select_related("workspace")
+            .order_by("workspace__slug", "queue_position", "-priority_value", "queued_at", "id")[
+                :1000
+            ]
+        )
+        usage = platform_usage()
+        workspaces = Workspace.objects.unscoped().filter(active=True).order_by("slug")
+        rows: list[dict[str, Any]] = []
+        for workspace in workspaces:
+            mine = [run for run in live if run.workspace_id == workspace.pk]
+            rows.append(
+                {
+                    "workspace": workspace,
+                    "usage": usage.get(workspace.pk, []),
+                    "waiting": [
+                        run for run in mine if run.state in (RunState.PENDING, RunState.QUEUED)
+                    ],
+                    "running": [
+                        run for run in mine if run.state not in (RunState.PENDING, RunState.QUEUED)
+                    ],
+                }
+            )
+        context.update(
+            {
+                "rows": rows,
+                "waiting_total": sum(len(row["waiting"]) for row in rows),
+                "running_total": sum(len(row["running"]) for row in rows),
+            }
+        )
+        return context

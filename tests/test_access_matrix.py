@@ -185,6 +185,7 @@ MATRIX: dict[str, Route] = {
         lambda world: {"pk": tokens.issue_token(user=world.users["researcher"], name="m").token.pk},
     ),
     "audit": Route({"GET": codes(200, 403, 403, 403, 403, 302)}),
+    "platform-queue": Route({"GET": codes(200, 403, 403, 403, 403, 302)}),
     # A workspace's audit log is for its admins; staff read the platform-wide one instead.
     "workspace-audit": Route({"GET": codes(403, 200, 403, 403, 404, 302)}, ALPHA),
     # Single sign-on is not configured in this matrix (test_oidc_login.py covers it).

@@ -60,7 +60,15 @@ def ensure_node_packages() -> None:
         )
 
 
+def ensure_wrk() -> None:
+    if shutil.which("wrk") is None:
+        apt_install(["wrk"])
+
+
 def main() -> int:
+    if "--bench" in sys.argv[1:]:
+        ensure_wrk()  # the HTTP load generator of make bench
+        return 0
     ensure_chromium()
     ensure_node_packages()
     return 0

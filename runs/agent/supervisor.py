@@ -336,6 +336,7 @@ class Agent:
                     succeeded=False,
                     failure_class=FailureClass.INFRASTRUCTURE,
                     message=AGENT_RESTARTED,
+                    interrupted=True,
                 ),
             )
             self._revoke_run_tokens(attempt.run_id)
@@ -842,6 +843,7 @@ class Agent:
             exit_code=exit_code,
             failure_class=FailureClass.INFRASTRUCTURE,
             message=AGENT_STOPPED,
+            interrupted=True,
         )
 
     def _fail(self, execution: Execution, failure_class: str, message: str) -> None:

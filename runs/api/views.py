@@ -114,7 +114,9 @@ class RunViewSet(WorkspaceScopedViewSet):
                 },
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        return Response(self._detail(run), status=status.HTTP_201_CREATED)
+        # A new run has no attempts yet: answer from what was just written, no re-read.
+        run._prefetched_objects_cache = {"attempts": RunAttempt.objects.none()}  # type: ignore[attr-defined]
+        return Response(dict(RunDetailSerializer(run).data), status=status.HTTP_201_CREATED)
 
     def _detail(self, run: Run) -> dict[str, Any]:
         attempts = Prefetch(

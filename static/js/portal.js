@@ -40,6 +40,7 @@
         return response.text();
       })
       .then(function (html) {
+        connection(true);
         if (html !== null && html !== undefined) {
           htmx.swap(element, html, { swapStyle: "outerHTML" });
           scan(document);
@@ -48,11 +49,19 @@
         }
       })
       .catch(function () {
+        connection(false);
         // A network hiccup: try again later, a little less often.
         element.dataset.pollInterval = String(Math.min(30000, parseInt(element.dataset.pollInterval || "3000", 10) * 2));
         schedule(element);
       });
   }
+
+  // Say so when live updates stop arriving, and stop saying it when they resume.
+  function connection(ok) {
+    var banner = document.getElementById("live-status");
+    if (banner) banner.hidden = ok;
+  }
+  window.tauConnection = connection;
 
   function scan(root) {
     root.querySelectorAll("[data-poll-url]").forEach(schedule);

@@ -51,6 +51,7 @@
           return response.json();
         })
         .then(function (chunk) {
+          if (window.tauConnection) window.tauConnection(true);
           if (chunk.attempt !== null && attempt !== null && chunk.attempt !== attempt) {
             // A new attempt began: start its log afresh.
             log.textContent = "";
@@ -75,6 +76,7 @@
           window.setTimeout(tick, chunk.next_offset < chunk.size ? 200 : 2000);
         })
         .catch(function () {
+          if (window.tauConnection) window.tauConnection(false);
           window.setTimeout(tick, 5000);
         });
     }

@@ -413,11 +413,13 @@ def test_stopping_the_agent_stops_its_runs_for_a_later_retry(
     assert not process_alive(pids["main"])
     assert not process_alive(pids["grandchild"])
     run.refresh_from_db()
+    # An interruption by the platform: back in the queue at once, and no retry used.
     assert run.state == RunState.QUEUED
-    assert run.not_before is not None
+    assert run.not_before is None
     (attempt,) = attempts(run)
     assert attempt.failure_class == FailureClass.INFRASTRUCTURE
     assert attempt.failure_message == "agent stopped"
+    assert attempt.counts_against_retries is False
 
 
 def test_runs_left_executing_without_an_attempt_are_put_right(world: Any, start_agent: Any) -> None:

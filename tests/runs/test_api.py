@@ -178,11 +178,17 @@ def test_only_the_submitter_or_an_admin_acts_on_a_run(world: Any) -> None:
     )
 
 
-def test_resume_from_a_chosen_checkpoint(world: Any) -> None:
+def test_resume_from_a_chosen_checkpoint(world: Any, tmp_path: Path) -> None:
     run = make_run(world, state=RunState.FAILED)
-    early = Checkpoint.objects.create(run=run, attempt=1, step=10, path="/c/step-10")
-    Checkpoint.objects.create(run=run, attempt=1, step=20, path="/c/step-20")
+    for step in (10, 20):
+        (tmp_path / f"step-{step}").mkdir()
+    early = Checkpoint.objects.create(run=run, attempt=1, step=10, path=str(tmp_path / "step-10"))
+    Checkpoint.objects.create(run=run, attempt=1, step=20, path=str(tmp_path / "step-20"))
+    gone = Checkpoint.objects.create(run=run, attempt=1, step=5, path=str(tmp_path / "step-5"))
     client = world.api_client_for("researcher")
+    refused = client.post(run_url(run.name, "run-resume"), {"checkpoint": gone.pk}, format="json")
+    assert refused.status_code == 409
+    assert "no longer exists" in refused.json()["detail"]
     response = client.post(run_url(run.name, "run-resume"), {"checkpoint": early.pk}, format="json")
     assert response.status_code == 200
     run.refresh_from_db()

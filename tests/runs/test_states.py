@@ -113,3 +113,50 @@ resilience:
     )
     assert third.state == RunState.FAILED  # user errors are not in retry_on
     assert services.verify_event_chain(third)
+
+
+def _fail(run: Run, **outcome: Any) -> Run:
+    attempt = services.start_attempt(run=run)
+    services.attempt_running(attempt=attempt)
+    return services.finish_attempt(
+        attempt=attempt, outcome=services.AttemptOutcome(succeeded=False, **outcome)
+    )
+
+
+NO_RETRIES = b"""schema_version: 1
+name: strict
+run:
+  entrypoint: main.py
+  workload_kind: job
+resilience:
+  max_retries: 1
+  retry_on: [user_error]
+"""
+
+
+def test_platform_interruptions_use_no_retry(world: Any) -> None:
+    run = services.transition(make_run(world, spec=NO_RETRIES), RunState.QUEUED)
+    # infrastructure is not in retry_on, yet an interruption always comes back, uncounted.
+    for _ in range(3):
+        run = _fail(
+            run, failure_class="infrastructure", message="agent restarted", interrupted=True
+        )
+        assert run.state == RunState.QUEUED
+        assert run.not_before is None
+    run = _fail(run, exit_code=1, failure_class="user_error")
+    assert run.state == RunState.QUEUED  # the one retry the policy allows
+    run = _fail(run, exit_code=1, failure_class="user_error")
+    assert run.state == RunState.FAILED
+    assert services.verify_event_chain(run)
+
+
+def test_a_manual_resume_restores_the_retry_budget(world: Any) -> None:
+    run = services.transition(make_run(world, spec=NO_RETRIES), RunState.QUEUED)
+    run = _fail(run, exit_code=1, failure_class="user_error")
+    run = _fail(run, exit_code=1, failure_class="user_error")
+    assert run.state == RunState.FAILED
+    run = services.resume_run(run=run, user=world.users["researcher"])
+    run = _fail(run, exit_code=1, failure_class="user_error")
+    assert run.state == RunState.QUEUED  # a retry again, counted from the resume
+    run = _fail(run, exit_code=1, failure_class="user_error")
+    assert run.state == RunState.FAILED

@@ -1,0 +1,69 @@
+"""Every list and detail page answers in a fixed number of SQL queries, however many runs,
+attempts, events and checkpoints there are. The pinned numbers are part of the contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from runs import services
+from runs.models import Checkpoint, RunState
+from tests.runs.factories import make_run
+
+pytestmark = pytest.mark.django_db
+
+# Session and user come first on every page; the navigation adds one for its workspaces.
+PINNED = {
+    "runs": 5,  # + access, runs page
+    "run": 8,  # + access, resolve run, attempts, events, checkpoints
+    "run-fragment": 8,  # + version, then the same reads as the page (minus the navigation)
+    "queue": 9,  # + access, pending, running, admission history, usage (runs, quotas)
+    "platform-queue": 7,  # + live runs, usage (runs, quotas), workspaces
+}
+
+
+def grow(world: Any, *, runs: int) -> Any:
+    """Runs with history: half of them running (an attempt, events), all with a checkpoint."""
+    last = None
+    for index in range(runs):
+        run = services.transition(make_run(world), RunState.QUEUED)
+        if index % 2:
+            services.attempt_running(attempt=services.start_attempt(run=run))
+        Checkpoint.objects.create(run=run, attempt=1, step=index, path=f"/c/{run.pk}/{index}")
+        last = run
+    return last
+
+
+def count(client: Any, url: str, **headers: str) -> tuple[int, list[str]]:
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(url, **headers)
+    assert response.status_code == 200, response.status_code
+    return len(queries), [q["sql"][:120] for q in queries.captured_queries]
+
+
+@pytest.mark.parametrize("page", sorted(PINNED))
+def test_page_query_counts_are_pinned(world: Any, page: str) -> None:
+    client = world.client_for("platform_admin" if page == "platform-queue" else "researcher")
+
+    def url(run: Any) -> tuple[str, dict[str, str]]:
+        return {
+            "runs": ("/w/alpha/runs/", {}),
+            "run": (f"/w/alpha/runs/{run.name}/", {}),
+            "run-fragment": (f"/w/alpha/runs/{run.name}/", {"HTTP_HX_REQUEST": "true"}),
+            "queue": ("/w/alpha/queue/", {}),
+            "platform-queue": ("/queue/", {}),
+        }[page]
+
+    run = grow(world, runs=2)
+    path, headers = url(run)
+    few, _ = count(client, path, **headers)
+    run = grow(world, runs=8)
+    for _ in range(5):
+        services.append_event(services.lock_run(run.pk), "note", message="more history")
+    path, headers = url(run)
+    many, sql = count(client, path, **headers)
+    assert few == many, sql
+    assert many == PINNED[page], sql
