@@ -217,6 +217,18 @@ def test_every_page_passes_axe_at_both_widths(world: Any, live_server: Any, page
     for name, path in pages.items():
         page.goto(f"{live_server.url}{path}")
         check_page(page, name)
+    # The platform team's pages, and a refusal.
+    page.context.clear_cookies()
+    log_in(page.context, live_server.url, world.users["platform_admin"])
+    for name, path in {"platform-queue": "/queue/", "platform-audit": "/audit/"}.items():
+        page.goto(f"{live_server.url}{path}")
+        check_page(page, name)
+    page.context.clear_cookies()
+    log_in(page.context, live_server.url, world.users["viewer"])
+    response = page.goto(f"{live_server.url}/w/alpha/runs/new/")
+    assert response is not None
+    assert response.status == 403
+    check_page(page, "forbidden")
     page.context.clear_cookies()
     page.goto(f"{live_server.url}/login/")
     check_page(page, "login")

@@ -21,6 +21,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from portal.models import AuditEvent
+from tests.runs.processes import get_json, submit_example
 from workspaces.models import Membership, Workspace, WorkspaceQuota
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,6 +140,28 @@ def test_the_embedded_default_runs_with_no_services(tmp_path: Path) -> None:
         assert home.geturl() == f"{base}/"
         assert "Demo workspace" in page
         assert processes_mentioning(f"worker@127.0.0.1-{port}"), "no Celery worker was started"
+        # The README's curl: a token from create_token, the example submitted in one request,
+        # followed until it succeeds: worker, beat and the local agent all at work.
+        api_token = subprocess.run(
+            [*manage, "create_token", "researcher", "--workspace", "demo"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout.strip()
+        run = submit_example(base, api_token)
+        assert run["state"] == "pending"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            state = get_json(f"{base}{run['url']}", api_token)["state"]
+            if state in {"succeeded", "failed", "cancelled"}:
+                break
+            time.sleep(1)
+        assert state == "succeeded", get_json(f"{base}{run['url']}", api_token)
+        log = get_json(f"{base}{run['url']}logs/?tail=5", api_token)["text"]
+        assert "done: step" in log
     finally:
         portal.send_signal(signal.SIGINT)
         try:

@@ -3,6 +3,8 @@ and started again), and gunicorn, a Celery worker and Celery beat against the te
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import secrets
 import shutil
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -203,3 +206,45 @@ def portal_processes(tmp_path: Path, broker_url: str, **kwargs: Any) -> Iterator
         yield portal
     finally:
         portal.stop()
+
+
+def submit_example(base: str, token: str, workspace: str = "demo") -> dict[str, Any]:
+    """POST examples/cpu-quickstart as `curl -F spec=@tau.yaml -F bundle=@project.zip` does."""
+    example = ROOT / "examples" / "cpu-quickstart"
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as bundle:
+        for path in sorted(example.iterdir()):
+            bundle.write(path, path.name)
+    boundary = "taugridtest"
+    parts = [
+        ("spec", "tau.yaml", (example / "tau.yaml").read_bytes()),
+        ("bundle", "project.zip", archive.getvalue()),
+    ]
+    body = (
+        b"".join(
+            f"--{boundary}\r\n"
+            f'Content-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n".encode()
+            + content
+            + b"\r\n"
+            for name, filename, content in parts
+        )
+        + f"--{boundary}--\r\n".encode()
+    )
+    request = urllib.request.Request(
+        f"{base}/api/v1/workspaces/{workspace}/runs/",
+        data=body,
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": f"multipart/form-data; boundary={boundary}",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 201
+        return dict(json.loads(response.read()))
+
+
+def get_json(url: str, token: str) -> dict[str, Any]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return dict(json.loads(response.read()))
