@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db.models import Prefetch, Q, QuerySet
 from django.http import FileResponse, Http404
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, status
@@ -114,9 +115,30 @@ class RunViewSet(WorkspaceScopedViewSet):
                 },
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        # A new run has no attempts yet: answer from what was just written, no re-read.
-        run._prefetched_objects_cache = {"attempts": RunAttempt.objects.none()}  # type: ignore[attr-defined]
-        return Response(dict(RunDetailSerializer(run).data), status=status.HTTP_201_CREATED)
+        # Answer from what was just written: no re-read, and a new run has no attempts yet.
+        url = reverse(
+            "api:run-detail", kwargs={"workspace_slug": self.workspace.slug, "run_name": run.name}
+        )
+        bundle = run.bundle
+        return Response(
+            {
+                "name": run.name,
+                "spec_name": run.spec_name,
+                "state": run.state,
+                "state_reason": run.state_reason,
+                "spec_hash": run.spec_hash,
+                "bundle": None
+                if bundle is None
+                else {"sha256": bundle.sha256, "size": bundle.size, "files": bundle.file_count},
+                "priority": run.priority,
+                "backend": run.backend,
+                "submitted_by": run.submitted_by_username,
+                "created_at": run.created_at,
+                "attempts": [],
+                "url": url,
+            },
+            status=status.HTTP_201_CREATED,
+        )
 
     def _detail(self, run: Run) -> dict[str, Any]:
         attempts = Prefetch(
