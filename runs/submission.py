@@ -13,6 +13,7 @@ from typing import IO, TYPE_CHECKING, Any
 from django.conf import settings
 
 from runs import bundles, policy, services
+from runs.backends import AVAILABLE_BACKENDS
 from runs.models import Run
 from tau.spec import SpecError, load_spec
 
@@ -76,6 +77,17 @@ def check_spec(source: bytes, *, workspace: Workspace) -> policy.Placement:
 def submit(
     *, workspace: Workspace, user: User, spec_source: bytes, bundle: IO[bytes] | None
 ) -> Run:
+    if settings.TAU_BACKEND not in AVAILABLE_BACKENDS:
+        # Refuse now rather than accept a run that no backend will ever take.
+        raise SubmissionRefused(
+            [
+                SubmissionProblem(
+                    "backend",
+                    f"this installation runs the {settings.TAU_BACKEND} backend, which cannot "
+                    "take runs yet; ask the platform team (TAU_BACKEND=local runs them here).",
+                )
+            ]
+        )
     placement = check_spec(spec_source, workspace=workspace)
     stored = None
     if bundle is not None:

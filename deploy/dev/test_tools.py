@@ -6,11 +6,14 @@ when everything is already there. Standard library only.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+# The sibling script that installs and runs the test services knows how to install packages.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_services import apt_install
 
 ROOT = Path(__file__).resolve().parents[2]
 # npm projects the tests use: the test OpenID provider, and axe-core for accessibility checks.
@@ -22,20 +25,6 @@ NPM_DIRS = [
 
 def log(message: str) -> None:
     print(f"[test-tools] {message}", file=sys.stderr, flush=True)
-
-
-def apt_install(packages: list[str]) -> None:
-    prefix = [] if os.geteuid() == 0 else ["sudo"]
-    if prefix and shutil.which("sudo") is None:
-        raise SystemExit(f"install the Debian packages {' '.join(packages)} (needs root)")
-    log(f"installing Debian packages: {' '.join(packages)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run([*prefix, "apt-get", "update", "-q"], check=True, env=env)  # noqa: S603
-    subprocess.run(  # noqa: S603
-        [*prefix, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
-        check=True,
-        env=env,
-    )
 
 
 def ensure_chromium() -> None:

@@ -24,6 +24,10 @@ class RunBackend(Protocol):
     def cancel(self, run: Run) -> None: ...
 
 
+# The backends this version can execute runs on; submission refuses the others up front.
+AVAILABLE_BACKENDS = frozenset({Backend.LOCAL.value})
+
+
 class BackendUnavailable(RuntimeError):
     """The run names a backend this installation does not run."""
 

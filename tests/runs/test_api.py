@@ -326,3 +326,11 @@ def test_bundle_download_for_members_and_its_own_workload(world: Any) -> None:
     token = run_token(world, run)
     assert bearer(token).get(run_url(run.name, "run-bundle")).status_code == 200
     assert bearer(token).get(run_url(other.name, "run-bundle")).status_code == 404
+
+
+def test_a_backend_that_cannot_take_runs_refuses_at_submission(world: Any, settings: Any) -> None:
+    settings.TAU_BACKEND = "kubernetes"
+    response = submit(world.api_client_for("researcher"), TINY_SPEC)
+    assert response.status_code == 400
+    assert response.json()["problems"][0]["path"] == "backend"
+    assert Run.objects.for_workspace(world.alpha).count() == 0
