@@ -16,8 +16,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpRespons
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.decorators import method_decorator
 from django.utils.http import urlencode
 from django.views import View
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django.views.generic import TemplateView
 
@@ -127,6 +129,7 @@ class TokenForm(forms.Form):
         return days
 
 
+@method_decorator(never_cache, name="dispatch")  # a new token's secret must not be cached
 class TokensView(LoginRequiredMixin, View):
     """List, create and revoke your API tokens. A new token's secret is shown once."""
 

@@ -303,3 +303,11 @@ def test_every_api_view_checks_token_scope() -> None:
     assert len(api_views) >= 5
     for view in api_views:
         assert TokenScopePermission in view.permission_classes, view
+
+
+def test_the_page_showing_a_new_secret_is_never_cached(world: Any) -> None:
+    response = world.client_for("researcher").post(
+        reverse("tokens"), {"name": "cache check", "expires_in_days": "30"}
+    )
+    assert response.status_code == 201
+    assert "no-store" in response["Cache-Control"]
