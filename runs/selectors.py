@@ -86,9 +86,11 @@ def read_log(
             start = max(0, min(offset, size))
         handle.seek(start)
         data = handle.read(min(limit, size - start))
-    # Never split a UTF-8 character: stop before a trailing partial sequence.
-    text = data.decode("utf-8", errors="ignore") if len(data) < limit else _complete_utf8(data)
-    consumed = len(text.encode("utf-8")) if len(data) >= limit else len(data)
+    at_end = start + len(data) >= size
+    # A character still being written (or cut by the limit) waits for the next read; once the
+    # attempt is over, whatever is there is shown.
+    consumed = len(data) if (complete and at_end) else _complete_prefix(data)
+    text = data[:consumed].decode("utf-8", errors="replace")
     return LogChunk(
         attempt=attempt.number,
         text=text,
@@ -99,13 +101,24 @@ def read_log(
     )
 
 
-def _complete_utf8(data: bytes) -> str:
-    for cut in range(4):
-        try:
-            return data[: len(data) - cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return data.decode("utf-8", errors="replace")
+def _complete_prefix(data: bytes) -> int:
+    """How many leading bytes of ``data`` end on a UTF-8 character boundary: a multi-byte
+    character whose last bytes are not there yet is left for the next read. Bytes that are not
+    UTF-8 at all are consumed (and shown as replacement characters)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0b1100_0000 == 0b1000_0000:
+            continue  # a continuation byte: look further back for the lead byte
+        if byte >= 0b1111_0000:
+            needed = 4
+        elif byte >= 0b1110_0000:
+            needed = 3
+        elif byte >= 0b1100_0000:
+            needed = 2
+        else:
+            needed = 1
+        return len(data) - back if needed > back else len(data)
+    return len(data)
 
 
 def _tail_start(handle: Any, size: int, lines: int) -> int:

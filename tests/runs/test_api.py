@@ -334,3 +334,20 @@ def test_a_backend_that_cannot_take_runs_refuses_at_submission(world: Any, setti
     assert response.status_code == 400
     assert response.json()["problems"][0]["path"] == "backend"
     assert Run.objects.for_workspace(world.alpha).count() == 0
+
+
+def test_following_a_log_never_splits_a_character(world: Any, tmp_path: Path) -> None:
+    run = make_run(world)
+    log = tmp_path / "attempt.log"
+    text = "loss ↓ 0.31 — ok ✓\n"
+    encoded = text.encode()
+    cut = encoded.index("↓".encode()) + 1  # the writer is in the middle of "↓"
+    log.write_bytes(encoded[:cut])
+    RunAttempt.objects.create(run=run, number=1, log_path=str(log))
+    client = world.api_client_for("viewer")
+    first = client.get(run_url(run.name, "run-logs"), {"offset": 0}).json()
+    assert first["text"] == "loss "
+    log.write_bytes(encoded)
+    rest = client.get(run_url(run.name, "run-logs"), {"offset": first["next_offset"]}).json()
+    assert first["text"] + rest["text"] == text
+    assert rest["next_offset"] == len(encoded)
