@@ -100,6 +100,12 @@ def read_pids(var_dir: Path, run: Run, agent: Agent) -> dict[str, int]:
     return pids
 
 
+NO_RETRIES = """\
+    resilience:
+      max_retries: 0
+    """
+
+
 def test_cpu_quickstart_runs_to_success(world: Any, var_dir: Path, start_agent: Any) -> None:
     local_quota(world.alpha)
     example = EXAMPLES / "cpu-quickstart"
@@ -145,13 +151,9 @@ def test_a_killed_agent_is_recovered_on_restart(
     world: Any, var_dir: Path, start_agent: Any
 ) -> None:
     local_quota(world.alpha)
-    resilience = """\
-        resilience:
-          max_retries: 1
-          retry_on: [infrastructure]
-          backoff: {initial: 0s, max: 1s}
-        """
-    run = submit(world, spec("crashy", extra=resilience), {"main.py": TREE_WORKLOAD})
+    # No retries at all: the agent's own crash is not the workload's failure, so the run is
+    # started again anyway, and uses none.
+    run = submit(world, spec("crashy", extra=NO_RETRIES), {"main.py": TREE_WORKLOAD})
     first = start_agent()
     pids = read_pids(var_dir, run, first)
     wait_for_state(run, RunState.RUNNING, timeout=10, agent=first)
@@ -399,13 +401,7 @@ def test_stopping_the_agent_stops_its_runs_for_a_later_retry(
     world: Any, var_dir: Path, start_agent: Any
 ) -> None:
     local_quota(world.alpha)
-    resilience = """\
-        resilience:
-          max_retries: 1
-          retry_on: [infrastructure]
-          backoff: {initial: 1m, max: 1m}
-        """
-    run = submit(world, spec("stopped", extra=resilience), {"main.py": TREE_WORKLOAD})
+    run = submit(world, spec("stopped", extra=NO_RETRIES), {"main.py": TREE_WORKLOAD})
     agent = start_agent()
     pids = read_pids(var_dir, run, agent)
     wait_for_state(run, RunState.RUNNING, timeout=10, agent=agent)
