@@ -21,66 +21,20 @@ from typing import Any
 
 import pytest
 
+from tests.cluster.kueue_objects import GPU, KUEUE, cluster_queue, local_queue, resource_flavor
 from tests.cluster.plugin import CONTROLPLANE, Kube, KubeCluster, load_controlplane, wait_until
 
 pytestmark = pytest.mark.cluster
 
-KUEUE = "kueue.x-k8s.io/v1beta2"
 RAY = "ray.io/v1"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-GPU = "nvidia.com/gpu"
 RAY_IMAGE = "rayproject/ray:2.46.0"
 
 
 # ---------------------------------------------------------------------------------------------
 # Object builders (Kueue v1beta2, ray.io/v1, batch/v1)
 # ---------------------------------------------------------------------------------------------
-
-
-def resource_flavor(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": KUEUE,
-        "kind": "ResourceFlavor",
-        "metadata": {"name": name},
-        "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
-    }
-
-
-def cluster_queue(
-    name: str, flavor: str, namespace: str, gpus: int, cohort: str | None = None
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        # Only this test's namespace: a null selector would admit from no namespace at all.
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "resourceGroups": [
-            {
-                "coveredResources": ["cpu", "memory", GPU],
-                "flavors": [
-                    {
-                        "name": flavor,
-                        "resources": [
-                            {"name": "cpu", "nominalQuota": "64"},
-                            {"name": "memory", "nominalQuota": "512Gi"},
-                            {"name": GPU, "nominalQuota": str(gpus)},
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
-    if cohort is not None:
-        spec["cohortName"] = cohort
-    return {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
-
-
-def local_queue(name: str, namespace: str, cluster_queue_name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": KUEUE,
-        "kind": "LocalQueue",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"clusterQueue": cluster_queue_name},
-    }
 
 
 def batch_job(name: str, namespace: str, queue: str, gpus: int = 0) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from runs.render import (
     run_token_secret_name,
 )
 from tau.spec import Spec, load_spec
+from tests.cluster.kueue_objects import H100_LABELS
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -33,7 +34,6 @@ BUNDLE_SHA256 = "3f" * 32
 TOKEN = "tau_run_golden.not-a-real-token"
 OWNER_UID = "6f1f1e0e-0000-4000-8000-000000000042"
 PORTAL_URL = "https://taugrid.example.org"
-H100_LABELS = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
 
 @dataclass(frozen=True)

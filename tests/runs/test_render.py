@@ -30,11 +30,11 @@ from runs.render import (
     workload_name,
 )
 from tau.spec import MAX_NAME_LENGTH, RAYJOB_NAME_MAX_LENGTH, RUN_NAME_SUFFIX_MAX_LENGTH, spec_hash
+from tests.cluster.kueue_objects import H100_LABELS
 
 from .render_cases import (
     BUNDLE_SHA256,
     GOLDEN,
-    H100_LABELS,
     OWNER_UID,
     TOKEN,
     Case,

@@ -26,9 +26,10 @@ import pytest
 from runs import labels
 from runs.render import Flavor, Owner, RunTarget, render_dependents, render_workload
 from tau.spec import Spec
+from tests.cluster.kueue_objects import H100_LABELS, cluster_queue, local_queue, resource_flavor
 from tests.cluster.plugin import Kube, wait_until
 
-from .render_cases import H100_LABELS, TOKEN, cases, render_case, with_changes
+from .render_cases import TOKEN, cases, render_case, with_changes
 
 pytestmark = pytest.mark.cluster
 
@@ -51,48 +52,10 @@ def queue_setup(kube: Kube, prefix: str, *, gpus: int = 16) -> Queue:
     with room for every case, a ResourceFlavor on the H100 nodes and a priority class."""
     namespace = kube.namespace(prefix)
     flavor = kube.unique(f"{prefix}-h100")
-    kube.create(
-        {
-            "apiVersion": KUEUE,
-            "kind": "ResourceFlavor",
-            "metadata": {"name": flavor},
-            "spec": {"nodeLabels": H100_LABELS},
-        }
-    )
-    cluster_queue = kube.unique(f"{prefix}-cq")
-    kube.create(
-        {
-            "apiVersion": KUEUE,
-            "kind": "ClusterQueue",
-            "metadata": {"name": cluster_queue},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory", GPU],
-                        "flavors": [
-                            {
-                                "name": flavor,
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": "256"},
-                                    {"name": "memory", "nominalQuota": "2Ti"},
-                                    {"name": GPU, "nominalQuota": str(gpus)},
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        }
-    )
-    kube.create(
-        {
-            "apiVersion": KUEUE,
-            "kind": "LocalQueue",
-            "metadata": {"name": "alpha", "namespace": namespace},
-            "spec": {"clusterQueue": cluster_queue},
-        }
-    )
+    kube.create(resource_flavor(flavor))
+    cluster_queue_name = kube.unique(f"{prefix}-cq")
+    kube.create(cluster_queue(cluster_queue_name, flavor, namespace, gpus, cpu="256", memory="2Ti"))
+    kube.create(local_queue("alpha", namespace, cluster_queue_name))
     priority = kube.unique(f"{prefix}-high")
     kube.create(
         {
@@ -103,7 +66,7 @@ def queue_setup(kube: Kube, prefix: str, *, gpus: int = 16) -> Queue:
             "description": "test priority",
         }
     )
-    return Queue(namespace, flavor, cluster_queue, priority)
+    return Queue(namespace, flavor, cluster_queue_name, priority)
 
 
 def placed(spec: Spec, target: RunTarget, queue: Queue) -> tuple[Spec, RunTarget]:
