@@ -11,7 +11,6 @@ import hashlib
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.mixins import LoginRequiredMixin, UserPassesTestMixin
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
@@ -25,7 +24,7 @@ from django.views.generic import TemplateView
 from runs import selectors, services, submission
 from runs.models import LIVE_STATES, Checkpoint, Run, RunAttempt, RunEvent, RunState
 from runs.usage import platform_usage, queue_estimate, usage_lines
-from workspaces.access import WorkspaceViewMixin
+from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
 from workspaces.models import Role, Workspace
 
 PAGE_SIZE = 25
@@ -377,13 +376,10 @@ class QueueView(WorkspaceViewMixin, TemplateView):
         return self.render_to_response(context)
 
 
-class PlatformQueueView(LoginRequiredMixin, UserPassesTestMixin, TemplateView):
+class PlatformQueueView(StaffRequiredMixin, TemplateView):
     """Every workspace's queue and use of quota, for platform staff."""
 
     template_name = "runs/platform_queue.html"
-
-    def test_func(self) -> bool:
-        return bool(self.request.user.is_staff)
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)

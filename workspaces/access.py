@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.contrib.auth.mixins import LoginRequiredMixin
+from django.contrib.auth.mixins import LoginRequiredMixin, UserPassesTestMixin
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponseBase
@@ -104,6 +104,13 @@ class WorkspaceViewMixin(LoginRequiredMixin):
         context["workspace"] = self.workspace
         context["access"] = self.access
         return context
+
+
+class StaffRequiredMixin(LoginRequiredMixin, UserPassesTestMixin):
+    """Pages for the platform team only: others who are logged in get 403."""
+
+    def test_func(self) -> bool:
+        return bool(self.request.user.is_staff)  # type: ignore[attr-defined]
 
 
 class WorkspaceScopedViewSet(viewsets.GenericViewSet):  # type: ignore[type-arg]

@@ -9,7 +9,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import auth, messages
 from django.contrib.auth import views as auth_views
-from django.contrib.auth.mixins import LoginRequiredMixin, UserPassesTestMixin
+from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
@@ -25,7 +25,7 @@ from django.views.generic import TemplateView
 
 from portal.identity import oidc, tokens
 from portal.models import ApiToken, AuditEvent
-from workspaces.access import WorkspaceViewMixin
+from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
 from workspaces.models import Role, Workspace
 
 if TYPE_CHECKING:
@@ -238,13 +238,10 @@ def _audit_context(
     }
 
 
-class PlatformAuditView(LoginRequiredMixin, UserPassesTestMixin, TemplateView):
+class PlatformAuditView(StaffRequiredMixin, TemplateView):
     """Every audit event, for platform staff."""
 
     template_name = "identity/audit.html"
-
-    def test_func(self) -> bool:
-        return bool(self.request.user.is_staff)
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
