@@ -21,7 +21,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from portal.models import AuditEvent
-from tests.runs.processes import get_json, submit_example
+from tests.runs.processes import free_port, get_json, submit_example
 from workspaces.models import Membership, Workspace, WorkspaceQuota
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,12 +56,6 @@ def test_bootstrap_demo_refuses_production() -> None:
         pytest.raises(CommandError, match="refuses to run in production"),
     ):
         call_command("bootstrap_demo")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(url: str, timeout: float = 60) -> int:

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.test import Client, override_settings
 
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.runs.processes import free_port
 
 
 def test_healthz_answers_without_touching_anything() -> None:
@@ -31,7 +26,7 @@ def test_readyz_with_database_and_broker_up() -> None:
 
 @pytest.mark.django_db
 def test_readyz_when_the_broker_is_down() -> None:
-    port = closed_port()
+    port = free_port()  # nothing listens there
     with override_settings(CELERY_BROKER_URL=f"redis://127.0.0.1:{port}/0"):
         response = Client().get("/readyz")
     assert response.status_code == 503
@@ -59,7 +54,7 @@ def test_readyz_when_the_filesystem_broker_folder_is_gone(tmp_path: Any) -> None
 def test_readyz_when_the_database_is_down() -> None:
     connection.close()
     saved = dict(connection.settings_dict)
-    connection.settings_dict.update({"HOST": "127.0.0.1", "PORT": str(closed_port())})
+    connection.settings_dict.update({"HOST": "127.0.0.1", "PORT": str(free_port())})
     try:
         response = Client().get("/readyz")
     finally:
