@@ -3,12 +3,14 @@
 Changes are recorded from model signals, so a change made in the Django admin, through the
 API or by a service is recorded the same way, in the same transaction as the change itself.
 Models opt in by inheriting :class:`AuditedModel`. Events that are not model changes (logins,
-token use) are written with :func:`record`.
+token use) are written with :func:`record`. :func:`describe_changes` turns an event's
+before/after into what people read: the fields that changed, old → new.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
     from django.http import HttpRequest
 
+    from portal.models import AuditEvent
     from workspaces.models import Workspace
 
 
@@ -96,13 +100,20 @@ class AuditedModel(models.Model):
                 continue
             if field.attname not in self.__dict__:
                 continue  # deferred, not loaded: unknown rather than wrong
-            value = field.value_from_object(self)
-            if isinstance(field, models.DecimalField) and isinstance(value, Decimal):
-                # As stored: Decimal("4") assigned in memory and "4.000" loaded are the same.
-                value = value.quantize(Decimal(1).scaleb(-field.decimal_places))
-            snapshot[field.name] = value
+            snapshot[field.name] = self.audit_value(field, field.value_from_object(self))
         jsonable: dict[str, Any] = _jsonable(snapshot)
         return jsonable
+
+    def audit_value(self, field: models.Field[Any, Any], value: Any) -> Any:
+        """How one field's value is written into the audit log (then made JSON).
+
+        Models override this to record a value the way people write it, e.g. a quota's
+        amount as the Kubernetes quantity ``"4Gi"`` rather than ``"4294967296.000"``.
+        """
+        if isinstance(field, models.DecimalField) and isinstance(value, Decimal):
+            # As stored: Decimal("4") assigned in memory and "4.000" loaded are the same.
+            return value.quantize(Decimal(1).scaleb(-field.decimal_places))
+        return value
 
     def audit_workspace(self) -> Workspace | None:
         """The workspace this object belongs to, for scoping the audit log."""
@@ -213,3 +224,90 @@ def connect_signals() -> None:
             post_delete.connect(
                 _on_delete, sender=model, dispatch_uid=f"audit-delete-{model.__name__}"
             )
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One field of an audit event as people read it. ``before`` is None for a field that
+    did not exist before (a create), ``after`` for one that no longer exists (a delete)."""
+
+    field: str
+    before: str | None
+    after: str | None
+
+    @property
+    def text(self) -> str:
+        if self.before is not None and self.after is not None:
+            return f"{self.before} → {self.after}"
+        return self.after if self.after is not None else self.before or ""
+
+
+_EMPTY: tuple[Any, ...] = (None, "", [], {})
+
+
+def describe_changes(event: AuditEvent) -> list[FieldChange]:
+    """The fields an event changed, old → new, in the model's field order.
+
+    A create lists the values the object was created with, a delete those it had; fields
+    without a value are left out of both. Values read the way people write them, for
+    events recorded before that was so too (a quota of ``"4294967296.000"`` reads ``4Gi``).
+    """
+    before = event.before if isinstance(event.before, dict) else None
+    after = event.after if isinstance(event.after, dict) else None
+    if before is None and after is None:
+        return []
+    fields = _model_fields(event.object_type)
+    keys = list(dict.fromkeys([*(before or {}), *(after or {})]))
+    order = {name: index for index, name in enumerate(fields)}
+    keys.sort(key=lambda key: order.get(key, len(order)))
+    changes = []
+    for key in keys:
+        field = fields.get(key)
+        if before is not None and after is not None:
+            old, new = before.get(key), after.get(key)
+            if old == new:
+                continue
+            changes.append(FieldChange(key, _display_value(field, old), _display_value(field, new)))
+        elif after is not None:
+            if after[key] in _EMPTY:
+                continue
+            changes.append(FieldChange(key, None, _display_value(field, after[key])))
+        elif before is not None:
+            if before[key] in _EMPTY:
+                continue
+            changes.append(FieldChange(key, _display_value(field, before[key]), None))
+    return changes
+
+
+def _model_fields(object_type: str) -> dict[str, models.Field[Any, Any]]:
+    try:
+        model = apps.get_model(object_type)
+    except (LookupError, ValueError):  # not a model ("oidc"), or one that no longer exists
+        return {}
+    return {field.name: field for field in model._meta.concrete_fields}
+
+
+def _display_value(field: models.Field[Any, Any] | None, value: Any) -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        if isinstance(field, models.DecimalField) and _recorded_as_decimal(field, value):
+            return _as_in_form(field, Decimal(value))
+        return value
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return str(value)
+
+
+def _recorded_as_decimal(field: models.DecimalField[Any, Any], value: str) -> bool:
+    # Before AuditedModel.audit_value existed, every decimal was recorded with exactly
+    # decimal_places digits ("4294967296.000"); quantities are now recorded as "4Gi".
+    return re.fullmatch(rf"-?\d+\.\d{{{field.decimal_places}}}", value) is not None
+
+
+def _as_in_form(field: models.DecimalField[Any, Any], value: Decimal) -> str:
+    """The value as the field's own form shows it: a quota amount as a quantity."""
+    form_field = field.formfield()
+    return str(value if form_field is None else form_field.prepare_value(value))

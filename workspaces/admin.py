@@ -31,9 +31,11 @@ class PlatformScopeMixin:
         return unscoped() if unscoped is not None else queryset  # type: ignore[no-any-return]
 
 
+# One empty row of each inline is on the form from the start; a row left untouched is
+# ignored on save (Django skips unchanged extra forms), so it never blocks or adds anything.
 class MembershipInline(PlatformScopeMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = Membership
-    extra = 0
+    extra = 1
     autocomplete_fields = ["user"]
     fields = ["user", "role", "created_at"]
     readonly_fields = ["created_at"]
@@ -41,7 +43,7 @@ class MembershipInline(PlatformScopeMixin, admin.TabularInline):  # type: ignore
 
 class QuotaInline(PlatformScopeMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = WorkspaceQuota
-    extra = 0
+    extra = 1
     fields = ["flavor", "resource", "nominal", "borrowing_limit", "lending_limit"]
 
 

@@ -190,6 +190,16 @@ def _toleration_problems(tolerations: Any) -> list[str]:
     return problems
 
 
+def default_namespace(slug: str) -> str:
+    """The namespace a workspace gets when the platform team names none."""
+    return f"tau-{slug}"
+
+
+def default_local_queue(slug: str) -> str:
+    """The LocalQueue a workspace gets when the platform team names none."""
+    return slug
+
+
 class WorkspaceQuerySet(TenantQuerySet["Workspace"]):
     """Workspaces are listed only through a user's access (or explicitly across all)."""
 
@@ -226,17 +236,27 @@ class Workspace(AuditedModel):
     )
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True)
+    # Blank in a form means "the default": see fill_cluster_defaults().
     namespace = models.CharField(
         max_length=63,
         unique=True,
+        blank=True,
         validators=[validate_dns1123_label],
-        help_text="Kubernetes namespace the workspace's runs are created in.",
+        # The admin shows help text as HTML: no angle brackets.
+        help_text=(
+            "Kubernetes namespace the workspace's runs are created in. "
+            "Leave empty for tau- and the slug, e.g. tau-vision-team."
+        ),
     )
     local_queue = models.CharField(
         "LocalQueue name",
         max_length=63,
+        blank=True,
         validators=[validate_dns1123_label],
-        help_text="Kueue LocalQueue in that namespace that runs are submitted to.",
+        help_text=(
+            "Kueue LocalQueue in that namespace that runs are submitted to. "
+            "Leave empty to use the slug."
+        ),
     )
     cohort = models.ForeignKey(
         Cohort,
@@ -283,8 +303,58 @@ class Workspace(AuditedModel):
     def audit_workspace(self) -> Workspace:
         return self
 
-    def clean(self) -> None:
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self._state.adding:
+            self.fill_cluster_defaults()
+        super().save(*args, **kwargs)
+
+    def fill_cluster_defaults(self) -> list[str]:
+        """Give a new workspace the conventional namespace and queue where none was named.
+
+        The convention is namespace ``tau-<slug>`` and LocalQueue ``<slug>``. Returns the
+        fields that were filled in.
+        """
+        if not self.slug or dns1123_label_problem(self.slug):
+            return []  # the slug's own check reports it; nothing sensible to derive
+        filled = []
+        if not self.namespace:
+            self.namespace = default_namespace(self.slug)
+            filled.append("namespace")
+        if not self.local_queue:
+            self.local_queue = default_local_queue(self.slug)
+            filled.append("local_queue")
+        return filled
+
+    def _cluster_name_errors(self) -> dict[str, str]:
         errors: dict[str, str] = {}
+        if self._state.adding:
+            filled = self.fill_cluster_defaults()
+            if (
+                "namespace" in filled
+                and Workspace.unscoped_objects.filter(namespace=self.namespace).exists()
+            ):
+                errors["namespace"] = (
+                    f"The default namespace {self.namespace!r} is already used by another "
+                    "workspace; type a namespace for this one."
+                )
+        else:
+            # Clearing the name of a namespace or queue that already holds runs would move
+            # the workspace without saying so: an existing workspace must name them.
+            for field, what in (("namespace", "namespace"), ("local_queue", "LocalQueue")):
+                if not getattr(self, field):
+                    current = (
+                        Workspace.unscoped_objects.filter(pk=self.pk)
+                        .values_list(field, flat=True)
+                        .first()
+                    )
+                    errors[field] = (
+                        f"An existing workspace keeps its {what}; type it "
+                        f"(it is {current!r} now) or the new one."
+                    )
+        return errors
+
+    def clean(self) -> None:
+        errors: dict[str, str] = self._cluster_name_errors()
         if self.default_priority and self.default_priority not in (self.allowed_priorities or []):
             errors["default_priority"] = (
                 f"{self.default_priority!r} is not one of the allowed priorities; "
@@ -396,6 +466,17 @@ class WorkspaceQuota(AuditedModel, TenantModel):
         if value is None:
             return "unlimited"
         return format_quantity(value, binary=self.resource in BYTE_RESOURCES)
+
+    def audit_value(self, field: models.Field[Any, Any], value: Any) -> Any:
+        # Amounts go into the audit log as Kubernetes quantities ("4Gi", "500m", "8"),
+        # the way the platform team typed them, not as a bare decimal number of bytes.
+        if isinstance(field, QuantityField) and value is not None:
+            try:
+                amount = field.to_python(value)
+            except ValidationError:
+                return super().audit_value(field, value)
+            return format_quantity(amount, binary=self.resource in BYTE_RESOURCES)
+        return super().audit_value(field, value)
 
     def clean(self) -> None:
         errors: dict[str, str] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, time, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,6 +24,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django.views.generic import TemplateView
 
+from portal import audit
 from portal.identity import oidc, tokens
 from portal.models import ApiToken, AuditEvent
 from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
@@ -216,12 +218,31 @@ def filtered_audit_events(
     return rows[:AUDIT_PAGE_SIZE], next_cursor
 
 
+@dataclass(frozen=True)
+class AuditEntry:
+    """One row of the audit page: the event and its change as people read it."""
+
+    event: AuditEvent
+    changes: list[audit.FieldChange]
+
+    @property
+    def is_update(self) -> bool:
+        """Both sides recorded: the change itself is short, so it is shown as it is."""
+        return self.event.before is not None and self.event.after is not None
+
+    @property
+    def summary(self) -> str:
+        count = len(self.changes)
+        return f"show {count} field{'' if count == 1 else 's'}"
+
+
 def _audit_context(
     request: HttpRequest, queryset: QuerySet[AuditEvent], *, show_workspace: bool
 ) -> dict[str, Any]:
     form = AuditFilterForm(request.GET or None)
     data = form.cleaned_data if form.is_valid() else {}
     events, next_cursor = filtered_audit_events(queryset, data)
+    entries = [AuditEntry(event, audit.describe_changes(event)) for event in events]
     next_query = None
     if next_cursor is not None:
         params: dict[str, str] = {
@@ -231,7 +252,7 @@ def _audit_context(
         next_query = urlencode(params)
     return {
         "form": form,
-        "events": events,
+        "entries": entries,
         "next_query": next_query,
         "show_workspace": show_workspace,
         "filtered": any(value for key, value in data.items() if key != "before"),
@@ -252,11 +273,16 @@ class PlatformAuditView(StaffRequiredMixin, TemplateView):
 
 
 class WorkspaceAuditView(WorkspaceViewMixin, TemplateView):
-    """A workspace's own audit events, for its admins."""
+    """A workspace's own audit events, for its admins and (read-only) for platform staff."""
 
     template_name = "identity/audit.html"
-    read_role = Role.ADMIN
     write_role = Role.ADMIN
+
+    @property
+    def read_role(self) -> Role:  # type: ignore[override]
+        # Platform staff read every workspace's pages (as viewers) to help its members, and
+        # its audit log is one of them; among members, only admins read it.
+        return Role.VIEWER if self.request.user.is_staff else Role.ADMIN
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)

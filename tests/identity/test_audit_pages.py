@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from django.urls import reverse
 from portal import audit
 from portal.identity.views import AUDIT_PAGE_SIZE
 from portal.models import AuditEvent
+from workspaces.models import WorkspaceQuota
 
 pytestmark = pytest.mark.django_db
 
@@ -98,3 +100,60 @@ def test_login_and_logout_are_audited(world: Any, django_user_model: Any) -> Non
     assert events[0].object_repr == "password login as 'lee'"
     assert {e.remote_addr for e in events} == {"192.0.2.7"}
     assert "wrong" not in repr([(e.before, e.after, e.object_repr) for e in events])
+
+
+def test_platform_staff_read_a_workspace_audit_log(world: Any) -> None:
+    record(2, world.alpha, "alpha.thing")
+    record(2, world.beta, "beta.thing")
+    url = reverse("workspace-audit", kwargs={"workspace_slug": "alpha"})
+    response = world.client_for("platform_admin").get(url)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert html.count("alpha.thing</span>") == 2
+    assert "beta.thing" not in html
+    # Reading is all: the page takes no writes from staff who are not its admins.
+    assert world.client_for("platform_admin").post(url).status_code == 403
+
+
+def test_members_below_admin_still_cannot_read_it(world: Any) -> None:
+    url = reverse("workspace-audit", kwargs={"workspace_slug": "alpha"})
+    for who in ("researcher", "viewer"):
+        response = world.client_for(who).get(url)
+        assert response.status_code == 403
+        assert "needs the admin role" in response.content.decode()
+    assert world.client_for("outsider").get(url).status_code == 404
+
+
+def test_changes_read_as_quantities_and_old_to_new(world: Any) -> None:
+    quota = WorkspaceQuota.objects.for_workspace(world.alpha).get()
+    with audit.acting_as(world.users["platform_admin"], source="admin"):
+        quota.nominal = Decimal(16)
+        quota.save()
+        memory = WorkspaceQuota.objects.create(
+            workspace=world.alpha,
+            flavor=world.gpu_flavor,
+            resource="memory",
+            nominal=Decimal(4 * 2**30),
+        )
+        memory.nominal = Decimal(512 * 2**20)
+        memory.save()
+        # A row recorded before amounts were recorded as quantities.
+        audit.record(
+            action="update",
+            workspace=world.alpha,
+            object_type="workspaces.workspacequota",
+            object_repr="alpha: 2Gi memory on h100",
+            before={"nominal": "2147483648.000"},
+            after={"nominal": "4294967296.000"},
+        )
+    for url in (reverse("audit"), reverse("workspace-audit", kwargs={"workspace_slug": "alpha"})):
+        html = world.client_for("platform_admin").get(url).content.decode()
+        assert '<pre class="change">nominal: 8 → 16</pre>' in html
+        assert '<pre class="change">nominal: 4Gi → 512Mi</pre>' in html
+        assert '<pre class="change">nominal: 2Gi → 4Gi</pre>' in html
+        # A create folds its values away, each on its own line, empty ones left out.
+        assert "<summary>show 5 fields</summary>" in html
+        assert "resource: memory\nnominal: 4Gi</pre>" in html
+        assert "borrowing_limit" not in html
+        assert "4294967296" not in html
+        assert "{&#x27;" not in html  # no Python dict

@@ -4,6 +4,7 @@ itself cannot be changed."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -11,7 +12,10 @@ from django.db import connection, transaction
 from django.db.utils import DatabaseError
 from django.urls import reverse
 
+from portal import audit
+from portal.audit import FieldChange, describe_changes
 from portal.models import AuditEvent, AuditLogIsAppendOnly
+from tau.quantity import parse_quantity
 from workspaces.models import Cohort, Membership, ResourceFlavor, Workspace, WorkspaceQuota
 
 pytestmark = pytest.mark.django_db
@@ -93,7 +97,7 @@ def test_admin_creates_workspace_with_members_and_quota(world: Any) -> None:
         "created_at": new[1].after["created_at"],
     }
     assert new[2].after["resource"] == "nvidia.com/gpu"
-    assert new[2].after["nominal"] == "4.000"
+    assert new[2].after["nominal"] == "4"  # as typed: a Kubernetes quantity
 
 
 def test_admin_change_records_only_what_changed(world: Any) -> None:
@@ -282,3 +286,150 @@ def test_admin_offers_no_way_to_change_audit_events(world: Any) -> None:
         == 403
     )
     assert AuditEvent.objects.unscoped().filter(action="tampered").count() == 0
+
+
+def quota_events(quota: WorkspaceQuota) -> list[Any]:
+    return list(
+        AuditEvent.objects.unscoped()
+        .filter(object_type="workspaces.workspacequota", object_id=str(quota.pk))
+        .order_by("id")
+    )
+
+
+@pytest.mark.parametrize(
+    ("resource", "typed", "changed_to"),
+    [
+        ("memory", "512Mi", "4Gi"),
+        ("memory", "64Gi", "1Ti"),
+        ("cpu", "500m", "16"),
+        ("nvidia.com/gpu", "8", "4"),
+    ],
+)
+def test_quota_amounts_are_recorded_as_typed(
+    world: Any, resource: str, typed: str, changed_to: str
+) -> None:
+    quota = WorkspaceQuota.objects.create(
+        workspace=world.beta,
+        flavor=ResourceFlavor.objects.create(name="spare"),
+        resource=resource,
+        nominal=parse_quantity(typed),
+    )
+    quota.nominal = parse_quantity(changed_to)
+    quota.save()
+    created, updated = quota_events(quota)
+    assert created.after["nominal"] == typed
+    assert created.after["borrowing_limit"] is None
+    assert updated.before == {"nominal": typed}
+    assert updated.after == {"nominal": changed_to}
+
+
+def test_an_amount_saved_unchanged_is_not_a_change(world: Any) -> None:
+    quota = WorkspaceQuota.objects.for_workspace(world.alpha).get()
+    before = AuditEvent.objects.unscoped().count()
+    quota.nominal = 8  # an int where the database gave Decimal("8.000"): the same amount
+    quota.save()
+    assert AuditEvent.objects.unscoped().count() == before
+
+
+def recorded(**fields: Any) -> AuditEvent:
+    with audit.acting_as(None, source="system"):
+        event = audit.record(**fields)
+    assert isinstance(event, AuditEvent)
+    return event
+
+
+def test_an_update_reads_as_the_fields_that_changed_old_to_new(world: Any) -> None:
+    quota = WorkspaceQuota.objects.create(
+        workspace=world.beta, flavor=world.gpu_flavor, resource="memory", nominal=Decimal(2**32)
+    )
+    quota.nominal = Decimal(2**33)
+    quota.save()
+    workspace = world.beta
+    workspace.name = "Beta Team"
+    workspace.active = False
+    workspace.save()
+    quota_update = quota_events(quota)[-1]
+    assert describe_changes(quota_update) == [FieldChange("nominal", "4Gi", "8Gi")]
+    workspace_update = AuditEvent.objects.unscoped().filter(action="update").latest("id")
+    assert describe_changes(workspace_update) == [
+        FieldChange("name", "Beta", "Beta Team"),
+        FieldChange("active", "yes", "no"),
+    ]
+    assert FieldChange("name", "Beta", "Beta Team").text == "Beta → Beta Team"
+
+
+def test_rows_recorded_before_quantities_still_read_well(world: Any) -> None:
+    # The shape rows had before quantities were recorded as quantities; they stay as they
+    # are (the log is append-only) and read the way the admin form shows the amount.
+    update = recorded(
+        action="update",
+        object_type="workspaces.workspacequota",
+        before={"nominal": "4294967296.000", "lending_limit": None},
+        after={"nominal": "8589934592.000", "lending_limit": "0.500"},
+    )
+    assert describe_changes(update) == [
+        FieldChange("nominal", "4Gi", "8Gi"),
+        FieldChange("lending_limit", "—", "500m"),
+    ]
+    created = recorded(
+        action="create",
+        object_type="workspaces.workspacequota",
+        after={
+            "id": 7,
+            "workspace": 3,
+            "flavor": 1,
+            "resource": "nvidia.com/gpu",
+            "nominal": "4.000",
+            "borrowing_limit": None,
+            "lending_limit": None,
+        },
+    )
+    # Empty fields are left out of a create; the rest in the model's order.
+    assert describe_changes(created) == [
+        FieldChange("id", None, "7"),
+        FieldChange("workspace", None, "3"),
+        FieldChange("flavor", None, "1"),
+        FieldChange("resource", None, "nvidia.com/gpu"),
+        FieldChange("nominal", None, "4"),
+    ]
+    assert FieldChange("nominal", None, "4").text == "4"
+
+
+def test_events_that_are_not_model_changes_read_too(world: Any) -> None:
+    role_change = recorded(
+        action="user.role_change",
+        object_type="auth.user",
+        before={"is_staff": False},
+        after={"is_staff": True},
+    )
+    assert describe_changes(role_change) == [FieldChange("is_staff", "no", "yes")]
+    token = recorded(
+        action="token.create",
+        object_type="portal.apitoken",
+        after={"name": "ci", "workspace": None, "scopes": ["read"]},
+    )
+    assert describe_changes(token) == [
+        FieldChange("name", None, "ci"),
+        FieldChange("scopes", None, '["read"]'),
+    ]
+    assert describe_changes(recorded(action="login.failed", object_type="oidc")) == []
+
+
+def test_admin_shows_the_change_readably(world: Any) -> None:
+    legacy = recorded(
+        action="update",
+        workspace=world.alpha,
+        object_type="workspaces.workspacequota",
+        object_repr="alpha: 4Gi memory on h100",
+        before={"nominal": "4294967296.000"},
+        after={"nominal": "8589934592.000"},
+    )
+    client = world.client_for("platform_admin")
+    page = client.get(reverse("admin:portal_auditevent_change", args=[legacy.pk]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "<pre>nominal: 4Gi → 8Gi</pre>" in html
+    # The stored JSON is still there, exactly as recorded, for whoever needs it.
+    assert "4294967296.000" in html
+    listing = client.get(reverse("admin:portal_auditevent_changelist")).content.decode()
+    assert '<td class="field-changed_fields">nominal</td>' in listing
