@@ -10,13 +10,18 @@ the history can be verified and, later, sealed into the run's evidence.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import signal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from portal.tenancy import TenantModel
+
+if TYPE_CHECKING:
+    from runs.wording import EventWords
 
 
 class RunState(models.TextChoices):
@@ -83,30 +88,97 @@ class FailureClass(models.TextChoices):
     UNKNOWN = "unknown", "Unknown"
 
 
-FAILURE_HINTS: dict[str, str] = {
-    FailureClass.USER_ERROR: (
-        "The program exited with an error; the end of its log usually says why."
+@dataclass(frozen=True)
+class FailureHint:
+    """What to tell the user about a failed attempt, in two versions: when its log has
+    output (the log is then where to look) and when the log is empty (pointing at the log
+    would send them nowhere). ``{ended}`` is filled in with how it ended ("It exited with
+    code 1", "It was stopped by SIGTERM (exit code 143)"), from its exit code."""
+
+    with_log: str
+    without_log: str
+
+
+FAILURE_HINTS: dict[str, FailureHint] = {
+    FailureClass.USER_ERROR: FailureHint(
+        with_log="{ended}; the end of its log usually says why.",
+        without_log="{ended} before writing anything to its log; run the entrypoint on your "
+        "machine to see why.",
     ),
-    FailureClass.OOM_KILLED: (
-        "It used more memory than it was given; ask for more `compute.memory` "
-        "or use smaller batches."
+    FailureClass.OOM_KILLED: FailureHint(
+        with_log="It used more memory than it was given and was stopped; the log shows how "
+        "far it got. Ask for more `compute.memory` or use smaller batches.",
+        without_log="It used more memory than it was given and was stopped before writing "
+        "anything to its log, so probably while loading; ask for more `compute.memory`.",
     ),
-    FailureClass.PREEMPTED: (
-        "Higher-priority work needed the resources; it resumes from its newest checkpoint "
-        "when retried."
+    FailureClass.PREEMPTED: FailureHint(
+        with_log="Higher-priority work needed its resources; nothing is wrong with the "
+        "program, and a retry resumes from its newest checkpoint.",
+        without_log="Higher-priority work needed its resources before it had written "
+        "anything; nothing is wrong with the program, and a retry starts it again.",
     ),
-    FailureClass.EVICTED: (
-        "The platform removed it (node drained or unhealthy); retrying usually works."
+    FailureClass.EVICTED: FailureHint(
+        with_log="The platform removed it (node drained or unhealthy), not the program; "
+        "retrying usually works, from its newest checkpoint.",
+        without_log="The platform removed it (node drained or unhealthy) before it had "
+        "written anything; retrying usually works.",
     ),
-    FailureClass.NODE_FAILURE: "The machine or a GPU failed under it; a retry runs elsewhere.",
-    FailureClass.DEADLINE_EXCEEDED: (
-        "It ran longer than `run.max_runtime` allows; raise the limit or checkpoint more often."
+    FailureClass.NODE_FAILURE: FailureHint(
+        with_log="The machine or a GPU failed under it, not the program; a retry runs "
+        "elsewhere, and the log shows how far it got.",
+        without_log="The machine or a GPU failed before it had written anything; a retry "
+        "runs elsewhere.",
     ),
-    FailureClass.INFRASTRUCTURE: (
-        "It could not be started (environment, image or dependencies); the log shows what failed."
+    FailureClass.DEADLINE_EXCEEDED: FailureHint(
+        with_log="It ran longer than `run.max_runtime` allows and was stopped; the log shows "
+        "how far it got. Raise the limit or checkpoint more often.",
+        without_log="It ran for all of `run.max_runtime` without writing anything to its "
+        "log; check that it is not waiting for something (data, a network address, a lock) "
+        "before raising the limit.",
     ),
-    FailureClass.UNKNOWN: "It stopped for a reason TauGrid could not determine; look at the log.",
+    FailureClass.INFRASTRUCTURE: FailureHint(
+        with_log="TauGrid could not start or keep it running (environment, image or "
+        "dependencies); its log shows which step failed.",
+        without_log="TauGrid could not start or keep it running (environment, image or "
+        "dependencies), and nothing reached its log; {message_or_team}",
+    ),
+    FailureClass.UNKNOWN: FailureHint(
+        with_log="It stopped for a reason TauGrid could not determine; the end of its log "
+        "may say why.",
+        without_log="It stopped for a reason TauGrid could not determine, before writing "
+        "anything to its log; {message_or_team}",
+    ),
 }
+
+
+def _how_it_ended(exit_code: int | None) -> str:
+    """How a program ended, from its exit code (128 + N when signal N ended it)."""
+    if exit_code is None:
+        return "It stopped with an error"
+    if 128 < exit_code < 128 + signal.NSIG:
+        try:
+            name = signal.Signals(exit_code - 128).name
+        except ValueError:
+            name = f"signal {exit_code - 128}"
+        return f"It was stopped by {name} (exit code {exit_code})"
+    return f"It exited with code {exit_code}"
+
+
+def failure_hint_for(
+    failure_class: str, *, log_size: int, exit_code: int | None, failure_message: str
+) -> str:
+    """The hint for a failed attempt, fitted to what happened: whether anything reached its
+    log, how it exited, and whether a failure message says more."""
+    hint = FAILURE_HINTS.get(failure_class)
+    if hint is None:
+        return ""
+    text = hint.with_log if log_size > 0 else hint.without_log
+    return text.format(
+        ended=_how_it_ended(exit_code),
+        message_or_team="the message with it says what failed."
+        if failure_message.strip()
+        else "the platform team can find out why in TauGrid's own logs.",
+    )
 
 
 class Backend(models.TextChoices):
@@ -248,7 +320,18 @@ class RunAttempt(TenantModel):
 
     @property
     def failure_hint(self) -> str:
-        return FAILURE_HINTS.get(self.failure_class, "")
+        return failure_hint_for(
+            self.failure_class,
+            log_size=self.log_size,
+            exit_code=self.exit_code,
+            failure_message=self.failure_message,
+        )
+
+    @property
+    def retry_reason_words(self) -> str:
+        from runs.wording import retry_reason_words
+
+        return retry_reason_words(self.retry_reason)
 
 
 class RunEvent(TenantModel):
@@ -274,6 +357,13 @@ class RunEvent(TenantModel):
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.kind}"
+
+    @property
+    def words(self) -> EventWords:
+        """What the timeline says for this event (see runs/wording.py)."""
+        from runs.wording import event_words
+
+        return event_words(self.kind, self.new_state)
 
 
 class Delivery(TenantModel):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from django.db.models import Avg, Count, F, Max, Min, QuerySet
+from django.db.models import BigIntegerField, ExpressionWrapper, F, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.http import Http404
 
-from runs.models import Run, RunAttempt
+from runs.models import Run, RunAttempt, RunEvent
 from workspaces.models import Workspace
 
 MAX_LOG_CHUNK = 1024 * 1024
@@ -39,6 +41,31 @@ def latest_attempt(run: Run) -> RunAttempt | None:
     )
 
 
+def cancel_requested_by(run: Run) -> str | None:
+    """Who asked for the run's newest cancel that is still being carried out (kept with the
+    ``cancel-requested`` event), or None when nobody is named."""
+    data = (
+        RunEvent.objects.for_workspace(run.workspace_id)
+        .filter(run=run, kind="cancel-requested")
+        .order_by("-seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+    by = data.get("by") if isinstance(data, dict) else None
+    return str(by) if by else None
+
+
+def _attempt_of(run: Run, attempt_number: int | None) -> RunAttempt | None:
+    """The numbered attempt (404 when there is none), or the newest one (None before any)."""
+    attempts = RunAttempt.objects.for_workspace(run.workspace_id).filter(run=run)
+    if attempt_number:
+        attempt = attempts.filter(number=attempt_number).first()
+        if attempt is None:
+            raise Http404(f"{run.name} has no attempt {attempt_number}.")
+        return attempt
+    return attempts.order_by("-number").first()
+
+
 @dataclass(frozen=True)
 class LogChunk:
     attempt: int | None
@@ -59,15 +86,8 @@ def read_log(
 ) -> LogChunk:
     """A piece of an attempt's log without reading the whole file: from ``offset`` (follow),
     or the last ``tail_lines`` lines."""
-    attempts = RunAttempt.objects.for_workspace(run.workspace_id).filter(run=run)
-    attempt = (
-        attempts.filter(number=attempt_number).first()
-        if attempt_number
-        else attempts.order_by("-number").first()
-    )
+    attempt = _attempt_of(run, attempt_number)
     if attempt is None:
-        if attempt_number:
-            raise Http404(f"{run.name} has no attempt {attempt_number}.")
         return LogChunk(
             attempt=None, text="", offset=0, next_offset=0, size=0, complete=not run.is_live
         )
@@ -99,6 +119,63 @@ def read_log(
         size=size,
         complete=complete and start + consumed >= size,
     )
+
+
+LOG_STREAM_BLOCK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class WholeLog:
+    """An attempt's whole log as it is now, to be streamed: iterating yields ``size`` bytes
+    in blocks, however large the file is; ``close()`` (which Django calls when the response
+    is done, read or not) closes the file."""
+
+    attempt: int | None
+    size: int
+    handle: BinaryIO | None
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.blocks()
+
+    def blocks(self) -> Iterator[bytes]:
+        if self.handle is None:
+            return
+        try:
+            left = self.size
+            while left > 0:
+                block = self.handle.read(min(LOG_STREAM_BLOCK, left))
+                if not block:
+                    break
+                left -= len(block)
+                yield block
+        finally:
+            self.handle.close()
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+
+def open_whole_log(run: Run, *, attempt_number: int | None) -> WholeLog:
+    """The log of the numbered attempt (default: the newest), opened for streaming. A live
+    attempt's log ends where it was when opened, before any character still being written."""
+    attempt = _attempt_of(run, attempt_number)
+    if attempt is None:
+        return WholeLog(attempt=None, size=0, handle=None)
+    path = Path(attempt.log_path) if attempt.log_path else None
+    try:
+        handle = open(path, "rb") if path is not None else None  # noqa: SIM115 (streamed)
+    except FileNotFoundError:
+        handle = None
+    if handle is None:
+        return WholeLog(attempt=attempt.number, size=0, handle=None)
+    size = handle.seek(0, 2)
+    if attempt.finished_at is None and size:
+        handle.seek(max(0, size - 4))
+        last = handle.read()
+        size -= len(last) - _complete_prefix(last)
+    handle.seek(0)
+    return WholeLog(attempt=attempt.number, size=size, handle=handle)
 
 
 def _complete_prefix(data: bytes) -> int:
@@ -156,31 +233,73 @@ def metric_keys(run: Run) -> list[str]:
 
 
 def metric_series(run: Run, keys: list[str], *, max_points: int) -> dict[str, list[list[float]]]:
-    """``{key: [[step, value], ...]}``, at most ``max_points`` per key: long series are
-    averaged over equal step ranges in the database, so a million rows never leave it."""
+    """``{key: [[step, value], ...]}`` in step order, never more than ``max_points`` per key.
+
+    A series that fits is returned whole. A longer one keeps its last point (and, with room
+    for two, its first), and the steps between are cut into equal step ranges of which each
+    gives its lowest and its highest point: spikes and dips stay visible, where averages
+    would hide them. One point of an odd budget is left unused. The work happens in the
+    database, so a million rows never leave it.
+    """
     from runs.models import MetricPoint
 
+    if max_points < 1:
+        raise ValueError("max_points must be at least 1")
     series: dict[str, list[list[float]]] = {}
     points = MetricPoint.objects.for_workspace(run.workspace_id).filter(run=run)
     for key in keys:
         rows = points.filter(key=key)
-        stats = rows.aggregate(count=Count("id"), low=Min("step"), high=Max("step"))
-        count = stats["count"] or 0
+        count = rows.count()
         if count == 0:
             continue
         if count <= max_points:
-            values = rows.order_by("step", "time").values_list("step", "value")
+            values = rows.order_by("step", "time", "id").values_list("step", "value")
             series[key] = [[float(step), float(value)] for step, value in values]
             continue
-        first_step = stats["low"] or 0
-        span = (stats["high"] or 0) - first_step + 1
-        width = max(1, -(-span // max_points))  # ceiling division
-        buckets = (
-            rows.annotate(bucket=(F("step") - first_step) / width)
-            .values("bucket")
-            .annotate(step=Max("step"), value=Avg("value"))
-            .order_by("bucket")
-            .values_list("step", "value")
+        # Where several rows share a step (a resumed attempt reports it again), the one
+        # written last is the series' end.
+        newest_first = rows.order_by("-step", "-time", "-id").values_list("id", "step", "value")
+        last_id, last_step, last_value = newest_first[0]
+        if max_points == 1:
+            series[key] = [[float(last_step), float(last_value)]]
+            continue
+        oldest_first = rows.order_by("step", "time", "id").values_list("id", "step", "value")
+        first_id, first_step, first_value = oldest_first[0]
+        middle = _extremes_by_step_range(
+            rows.exclude(id__in=[first_id, last_id]),
+            first_step=first_step,
+            last_step=last_step,
+            ranges=(max_points - 2) // 2,
         )
-        series[key] = [[float(step), float(value)] for step, value in buckets]
+        series[key] = [
+            [float(first_step), float(first_value)],
+            *middle,
+            [float(last_step), float(last_value)],
+        ]
     return series
+
+
+def _extremes_by_step_range(
+    rows: QuerySet[Any], *, first_step: int, last_step: int, ranges: int
+) -> list[list[float]]:
+    """The lowest and the highest point of each of ``ranges`` equal step ranges between
+    ``first_step`` and ``last_step``: at most ``2 * ranges`` points, in step order."""
+    if ranges < 1:
+        return []
+    span = last_step - first_step + 1
+    width = max(1, -(-span // ranges))  # ceiling division: at most ``ranges`` buckets
+    bucket = ExpressionWrapper((F("step") - first_step) / width, output_field=BigIntegerField())
+    extremes = (
+        rows.annotate(
+            low=Window(
+                RowNumber(), partition_by=[bucket], order_by=[F("value").asc(), F("id").asc()]
+            ),
+            high=Window(
+                RowNumber(), partition_by=[bucket], order_by=[F("value").desc(), F("id").asc()]
+            ),
+        )
+        .filter(Q(low=1) | Q(high=1))
+        .order_by("step", "time", "id")
+        .values_list("step", "value")
+    )
+    return [[float(step), float(value)] for step, value in extremes]

@@ -25,6 +25,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from runs import selectors, wording
 from runs.models import (
     TERMINAL_STATES,
     TRANSITIONS,
@@ -344,14 +345,16 @@ def cancel_run(*, run: Run, user: User | None) -> Run:
     ):
         # Nothing is executing: it can stop right away.
         result = transition(
-            locked, RunState.CANCELLED, reason=f"Cancelled by {who}.", kind="cancelled"
+            locked, RunState.CANCELLED, reason=wording.cancelled_reason(who), kind="cancelled"
         )
     else:
+        # Who asked is kept with the event, so the reason can still name them once it stops.
         result = transition(
             locked,
             RunState.CANCELLING,
-            reason=f"Cancelled by {who}; stopping it.",
+            reason=wording.cancelling_reason(who),
             kind="cancel-requested",
+            data={"by": who},
         )
     delivery = Delivery.objects.create(run=locked, action=Delivery.Action.CANCEL)
     transaction.on_commit(lambda: enqueue_delivery(delivery.pk))
@@ -529,7 +532,7 @@ def finish_attempt(
         return transition(
             run,
             RunState.CANCELLED,
-            reason=run.state_reason or "Cancelled.",
+            reason=wording.cancelled_reason(selectors.cancel_requested_by(run)),
             data=data,
             kind="cancelled",
         )

@@ -155,6 +155,11 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
         may_act = self.access.allows(Role.ADMIN) or (
             self.access.allows(Role.RESEARCHER) and run.submitted_by_id == self.request.user.pk
         )
+        latest = attempts[0] if attempts else None
+        # ?attempt=N shows that attempt's log (the page works without JavaScript too); the
+        # newest, or a number the run does not have, follows the newest.
+        chosen = self.request.GET.get("attempt", "")
+        log_attempt = next((a for a in attempts if str(a.number) == chosen), latest)
         return {
             "run": run,
             "attempts": attempts,
@@ -163,7 +168,9 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
             "is_live": run.is_live,
             "can_cancel": may_act and run.is_live and run.state != RunState.CANCELLING,
             "can_resume": may_act and not run.is_live,
-            "latest_attempt": attempts[0] if attempts else None,
+            "latest_attempt": latest,
+            "log_attempt": log_attempt,
+            "log_follows_newest": log_attempt is latest,
         }
 
     def _version(self, run: Run) -> tuple[Any, ...]:

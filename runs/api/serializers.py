@@ -95,6 +95,19 @@ class EventSerializer(serializers.ModelSerializer[RunEvent]):
         fields = ["seq", "time", "kind", "old_state", "new_state", "message", "data", "hash"]
 
 
+class LogChunkSerializer(serializers.Serializer[Any]):
+    """A piece of an attempt's log (the logs route's JSON answer), for following it."""
+
+    attempt = serializers.IntegerField(
+        allow_null=True, help_text="The attempt read; null before the first one."
+    )
+    offset = serializers.IntegerField(help_text="Where in the file the text starts (bytes).")
+    next_offset = serializers.IntegerField(help_text="Pass as `offset` to read what follows.")
+    size = serializers.IntegerField(help_text="The file's size now (bytes).")
+    complete = serializers.BooleanField(help_text="The attempt is over and all of it is read.")
+    text = serializers.CharField()
+
+
 class CheckpointSerializer(serializers.ModelSerializer[Checkpoint]):
     class Meta:
         model = Checkpoint

@@ -7,10 +7,11 @@ metrics, checkpoints and events with their run token, which reaches nothing else
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from django.db.models import Prefetch, Q, QuerySet
-from django.http import FileResponse, Http404
+from django.http import FileResponse, Http404, HttpResponseBase, StreamingHttpResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -18,6 +19,7 @@ from rest_framework import exceptions, status
 from rest_framework.decorators import action
 from rest_framework.pagination import CursorPagination
 from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -27,6 +29,7 @@ from runs import bundles, selectors, services, submission
 from runs.api.serializers import (
     CheckpointSerializer,
     EventSerializer,
+    LogChunkSerializer,
     ReportCheckpointSerializer,
     ReportEventSerializer,
     ReportMetricsSerializer,
@@ -49,6 +52,32 @@ class RunCursorPagination(CursorPagination):
     page_size_query_param = "limit"
 
 
+class PlainTextRenderer(BaseRenderer):
+    """``text/plain`` for the logs action (``?format=text`` or ``Accept: text/plain``). The
+    log itself is streamed by the action; this renders what goes wrong instead (no such
+    attempt, a bad parameter) as text, for a client that asked for text."""
+
+    media_type = "text/plain"
+    format = "text"
+    charset = "utf-8"
+
+    def render(
+        self,
+        data: Any,
+        accepted_media_type: str | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
+    ) -> bytes:
+        if data is None:
+            return b""
+        if isinstance(data, dict):
+            lines = []
+            for key, value in data.items():
+                said = "; ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+                lines.append(said if key == "detail" else f"{key}: {said}")
+            return ("\n".join(lines) + "\n").encode()
+        return f"{data}\n".encode()
+
+
 class RunViewSet(WorkspaceScopedViewSet):
     """Runs of one workspace. ``{run_name}`` is a run's full name, or a spec name meaning the
     newest run of that spec."""
@@ -58,6 +87,13 @@ class RunViewSet(WorkspaceScopedViewSet):
     base_queryset = Run.objects.select_related("workspace")
     lookup_url_kwarg = "run_name"
     parser_classes = [MultiPartParser, JSONParser]
+
+    def get_renderers(self) -> list[BaseRenderer]:
+        # urls.py writes the routes out instead of using a router, so an @action's own
+        # renderer_classes (the logs' text/plain) are applied here.
+        handler = getattr(self, self.action, None) if getattr(self, "action", None) else None
+        classes = getattr(handler, "kwargs", {}).get("renderer_classes")
+        return [renderer() for renderer in classes] if classes else super().get_renderers()
 
     def get_object(self) -> Run:
         try:
@@ -213,17 +249,32 @@ class RunViewSet(WorkspaceScopedViewSet):
     @extend_schema(
         parameters=[
             OpenApiParameter("attempt", int, description="Attempt number; default the newest."),
-            OpenApiParameter("tail", int, description="The last N lines (default 200)."),
-            OpenApiParameter("offset", int, description="Follow: bytes from this offset on."),
-        ]
+            OpenApiParameter("tail", int, description="JSON: the last N lines (default 200)."),
+            OpenApiParameter("offset", int, description="JSON: bytes from this offset on."),
+            OpenApiParameter(
+                "format",
+                str,
+                enum=["json", "text"],
+                description="`json` (the default): a piece of the log, to follow it. `text`: "
+                "the whole log of the attempt as plain UTF-8 text, as a download named "
+                "`<run>-attempt-<n>.log`; the same as sending `Accept: text/plain`.",
+            ),
+        ],
+        responses={
+            (200, "application/json"): LogChunkSerializer,
+            (200, "text/plain"): OpenApiTypes.STR,
+        },
     )
-    @action(detail=True, methods=["get"])
-    def logs(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+    @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, PlainTextRenderer])
+    def logs(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
         run = self.get_object()
         params = request.query_params
+        attempt_number = _int_param(params, "attempt")
+        if request.accepted_renderer.format == PlainTextRenderer.format:
+            return _whole_log_response(run, attempt_number)
         chunk = selectors.read_log(
             run,
-            attempt_number=_int_param(params, "attempt"),
+            attempt_number=attempt_number,
             offset=_int_param(params, "offset"),
             tail_lines=min(_int_param(params, "tail") or 200, 10000),
         )
@@ -241,7 +292,13 @@ class RunViewSet(WorkspaceScopedViewSet):
     @extend_schema(
         parameters=[
             OpenApiParameter("keys", str, description="Comma-separated metric names; default all."),
-            OpenApiParameter("max_points", int, description="Per series (default 1000)."),
+            OpenApiParameter(
+                "max_points",
+                int,
+                description="The most points per series (1 to 5000, default 1000). A longer "
+                "series keeps its first and last point and the lowest and highest point of "
+                "equal step ranges between them.",
+            ),
         ]
     )
     @action(detail=True, methods=["get"])
@@ -250,9 +307,10 @@ class RunViewSet(WorkspaceScopedViewSet):
         available = selectors.metric_keys(run)
         wanted = [key for key in (request.query_params.get("keys") or "").split(",") if key]
         keys = [key for key in wanted if key in available] if wanted else available
-        max_points = max(
-            10, min(_int_param(request.query_params, "max_points") or 1000, MAX_METRIC_POINTS)
-        )
+        asked = _int_param(request.query_params, "max_points")
+        if asked == 0:
+            raise exceptions.ValidationError({"max_points": ["must be at least 1"]})
+        max_points = min(asked or 1000, MAX_METRIC_POINTS)
         return Response(
             {"keys": available, "series": selectors.metric_series(run, keys, max_points=max_points)}
         )
@@ -278,6 +336,18 @@ def _int_param(params: Any, name: str) -> int | None:
     if number < 0:
         raise exceptions.ValidationError({name: ["must not be negative"]})
     return number
+
+
+def _whole_log_response(run: Run, attempt_number: int | None) -> StreamingHttpResponse:
+    """The attempt's whole log as a plain-text download, streamed (logs reach 50 MiB)."""
+    log = selectors.open_whole_log(run, attempt_number=attempt_number)  # Http404: DRF's 404
+    name = f"{run.name}-attempt-{log.attempt}.log" if log.attempt else f"{run.name}.log"
+    response = StreamingHttpResponse(log, content_type="text/plain; charset=utf-8")
+    response["Content-Length"] = str(log.size)
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 class RunReportViewSet(WorkspaceScopedViewSet):

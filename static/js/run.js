@@ -7,26 +7,70 @@
     return document.visibilityState === "visible";
   }
 
-  // --- Log tail with follow/pause ------------------------------------------------------
+  // --- Log: the newest attempt followed live, or an older one read once ------------------
   function startLog() {
     var log = document.getElementById("log");
     if (!log) return;
+    var logUrl = log.dataset.logUrl;
     var button = document.getElementById("log-follow");
-    var following = true;
-    var offset = null;
-    var attempt = null;
-    var done = false;
+    var picker = document.getElementById("log-attempt");
+    var pickerForm = document.getElementById("log-attempt-form");
+    var download = document.getElementById("log-download");
     var maxChars = 500000;
+    var following = true;
+    // The attempt picked, or null for the newest (followed while the run is live).
+    var chosen = log.dataset.attempt ? parseInt(log.dataset.attempt, 10) : null;
+    var attempt = null; // the attempt whose text is shown
+    var offset = null; // null: start with the tail
+    var ended = false; // the shown attempt is over and read to its end
+    var done = false;
+    var generation = 0; // a new choice drops answers that were meant for the previous one
+    var timer = null;
 
-    button.addEventListener("click", function () {
-      following = !following;
+    function runIsLive() {
+      var runLive = document.getElementById("run-live");
+      return Boolean(runLive && runLive.hasAttribute("data-poll-url"));
+    }
+
+    function newest() {
+      return picker && picker.options.length ? parseInt(picker.options[0].value, 10) : null;
+    }
+
+    function showButton() {
+      if (chosen !== null || done) {
+        button.disabled = true;
+        button.setAttribute("aria-pressed", "false");
+        button.textContent = "Finished";
+        return;
+      }
+      button.disabled = false;
       button.setAttribute("aria-pressed", String(following));
       button.textContent = following ? "Following" : "Paused";
-      if (following) {
-        log.scrollTop = log.scrollHeight;
-        tick();
-      }
-    });
+    }
+
+    function describe(number) {
+      log.setAttribute("aria-label", number ? "Log of attempt " + number : "Log of the first attempt");
+      if (!download) return;
+      download.href = logUrl + "?format=text" + (number ? "&attempt=" + number : "");
+      var spoken = download.querySelector(".visually-hidden");
+      if (spoken) spoken.textContent = " log" + (number ? " of attempt " + number : "") + ", as text";
+    }
+
+    function addAttempt(number) {
+      // An attempt that began after the page was drawn joins the picker as the newest.
+      if (!picker) return;
+      var known = newest();
+      if (known !== null && number <= known) return;
+      Array.prototype.forEach.call(picker.options, function (option) {
+        option.textContent = "Attempt " + option.value;
+      });
+      var option = document.createElement("option");
+      option.value = String(number);
+      option.textContent = "Attempt " + number + " (newest)";
+      picker.insertBefore(option, picker.firstChild);
+      if (chosen === null) picker.value = option.value;
+      if (pickerForm) pickerForm.hidden = false;
+    }
 
     function append(text) {
       if (!text) return;
@@ -35,51 +79,127 @@
       if (log.textContent.length > maxChars) {
         log.textContent = "…\n" + log.textContent.slice(-maxChars);
       }
-      if (following && atBottom !== false) log.scrollTop = log.scrollHeight;
+      if (chosen === null && following && atBottom) log.scrollTop = log.scrollHeight;
+    }
+
+    function later(delay) {
+      timer = window.setTimeout(tick, delay);
+    }
+
+    function choose(number) {
+      generation += 1;
+      if (timer !== null) window.clearTimeout(timer);
+      timer = null;
+      chosen = number === null || number === newest() ? null : number;
+      attempt = null;
+      offset = null;
+      ended = false;
+      done = false;
+      following = true;
+      log.textContent = "";
+      showButton();
+      describe(chosen === null ? newest() : chosen);
+      var address = new URL(window.location.href);
+      if (chosen === null) address.searchParams.delete("attempt");
+      else address.searchParams.set("attempt", String(chosen));
+      window.history.replaceState(window.history.state, "", address.toString());
+      tick();
     }
 
     function tick() {
-      if (done || !following) return;
+      timer = null;
+      if (done || (chosen === null && !following)) return;
       if (!visible()) {
-        window.setTimeout(tick, 2000);
+        later(2000);
         return;
       }
-      var url = log.dataset.logUrl + (offset === null ? "?tail=500" : "?offset=" + offset + (attempt ? "&attempt=" + attempt : ""));
-      fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" }, cache: "no-store" })
+      var mine = generation;
+      var query = offset === null ? "?tail=500" : "?offset=" + offset;
+      // The newest is read from its own file until it ends; then asking for "the newest"
+      // again shows whether a new attempt has begun.
+      var target = chosen !== null ? chosen : ended ? null : attempt;
+      if (target !== null) query += "&attempt=" + target;
+      fetch(logUrl + query, { credentials: "same-origin", headers: { Accept: "application/json" }, cache: "no-store" })
         .then(function (response) {
           if (!response.ok) throw new Error("HTTP " + response.status);
           return response.json();
         })
         .then(function (chunk) {
+          if (mine !== generation) return;
           if (window.tauConnection) window.tauConnection(true);
-          if (chunk.attempt !== null && attempt !== null && chunk.attempt !== attempt) {
-            // A new attempt began: start its log afresh.
-            log.textContent = "";
+          if (chosen === null && chunk.attempt !== null) addAttempt(chunk.attempt);
+          if (chosen === null && attempt !== null && chunk.attempt !== null && chunk.attempt !== attempt) {
+            // A new attempt began: show its log from its own start (or tail).
+            attempt = null;
+            offset = null;
+            ended = false;
+            describe(chunk.attempt);
+            later(0);
+            return;
           }
-          if (offset === null) log.textContent = "";
+          if ((offset === null || attempt === null) && chunk.attempt !== null) {
+            // The first text of this attempt (which may be the first attempt there is).
+            log.textContent = chunk.offset > 0 ? "[the end of the log; Raw has all of it]\n" : "";
+            if (chosen === null) describe(chunk.attempt);
+          }
           if (chunk.attempt !== null) attempt = chunk.attempt;
           append(chunk.text);
           offset = chunk.next_offset;
-          var runLive = document.getElementById("run-live");
-          var live = runLive && runLive.hasAttribute("data-poll-url");
+          var atEnd = chunk.next_offset >= chunk.size;
+          if (chosen !== null) {
+            // An older attempt is over: read it to its end once.
+            if (atEnd) {
+              done = true;
+              return;
+            }
+            later(0);
+            return;
+          }
+          ended = chunk.complete;
+          var live = runIsLive();
           if (chunk.complete && !live) {
             done = true;
-            button.disabled = true;
-            button.textContent = "Finished";
+            showButton();
             return;
           }
-          if (!live && chunk.attempt !== null && chunk.next_offset >= chunk.size) {
+          if (!live && chunk.attempt !== null && atEnd) {
             // One more read after the run ends, then stop.
-            window.setTimeout(tick, 1000);
+            later(1000);
             return;
           }
-          window.setTimeout(tick, chunk.next_offset < chunk.size ? 200 : 2000);
+          later(atEnd ? 2000 : 200);
         })
         .catch(function () {
+          if (mine !== generation) return;
           if (window.tauConnection) window.tauConnection(false);
-          window.setTimeout(tick, 5000);
+          later(5000);
         });
     }
+
+    button.addEventListener("click", function () {
+      following = !following;
+      showButton();
+      if (following) {
+        log.scrollTop = log.scrollHeight;
+        if (timer === null) tick();
+      }
+    });
+    if (picker) {
+      picker.addEventListener("change", function () {
+        choose(parseInt(picker.value, 10));
+      });
+    }
+    // The "log" links in the attempts list (redrawn by the live poll): switch in place.
+    document.addEventListener("click", function (event) {
+      var link = event.target.closest ? event.target.closest("a[data-log-attempt]") : null;
+      if (!link || !picker) return;
+      event.preventDefault();
+      picker.value = link.dataset.logAttempt;
+      choose(parseInt(link.dataset.logAttempt, 10));
+      document.getElementById("log-heading").scrollIntoView();
+      picker.focus();
+    });
+    showButton();
     tick();
   }
 

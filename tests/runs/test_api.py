@@ -11,11 +11,12 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from portal.identity import tokens
 from portal.models import ApiToken
-from runs import services
+from runs import selectors, services
 from runs.models import Checkpoint, Delivery, MetricPoint, Run, RunAttempt, RunState
 from tests.runs.factories import ROOT, TINY_SPEC, make_run, zip_directory
 
@@ -233,11 +234,151 @@ def test_metrics_are_downsampled_in_the_database(world: Any) -> None:
     assert body["keys"] == ["acc", "loss"]
     loss = body["series"]["loss"]
     assert 50 <= len(loss) <= 100
-    assert loss[-1][0] == 9999
-    assert loss[0][1] < 1.0  # an average of the first bucket, not the first point
+    assert loss[0] == [0.0, 1.0]  # the first point as it was reported
+    assert loss[-1] == [9999.0, 1.0 / 10_000]
     assert body["series"]["acc"] == [[float(step), 0.5] for step in range(0, 100, 10)]
     only = client.get(run_url(run.name, "run-metrics"), {"keys": "acc"}).json()
     assert list(only["series"]) == ["acc"]
+
+
+def a_thousand_points(run: Run) -> list[tuple[float, float]]:
+    """1,000 points of one series, steps 5 to 5,000 by 5, with a spike and a dip inside."""
+    values = {step: 1.0 + ((step * 37) % 101) / 1000 for step in range(5, 5001, 5)}
+    values[2_500] = 9.0
+    values[3_000] = -4.0
+    MetricPoint.objects.bulk_create(
+        MetricPoint(run=run, attempt=1, key="loss", step=step, value=value)
+        for step, value in values.items()
+    )
+    return [(float(step), value) for step, value in sorted(values.items())]
+
+
+@pytest.mark.parametrize("max_points", [1, 2, 3, 10, 999, 1000, 5000])
+def test_max_points_is_a_promise(world: Any, max_points: int) -> None:
+    run = make_run(world)
+    reported = a_thousand_points(run)
+    body = world.api_client_for("viewer").get(
+        run_url(run.name, "run-metrics"), {"max_points": max_points}
+    )
+    assert body.status_code == 200
+    loss = [(step, value) for step, value in body.json()["series"]["loss"]]
+    assert 1 <= len(loss) <= max_points
+    assert loss[-1] == reported[-1]  # the newest step is always there
+    if max_points >= 2:
+        assert loss[0] == reported[0]
+    assert set(loss) <= set(reported)  # real points, not made up
+    assert [step for step, _ in loss] == sorted(step for step, _ in loss)
+    if max_points >= len(reported):
+        assert loss == reported
+    elif max_points >= 6:
+        # Every step range gives its lowest and highest point: no spike is averaged away.
+        assert (2500.0, 9.0) in loss
+        assert (3000.0, -4.0) in loss
+        assert len(loss) > max_points // 2  # the budget is used, not wasted
+
+
+def test_max_points_must_be_positive_and_is_capped(world: Any) -> None:
+    run = make_run(world)
+    a_thousand_points(run)
+    client = world.api_client_for("viewer")
+    url = run_url(run.name, "run-metrics")
+    assert client.get(url, {"max_points": 0}).status_code == 400
+    assert client.get(url, {"max_points": -3}).status_code == 400
+    assert len(client.get(url, {"max_points": 10**9}).json()["series"]["loss"]) == 1000
+
+
+def attempt_with_log(
+    run: Run, number: int, content: bytes, directory: Path, *, finished: bool = True
+) -> RunAttempt:
+    log = directory / f"{run.name}-{number}.log"
+    log.write_bytes(content)
+    return RunAttempt.objects.create(
+        run=run,
+        number=number,
+        log_path=str(log),
+        log_size=len(content),
+        finished_at=timezone.now() if finished else None,
+    )
+
+
+def test_the_whole_log_as_a_text_download(world: Any, settings: Any, tmp_path: Path) -> None:
+    settings.VAR_DIR = tmp_path
+    run = make_run(world)
+    attempt_with_log(run, 1, b"attempt one\n", tmp_path)
+    # Larger than one block, so a streamed answer comes in several pieces.
+    newest = "".join(f"step {i} loss 0.{i:04d} — ok\n" for i in range(12_000)).encode()
+    attempt_with_log(run, 2, newest, tmp_path)
+    client = world.api_client_for("viewer")
+    url = run_url(run.name, "run-logs")
+
+    response = client.get(url, {"format": "text"})
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/plain; charset=utf-8"
+    assert response["Content-Disposition"] == f'attachment; filename="{run.name}-attempt-2.log"'
+    assert response["Content-Length"] == str(len(newest))
+    assert response.streaming  # never read whole into memory
+    pieces = list(response.streaming_content)
+    assert len(pieces) > 1
+    assert max(len(piece) for piece in pieces) <= selectors.LOG_STREAM_BLOCK
+    assert b"".join(pieces) == newest
+
+    # Accept: text/plain is the same, here for the older attempt.
+    older = client.get(url, {"attempt": 1}, HTTP_ACCEPT="text/plain")
+    assert older["Content-Type"] == "text/plain; charset=utf-8"
+    assert older["Content-Disposition"] == f'attachment; filename="{run.name}-attempt-1.log"'
+    assert b"".join(older.streaming_content) == b"attempt one\n"
+
+    # JSON stays the default, for follow and for a browser's Accept alike.
+    for accept in (None, "application/json", "text/html,application/xhtml+xml,*/*;q=0.8"):
+        headers = {} if accept is None else {"HTTP_ACCEPT": accept}
+        chunk = client.get(url, {"tail": 1, "attempt": 1}, **headers)
+        assert chunk["Content-Type"] == "application/json", accept
+        assert chunk.json()["text"] == "attempt one\n"
+
+    # What goes wrong is said in text to a client that asked for text.
+    missing = client.get(url, {"format": "text", "attempt": 9})
+    assert missing.status_code == 404
+    assert missing["Content-Type"] == "text/plain; charset=utf-8"
+    assert f"{run.name} has no attempt 9" in missing.content.decode()
+    bad = client.get(url, {"attempt": "x"}, HTTP_ACCEPT="text/plain")
+    assert bad.status_code == 400
+    assert bad.content.decode() == "attempt: must be a whole number\n"
+
+
+def test_a_live_log_as_text_stops_before_a_half_written_character(
+    world: Any, settings: Any, tmp_path: Path
+) -> None:
+    settings.VAR_DIR = tmp_path
+    run = make_run(world)
+    encoded = "loss ↓ 0.31\n".encode()
+    cut = encoded.index("↓".encode()) + 2  # the writer is in the middle of "↓"
+    attempt_with_log(run, 1, encoded[:cut], tmp_path, finished=False)
+    response = world.api_client_for("viewer").get(run_url(run.name, "run-logs"), {"format": "text"})
+    assert b"".join(response.streaming_content) == b"loss "
+    assert response["Content-Length"] == "5"
+
+
+def test_a_run_without_attempts_has_an_empty_text_log(world: Any) -> None:
+    run = make_run(world)
+    response = world.api_client_for("viewer").get(
+        run_url(run.name, "run-logs"), HTTP_ACCEPT="text/plain"
+    )
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == f'attachment; filename="{run.name}.log"'
+    assert b"".join(response.streaming_content) == b""
+
+
+def test_the_schema_documents_the_text_log(world: Any) -> None:
+    response = world.api_client_for("researcher").get(
+        reverse("api:schema"), HTTP_ACCEPT="application/vnd.oai.openapi+json"
+    )
+    logs = response.json()["paths"]["/api/v1/workspaces/{workspace_slug}/runs/{run_name}/logs/"][
+        "get"
+    ]
+    formats = {p["name"]: p for p in logs["parameters"]}["format"]
+    assert formats["schema"]["enum"] == ["json", "text"]
+    assert "text/plain" in formats["description"]
+    assert set(logs["responses"]["200"]["content"]) == {"application/json", "text/plain"}
 
 
 def run_token(world: Any, run: Run) -> str:

@@ -1,0 +1,103 @@
+"""The words people read for a run's codes: states, event kinds, retry reasons.
+
+The codes (``cancel-requested``, ``manual_resume``, ``oom_killed``) are what the database,
+the API and the event chain keep; pages show the words below instead, and nowhere else
+defines them. ``tests/runs/test_wording.py`` walks every state, every event kind the code in
+``runs/`` writes and every retry reason, so a new code without words fails there rather than
+reaching a page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runs.models import FailureClass, RunState
+
+# Badges and timeline: the state's own label, so a state reads the same everywhere.
+STATE_WORDS: dict[str, str] = {state.value: state.label for state in RunState}
+
+# What happened, for the timeline. "state" is a plain change of state: the state says it.
+EVENT_WORDS: dict[str, str] = {
+    "submitted": "Submitted",
+    "state": "",
+    "cancel-requested": "Cancel requested",
+    "cancelled": "Cancelled",
+    "resumed": "Resumed",
+    "retry": "Starting again",
+    "metrics-skipped": "Some metric lines could not be read",
+}
+
+# Event kinds whose words already say the state they lead to: the state is not repeated
+# ("Cancelled", not "Cancelled → Cancelled").
+_STATE_SAID_BY_EVENT: dict[str, str] = {
+    "submitted": RunState.PENDING,
+    "cancel-requested": RunState.CANCELLING,
+    "cancelled": RunState.CANCELLED,
+}
+
+# Events a workload reports itself are ``workload.<its own kind>``.
+WORKLOAD_EVENT_PREFIX = "workload."
+
+MANUAL_RESUME = "manual_resume"
+
+# Why an attempt was started, after "Attempt 3": the first attempt has no reason.
+RETRY_REASON_WORDS: dict[str, str] = {
+    MANUAL_RESUME: "resumed on request",
+    FailureClass.USER_ERROR: "retry after the program exited with an error",
+    FailureClass.OOM_KILLED: "retry after it ran out of memory",
+    FailureClass.PREEMPTED: "retry after higher-priority work took its resources",
+    FailureClass.EVICTED: "retry after the platform removed it",
+    FailureClass.NODE_FAILURE: "retry after a machine or GPU failed under it",
+    FailureClass.DEADLINE_EXCEEDED: "retry after it ran out of time",
+    FailureClass.INFRASTRUCTURE: "started again after a platform problem",
+    FailureClass.UNKNOWN: "retry after it stopped for an unknown reason",
+}
+
+
+def _plain(code: str) -> str:
+    """A code nobody wrote words for yet, at least without its underscores and dashes."""
+    return " ".join(code.replace("_", " ").replace("-", " ").replace(".", " ").split())
+
+
+def state_words(state: str) -> str:
+    return STATE_WORDS.get(state) or _plain(state).capitalize()
+
+
+@dataclass(frozen=True)
+class EventWords:
+    """One timeline entry: what happened, and the state it led to when that adds anything."""
+
+    headline: str
+    state: str  # the new state's words, or "" when the headline already says it
+
+
+def event_words(kind: str, new_state: str = "") -> EventWords:
+    if kind.startswith(WORKLOAD_EVENT_PREFIX):
+        # The workload named it; it is shown as its words, said to be from the workload.
+        own = _plain(kind.removeprefix(WORKLOAD_EVENT_PREFIX))
+        headline = f"From the workload: {own}" if own else "From the workload"
+    elif kind in EVENT_WORDS:
+        headline = EVENT_WORDS[kind]
+    else:
+        headline = _plain(kind).capitalize()
+    said = _STATE_SAID_BY_EVENT.get(kind) == new_state
+    state = state_words(new_state) if new_state and not said else ""
+    if not headline and not state:
+        headline = "Changed"
+    return EventWords(headline=headline, state=state)
+
+
+def retry_reason_words(reason: str) -> str:
+    if not reason:
+        return ""
+    return RETRY_REASON_WORDS.get(reason) or _plain(reason)
+
+
+def cancelled_reason(by: str | None) -> str:
+    """The reason a run shows once a cancel has finished."""
+    return f"Cancelled by {by}." if by else "Cancelled."
+
+
+def cancelling_reason(by: str) -> str:
+    """The reason a run shows while its processes are being stopped."""
+    return f"Cancel requested by {by}; stopping its processes."
