@@ -113,13 +113,13 @@ FAILURE_HINTS: dict[str, FailureHint] = {
     ),
     FailureClass.PREEMPTED: FailureHint(
         with_log="Higher-priority work needed its resources; nothing is wrong with the "
-        "program, and a retry resumes from its newest checkpoint.",
+        "program, and a retry resumes from its newest checkpoint, if it wrote one.",
         without_log="Higher-priority work needed its resources before it had written "
         "anything; nothing is wrong with the program, and a retry starts it again.",
     ),
     FailureClass.EVICTED: FailureHint(
         with_log="The platform removed it (node drained or unhealthy), not the program; "
-        "retrying usually works, from its newest checkpoint.",
+        "retrying usually works, from its newest checkpoint if it wrote one.",
         without_log="The platform removed it (node drained or unhealthy) before it had "
         "written anything; retrying usually works.",
     ),
