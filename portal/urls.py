@@ -1,4 +1,6 @@
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponseRedirect
+from django.templatetags.static import static
 from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView
 
@@ -11,6 +13,13 @@ admin.site.site_header = "TauGrid platform admin"
 admin.site.site_title = "TauGrid admin"
 admin.site.index_title = "Workspaces, members, quotas and audit"
 
+
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """Browsers ask for /favicon.ico whatever a page links: send them to the icon itself
+    (its hashed name in production, so a temporary redirect)."""
+    return HttpResponseRedirect(static("img/favicon.svg"))
+
+
 api_patterns: list[URLPattern | URLResolver] = [
     path("", include("workspaces.api.urls")),
     path("", include("runs.api.urls")),
@@ -21,6 +30,7 @@ urlpatterns = [
     path("", views.HomeView.as_view(), name="home"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("favicon.ico", favicon, name="favicon"),
     path("login/", identity_views.LoginView.as_view(), name="login"),
     path("logout/", identity_views.logout_view, name="logout"),
     path("oidc/login/", oidc.OIDCLoginView.as_view(), name="oidc-login"),

@@ -149,3 +149,24 @@ def test_forbidden_page_names_the_needed_role(world: Any) -> None:
     )
     assert response.status_code == 403
     assert b"researcher role" in response.content
+
+
+def test_every_page_links_the_icon() -> None:
+    html = Client().get(reverse("login")).content.decode()
+    assert '<link rel="icon" href="/static/img/favicon.svg" type="image/svg+xml">' in html
+
+
+def test_favicon_ico_leads_to_the_icon() -> None:
+    """Browsers ask for /favicon.ico on every page, whatever the page links."""
+    client = Client()
+    response = client.get("/favicon.ico")
+    assert response.status_code == 302
+    assert response["Location"] == "/static/img/favicon.svg"
+    icon = client.get(response["Location"])
+    assert icon.status_code == 200
+    assert icon["Content-Type"].startswith("image/svg+xml")
+    body = b"".join(icon.streaming_content)  # type: ignore[attr-defined]
+    assert body.lstrip().startswith(b"<svg")
+    # The Content Security Policy of the pages lets them show it (same origin).
+    page = client.get(reverse("login"))
+    assert "img-src 'self'" in page["Content-Security-Policy"]
