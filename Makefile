@@ -35,11 +35,13 @@ $(VENV)/.dev-installed: $(VENV)/.runtime-installed
 install: $(VENV)/.runtime-installed
 install-dev: $(VENV)/.dev-installed
 
+# Quiet on purpose: runportal prints the address and the demo logins last, once the portal
+# answers, so that nothing scrolls them out of sight (errors still show).
 run: install
-	$(PYTHON) manage.py migrate --noinput
-	$(PYTHON) manage.py bootstrap_demo
-	@echo "Open http://127.0.0.1:$(PORT)/ and log in with one of the accounts above."
-	$(PYTHON) manage.py runportal --port $(PORT)
+	@echo "Preparing the database and the demo accounts…"
+	@$(PYTHON) manage.py migrate --noinput --verbosity 0
+	@$(PYTHON) manage.py bootstrap_demo --verbosity 0
+	@$(PYTHON) manage.py runportal --port $(PORT)
 
 # The suite's own PostgreSQL and Redis are started (and removed) around everything else.
 # The Kubernetes control plane is built first (cached; minutes when cold) with its progress

@@ -5,6 +5,7 @@ long-running (supervising workloads, watching Kubernetes) lives in its own proce
 because a Celery task can be lost or re-delivered.
 """
 
+import logging
 import os
 
 from celery import Celery
@@ -14,3 +15,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 app = Celery("taugrid")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+class FilesystemBrokerLogFilter(logging.Filter):
+    """Drops kombu's "No hostname was supplied. Reverting to default 'localhost'".
+
+    The embedded default's broker (``filesystem://``) is a folder under ``var/``: it has no
+    host, so the warning, logged for every connection by every process, says nothing anyone
+    could act on. The logging configuration installs this filter only for that broker; with
+    Redis a missing host is a real mistake and stays visible.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No hostname was supplied")

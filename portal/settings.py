@@ -419,7 +419,12 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "portal.request_id.RequestIdLogFilter"}},
+    "filters": {
+        "request_id": {"()": "portal.request_id.RequestIdLogFilter"},
+        # A refused request (4xx) is one line, not a traceback; 5xx keep theirs.
+        "client_errors": {"()": "portal.request_id.ClientErrorLogFilter"},
+        "filesystem_broker": {"()": "portal.celery.FilesystemBrokerLogFilter"},
+    },
     "formatters": {
         "plain": {
             "format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s",
@@ -429,12 +434,18 @@ LOGGING = {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "plain",
-            "filters": ["request_id"],
+            "filters": ["client_errors", "request_id"],
         },
     },
     "root": {"handlers": ["console"], "level": env_str("TAU_LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        # The filesystem broker has no host; kombu's warning about it means nothing here.
+        **(
+            {"kombu.connection": {"filters": ["filesystem_broker"]}}
+            if _broker_url.startswith("filesystem://")
+            else {}
+        ),
     },
 }
 

@@ -37,16 +37,40 @@ DEMO_USERS = {
 }
 
 
+# What each demo account is for, in the login details `make run` prints.
+DEMO_ROLES = {
+    "admin": "platform admin",
+    "researcher": "researcher in the demo workspace",
+}
+
+
 def credentials_path() -> Path:
     return Path(settings.VAR_DIR) / "demo-credentials.json"
 
 
+def stored_passwords() -> dict[str, str] | None:
+    """The demo passwords kept by an earlier run of this command, if there are any."""
+    try:
+        stored = json.loads(credentials_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stored, dict) or not set(DEMO_USERS) <= set(stored):
+        return None
+    return {username: str(stored[username]) for username in DEMO_USERS}
+
+
+def login_lines(passwords: dict[str, str]) -> list[str]:
+    return [
+        f"  {username:<11} password: {passwords[username]}   ({DEMO_ROLES[username]})"
+        for username in DEMO_USERS
+    ]
+
+
 def load_or_create_passwords() -> dict[str, str]:
+    stored = stored_passwords()
+    if stored is not None:
+        return stored
     path = credentials_path()
-    if path.exists():
-        stored: dict[str, str] = json.loads(path.read_text(encoding="utf-8"))
-        if set(DEMO_USERS) <= set(stored):
-            return stored
     passwords = {username: secrets.token_urlsafe(12) for username in DEMO_USERS}
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -99,7 +123,10 @@ class Command(BaseCommand):
                     resource=resource,
                     defaults={"nominal": amount},
                 )
-        self.stdout.write(self.style.SUCCESS("Demo accounts are ready:"))
-        for username in DEMO_USERS:
-            self.stdout.write(f"  {username:<11} password: {passwords[username]}")
-        self.stdout.write(f"  (kept in {credentials_path()})")
+        # `make run` asks for silence (-v 0): runportal prints the login details once the
+        # portal answers, where they are not pushed out of sight by the servers' start-up.
+        if options["verbosity"] >= 1:
+            self.stdout.write(self.style.SUCCESS("Demo accounts are ready:"))
+            for line in login_lines(passwords):
+                self.stdout.write(line)
+            self.stdout.write(f"  (kept in {credentials_path()})")

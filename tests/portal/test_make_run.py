@@ -1,0 +1,323 @@
+"""What a new user sees after `make run`: the real command on a fresh var/, in a terminal of
+its own, stopped with Ctrl-C.
+
+One start serves every test here (it takes a while on two cores): the fixture starts
+`make run` (without its install step, which a test must not run) with HOME and TMPDIR in
+empty folders of their own and PORT on a free port, waits until the login details are out,
+does what a user does first (opens the portal, wanders into the admin as a researcher,
+copies the README's curl), presses Ctrl-C and keeps everything it printed. Each test then
+checks one promise against that record.
+"""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runs.processes import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+# What start-up used to bury the passwords under: none of it means anything to a user.
+NOISE = {
+    "kombu's warning about the filesystem broker's host": "No hostname was supplied",
+    "Celery's root warning": "running the worker with superuser privileges",
+    "Celery worker's banner": "-------------- [queues]",
+    "Celery beat's banner": "celery beat v",
+    "gunicorn's start-up lines": "Booting worker with pid",
+    "gunicorn's control socket": "Control socket listening",
+    "a periodic task's chatter": "reconcile_deliveries",
+}
+
+
+@dataclass
+class Session:
+    port: int
+    var: Path
+    home: Path
+    tmp: Path
+    passwords: dict[str, str] = field(default_factory=dict)
+    startup: list[str] = field(default_factory=list)  # printed until start-up had settled
+    output: list[str] = field(default_factory=list)  # everything, up to the end
+    returncode: int | None = None
+    refused: dict[str, Any] = field(default_factory=dict)
+    favicon: dict[str, Any] = field(default_factory=dict)
+    readme: dict[str, Any] = field(default_factory=dict)
+    home_after: list[str] = field(default_factory=list)
+    tmp_after: list[str] = field(default_factory=list)
+    checkout_added: set[str] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def lines_after_startup(self) -> list[str]:
+        return self.output[len(self.startup) :]
+
+
+class Lines:
+    """A child's output, line by line, as it comes."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, timeout: float, *, required: bool = True) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if time.monotonic() > deadline:
+                assert not required, f"{text!r} not printed:\n" + "\n".join(self.lines)
+                return
+            time.sleep(0.2)
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+
+
+def wait_until_healthy(url: str, output: Lines, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{url} never answered:\n" + "\n".join(output.lines)
+        time.sleep(0.3)
+
+
+def readme_runs_commands() -> tuple[str, str]:
+    """The README's curl block under "## Runs", and the follow-up curl in the sentence
+    after it, exactly as a user copies them."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    runs = readme.split("\n## Runs\n", 1)[1]
+    block = re.search(r"```sh\n(.*?)```\n(.*?)\n\n", runs, re.DOTALL)
+    assert block is not None, "no sh block in the README's Runs section"
+    follow_up = re.search(r"`(curl [^`]*<url>[^`]*)`", block.group(2).replace("\n", " "))
+    assert follow_up is not None, "no follow-up curl after the README's block"
+    return block.group(1), follow_up.group(1)
+
+
+def fetch(opener: urllib.request.OpenerDirector, url: str) -> tuple[int, Any, bytes]:
+    """Status, headers (with the URL redirects led to as X-Final-URL) and body."""
+    try:
+        response = opener.open(url, timeout=20)
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+    with response:
+        headers = response.headers
+        headers["X-Final-URL"] = response.geturl()
+        return int(response.status), headers, response.read()
+
+
+def log_in(base: str, username: str, password: str) -> urllib.request.OpenerDirector:
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+    )
+    form = opener.open(f"{base}/login/", timeout=20).read().decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
+    assert token is not None
+    body = urllib.parse.urlencode(
+        {"username": username, "password": password, "csrfmiddlewaretoken": token.group(1)}
+    ).encode()
+    opener.open(
+        urllib.request.Request(f"{base}/login/", data=body, headers={"Referer": f"{base}/login/"}),
+        timeout=20,
+    ).read()
+    return opener
+
+
+def use_the_portal(session: Session, env: dict[str, str]) -> None:
+    """What a user does first. Outcomes are recorded, not asserted: each test asserts its own
+    (a step that fails leaves its record empty, with the error)."""
+    base = session.url
+    try:
+        status, headers, body = fetch(urllib.request.build_opener(), f"{base}/favicon.ico")
+        session.favicon = {
+            "status": status,
+            "url": headers.get("X-Final-URL", ""),
+            "type": headers.get("Content-Type", ""),
+            "body": body,
+        }
+    except Exception as error:
+        session.favicon = {"error": repr(error)}
+    try:
+        researcher = log_in(base, "researcher", session.passwords["researcher"])
+        status, headers, _ = fetch(researcher, f"{base}/admin/login/")
+        session.refused = {"status": status, "request_id": headers.get("X-Request-ID", "")}
+    except Exception as error:
+        session.refused = {"error": repr(error)}
+    block, follow_up = readme_runs_commands()
+    readme_env = {**env, "TOKEN": ""}
+    created = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", f"{block}\necho\necho TOKEN=$TOKEN"],
+        cwd=ROOT,
+        env=readme_env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    session.readme = {
+        "returncode": created.returncode,
+        "stdout": created.stdout,
+        "stderr": created.stderr,
+    }
+    answer, _, token_line = created.stdout.rpartition("\nTOKEN=")
+    try:
+        run = json.loads(answer)
+    except ValueError:
+        return
+    session.readme["created"] = run
+    followed = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", follow_up.replace("<url>", run.get("url", ""))],
+        cwd=ROOT,
+        env={**readme_env, "TOKEN": token_line.strip()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    session.readme["followed"] = followed.stdout
+    session.readme["followed_returncode"] = followed.returncode
+
+
+@pytest.fixture(scope="module")
+def make_run(tmp_path_factory: pytest.TempPathFactory) -> Session:
+    base = tmp_path_factory.mktemp("make-run")
+    session = Session(port=free_port(), var=base / "var", home=base / "home", tmp=base / "tmp")
+    session.home.mkdir()
+    session.tmp.mkdir()
+    env = {key: os.environ[key] for key in ("PATH", "LANG") if key in os.environ}
+    env.update(
+        HOME=str(session.home),
+        TMPDIR=str(session.tmp),
+        TAU_VAR_DIR=str(session.var),
+        PORT=str(session.port),
+    )
+    checkout_before = set(os.listdir(ROOT))
+    # A terminal of its own: Ctrl-C goes to the whole foreground process group.
+    process = subprocess.Popen(
+        ["make", "--no-print-directory", "-o", "install", "run"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    output = Lines(process.stdout)
+    try:
+        wait_until_healthy(f"{session.url}/healthz", output, timeout=300)
+        # The last words of start-up (make run waits for the agent too), then a few seconds
+        # for anything start-up still had to say: it would come after the login details.
+        output.wait_for("Press Ctrl-C to stop.", timeout=60, required=False)
+        time.sleep(4)
+        session.startup = list(output.lines)
+        session.passwords = json.loads((session.var / "demo-credentials.json").read_text())
+        use_the_portal(session, env)
+        time.sleep(1)
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            session.returncode = process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            session.returncode = process.wait()
+        output.join()
+        session.output = list(output.lines)
+    session.home_after = sorted(str(p.relative_to(session.home)) for p in session.home.rglob("*"))
+    session.tmp_after = sorted(str(p.relative_to(session.tmp)) for p in session.tmp.rglob("*"))
+    session.checkout_added = set(os.listdir(ROOT)) - checkout_before
+    return session
+
+
+def test_the_login_details_are_the_last_lines_of_start_up(make_run: Session) -> None:
+    startup = make_run.startup
+    printed = "\n".join(make_run.output)
+    up = [i for i, line in enumerate(startup) if f"{make_run.url}/" in line]
+    assert up, printed
+    block = startup[up[-1] :]
+    text = "\n".join(block)
+    for username, password in make_run.passwords.items():
+        assert re.search(rf"\b{username}\b.*{re.escape(password)}", text), text
+    assert "Press Ctrl-C to stop." in block
+    # Nothing after them but blank lines: the servers had finished starting.
+    last_words = block[block.index("Press Ctrl-C to stop.") + 1 :]
+    assert [line for line in last_words if line.strip()] == [], printed
+    # The servers' own start-up (the agent's one line included) came before them ...
+    before = [line for line in startup[: up[-1]] if line.strip()]
+    assert any("local agent started" in line for line in before), printed
+    # ... and was short: a user reads every line of it.
+    assert len(before) <= 6, printed
+    # The passwords are printed once, where they stay in sight.
+    for password in make_run.passwords.values():
+        assert printed.count(password) == 1, printed
+
+
+def test_start_up_has_no_warnings_a_user_cannot_act_on(make_run: Session) -> None:
+    printed = "\n".join(make_run.output)
+    for what, text in NOISE.items():
+        assert text not in printed, f"{what} is printed:\n{printed}"
+    assert "stopped." in make_run.output, printed
+
+
+def test_a_refused_request_is_one_line_without_a_traceback(make_run: Session) -> None:
+    assert make_run.refused["status"] == 403
+    request_id = make_run.refused["request_id"]
+    assert request_id
+    later = make_run.lines_after_startup()
+    about_it = [line for line in later if "/admin/login/" in line or request_id in line]
+    assert len(about_it) == 1, "\n".join(later)
+    line = about_it[0]
+    assert "GET /admin/login/ 403" in line
+    assert "user=researcher" in line
+    assert f"[{request_id}]" in line
+    assert "Traceback" not in "\n".join(make_run.output)
+
+
+def test_nothing_is_written_to_home_or_outside_var(make_run: Session) -> None:
+    # gunicorn >= 25.1 used to open its control socket in ~/.gunicorn/.
+    assert make_run.home_after == []
+    # Celery's worker keeps a temporary folder while it runs; nothing may stay behind.
+    assert make_run.tmp_after == []
+    assert make_run.checkout_added == set()
+    assert (make_run.var / "demo-credentials.json").exists()
+
+
+def test_the_favicon_is_served(make_run: Session) -> None:
+    assert make_run.favicon["status"] == 200
+    assert make_run.favicon["url"].startswith(f"{make_run.url}/static/")
+    assert make_run.favicon["type"].startswith("image/svg+xml")
+    assert make_run.favicon["body"].lstrip().startswith(b"<svg")
+
+
+def test_the_readme_curl_works_on_another_port(make_run: Session) -> None:
+    assert make_run.port != 8000
+    readme = make_run.readme
+    assert readme["returncode"] == 0, readme
+    created = readme["created"]
+    assert created["state"] == "pending"
+    assert created["url"].startswith("/api/v1/workspaces/demo/runs/")
+    assert readme["followed_returncode"] == 0, readme
+    followed = json.loads(readme["followed"])
+    assert followed["name"] == created["name"]
