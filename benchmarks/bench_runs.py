@@ -35,7 +35,7 @@ HTTP_CLIENTS = int(os.environ.get("TAU_BENCH_HTTP_CLIENTS", "4"))
 SPEC = b"""schema_version: 1
 name: bench
 run:
-  entrypoint: train.py
+  entrypoint: echo bench
   workload_kind: job
 compute:
   cpus: 1

@@ -5,6 +5,12 @@ absolute paths or ``..``, no symlinks or device files, valid UTF-8 names, and a 
 compression ratio (zip bombs). Accepted bundles are stored once per content under
 ``var/bundles/<sha256[:2]>/<sha256>.zip`` and only ever unpacked into a fresh directory, with
 every member checked again on the way out.
+
+A zip made from a project *folder* (one top-level folder holding everything, as "Compress"
+in a file manager makes it) is unwrapped at submission when the entrypoint is inside that
+folder: the stored bundle is the folder's contents, so ``train.py`` runs as ``train.py``
+on every backend. Submission decides that (``runs.submission.check_bundle``) from the
+bundle's :class:`BundleListing`, the same listing the submit page reads in the browser.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import shutil
 import stat
 import tempfile
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -39,12 +46,55 @@ class BundleRejected(ValueError):
     """The upload is not an acceptable bundle; the message says why, for the user."""
 
 
+#: Top-level entries that file managers add to a zip and no project means to ship: macOS
+#: Finder's resource forks. They never count as a second top-level folder.
+IGNORED_TOP_LEVEL = frozenset({"__MACOSX"})
+
+
+@dataclass(frozen=True)
+class BundleListing:
+    """What a bundle holds: its regular files (normalised relative paths), and the single
+    top-level folder everything lies in, if there is one (``wrapper``)."""
+
+    files: frozenset[str]
+    wrapper: str | None
+
+    @classmethod
+    def from_names(cls, names: Iterable[str]) -> BundleListing:
+        """From zip member names (folders end in ``/``), as the zip's central directory
+        lists them; names that are not plain relative paths are left out (the full check
+        refuses such a zip at submission)."""
+        files: set[str] = set()
+        tops: set[str] = set()
+        nested = True
+        for name in names:
+            if not name or name.endswith("/") or "\\" in name or "\x00" in name:
+                continue
+            path = PurePosixPath(name)
+            if path.is_absolute() or ".." in path.parts or str(path) == ".":
+                continue
+            if path.parts[0] in IGNORED_TOP_LEVEL:
+                continue
+            files.add(str(path))
+            tops.add(path.parts[0])
+            nested = nested and len(path.parts) > 1
+        wrapper = next(iter(tops)) if len(tops) == 1 and nested else None
+        return cls(files=frozenset(files), wrapper=wrapper)
+
+    def similar(self, script: str, limit: int = 3) -> list[str]:
+        """Files with the script's name elsewhere in the bundle, nearest first."""
+        name = PurePosixPath(script).name
+        found = [path for path in self.files if PurePosixPath(path).name == name]
+        return sorted(found, key=lambda path: (path.count("/"), path))[:limit]
+
+
 @dataclass(frozen=True)
 class BundleInfo:
     sha256: str
     size: int
     file_count: int
     unpacked_size: int
+    listing: BundleListing
 
 
 def storage_root() -> Path:
@@ -166,11 +216,31 @@ def inspect_zip(path: Path) -> BundleInfo:
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
-    return BundleInfo(sha256=digest.hexdigest(), size=size, file_count=files, unpacked_size=actual)
+    return BundleInfo(
+        sha256=digest.hexdigest(),
+        size=size,
+        file_count=files,
+        unpacked_size=actual,
+        listing=BundleListing.from_names(info.filename for info in members),
+    )
 
 
-def store_upload(*, workspace: Workspace, upload: IO[bytes]) -> CodeBundle:
-    """Check an uploaded zip and keep it (once per content). Nothing is stored if it fails."""
+@dataclass
+class StagedUpload:
+    """An upload written to a temporary file and checked, not yet kept: submission looks at
+    its listing before deciding to keep it (``keep``) or not (``discard``)."""
+
+    path: Path
+    info: BundleInfo
+
+    @property
+    def listing(self) -> BundleListing:
+        return self.info.listing
+
+
+def stage_upload(upload: IO[bytes]) -> StagedUpload:
+    """Write an uploaded zip to a temporary file next to the store and check it. Raises
+    BundleRejected (leaving nothing behind) when it is not acceptable."""
     root = storage_root()
     root.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix="upload-", suffix=".zip", dir=root)
@@ -184,15 +254,33 @@ def store_upload(*, workspace: Workspace, upload: IO[bytes]) -> CodeBundle:
                         f"The bundle is larger than {MAX_BUNDLE_BYTES // 2**20} MiB."
                     )
                 out.write(chunk)
-        info = inspect_zip(Path(temporary))
+        return StagedUpload(path=Path(temporary), info=inspect_zip(Path(temporary)))
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def discard(staged: StagedUpload) -> None:
+    staged.path.unlink(missing_ok=True)
+
+
+def keep(staged: StagedUpload, *, workspace: Workspace, unwrap: str | None = None) -> CodeBundle:
+    """Store a staged upload once per content (``unwrap``: store the contents of that
+    top-level folder instead of the zip as uploaded) and record it for the workspace."""
+    try:
+        if unwrap is not None:
+            unwrapped = _unwrapped(staged.path, unwrap)
+            staged.path.unlink()
+            staged.path = unwrapped
+            staged.info = inspect_zip(unwrapped)
+        info = staged.info
         final = bundle_path(info.sha256)
         final.parent.mkdir(parents=True, exist_ok=True)
         if not final.exists():
-            os.replace(temporary, final)  # atomic: readers never see half a bundle
+            os.replace(staged.path, final)  # atomic: readers never see half a bundle
             os.chmod(final, 0o440)
     finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+        discard(staged)
     try:
         with transaction.atomic():
             bundle, _ = CodeBundle.objects.get_or_create(
@@ -203,6 +291,40 @@ def store_upload(*, workspace: Workspace, upload: IO[bytes]) -> CodeBundle:
     except IntegrityError:  # a concurrent upload of the same content won the race
         bundle = CodeBundle.objects.for_workspace(workspace).get(sha256=info.sha256)
     return bundle
+
+
+def store_upload(*, workspace: Workspace, upload: IO[bytes]) -> CodeBundle:
+    """Check an uploaded zip and keep it (once per content). Nothing is stored if it fails."""
+    return keep(stage_upload(upload), workspace=workspace)
+
+
+def _unwrapped(source: Path, folder: str) -> Path:
+    """A copy of the checked zip ``source`` with ``folder/`` taken off every name, and the
+    entries outside it (only ``IGNORED_TOP_LEVEL`` ones can be) left out. Each member keeps
+    its bytes, compression, time and mode, so the same upload always gives the same zip."""
+    prefix = f"{folder}/"
+    handle, target = tempfile.mkstemp(prefix="unwrap-", suffix=".zip", dir=source.parent)
+    os.close(handle)
+    try:
+        with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+            for info in old.infolist():
+                name = str(PurePosixPath(info.filename))
+                if not name.startswith(prefix):
+                    continue  # the folder's own entry, or __MACOSX
+                copy = zipfile.ZipInfo(name[len(prefix) :], date_time=info.date_time)
+                copy.compress_type = info.compress_type
+                copy.create_system = info.create_system
+                copy.external_attr = info.external_attr
+                if info.is_dir():
+                    copy.filename += "/"
+                    new.writestr(copy, b"")
+                    continue
+                with old.open(info) as stream, new.open(copy, "w") as out:
+                    shutil.copyfileobj(stream, out, _CHUNK)
+    except BaseException:
+        os.unlink(target)
+        raise
+    return Path(target)
 
 
 def unpack(bundle_sha256: str, destination: Path) -> None:

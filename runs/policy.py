@@ -159,7 +159,9 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
             PolicyProblem(path, message) for path, message in render.kubernetes_problems(spec)
         ]
 
-    if spec.compute.gpus > settings.TAU_MAX_GPUS_PER_NODE:
+    # On one machine its own GPU count is the limit (the backend reports that); on a
+    # cluster a worker's GPUs must fit on one node.
+    if backend == "kubernetes" and spec.compute.gpus > settings.TAU_MAX_GPUS_PER_NODE:
         problems.append(
             PolicyProblem(
                 "compute.gpus",

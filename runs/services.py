@@ -201,6 +201,8 @@ class Submission:
     priority: str
     priority_value: int
     backend: str
+    #: The project zip's single top-level folder, when the bundle kept is its contents.
+    unwrapped_folder: str | None = None
 
 
 def create_run(*, workspace: Workspace, user: User, submission: Submission) -> Run:
@@ -239,10 +241,21 @@ def create_run(*, workspace: Workspace, user: User, submission: Submission) -> R
             run,
             "submitted",
             new_state=RunState.PENDING,
-            message=f"Submitted by {user.get_username()}",
+            message=f"Submitted by {user.get_username()}"
+            + (
+                f"; the files inside the zip's folder {submission.unwrapped_folder}/ are the "
+                "project"
+                if submission.unwrapped_folder
+                else ""
+            ),
             data={
                 "spec_hash": run.spec_hash,
                 "bundle": submission.bundle.sha256 if submission.bundle else None,
+                **(
+                    {"unwrapped_folder": submission.unwrapped_folder}
+                    if submission.unwrapped_folder
+                    else {}
+                ),
             },
             first=True,
         )

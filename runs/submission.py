@@ -1,25 +1,32 @@
 """Submitting a run: tau.yaml in, a durable pending run out — or every problem at once.
 
-The spec is validated with the same code the CLI uses offline, then workspace policy fills
-its defaults and applies its limits, then the code bundle is checked and stored. Nothing is
-written unless all of that passes.
+The spec is validated with the same code the CLI uses offline; then the backend says what
+its machines could never give the run, workspace policy fills its defaults and applies its
+limits, and the code bundle is checked against the spec (the entry point must be in it).
+Nothing is written unless all of that passes: a problem that can be seen at submission is
+never accepted and left to fail at run time.
+
+The submit page's live check runs the same functions (``check_spec``, ``check_bundle``)
+on every edit, with the listing of the chosen zip that the browser reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from runs import bundles, policy, services
-from runs.backends import AVAILABLE_BACKENDS
+from runs.backends import AVAILABLE_BACKENDS, RunBackend, backend_named
 from runs.models import Run
-from tau.spec import SpecError, load_spec
+from tau.spec import SpecError, load_spec, locate
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
+    from tau.spec import Spec
     from workspaces.models import Workspace
 
 MAX_SPEC_BYTES = 256 * 1024
@@ -49,8 +56,24 @@ class SubmissionRefused(ValueError):
         self.problems = problems
 
 
-def check_spec(source: bytes, *, workspace: Workspace) -> policy.Placement:
-    """Validate and place a spec without submitting it (the submit page's preview uses this)."""
+def _backend(name: str) -> RunBackend | None:
+    return backend_named(name) if name in AVAILABLE_BACKENDS else None
+
+
+def _at(source: bytes, path: str, message: str, hint: str | None = None) -> SubmissionProblem:
+    """A problem found after the schema, pointed at its line in tau.yaml when it has one."""
+    where = locate(source, path)
+    line, column = where if where else (None, None)
+    return SubmissionProblem(path, message, line=line, column=column, hint=hint)
+
+
+def check_spec(
+    source: bytes, *, workspace: Workspace, backend: str | None = None
+) -> policy.Placement:
+    """Validate and place a spec without submitting it (the submit page's live check uses
+    this). Problems the backend's machines make come first: when none of them could ever
+    run it, that is the reason that matters, whatever the workspace's quota says."""
+    backend = backend or settings.TAU_BACKEND
     if len(source) > MAX_SPEC_BYTES:
         raise SubmissionRefused(
             [SubmissionProblem("spec", f"tau.yaml is larger than {MAX_SPEC_BYTES // 1024} KiB.")]
@@ -66,12 +89,77 @@ def check_spec(source: bytes, *, workspace: Workspace) -> policy.Placement:
                 for p in exc.errors
             ]
         ) from None
+    problems: list[SubmissionProblem] = []
+    runs_on = _backend(backend)
+    if runs_on is not None:
+        problems += [
+            _at(source, path, message) for path, message in runs_on.submission_problems(spec)
+        ]
+    placement = None
     try:
-        return policy.apply_policy(spec, workspace, backend=settings.TAU_BACKEND)
+        placement = policy.apply_policy(spec, workspace, backend=backend)
     except policy.PolicyRefused as exc:
-        raise SubmissionRefused(
-            [SubmissionProblem(p.path, p.message) for p in exc.problems]
-        ) from None
+        problems += [_at(source, p.path, p.message) for p in exc.problems]
+    if problems or placement is None:
+        raise SubmissionRefused(problems)
+    return placement
+
+
+def check_bundle(
+    spec: Spec,
+    listing: bundles.BundleListing | None,
+    *,
+    source: bytes,
+    backend: str | None = None,
+) -> tuple[list[SubmissionProblem], str | None]:
+    """(problems, the zip's folder to unwrap) for the project zip a spec comes with
+    (``listing`` None: no zip). A script entry point must be a file in the zip; when the zip
+    holds one folder with everything inside and the script is in that folder, the folder's
+    contents are the project (the zip of a project folder, as file managers make it)."""
+    script = spec.run.script
+    if script is None:
+        return [], None  # a command line: what it runs comes from the image or the zip
+    path = str(PurePosixPath(script))
+    if listing is None:
+        runs_on = _backend(backend or settings.TAU_BACKEND)
+        if runs_on is not None and runs_on.scripts_need_bundle:
+            return [
+                _at(
+                    source,
+                    "run.entrypoint",
+                    f"{script} is a file of your project, but no project zip was given: a run "
+                    "here starts in a folder holding only the zip's files.",
+                    hint=f"add the project zip, with {script} in it",
+                )
+            ], None
+        return [], None
+    if path in listing.files:
+        return [], None
+    if listing.wrapper is not None and f"{listing.wrapper}/{path}" in listing.files:
+        return [], listing.wrapper
+    elsewhere = listing.similar(path)
+    if elsewhere:
+        hint = f"the zip has {elsewhere[0]}; set run.entrypoint to {elsewhere[0]}"
+        if listing.wrapper is not None and elsewhere[0].startswith(f"{listing.wrapper}/"):
+            inner = elsewhere[0][len(listing.wrapper) + 1 :]
+            hint = (
+                f"the zip has {elsewhere[0]}; its folder {listing.wrapper}/ is unwrapped, so "
+                f"set run.entrypoint to {inner}"
+            )
+    elif listing.files:
+        sample = ", ".join(sorted(listing.files)[:5])
+        more = f" and {len(listing.files) - 5} more" if len(listing.files) > 5 else ""
+        hint = f"the zip holds {sample}{more}"
+    else:
+        hint = "the zip holds no files"
+    return [
+        _at(
+            source,
+            "run.entrypoint",
+            f"names {script}, which is not in the project zip.",
+            hint=hint,
+        )
+    ], None
 
 
 def submit(
@@ -88,13 +176,31 @@ def submit(
                 )
             ]
         )
-    placement = check_spec(spec_source, workspace=workspace)
-    stored = None
-    if bundle is not None:
-        try:
-            stored = bundles.store_upload(workspace=workspace, upload=bundle)
-        except bundles.BundleRejected as exc:
-            raise SubmissionRefused([SubmissionProblem("bundle", str(exc))]) from None
+    problems: list[SubmissionProblem] = []
+    placement = None
+    try:
+        placement = check_spec(spec_source, workspace=workspace)
+    except SubmissionRefused as exc:
+        problems += exc.problems
+    staged = None
+    try:
+        if bundle is not None:
+            try:
+                staged = bundles.stage_upload(bundle)
+            except bundles.BundleRejected as exc:
+                problems.append(SubmissionProblem("bundle", str(exc)))
+        unwrap = None
+        if placement is not None and (bundle is None or staged is not None):
+            found, unwrap = check_bundle(
+                placement.spec, staged.listing if staged else None, source=spec_source
+            )
+            problems += found
+        if problems or placement is None:
+            raise SubmissionRefused(problems)
+        stored = bundles.keep(staged, workspace=workspace, unwrap=unwrap) if staged else None
+    finally:
+        if staged is not None:
+            bundles.discard(staged)
     return services.create_run(
         workspace=workspace,
         user=user,
@@ -105,5 +211,6 @@ def submit(
             priority=placement.priority,
             priority_value=placement.priority_value,
             backend=settings.TAU_BACKEND,
+            unwrapped_folder=unwrap,
         ),
     )

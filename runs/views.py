@@ -8,8 +8,10 @@ answers 304 after one small query, and the browser keeps what it shows.
 from __future__ import annotations
 
 import hashlib
+import platform
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Q, QuerySet, Subquery
@@ -21,9 +23,11 @@ from django.utils.dateparse import parse_datetime
 from django.views import View
 from django.views.generic import TemplateView
 
-from runs import selectors, services, submission
-from runs.models import LIVE_STATES, Checkpoint, Run, RunAttempt, RunEvent, RunState
+from runs import bundles, selectors, services, submission
+from runs.models import LIVE_STATES, Backend, Checkpoint, Run, RunAttempt, RunEvent, RunState
+from runs.policy import requested_totals
 from runs.usage import platform_usage, queue_estimate, usage_lines
+from tau.quantity import format_quantity
 from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
 from workspaces.models import Role, Workspace
 
@@ -249,10 +253,19 @@ class RunActionView(WorkspaceViewMixin, View):
 
 
 class SubmitView(WorkspaceViewMixin, TemplateView):
-    """Upload or paste a tau.yaml (and a project zip); it is checked as you type."""
+    """Upload or paste a tau.yaml (and a project zip); it is checked as you type.
+
+    With JavaScript the form is sent by htmx: a refused submission swaps the problems in and
+    the chosen files stay chosen. Without it, the page comes back with the problems and the
+    spec text, and says that the zip must be chosen again (browsers clear file fields)."""
 
     template_name = "runs/submit.html"
     read_role = Role.RESEARCHER
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        context["local"] = settings.TAU_BACKEND == Backend.LOCAL
+        return context
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         source = _spec_source(request)
@@ -265,17 +278,28 @@ class SubmitView(WorkspaceViewMixin, TemplateView):
                 bundle=bundle,
             )
         except submission.SubmissionRefused as exc:
+            if request.headers.get("HX-Request"):
+                context = {"workspace": self.workspace, "problems": exc.problems, "refused": True}
+                return render(request, "runs/submit.html#validation", context, status=400)
             context = self.get_context_data(**kwargs)
             context.update(
-                {"problems": exc.problems, "spec_text": source.decode("utf-8", "replace")}
+                {
+                    "problems": exc.problems,
+                    "refused": True,
+                    "spec_text": source.decode("utf-8", "replace"),
+                    "bundle_cleared": bundle.name if bundle is not None else None,
+                }
             )
             return self.render_to_response(context, status=400)
         messages.success(request, f"Submitted {run.name}.")
-        return HttpResponseRedirect(
-            reverse(
-                "run-page", kwargs={"workspace_slug": self.workspace.slug, "run_name": run.name}
-            )
+        url = reverse(
+            "run-page", kwargs={"workspace_slug": self.workspace.slug, "run_name": run.name}
         )
+        if request.headers.get("HX-Request"):
+            response = HttpResponse(status=204)
+            response["HX-Redirect"] = url
+            return response
+        return HttpResponseRedirect(url)
 
 
 def _spec_source(request: HttpRequest) -> bytes:
@@ -283,6 +307,20 @@ def _spec_source(request: HttpRequest) -> bytes:
     if upload is not None:
         return bytes(upload.read(submission.MAX_SPEC_BYTES + 1))
     return request.POST.get("spec_text", "").encode("utf-8")
+
+
+def _bundle_listing(request: HttpRequest) -> tuple[str, bundles.BundleListing | None]:
+    """What the submit page read from the chosen zip in the browser (``bundle_files``, one
+    name per line): ("none", None) when no zip is chosen, ("unread", None) when the browser
+    could not list it (the server checks it at submission), else ("read", listing)."""
+    status = request.POST.get("bundle_status", "")
+    if status == "unread":
+        return "unread", None
+    if status != "read":
+        return "none", None
+    # Form submission sends line breaks as CRLF.
+    names = request.POST.get("bundle_files", "").splitlines()[: bundles.MAX_FILES]
+    return "read", bundles.BundleListing.from_names(names)
 
 
 class ValidateView(WorkspaceViewMixin, View):
@@ -296,34 +334,42 @@ class ValidateView(WorkspaceViewMixin, View):
         context: dict[str, Any] = {"workspace": self.workspace}
         if not source.strip():
             context["empty"] = True
-        else:
-            try:
-                placement = submission.check_spec(source, workspace=self.workspace)
-            except submission.SubmissionRefused as exc:
-                context["problems"] = exc.problems
-            else:
-                from runs.policy import requested_totals
-                from tau.quantity import format_quantity
-
-                position = (
-                    Run.objects.for_workspace(self.workspace).filter(state=RunState.QUEUED).count()
-                    + 1
-                )
-                estimate = queue_estimate(self.workspace)
-                context.update(
-                    {
-                        "spec": placement.spec,
-                        "priority": placement.priority,
-                        "totals": [
-                            (resource, format_quantity(amount, binary=resource == "memory"))
-                            for resource, amount in requested_totals(placement.spec).items()
-                            if amount
-                        ],
-                        "position": position,
-                        "estimate": estimate,
-                        "starts_in": estimate.start_after(position - 1) if position > 1 else None,
-                    }
-                )
+            return render(request, "runs/submit.html#validation", context)
+        try:
+            placement = submission.check_spec(source, workspace=self.workspace)
+        except submission.SubmissionRefused as exc:
+            context["problems"] = exc.problems
+            return render(request, "runs/submit.html#validation", context)
+        bundle_status, listing = _bundle_listing(request)
+        unwrap = None
+        if bundle_status != "unread":
+            problems, unwrap = submission.check_bundle(placement.spec, listing, source=source)
+            if problems:
+                context["problems"] = problems
+                return render(request, "runs/submit.html#validation", context)
+        position = (
+            Run.objects.for_workspace(self.workspace).filter(state=RunState.QUEUED).count() + 1
+        )
+        estimate = queue_estimate(self.workspace)
+        context.update(
+            {
+                "spec": placement.spec,
+                "priority": placement.priority,
+                "local": settings.TAU_BACKEND == Backend.LOCAL,
+                "python_version": platform.python_version(),
+                "totals": [
+                    (resource, format_quantity(amount, binary=resource == "memory"))
+                    for resource, amount in requested_totals(placement.spec).items()
+                    if amount
+                ],
+                "bundle_status": bundle_status,
+                "bundle_files": len(listing.files) if listing is not None else 0,
+                "unwrap": unwrap,
+                "position": position,
+                "estimate": estimate,
+                "starts_in": estimate.start_after(position - 1) if position > 1 else None,
+            }
+        )
         return render(request, "runs/submit.html#validation", context)
 
 

@@ -28,7 +28,7 @@ from portal.identity import tokens
 from portal.models import AuditEvent
 from runs.models import RunState
 from tests.conftest import CAST
-from tests.runs.factories import TINY_SPEC, make_run
+from tests.runs.factories import TINY_FILES, TINY_SPEC, make_run, zip_bytes
 from workspaces.models import Cohort, Membership, ResourceFlavor, Workspace, WorkspaceQuota
 
 pytestmark = pytest.mark.django_db
@@ -130,7 +130,10 @@ MATRIX: dict[str, Route] = {
     "api:run-list": Route(
         {"GET": API_READ, "POST": codes(403, 201, 201, 403, 404, 401)},
         ALPHA,
-        data=lambda: {"spec": SimpleUploadedFile("tau.yaml", TINY_SPEC)},
+        data=lambda: {
+            "spec": SimpleUploadedFile("tau.yaml", TINY_SPEC),
+            "bundle": SimpleUploadedFile("project.zip", zip_bytes(TINY_FILES)),
+        },
         api=True,
         multipart=True,
     ),
@@ -159,7 +162,10 @@ MATRIX: dict[str, Route] = {
     "run-submit": Route(
         {"GET": codes(403, 200, 200, 403, 404, 302), "POST": codes(403, 302, 302, 403, 404, 302)},
         ALPHA,
-        data={"spec_text": TINY_SPEC.decode()},
+        data=lambda: {
+            "spec_text": TINY_SPEC.decode(),
+            "bundle": SimpleUploadedFile("project.zip", zip_bytes(TINY_FILES)),
+        },
     ),
     "run-validate": Route(
         {"POST": codes(403, 200, 200, 403, 404, 302), "GET": codes(403, 405, 405, 403, 404, 302)},

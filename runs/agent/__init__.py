@@ -10,8 +10,7 @@ default and off in production unless ``TAU_LOCAL_EXECUTOR=true``.
   (cached per requirements) and environment variables.
 - ``logs``: the capped per-attempt log. ``collect``: metric rows and checkpoints.
 - ``processes``: process groups and their identity, from ``/proc``.
+
+Nothing is imported here: the web process reads ``admission`` (what this machine could ever
+run, for submission) without loading the supervisor.
 """
-
-from runs.agent.supervisor import Agent, AgentConflict
-
-__all__ = ["Agent", "AgentConflict"]

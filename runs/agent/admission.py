@@ -1,7 +1,7 @@
 """Which queued local runs may start now, and what the others are waiting for.
 
 Pure functions over amounts (no database, no processes), so the rule can be read and tested
-on its own. The rule:
+on its own; only ``machine_capacity`` reads what this machine offers. The rule:
 
 * A run's demand is what the whole workload asks for at once, compute per worker times workers
   (``runs.policy.requested_totals``, the same amount Kueue would admit on a cluster). Locally
@@ -28,7 +28,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from tau.quantity import format_quantity
+from django.conf import settings
+
+from tau.quantity import format_quantity, parse_quantity
 from workspaces.models import GPU_RESOURCE
 
 CPU = "cpu"
@@ -116,18 +118,36 @@ def number_text(resource: str, amount: Decimal) -> str:
 _SETTING_FOR = {CPU: "TAU_LOCAL_CPUS", MEMORY: "TAU_LOCAL_MEMORY", GPU_RESOURCE: "TAU_LOCAL_GPUS"}
 
 
+def never_fits(demand: Amounts, capacity: Amounts) -> dict[str, str]:
+    """resource -> why this machine could never run the demand, however idle it is: the
+    rule submission applies up front, and the agent applies to runs already queued (the
+    machine's settings may have changed since)."""
+    problems: dict[str, str] = {}
+    for resource in (GPU_RESOURCE, CPU, MEMORY):  # the scarcest first: it is the real reason
+        wanted = demand.get(resource, ZERO)
+        have = capacity.get(resource, ZERO)
+        if wanted <= have:
+            continue
+        setting = _SETTING_FOR[resource]
+        if resource == GPU_RESOURCE and have == 0:
+            problems[resource] = (
+                f"The run needs {amount_text(resource, wanted)}, but this machine has 0 GPUs "
+                f"({setting}); runs that need GPUs must go to a cluster."
+            )
+        else:
+            problems[resource] = (
+                f"The run needs {amount_text(resource, wanted)} at once, but this machine has "
+                f"{number_text(resource, have)} ({setting}); ask for at most "
+                f"{number_text(resource, have)} in total."
+            )
+    return problems
+
+
 def _machine_problem(demand: Amounts, capacity: Amounts, used: Amounts) -> tuple[str | None, bool]:
     """(why the machine cannot take it now, whether it never could)."""
-    for resource in RESOURCES:
-        wanted = demand.get(resource, ZERO)
-        if wanted > capacity.get(resource, ZERO):
-            have = capacity.get(resource, ZERO)
-            return (
-                f"Cannot start on this machine: it needs {amount_text(resource, wanted)} at "
-                f"once and the machine offers {number_text(resource, have)} "
-                f"({_SETTING_FOR[resource]}).",
-                True,
-            )
+    never = never_fits(demand, capacity)
+    if never:
+        return f"Cannot start on this machine. {next(iter(never.values()))}", True
     for resource in RESOURCES:
         wanted = demand.get(resource, ZERO)
         free = max(ZERO, capacity.get(resource, ZERO) - used.get(resource, ZERO))
@@ -276,3 +296,15 @@ def detect_memory_bytes(meminfo: str = "/proc/meminfo") -> Decimal:
             if line.startswith("MemTotal:"):
                 return Decimal(int(line.split()[1]) * 1024)
     raise RuntimeError(f"{meminfo} has no MemTotal line")
+
+
+def machine_capacity() -> dict[str, Decimal]:
+    """What this machine offers local runs: TAU_LOCAL_CPUS, TAU_LOCAL_MEMORY (``MemTotal``
+    when unset), TAU_LOCAL_GPUS."""
+    memory_setting = settings.TAU_LOCAL_MEMORY
+    memory = parse_quantity(memory_setting) if memory_setting else detect_memory_bytes()
+    return {
+        CPU: Decimal(int(settings.TAU_LOCAL_CPUS)),
+        MEMORY: memory,
+        GPU_RESOURCE: Decimal(int(settings.TAU_LOCAL_GPUS)),
+    }

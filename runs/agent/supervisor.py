@@ -138,7 +138,7 @@ class Agent:
     def __init__(self, *, interval: float = 0.5, grace: float | None = None) -> None:
         self.interval = interval
         self.grace = float(settings.TAU_LOCAL_GRACE_SECONDS if grace is None else grace)
-        self.capacity = machine_capacity()
+        self.capacity = admission.machine_capacity()
         self.runs_dir = Path(settings.TAU_RUNS_DIR)
         self.venvs_dir = Path(settings.VAR_DIR) / "venvs"
         self.log_limit = int(settings.TAU_RUN_LOG_MAX_BYTES)
@@ -1005,20 +1005,6 @@ class Agent:
             if execution.phase in {Phase.RUNNING, Phase.DRAINING} and execution.pid is not None:
                 processes.signal_group(execution.pid, signal.SIGKILL)
             execution.cancelled.set()
-
-
-def machine_capacity() -> dict[str, Decimal]:
-    """What this machine offers local runs: TAU_LOCAL_CPUS, TAU_LOCAL_MEMORY (``MemTotal``
-    when unset), TAU_LOCAL_GPUS."""
-    from tau.quantity import parse_quantity
-
-    memory_setting = settings.TAU_LOCAL_MEMORY
-    memory = parse_quantity(memory_setting) if memory_setting else admission.detect_memory_bytes()
-    return {
-        admission.CPU: Decimal(int(settings.TAU_LOCAL_CPUS)),
-        admission.MEMORY: memory,
-        GPU_RESOURCE: Decimal(int(settings.TAU_LOCAL_GPUS)),
-    }
 
 
 def _exit_status(pid: int) -> tuple[int | None, int | None] | None:

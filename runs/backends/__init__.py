@@ -7,17 +7,28 @@ the delivery of an outbox row (``runs.services.deliver``):
 
 Everything after that (admission, start, progress, the end) comes back from the backend's
 own supervisor (the local agent, or the Kubernetes watcher) through ``runs.services``.
+
+Before a run exists, submission asks the backend what it could never do for a spec
+(``submission_problems``: more than any of its machines has), so such a run is refused with
+the reason instead of waiting forever.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from runs.models import Backend, Run
+
+if TYPE_CHECKING:
+    from tau.spec import Spec
 
 
 class RunBackend(Protocol):
     name: str
+    #: Whether a script entry point must come in the project zip (no image to hold it).
+    scripts_need_bundle: bool
+
+    def submission_problems(self, spec: Spec) -> list[tuple[str, str]]: ...
 
     def submit(self, run: Run) -> None: ...
 
@@ -32,9 +43,13 @@ class BackendUnavailable(RuntimeError):
     """The run names a backend this installation does not run."""
 
 
-def backend_for_run(run: Run) -> RunBackend:
-    if run.backend == Backend.LOCAL:
+def backend_named(name: str) -> RunBackend:
+    if name == Backend.LOCAL:
         from runs.backends.local import LocalBackend
 
         return LocalBackend()
-    raise BackendUnavailable(f"the {run.backend} backend is not available in this installation")
+    raise BackendUnavailable(f"the {name} backend is not available in this installation")
+
+
+def backend_for_run(run: Run) -> RunBackend:
+    return backend_named(run.backend)

@@ -17,7 +17,7 @@ The field reference is ``docs/tau-yaml.md``.
 
 from __future__ import annotations
 
-from tau.spec.loader import MAX_DEPTH, MAX_FILE_BYTES
+from tau.spec.loader import MAX_DEPTH, MAX_FILE_BYTES, locate
 from tau.spec.model import (
     DEFAULT_RETRY_ON,
     FAILURE_CLASSES,
@@ -79,6 +79,7 @@ __all__ = [
     "canonical_json",
     "json_schema",
     "load_spec",
+    "locate",
     "spec_hash",
     "validate",
 ]

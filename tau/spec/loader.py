@@ -446,3 +446,44 @@ def _position(mark: _Mark | None) -> tuple[int, int]:
 
 def _short_tag(tag: str) -> str:
     return "!!" + tag.removeprefix(_CORE) if tag.startswith(_CORE) else tag
+
+
+def locate(data: str | bytes, path: str) -> tuple[int, int] | None:
+    """Line and column (1-based) of ``path`` (``compute.gpus``, ``run.args[0]``) in tau.yaml
+    text: the key that holds it, or the nearest enclosing key the file does write (a default
+    the file leaves out is about the block it would go in). None when nothing of the path is
+    in the file, or the text cannot be read.
+
+    Problems found after the schema (workspace policy, the backend's machines, the project
+    zip) are about values too, and a researcher fixes them faster at their line.
+    """
+    node = load_yaml(data, ProblemCollector())
+    found: tuple[int, int] | None = None
+    for part in _path_parts(path):
+        if isinstance(part, int):
+            if not isinstance(node, SequenceNode) or part >= len(node.items):
+                break
+            node = node.items[part]
+            found = (node.line, node.column)
+            continue
+        if not isinstance(node, MappingNode):
+            break
+        match = next(((key, value) for key, value in node.entries if key.value == part), None)
+        if match is None:
+            break
+        key, node = match
+        found = (key.line, key.column)
+    return found
+
+
+def _path_parts(path: str) -> list[str | int]:
+    """``run.args[0]`` → ``["run", "args", 0]``."""
+    parts: list[str | int] = []
+    for word in path.split("."):
+        name, _, rest = word.partition("[")
+        if name:
+            parts.append(name)
+        for index in rest.rstrip("]").split("]["):
+            if index.isdigit():
+                parts.append(int(index))
+    return parts

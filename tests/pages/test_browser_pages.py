@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import re
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,8 @@ import pytest
 
 from runs.models import Checkpoint, Run, RunState
 from tests.pages.browser_support import check_page, log_in, watch_console
-from tests.runs.agent_harness import Agent, local_quota, spec, submit, wait_until
+from tests.runs.agent_harness import Agent, spec, submit, wait_until
 from tests.runs.factories import ROOT
-from tests.runs.processes import Portal
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -27,23 +26,6 @@ EXAMPLE = ROOT / "examples" / "cpu-quickstart"
 
 def matches(pattern: str) -> Callable[[str], bool]:
     return lambda url: re.search(pattern, url) is not None
-
-
-@pytest.fixture
-def machine(settings: Any, tmp_path: Path, world: Any) -> Iterator[Agent]:
-    """The live server, a Celery worker and the local agent share one var/ directory."""
-    var_dir = tmp_path / "var"
-    var_dir.mkdir()
-    settings.VAR_DIR = var_dir
-    local_quota(world.alpha, cpu="4")
-    agent = Agent(var_dir).start()
-    worker = Portal(broker_url=settings.CELERY_BROKER_URL, var_dir=var_dir)
-    worker.start(web=False, beat=True)
-    try:
-        yield agent
-    finally:
-        worker.stop()
-        agent.stop()
 
 
 def example_zip(tmp_path: Path) -> Path:
@@ -81,10 +63,13 @@ def test_researcher_submits_and_watches_a_run_live(
     page.wait_for_selector("#validation .problems")
     assert "name" in page.inner_text("#validation")
     page.fill("#spec-text", text)
+    # The example's train.py comes in the project zip: until it is chosen, the check says so.
+    page.wait_for_selector("#validation .problems")
+    assert "no project zip was given" in page.inner_text("#validation")
+    page.set_input_files("#bundle", str(example_zip(tmp_path)))
     page.wait_for_selector("#validation .ok-text")
     assert "Looks good" in page.inner_text("#validation")
     check_page(page, "submit")
-    page.set_input_files("#bundle", str(example_zip(tmp_path)))
     page.get_by_role("button", name="Submit", exact=True).click()
     page.wait_for_url(matches(r"/w/alpha/runs/cpu-quickstart-[a-z0-9]{6}/$"))
     page.evaluate("window.__sameDocument = true")  # gone if the page reloads

@@ -23,6 +23,10 @@ compute:
 """
 
 
+#: The project TINY_SPEC runs (its entry point must be in the zip, or it is refused).
+TINY_FILES = {"main.py": "print('hello from main.py')\n"}
+
+
 def zip_bytes(files: dict[str, str]) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -46,11 +50,11 @@ def make_run(
     *,
     who: str = "researcher",
     spec: bytes = TINY_SPEC,
-    files: dict[str, str] | None = None,
+    files: dict[str, str] | None = TINY_FILES,
     state: RunState | None = None,
 ) -> Run:
     """A submitted run in alpha; ``state`` forces a state afterwards (bypassing the machine,
-    for tests that need a run in a given state and nothing else)."""
+    for tests that need a run in a given state and nothing else). ``files=None``: no zip."""
     bundle = io.BytesIO(zip_bytes(files)) if files is not None else None
     run = submission.submit(
         workspace=world.alpha, user=world.users[who], spec_source=spec, bundle=bundle

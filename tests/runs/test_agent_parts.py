@@ -78,8 +78,8 @@ def test_a_run_that_can_never_fit_holds_nobody_up() -> None:
     assert not decisions[1].admit
     assert decisions[1].position is None
     assert decisions[1].reason == (
-        "Cannot start on this machine: it needs 4 CPUs at once and the machine offers 2 "
-        "(TAU_LOCAL_CPUS)."
+        "Cannot start on this machine. The run needs 4 CPUs at once, but this machine has 2 "
+        "(TAU_LOCAL_CPUS); ask for at most 2 in total."
     )
     assert decisions[2].admit
 
@@ -91,7 +91,10 @@ def test_memory_and_gpus_count_too() -> None:
     assert decisions[1].admit
     assert decisions[2].reason == "Waiting for 2Gi of memory: 1Gi of this machine's 4Gi are free."
     decisions = plan([Candidate(1, 1, demand("1", gpus=1))])
-    assert decisions[1].reason.startswith("Cannot start on this machine: it needs 1 GPU")
+    assert decisions[1].reason == (
+        "Cannot start on this machine. The run needs 1 GPU, but this machine has 0 GPUs "
+        "(TAU_LOCAL_GPUS); runs that need GPUs must go to a cluster."
+    )
 
 
 def test_a_workspace_quota_holds_its_own_runs_only() -> None:

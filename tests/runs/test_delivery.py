@@ -16,7 +16,7 @@ from portal.identity import tokens
 from runs import services
 from runs.models import Delivery, Run, RunEvent, RunState
 from runs.tasks import deliver
-from tests.runs.factories import TINY_SPEC
+from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from tests.runs.processes import Portal, PrivateRedis, portal_processes, wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
@@ -49,7 +49,7 @@ def test_submitted_while_the_broker_is_down_is_delivered_once_it_is_back(
     response = requests.post(
         f"{portal.url}/api/v1/workspaces/alpha/runs/",
         headers={"Authorization": f"Bearer {token}"},
-        files={"spec": ("tau.yaml", TINY_SPEC)},
+        files={"spec": ("tau.yaml", TINY_SPEC), "bundle": ("project.zip", zip_bytes(TINY_FILES))},
         timeout=60,
     )
     assert response.status_code == 201, response.text

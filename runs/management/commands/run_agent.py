@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.agent import Agent, AgentConflict
+from runs.agent.supervisor import Agent, AgentConflict
 from tau.quantity import QuantityError
 
 

@@ -1,0 +1,170 @@
+"""The submit page in a real browser: a run no machine here could ever start is refused as
+you type, Submit waits while the check shows problems (and the problems sit above it on a
+phone), a refused submission keeps the chosen files, and the zip of a project *folder* is
+unwrapped and runs."""
+
+from __future__ import annotations
+
+import io
+import re
+import stat
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runs.models import Run, RunState
+from tests.pages.browser_support import check_page, log_in, watch_console
+from tests.runs.agent_harness import Agent, wait_until
+from tests.runs.factories import ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+EXAMPLE = ROOT / "examples" / "cpu-quickstart"
+SUBMIT = "/w/alpha/runs/new/"
+
+SPEC = """schema_version: 1
+name: page-check
+run:
+  entrypoint: main.py
+  workload_kind: job
+compute:
+  cpus: 1
+  memory: 256Mi
+"""
+
+
+def write_zip(path: Path, files: dict[str, str], *, symlink: str | None = None) -> Path:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in files.items():
+            archive.writestr(name, content)
+        if symlink is not None:
+            link = zipfile.ZipInfo(symlink)
+            link.create_system = 3
+            link.external_attr = (stat.S_IFLNK | 0o777) << 16
+            archive.writestr(link, "/etc/passwd")
+    path.write_bytes(buffer.getvalue())
+    return path
+
+
+def submit_button(page: Any) -> Any:
+    return page.get_by_role("button", name="Submit", exact=True)
+
+
+@pytest.fixture
+def submit_page(world: Any, live_server: Any, page: Any, settings: Any, tmp_path: Path) -> Any:
+    settings.TAU_BACKEND = "local"
+    settings.TAU_LOCAL_GPUS = 0
+    settings.TAU_LOCAL_CPUS = 2
+    settings.VAR_DIR = tmp_path
+    log_in(page.context, live_server.url, world.users["researcher"])
+    page.goto(f"{live_server.url}{SUBMIT}")
+    return page
+
+
+def test_a_gpu_run_is_refused_as_you_type_and_submit_waits(
+    submit_page: Any, tmp_path: Path
+) -> None:
+    page = submit_page
+    problems = watch_console(page)
+    page.set_input_files("#bundle", str(write_zip(tmp_path / "p.zip", {"main.py": "print(1)"})))
+    page.fill("#spec-text", SPEC.replace("  cpus: 1", "  gpus: 1\n  cpus: 1"))
+    page.wait_for_selector("#validation .problems")
+    check = page.inner_text("#validation")
+    assert "compute.gpus" in check
+    assert "this machine has 0 GPUs (TAU_LOCAL_GPUS); runs that need GPUs must go to a cluster" in (
+        check
+    )
+    assert "Looks good" not in check
+    assert submit_button(page).is_disabled()
+    assert page.is_visible("#submit-blocked")
+    check_page(page, "submit-refused")
+    # On a phone the problems come before the button that cannot be pressed yet.
+    page.set_viewport_size({"width": 390, "height": 900})
+    problems_box = page.locator("#validation .problems").bounding_box()
+    button_box = submit_button(page).bounding_box()
+    assert problems_box["y"] + problems_box["height"] <= button_box["y"]
+    page.set_viewport_size({"width": 1280, "height": 900})
+    # Fixed: the check passes and Submit can be pressed again.
+    page.fill("#spec-text", SPEC)
+    page.wait_for_selector("#validation .ok-text")
+    assert submit_button(page).is_enabled()
+    assert not page.is_visible("#submit-blocked")
+    assert problems == []
+
+
+def test_a_refused_submission_keeps_the_chosen_files(
+    submit_page: Any, world: Any, tmp_path: Path
+) -> None:
+    page = submit_page
+    problems = watch_console(page)
+    # A symbolic link is only seen by the server's full check, at submission.
+    bad = write_zip(tmp_path / "linked.zip", {"main.py": "print(1)"}, symlink="data")
+    page.set_input_files("#bundle", str(bad))
+    page.fill("#spec-text", SPEC)
+    page.wait_for_selector("#validation .ok-text")
+    submit_button(page).click()
+    page.wait_for_selector("#validation .problems")
+    check = page.inner_text("#validation")
+    assert "Not submitted" in check
+    assert "symbolic link" in check
+    assert page.url.endswith(SUBMIT)
+    assert page.eval_on_selector("#bundle", "input => input.files[0].name") == "linked.zip"
+    assert page.input_value("#spec-text") == SPEC
+    assert Run.objects.for_workspace(world.alpha).count() == 0
+    # Choosing a good zip checks again and lets the same text go through.
+    good = write_zip(tmp_path / "good.zip", {"main.py": "print(1)"})
+    page.set_input_files("#bundle", str(good))
+    page.wait_for_selector("#validation .ok-text")
+    assert submit_button(page).is_enabled()
+    submit_button(page).click()
+    page.wait_for_url(re.compile(r"/w/alpha/runs/page-check-[a-z0-9]{6}/$"))
+    assert Run.objects.for_workspace(world.alpha).count() == 1
+    assert problems == []
+
+
+def test_an_entry_point_missing_from_the_zip_is_said_before_submitting(
+    submit_page: Any, tmp_path: Path
+) -> None:
+    page = submit_page
+    page.fill("#spec-text", SPEC)
+    page.set_input_files(
+        "#bundle", str(write_zip(tmp_path / "w.zip", {"src/main.py": "", "README.md": ""}))
+    )
+    page.wait_for_selector("#validation .problems")
+    check = page.inner_text("#validation")
+    assert "not in the project zip" in check
+    assert "set run.entrypoint to src/main.py" in check
+    assert submit_button(page).is_disabled()
+
+
+def test_a_zip_of_the_project_folder_is_unwrapped_and_runs(
+    world: Any, live_server: Any, machine: Agent, page: Any, tmp_path: Path
+) -> None:
+    problems = watch_console(page)
+    folder = {f"cpu-quickstart/{f.name}": f.read_text() for f in EXAMPLE.iterdir() if f.is_file()}
+    archive = write_zip(tmp_path / "cpu-quickstart.zip", folder)
+    log_in(page.context, live_server.url, world.users["researcher"])
+    page.goto(f"{live_server.url}{SUBMIT}")
+    text = (EXAMPLE / "tau.yaml").read_text().replace("[--steps, 1500]", "[--steps, 200]")
+    page.set_input_files("#bundle", str(archive))
+    page.fill("#spec-text", text)
+    page.wait_for_selector("#validation .ok-text")
+    preview = page.inner_text("#validation")
+    assert "cpu-quickstart/" in preview
+    assert "the folder is unwrapped" in preview
+    # Local runs use this machine's Python, not the spec's image: the preview says so.
+    assert "This machine's Python" in preview
+    assert "python:3.12-slim" not in preview
+    submit_button(page).click()
+    page.wait_for_url(re.compile(r"/w/alpha/runs/cpu-quickstart-[a-z0-9]{6}/$"))
+    run = Run.objects.for_workspace(world.alpha).get()
+    wait_until(
+        lambda: Run.objects.unscoped().get(pk=run.pk).state == RunState.SUCCEEDED,
+        timeout=120,
+        what="the unwrapped project to run to the end",
+        agent=machine,
+    )
+    assert problems == []
