@@ -91,6 +91,7 @@ def API_ADMIN_WRITE(ok: int) -> dict[str, int]:
 MATRIX: dict[str, Route] = {
     "home": Route({"GET": same(200, anon=302)}),
     "healthz": Route({"GET": same(200)}),
+    "favicon": Route({"GET": same(302)}),  # to the icon's static file, for everyone
     "readyz": Route({"GET": same(200)}),
     "login": Route({"GET": same(302, anon=200)}),
     "logout": Route({"POST": same(302), "GET": same(405)}),
@@ -352,7 +353,7 @@ def test_access(world: Any, key: str, method: str, who: str) -> None:
     assert response.status_code == expected, (
         f"{method} {url} as {who}: expected {expected}, got {response.status_code}"
     )
-    if expected == 302 and who == "anonymous" and key not in {"logout", "admin:logout"}:
+    if expected == 302 and who == "anonymous" and key not in {"logout", "admin:logout", "favicon"}:
         location = response["Location"]
         assert "login" in location, (
             f"anonymous {method} {url} redirected to {location}, not a login page"

@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from portal.identity.tokens import issue_token, revoke_token
 from portal.models import ApiToken
-from runs import services
+from runs import selectors, services, wording
 from runs.agent import admission, environments, processes
 from runs.agent.collect import CheckpointScanner, FoundCheckpoint, MetricsReader
 from runs.agent.logs import LogPump, truncation_marker
@@ -355,7 +355,10 @@ class Agent:
             try:
                 if run.state == RunState.CANCELLING:
                     services.transition(
-                        run, RunState.CANCELLED, reason="Cancelled.", kind="cancelled"
+                        run,
+                        RunState.CANCELLED,
+                        reason=wording.cancelled_reason(selectors.cancel_requested_by(run)),
+                        kind="cancelled",
                     )
                 else:
                     services.transition(

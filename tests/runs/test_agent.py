@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import transaction
 
 from portal.models import ApiToken
 from runs import services
@@ -33,6 +34,7 @@ from tests.runs.agent_harness import (
     local_quota,
     process_alive,
     spec,
+    state_of,
     submit,
     wait_for_state,
     wait_until,
@@ -425,9 +427,14 @@ def test_runs_left_executing_without_an_attempt_are_put_right(world: Any, start_
     lost = submit(world, spec("lost"), {"main.py": "print('ran after all')\n"})
     stopping = submit(world, spec("stopping"), {"main.py": "print('never')\n"})
     Run.objects.for_workspace(world.alpha).filter(pk=lost.pk).update(state=RunState.ADMITTED)
-    Run.objects.for_workspace(world.alpha).filter(pk=stopping.pk).update(state=RunState.CANCELLING)
+    Run.objects.for_workspace(world.alpha).filter(pk=stopping.pk).update(state=RunState.ADMITTED)
+    with transaction.atomic():
+        services.cancel_run(run=stopping, user=world.users["researcher"])
+    assert state_of(stopping) == RunState.CANCELLING
     agent = start_agent()
     wait_for_state(stopping, RunState.CANCELLED, timeout=15, agent=agent)
+    # The finished cancel still names who asked for it, not "stopping it" or nobody.
+    assert stopping.state_reason == "Cancelled by rob."
     wait_for_state(lost, {RunState.SUCCEEDED, RunState.FAILED}, timeout=30, agent=agent)
     assert lost.state == RunState.SUCCEEDED
     (attempt,) = attempts(lost)
