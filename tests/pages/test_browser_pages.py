@@ -64,8 +64,7 @@ def test_researcher_submits_and_watches_a_run_live(
     assert "name" in page.inner_text("#validation")
     page.fill("#spec-text", text)
     # The example's train.py comes in the project zip: until it is chosen, the check says so.
-    page.wait_for_selector("#validation .problems")
-    assert "no project zip was given" in page.inner_text("#validation")
+    page.locator("#validation").get_by_text("no project zip was given").wait_for()
     page.set_input_files("#bundle", str(example_zip(tmp_path)))
     page.wait_for_selector("#validation .ok-text")
     assert "Looks good" in page.inner_text("#validation")
