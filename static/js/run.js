@@ -204,6 +204,22 @@
   }
 
   // --- Metric charts ---------------------------------------------------------------------
+  // Metric names come from the workload: shown as plain text everywhere. Plotly reads
+  // HTML-like markup (<a href>, <b>, <br>) in titles and trace names, so those get the
+  // characters escaped; bidirectional and other invisible controls (a right-to-left override
+  // that reverses a name) are shown as their code instead of acting.
+  var INVISIBLE = /[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+
+  function shownName(key) {
+    return key.replace(INVISIBLE, function (c) {
+      return "[U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "]";
+    });
+  }
+
+  function plotlyText(key) {
+    return shownName(key).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
   function smooth(values, weight) {
     if (!weight) return values;
     var result = [];
@@ -235,10 +251,11 @@
         var points = series[key];
         var x = points.map(function (p) { return p[0]; });
         var y = points.map(function (p) { return p[1]; });
-        var traces = [{ x: x, y: y, mode: "lines", name: key, line: { color: "#9aa4f5", width: 1 } }];
-        if (weight) traces.push({ x: x, y: smooth(y, weight), mode: "lines", name: key + " (smoothed)", line: { color: "#2a3ab0", width: 2 } });
+        var name = plotlyText(key);
+        var traces = [{ x: x, y: y, mode: "lines", name: name, line: { color: "#9aa4f5", width: 1 } }];
+        if (weight) traces.push({ x: x, y: smooth(y, weight), mode: "lines", name: name + " (smoothed)", line: { color: "#2a3ab0", width: 2 } });
         var layout = {
-          title: { text: key, font: { size: 14 } },
+          title: { text: name, font: { size: 14 } },
           margin: { l: 50, r: 20, t: 36, b: 40 },
           height: 260,
           xaxis: { title: { text: "step" } },
@@ -250,7 +267,7 @@
           div = document.createElement("div");
           div.className = "chart";
           div.setAttribute("role", "figure");
-          div.setAttribute("aria-label", "Chart of " + key + " by step");
+          div.setAttribute("aria-label", "Chart of " + shownName(key) + " by step");
           container.appendChild(div);
           charts[key] = div;
         }
@@ -281,7 +298,7 @@
           draw();
         });
         label.appendChild(box);
-        label.appendChild(document.createTextNode(" " + key));
+        label.appendChild(document.createTextNode(" " + shownName(key)));
         picker.appendChild(label);
       });
     }
