@@ -152,6 +152,8 @@ def record(
         before=before,
         after=after,
         request_id=getattr(request, "request_id", "") if request is not None else "",
+        # The client: behind a trusted proxy, portal.middleware.TrustedProxyMiddleware has put
+        # the address it forwarded for here, never one the client merely claimed.
         remote_addr=request.META.get("REMOTE_ADDR") if request is not None else None,
     )
 

@@ -9,6 +9,7 @@ passes. The README lists every variable read here.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from pathlib import Path
@@ -82,6 +83,17 @@ if PRODUCTION and not ALLOWED_HOSTS:
         "e.g. TAU_ALLOWED_HOSTS=taugrid.example.org"
     )
 CSRF_TRUSTED_ORIGINS = env_list("TAU_CSRF_TRUSTED_ORIGINS", [])
+# The proxies (addresses or networks) whose X-Forwarded-For and X-Forwarded-Proto are believed
+# (portal.middleware.TrustedProxyMiddleware); from anyone else both headers are dropped.
+TAU_TRUSTED_PROXIES = env_list("TAU_TRUSTED_PROXIES", [])
+for _proxy in TAU_TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy)
+    except ValueError:
+        raise ImproperlyConfiguredEnv(
+            f"TAU_TRUSTED_PROXIES: {_proxy!r} is not an IP address or network "
+            "(e.g. 10.0.0.7 or 10.0.0.0/24, without host bits)"
+        ) from None
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -104,6 +116,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: who the client is, and whether it came over https, as a trusted proxy says.
+    "portal.middleware.TrustedProxyMiddleware",
     "portal.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -310,6 +324,11 @@ TAU_TOKEN_MAX_DAYS = env_int("TAU_TOKEN_MAX_DAYS", 365, minimum=1)
 TAU_AUTH_FAILURES_PER_ADDRESS = env_int("TAU_AUTH_FAILURES_PER_ADDRESS", 30, minimum=1)
 TAU_AUTH_FAILURES_PER_KEY = env_int("TAU_AUTH_FAILURES_PER_KEY", 10, minimum=1)
 TAU_AUTH_FAILURE_WINDOW_SECONDS = env_int("TAU_AUTH_FAILURE_WINDOW_SECONDS", 300, minimum=10)
+# Password login (portal/identity/views.py): this many failures within the window above, for
+# one account or from one address, pause password login for it for the lockout time.
+TAU_AUTH_LOGIN_FAILURES_PER_ACCOUNT = env_int("TAU_AUTH_LOGIN_FAILURES_PER_ACCOUNT", 10, minimum=1)
+TAU_AUTH_LOGIN_FAILURES_PER_ADDRESS = env_int("TAU_AUTH_LOGIN_FAILURES_PER_ADDRESS", 50, minimum=1)
+TAU_AUTH_LOGIN_LOCKOUT_SECONDS = env_int("TAU_AUTH_LOGIN_LOCKOUT_SECONDS", 900, minimum=10)
 SESSION_COOKIE_AGE = env_int("TAU_SESSION_AGE_SECONDS", 60 * 60 * 12, minimum=300)
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
@@ -327,8 +346,14 @@ if PRODUCTION:
     SECURE_HSTS_SECONDS = env_int("TAU_HSTS_SECONDS", 31536000, minimum=0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("TAU_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("TAU_HSTS_PRELOAD", True)
-    # Behind a TLS-terminating proxy the portal only sees http; trust its header if told to.
+    # Behind a TLS-terminating proxy the portal only sees http; trust its header if told to,
+    # and only from TAU_TRUSTED_PROXIES (the middleware drops it from anyone else).
     if env_bool("TAU_BEHIND_TLS_PROXY", False):
+        if not TAU_TRUSTED_PROXIES:
+            raise ImproperlyConfiguredEnv(
+                "TAU_BEHIND_TLS_PROXY=true needs TAU_TRUSTED_PROXIES: the addresses of the "
+                "proxy whose X-Forwarded-Proto is believed (from anyone else it is ignored)"
+            )
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     # /healthz and /readyz are probed over plain HTTP by the orchestrator.
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]

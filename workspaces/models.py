@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal.audit import AuditedModel
+from portal.identity import usernames
 from portal.tenancy import TenantModel, TenantQuerySet
 from tau.k8s_names import (
     dns1123_label_problem,
@@ -520,3 +521,9 @@ class WorkspaceQuota(AuditedModel, TenantModel):
             )
         if errors:
             raise ValidationError(errors)
+
+
+# Usernames are ASCII only (portal/identity/usernames.py: no look-alikes from other scripts).
+# Installed here because every process, commands included, loads this module once the user
+# model exists; PortalConfig.ready() would be the natural home.
+usernames.install()

@@ -3,16 +3,26 @@ transaction; audit events are written by the models' signals inside that transac
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import QuerySet
 
+from portal.identity import usernames
 from workspaces.models import Membership, Role, Workspace
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+# One answer for "no such user" and "a user you may not add", so that adding a member cannot
+# be used to find out who else has an account on the installation.
+NOT_ADDABLE = (
+    "No user called {username!r} that you can add. You can add people who already share a "
+    "workspace with you; your platform team adds anyone else (or their identity-provider "
+    "groups do)."
+)
 
 
 class LastAdminError(ValidationError):
@@ -35,17 +45,49 @@ def _ensure_admin_remains(workspace: Workspace, leaving: Membership) -> None:
         )
 
 
-@transaction.atomic
-def add_member(*, workspace: Workspace, username: str, role: Role) -> Membership:
+def addable_users(by: User) -> QuerySet[Any]:
+    """The people ``by`` may add to a workspace they administer.
+
+    The policy: a workspace admin adds only people they can already see, that is active
+    users who are members (in any role) of an active workspace ``by`` belongs to; platform
+    staff, who see every account in the admin anyway, add any active user. Everyone else
+    joins through the platform team or the identity provider's group mapping
+    (``TAU_OIDC_WORKSPACE_ROLES``).
+
+    Why: a member lookup must not reveal the accounts of other tenants (the member lists of
+    one's own workspaces already show these people, so nothing new is revealed), and an
+    admin must not be able to pull a stranger into a workspace; the people one already
+    works with in a shared workspace are the circle a platform team can live with. An
+    invitation by e-mail would ask for consent as well, but needs mail delivery, which a
+    self-hosted portal may not have.
+    """
     user_model = get_user_model()
-    try:
-        user: User = user_model._default_manager.get(
-            **{user_model.USERNAME_FIELD: username, "is_active": True}
+    users = user_model._default_manager.filter(is_active=True)
+    if by.is_staff:
+        return users
+    return users.filter(memberships__workspace__in=Workspace.objects.visible_to(by)).distinct()
+
+
+@transaction.atomic
+def add_member(*, workspace: Workspace, username: str, role: Role, by: User) -> Membership:
+    """Add ``username`` to ``workspace`` as ``by`` (see :func:`addable_users` for whom).
+
+    An unknown name, an inactive account, a name outside the username rule (look-alike
+    letters from another script) and a user ``by`` may not add all get the same answer,
+    from the same single query.
+    """
+    user_model = get_user_model()
+    user: User | None = None
+    if usernames.is_allowed(username):
+        user = (
+            addable_users(by)
+            .filter(**{user_model.USERNAME_FIELD: usernames.normalise(username)})
+            .first()
         )
-    except user_model.DoesNotExist:
+    if user is None:
         raise ValidationError(
-            {"username": f"No active user is called {username!r}."}, code="unknown_user"
-        ) from None
+            {"username": NOT_ADDABLE.format(username=username)}, code="not_addable"
+        )
     membership = Membership(workspace=workspace, user=user, role=role)
     membership.full_clean()
     membership.save()

@@ -9,7 +9,8 @@ Built on mozilla-django-oidc, with what it leaves to the application done here:
 - ``iss``, ``aud`` (and ``azp``), ``exp``, ``iat`` and the ``nonce`` are checked, and a nonce
   is accepted once only;
 - users are identified by (issuer, subject), never by e-mail; e-mail and name follow the
-  provider's claims at each login;
+  provider's claims at each login; a new user's username is ASCII, never a look-alike of
+  another (portal/identity/usernames.py);
 - optional mapping of a groups claim to platform staff and workspace roles, applied at each
   login and audited;
 - a session refresh that answers HTMX requests with ``HX-Redirect``;
@@ -49,6 +50,7 @@ from mozilla_django_oidc.utils import (
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, get_next_url
 
 from portal import audit
+from portal.identity import usernames
 from portal.models import OIDCIdentity
 
 if TYPE_CHECKING:
@@ -284,7 +286,8 @@ def _unique_username(wanted: str) -> str:
     base = (wanted or "user")[:140]
     candidate = base
     suffix = 2
-    while user_model._default_manager.filter(username=candidate).exists():
+    # Case-insensitively: "Researcher" must not become a second account beside "researcher".
+    while user_model._default_manager.filter(username__iexact=candidate).exists():
         candidate = f"{base}-{suffix}"
         suffix += 1
     return candidate
@@ -342,10 +345,14 @@ class OIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
                 .first()
             )
             if identity is None:
+                # ASCII only, never a look-alike of someone else's name (usernames.py).
+                wanted = usernames.from_claim(
+                    str(claims.get(settings.TAU_OIDC_USERNAME_CLAIM) or subject),
+                    issuer=issuer,
+                    subject=subject,
+                )
                 user = self.UserModel._default_manager.create_user(
-                    username=_unique_username(
-                        str(claims.get(settings.TAU_OIDC_USERNAME_CLAIM) or subject)
-                    )
+                    username=_unique_username(wanted)
                 )
                 identity = OIDCIdentity.objects.create(user=user, issuer=issuer, subject=subject)
             user = identity.user

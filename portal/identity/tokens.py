@@ -8,7 +8,9 @@ Secrets are 238 random bits, so a fast keyed hash is the right tool (a slow pass
 would only cost every API request time).
 
 Every failure — unknown key, wrong secret, expired, revoked, inactive user — gets the same
-answer, and failed attempts are rate limited per client address and per key.
+answer, and failed attempts are rate limited per client address and per key: past a limit,
+further *failures* answer 429 instead of 401, but a token that verifies is always served
+(see :class:`BearerTokenAuthentication` for why).
 """
 
 from __future__ import annotations
@@ -180,41 +182,134 @@ def verify_token(raw: str) -> ApiToken | None:
     return token
 
 
+@dataclass(frozen=True)
+class Bucket:
+    """One thing failures are counted against: a cache key, its limit, and what it is in
+    words (for the audit log)."""
+
+    name: str
+    limit: int
+    subject: str
+    object_type: str = ""
+    object_id: str = ""
+
+
 class FailureLimiter:
-    """Counts failed authentications per client address and per token key in the shared
-    cache, in fixed windows. Over the limit, requests are refused before any check."""
+    """Counts failed authentications per bucket (client address, token key, account) in the
+    shared cache, in fixed windows of ``window`` seconds.
 
-    def __init__(self, address: str, key: str | None) -> None:
-        window = settings.TAU_AUTH_FAILURE_WINDOW_SECONDS
+    The cache being down never turns into an outage: counting is skipped (with a warning)
+    and the checks themselves still apply.
+    """
+
+    def __init__(self, buckets: list[Bucket], window: int) -> None:
+        self.buckets = buckets
         self.window = window
-        self.buckets = [(f"authfail:addr:{address}", settings.TAU_AUTH_FAILURES_PER_ADDRESS)]
-        if key is not None:
-            self.buckets.append((f"authfail:key:{key}", settings.TAU_AUTH_FAILURES_PER_KEY))
 
-    def blocked(self) -> bool:
+    def counts(self) -> dict[str, int]:
         try:
-            counts = cache.get_many([name for name, _ in self.buckets])
+            found = cache.get_many([bucket.name for bucket in self.buckets])
         except Exception:
-            # The shared cache is down: keep serving (the token check itself still applies)
-            # rather than turn a cache outage into an API outage.
             logger.warning("rate-limit cache unavailable; not limiting", exc_info=True)
-            return False
-        return any(int(counts.get(name, 0)) >= limit for name, limit in self.buckets)
+            return {}
+        return {name: int(value) for name, value in found.items()}
 
-    def record_failure(self) -> None:
+    def add(self, delta: int = 1) -> dict[str, int]:
+        """Add ``delta`` to every bucket (atomically in Redis); the new counts."""
+        counts: dict[str, int] = {}
         try:
-            for name, _ in self.buckets:
-                cache.add(name, 0, timeout=self.window)
+            for bucket in self.buckets:
+                if delta > 0:
+                    cache.add(bucket.name, 0, timeout=self.window)
                 try:
-                    cache.incr(name)
-                except ValueError:  # expired between add and incr
-                    cache.set(name, 1, timeout=self.window)
+                    counts[bucket.name] = int(cache.incr(bucket.name, delta))
+                except ValueError:  # gone: expired since add, or nothing left to take back
+                    counts[bucket.name] = max(delta, 0)
+                    if delta > 0:
+                        cache.set(bucket.name, delta, timeout=self.window)
         except Exception:
             logger.warning("rate-limit cache unavailable; failure not counted", exc_info=True)
+        return counts
+
+    def record_failure(self) -> list[tuple[Bucket, int]]:
+        """Count one failure; the buckets now past their limit, with their counts."""
+        counts = self.add(1)
+        return [
+            (bucket, counts[bucket.name])
+            for bucket in self.buckets
+            if counts.get(bucket.name, 0) > bucket.limit
+        ]
+
+    def forget(self, bucket: Bucket) -> None:
+        try:
+            cache.delete(bucket.name)
+        except Exception:
+            logger.warning("rate-limit cache unavailable; count not cleared", exc_info=True)
+
+
+def token_limiter(address: str, key: str | None) -> FailureLimiter:
+    buckets = [
+        Bucket(
+            f"authfail:addr:{address}",
+            settings.TAU_AUTH_FAILURES_PER_ADDRESS,
+            f"address {address}",
+            object_type="address",
+            object_id=address[:100],
+        )
+    ]
+    if key is not None:
+        buckets.append(
+            Bucket(
+                f"authfail:key:{key}",
+                settings.TAU_AUTH_FAILURES_PER_KEY,
+                f"token key {key}",
+                object_type="portal.apitoken",
+            )
+        )
+    return FailureLimiter(buckets, settings.TAU_AUTH_FAILURE_WINDOW_SECONDS)
+
+
+def _audit_token_throttle(bucket: Bucket, window: int) -> None:
+    """Audit the failure that first went past a bucket's limit (once per bucket and window)."""
+    token = None
+    if bucket.object_type == "portal.apitoken":
+        key = bucket.name.rpartition(":")[2]
+        token = ApiToken.objects.select_related("user", "workspace").filter(key=key).first()
+    audit.record(
+        action="token.throttled",
+        workspace=token.workspace if token is not None else None,
+        object_type=bucket.object_type,
+        object_id=str(token.pk) if token is not None else bucket.object_id,
+        object_repr=(
+            f"{bucket.limit} failed token checks for {bucket.subject}"
+            + (f" ({token.name} of {token.user.get_username()})" if token is not None else "")
+            + f" within {window} s; further failures answer 429"
+        ),
+    )
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
-    """``Authorization: Bearer tau_…`` on the whole API."""
+    """``Authorization: Bearer tau_…`` on the whole API.
+
+    Rate limits slow an attacker without locking out the people they protect. Failures are
+    counted per client address (the real one behind a trusted proxy) and per token key; past
+    either limit within the window, further failures answer ``429`` instead of ``401``. A
+    token that verifies is always served, whatever the counters say: local workloads and
+    everyone behind a proxy share an address, so refusing valid tokens from a busy address
+    would let anyone lock every token user out with a few bad requests.
+
+    The same holds per key, deliberately: keys are not secret (they appear in the tokens page,
+    the audit log and ``display_prefix``), so refusing the right secret for a key over its
+    limit would let anyone who saw a key lock its owner out. What the per-key limit guards
+    against, guessing one key's secret, is already out of reach: the secret is 40 random
+    characters (238 bits), so no number of guesses at any rate finds it. The limit still
+    turns the attempts into 429s and one ``token.throttled`` audit event per window, so the
+    guessing is visible to the platform team.
+
+    Checking a token costs one indexed query and one HMAC — no more than serving it — and a
+    malformed token is refused before any query, so an address past its limit gets no
+    cheaper check than this to refuse by; what it loses is a clean 401.
+    """
 
     keyword = "bearer"
 
@@ -230,17 +325,19 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             raw = header[1].decode("ascii")
         except UnicodeDecodeError:
             raw = ""
-        limiter = FailureLimiter(request.META.get("REMOTE_ADDR", "unknown"), key_of(raw))
-        if limiter.blocked():
-            raise exceptions.Throttled(
-                wait=settings.TAU_AUTH_FAILURE_WINDOW_SECONDS,
-                detail="Too many failed attempts; try again later.",
-            )
         token = verify_token(raw)
-        if token is None:
-            limiter.record_failure()
-            raise exceptions.AuthenticationFailed(INVALID_TOKEN_MESSAGE)
-        return (token.user, token)
+        if token is not None:
+            return (token.user, token)
+        limiter = token_limiter(request.META.get("REMOTE_ADDR", "unknown"), key_of(raw))
+        over = limiter.record_failure()
+        if over:
+            for bucket, count in over:
+                if count == bucket.limit + 1:
+                    _audit_token_throttle(bucket, limiter.window)
+            raise exceptions.Throttled(
+                wait=limiter.window, detail="Too many failed attempts; try again later."
+            )
+        raise exceptions.AuthenticationFailed(INVALID_TOKEN_MESSAGE)
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="TauGrid API"'

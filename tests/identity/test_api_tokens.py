@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import secrets
 from datetime import timedelta
 from typing import Any
 
@@ -145,27 +146,79 @@ def test_a_token_never_does_more_than_its_user(world: Any) -> None:
     assert response.status_code == 403
 
 
-@override_settings(TAU_AUTH_FAILURES_PER_ADDRESS=5, TAU_AUTH_FAILURES_PER_KEY=100)
-def test_failed_attempts_are_limited_per_address(world: Any) -> None:
+def fresh_address() -> str:
+    """An address no other test used: the rate-limit counters live in the suite's real cache."""
+    return f"10.{secrets.randbelow(256)}.{secrets.randbelow(256)}.{secrets.randbelow(254) + 1}"
+
+
+def random_token() -> str:
+    return f"tau_{secrets.token_hex(6)}_" + secrets.token_hex(20)
+
+
+def test_a_valid_token_is_served_after_100_failures_from_its_address(world: Any) -> None:
+    """Acceptance: failures from a shared address never lock out the valid tokens there."""
     issued = issue(world)
-    attacker = "10.9.9.9"
+    shared = fresh_address()
+    answers = [refusal(bearer(random_token(), shared))[0] for _ in range(100)]
+    assert 429 in answers  # the attacker was slowed down (default limit: 30 per address)
+    response = bearer(issued.plaintext, shared).get(WORKSPACE)
+    assert response.status_code == 200
+    assert response.json()["slug"] == "alpha"
+
+
+@override_settings(TAU_AUTH_FAILURES_PER_ADDRESS=5, TAU_AUTH_FAILURES_PER_KEY=100)
+def test_failures_past_the_address_limit_answer_429(world: Any) -> None:
+    issued = issue(world)
+    attacker = fresh_address()
     for _ in range(5):
-        assert refusal(bearer("tau_" + "q" * 12 + "_" + "C" * 40, attacker))[0] == 401
-    # Now even a valid token from that address waits.
-    blocked = bearer(issued.plaintext, attacker).get(WORKSPACE)
+        assert refusal(bearer(random_token(), attacker))[0] == 401
+    # Past the limit, further failures from that address wait...
+    blocked = bearer(random_token(), attacker).get(WORKSPACE)
     assert blocked.status_code == 429
     assert int(blocked["Retry-After"]) > 0
-    # Other addresses are unaffected.
-    assert bearer(issued.plaintext, "10.9.9.10").get(WORKSPACE).status_code == 200
+    assert refusal(bearer("not-a-token", attacker))[0] == 429
+    # ...while a valid token from the same address is served, and other addresses are untouched.
+    assert bearer(issued.plaintext, attacker).get(WORKSPACE).status_code == 200
+    assert refusal(bearer(random_token(), fresh_address()))[0] == 401
+    # The moment the address went past its limit is in the audit log, once.
+    events = AuditEvent.objects.unscoped().filter(action="token.throttled", object_id=attacker)
+    assert events.count() == 1
+    assert events.get().object_type == "address"
+    assert events.get().remote_addr == attacker
 
 
 @override_settings(TAU_AUTH_FAILURES_PER_ADDRESS=100, TAU_AUTH_FAILURES_PER_KEY=3)
-def test_failed_attempts_are_limited_per_key(world: Any) -> None:
+def test_guessing_one_keys_secret_is_limited_per_key(world: Any) -> None:
     issued = issue(world)
     key = issued.token.key
-    for index in range(3):
-        assert refusal(bearer(f"tau_{key}_" + "D" * 40, f"10.8.0.{index}"))[0] == 401
-    assert bearer(issued.plaintext, "10.8.1.1").get(WORKSPACE).status_code == 429
+    for _ in range(3):  # from different addresses: the per-address limit does not apply
+        assert refusal(bearer(f"tau_{key}_" + "D" * 40, fresh_address()))[0] == 401
+    # Every further guess at this key's secret, from anywhere, answers 429.
+    for _ in range(3):
+        assert refusal(bearer(f"tau_{key}_" + "E" * 40, fresh_address()))[0] == 429
+    # Other keys are unaffected.
+    assert refusal(bearer(random_token(), fresh_address()))[0] == 401
+    # The right secret is still served: keys are not secret, so refusing it would let anyone
+    # who saw a key lock its owner out, and a 238-bit secret is out of reach of guessing.
+    assert bearer(issued.plaintext, fresh_address()).get(WORKSPACE).status_code == 200
+    event = AuditEvent.objects.unscoped().get(
+        action="token.throttled", object_type="portal.apitoken"
+    )
+    assert event.object_id == str(issued.token.pk)
+    assert key in event.object_repr
+    assert issued.plaintext.split("_")[2] not in event.object_repr
+
+
+@override_settings(TAU_AUTH_FAILURES_PER_ADDRESS=2, TAU_AUTH_FAILURES_PER_KEY=2)
+def test_an_unknown_key_is_limited_like_a_real_one(world: Any) -> None:
+    """The per-key answer must not reveal which keys exist."""
+    real = issue(world).token.key
+    unknown = secrets.token_hex(6)
+    answers = {
+        which: [refusal(bearer(f"tau_{key}_" + "F" * 40, fresh_address()))[0] for _ in range(4)]
+        for which, key in (("real", real), ("unknown", unknown))
+    }
+    assert answers["real"] == answers["unknown"] == [401, 401, 429, 429]
 
 
 def test_last_used_is_written_at_most_once_a_minute(world: Any) -> None:

@@ -4,6 +4,7 @@ is in test_browser_login.py.)"""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -64,6 +65,47 @@ def test_users_are_identified_by_issuer_and_subject_not_email(
         "Ada",
         "Lovelace",
     )
+
+
+@pytest.mark.parametrize(
+    ("claim", "expected"),
+    [
+        ("ada", "ada"),
+        ("ada.lovelace@example.org", "ada.lovelace@example.org"),
+        ("Jos\u00e9", "Jose"),  # accents dropped
+        ("\uff41\uff44\uff41", "ada"),  # fullwidth letters folded
+    ],
+)
+def test_a_username_claim_becomes_an_ascii_username(
+    issuer: Issuer, claim: str, expected: str
+) -> None:
+    user = login_as(OIDCBackend(), issuer, sub=f"s-{claim}", preferred_username=claim)
+    assert user.username == expected
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        "r\u0435searcher",  # a Cyrillic e: reads exactly like "researcher"
+        "\u0440\u043e\u0431",  # Cyrillic letters only, looking like "po6"
+        "ada lovelace",
+        "auth0|1234",
+    ],
+)
+def test_a_username_claim_outside_the_rule_gets_a_neutral_name(
+    issuer: Issuer, django_user_model: Any, claim: str
+) -> None:
+    django_user_model.objects.create_user(username="researcher")
+    user = login_as(OIDCBackend(), issuer, sub="s-odd", preferred_username=claim)
+    assert re.fullmatch(r"user-[0-9a-f]{12}", user.username), user.username
+
+
+def test_a_username_differing_only_in_case_is_not_created(
+    issuer: Issuer, django_user_model: Any
+) -> None:
+    django_user_model.objects.create_user(username="researcher")
+    user = login_as(OIDCBackend(), issuer, sub="s-case", preferred_username="Researcher")
+    assert user.username == "Researcher-2"
 
 
 def test_the_same_subject_at_another_issuer_is_another_person(issuer: Issuer) -> None:

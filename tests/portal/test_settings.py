@@ -101,6 +101,9 @@ def test_setting_a_secret_twice_is_refused(tmp_path: Path) -> None:
         ({"TAU_LOCAL_LOGIN": "false"}, "TAU_LOCAL_LOGIN=false leaves no way to log in"),
         ({"TAU_DEBUG": "true"}, "TAU_DEBUG must be off"),
         ({"TAU_DEBUG": "maybe"}, "TAU_DEBUG must be true or false"),
+        ({"TAU_BEHIND_TLS_PROXY": "true"}, "TAU_BEHIND_TLS_PROXY=true needs TAU_TRUSTED_PROXIES"),
+        ({"TAU_TRUSTED_PROXIES": "10.0.0.0/8,*"}, "TAU_TRUSTED_PROXIES: '*' is not an IP"),
+        ({"TAU_TRUSTED_PROXIES": "10.0.0.1/8"}, "TAU_TRUSTED_PROXIES: '10.0.0.1/8' is not"),
     ],
 )
 def test_production_refuses_unsafe_or_missing_settings(
@@ -130,6 +133,35 @@ def test_production_passes_the_deployment_checklist(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout
+
+
+def test_behind_a_trusted_tls_proxy_passes_the_deployment_checklist(tmp_path: Path) -> None:
+    env = clean_env(
+        tmp_path,
+        **PRODUCTION_ENV,
+        TAU_BEHIND_TLS_PROXY="true",
+        TAU_TRUSTED_PROXIES="10.0.0.7, 2001:db8::/32",
+    )
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    shown = run_python(
+        "import django, json; django.setup(); from django.conf import settings as s; "
+        "print(json.dumps([s.TAU_TRUSTED_PROXIES, list(s.SECURE_PROXY_SSL_HEADER), "
+        "s.MIDDLEWARE[0]]))",
+        env,
+    )
+    assert json.loads(shown.stdout) == [
+        ["10.0.0.7", "2001:db8::/32"],
+        ["HTTP_X_FORWARDED_PROTO", "https"],
+        "portal.middleware.TrustedProxyMiddleware",
+    ]
 
 
 def test_the_deployment_checklist_would_catch_a_weak_setting(tmp_path: Path) -> None:

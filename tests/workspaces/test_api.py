@@ -93,7 +93,13 @@ def test_adding_an_unknown_user_says_so(world: Any) -> None:
     url = reverse("api:member-list", kwargs={"workspace_slug": "alpha"})
     response = client.post(url, {"username": "nobody", "role": "viewer"}, format="json")
     assert response.status_code == 400
-    assert response.json() == {"username": ["No active user is called 'nobody'."]}
+    assert response.json() == {
+        "username": [
+            "No user called 'nobody' that you can add. You can add people who already share a "
+            "workspace with you; your platform team adds anyone else (or their "
+            "identity-provider groups do)."
+        ]
+    }
 
 
 def test_adding_an_existing_member_twice_is_refused(world: Any) -> None:

@@ -82,7 +82,8 @@ class QuotaViewSet(WorkspaceScopedViewSet):
 
 
 class MemberViewSet(WorkspaceScopedViewSet):
-    """Members and their roles. Workspace admins add, change and remove members."""
+    """Members and their roles. Workspace admins add, change and remove members; they add
+    only people who already share a workspace with them (``services.addable_users``)."""
 
     serializer_class = MemberSerializer
     write_role = Role.ADMIN
@@ -105,6 +106,7 @@ class MemberViewSet(WorkspaceScopedViewSet):
                 workspace=self.workspace,
                 username=payload.validated_data["username"],
                 role=Role(payload.validated_data["role"]),
+                by=request.user,  # type: ignore[arg-type]
             )
         except DjangoValidationError as exc:
             raise _as_api_error(exc) from None

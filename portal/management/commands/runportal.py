@@ -138,6 +138,11 @@ class Command(BaseCommand):
                 # gunicorn >= 25.1 opens a control socket for gunicornc in ~/.gunicorn; the
                 # portal does not use it, and everything make run writes stays under var/.
                 "--no-control-socket",
+                # gunicorn trusts X-Forwarded-Proto from 127.0.0.1 by default, and local runs
+                # connect from there too: trust nobody here; TAU_TRUSTED_PROXIES decides
+                # in portal.middleware.TrustedProxyMiddleware.
+                "--forwarded-allow-ips",
+                "",
             ],
             "worker": [
                 os.path.join(bin_dir, "celery"),
