@@ -206,14 +206,6 @@ class FailureLimiter:
         self.buckets = buckets
         self.window = window
 
-    def counts(self) -> dict[str, int]:
-        try:
-            found = cache.get_many([bucket.name for bucket in self.buckets])
-        except Exception:
-            logger.warning("rate-limit cache unavailable; not limiting", exc_info=True)
-            return {}
-        return {name: int(value) for name, value in found.items()}
-
     def add(self, delta: int = 1) -> dict[str, int]:
         """Add ``delta`` to every bucket (atomically in Redis); the new counts."""
         counts: dict[str, int] = {}
@@ -254,7 +246,7 @@ def token_limiter(address: str, key: str | None) -> FailureLimiter:
             settings.TAU_AUTH_FAILURES_PER_ADDRESS,
             f"address {address}",
             object_type="address",
-            object_id=address[:100],
+            object_id=address[:64],
         )
     ]
     if key is not None:

@@ -84,7 +84,7 @@ class LoginThrottle:
             settings.TAU_AUTH_LOGIN_FAILURES_PER_ADDRESS,
             f"address {address}",
             object_type="address",
-            object_id=address[:100],
+            object_id=address[:64],
         )
         self.limiter = tokens.FailureLimiter(
             [self.account, self.address], settings.TAU_AUTH_FAILURE_WINDOW_SECONDS
