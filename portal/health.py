@@ -3,6 +3,10 @@
 ``/healthz`` says the process answers. ``/readyz`` says it can do its work: the database
 and the Celery broker are reachable. Failures name the component but not the error text,
 which can carry host names; the details go to the log.
+
+When the running local agent found no sandbox for local runs (no bubblewrap here), ``/readyz``
+says so in ``local_executor`` (not a failure: the portal works, with that risk); the agent
+reports what it found in ``VAR_DIR/local-executor.json``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from portal.celery import app as celery_app
+from runs.agent import processes, sandbox
 
 logger = logging.getLogger(__name__)
 _TIMEOUT_SECONDS = 2
@@ -57,6 +62,30 @@ def _check_broker() -> None:
 _CHECKS = {"database": _check_database, "broker": _check_broker}
 
 
+def local_executor_warning() -> dict[str, Any] | None:
+    """What the running local agent said about its sandbox, when it has none."""
+    if settings.TAU_BACKEND != "local" or not settings.TAU_LOCAL_EXECUTOR:
+        return None
+    status = sandbox.read_status(Path(settings.VAR_DIR) / sandbox.STATUS_FILE)
+    if not status or status.get("sandbox"):
+        return None
+    pid, ticks = status.get("pid"), status.get("start_ticks")
+    if not isinstance(pid, int) or not processes.is_same_process(
+        pid, ticks if isinstance(ticks, int) else None
+    ):
+        return None  # left by an agent that is gone
+    every = bool(status.get("unsandboxed_allowed"))
+    return {
+        "sandbox": "none",
+        "reason": str(status.get("reason", "")),
+        "runs": (
+            "every workspace's, unsandboxed (TAU_LOCAL_EXECUTOR_UNSANDBOXED=true)"
+            if every
+            else "one workspace's only"
+        ),
+    }
+
+
 @never_cache
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
@@ -70,6 +99,9 @@ def readyz(request: HttpRequest) -> JsonResponse:
         else:
             checks[name] = "ok"
     down = sorted(name for name, state in checks.items() if state != "ok")
-    if down:
-        return JsonResponse({"status": "unavailable", "down": down, "checks": checks}, status=503)
-    return JsonResponse({"status": "ok", "checks": checks})
+    body: dict[str, Any] = {"status": "unavailable", "down": down} if down else {"status": "ok"}
+    body["checks"] = checks
+    warning = local_executor_warning()
+    if warning is not None:
+        body["local_executor"] = warning
+    return JsonResponse(body, status=503 if down else 200)

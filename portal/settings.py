@@ -506,3 +506,13 @@ TAU_LOCAL_GRACE_SECONDS = env_int("TAU_LOCAL_GRACE_SECONDS", 10, minimum=0)
 # How a running workload reaches the portal's API (TAU_API_URL in its environment).
 _port = env_int("PORT", 8000, minimum=1)  # the port `make run` serves on
 TAU_API_URL = env_str("TAU_API_URL", "") or f"http://127.0.0.1:{_port}"
+# Each local attempt runs in a bubblewrap sandbox (runs/agent/sandbox.py): "auto" uses it
+# when bwrap works here, "off" never does (as if bwrap were missing).
+TAU_LOCAL_SANDBOX = env_str("TAU_LOCAL_SANDBOX", "auto") or "auto"
+if TAU_LOCAL_SANDBOX not in {"auto", "off"}:
+    raise ImproperlyConfiguredEnv(
+        f"TAU_LOCAL_SANDBOX must be auto or off, got {TAU_LOCAL_SANDBOX!r}"
+    )
+# Without a sandbox the agent runs the workloads of one workspace only, unless this says
+# that every workspace's code may run unsandboxed, as the portal's user, on purpose.
+TAU_LOCAL_EXECUTOR_UNSANDBOXED = env_bool("TAU_LOCAL_EXECUTOR_UNSANDBOXED", False)

@@ -8,6 +8,13 @@ Layout, under ``TAU_RUNS_DIR/<run id>/``::
         work/             the code bundle unpacked (the working directory, and HOME)
         output/           TAU_OUTPUT_DIR (metrics file, artifacts)
         tmp/              TMPDIR
+        status/           outcome.json, written by the wrapper when the workload ends
+        sandbox/          the passwd and group files the sandbox shows
+
+Only ``work/``, ``output/``, ``tmp/``, ``checkpoints/`` (and ``status/``, for the wrapper) are
+mounted into the attempt's sandbox; the log and everything else stay outside. When the agent
+is root, the folders the workload writes belong to the run's own uid (``sandbox``), and
+``status/`` to root.
 
 This runs in a worker thread (building an environment can take minutes) and touches only
 the filesystem; the database is the main loop's.
@@ -25,9 +32,11 @@ from pathlib import Path, PurePosixPath
 
 from runs import bundles
 from runs.agent import environments
+from runs.agent import sandbox as sandboxing
 from tau.spec import Spec
 
 LOG_NAME = "run.log"
+OUTCOME_NAME = "outcome.json"  # wrapper.OUTCOME_NAME (the wrapper imports nothing of ours)
 
 
 class PreparationFailed(RuntimeError):
@@ -66,6 +75,18 @@ class AttemptLayout:
         return self.attempt_dir / "tmp"
 
     @property
+    def status(self) -> Path:
+        return self.attempt_dir / "status"
+
+    @property
+    def outcome(self) -> Path:
+        return self.status / OUTCOME_NAME
+
+    @property
+    def sandbox_etc(self) -> Path:
+        return self.attempt_dir / "sandbox"
+
+    @property
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
 
@@ -78,6 +99,9 @@ class PreparationPlan:
     venvs_dir: Path
     # TAU_* variables (everything but the token, which the main loop adds at start).
     platform_env: Mapping[str, str]
+    sandbox: sandboxing.Sandbox | None = None
+    uid: int | None = None  # the workload's own uid (a privileged sandbox only)
+    gpu_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,18 +111,24 @@ class Prepared:
     cwd: Path
 
 
-def make_directories(layout: AttemptLayout) -> None:
+def make_directories(layout: AttemptLayout, *, uid: int | None = None) -> None:
     """The attempt's folders and an empty log; an older folder of the same number (a database
-    restored from a backup, say) is moved aside, never reused or deleted."""
+    restored from a backup, say) is moved aside, never reused or deleted. ``uid``: the run's
+    own user, who gets the folders the workload writes."""
     layout.run_dir.mkdir(parents=True, exist_ok=True)
     if layout.attempt_dir.exists():
         aside = layout.attempt_dir.with_name(f"{layout.attempt_dir.name}.old-{int(time.time())}")
         os.rename(layout.attempt_dir, aside)
-    layout.attempt_dir.mkdir()
-    layout.output.mkdir()
-    layout.tmp.mkdir()
-    layout.checkpoints.mkdir(exist_ok=True)
-    layout.log.touch()
+    layout.attempt_dir.mkdir(mode=0o700)
+    layout.output.mkdir(mode=0o700)
+    layout.tmp.mkdir(mode=0o700)
+    layout.status.mkdir(mode=0o700)
+    layout.checkpoints.mkdir(mode=0o700, exist_ok=True)
+    descriptor = os.open(layout.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(descriptor)
+    if uid is not None:
+        for folder in (layout.output, layout.tmp, layout.checkpoints):
+            os.chown(folder, uid, uid, follow_symlinks=False)
 
 
 def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
@@ -116,11 +146,18 @@ def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
                 ) from None
         else:
             layout.work.mkdir()
+        layout.work.chmod(0o700)
         _link_checkpoint_dir(layout, spec.resilience.checkpoint_dir)
+        if plan.uid is not None:
+            sandboxing.chown_tree(layout.work, plan.uid, plan.uid)
         command = entrypoint_command(spec, layout.work)
         try:
             venv = environments.ensure_environment(
-                plan.venvs_dir, spec.runtime.pip, log=log, cancelled=cancelled
+                plan.venvs_dir,
+                spec.runtime.pip,
+                log=log,
+                cancelled=cancelled,
+                sandbox=plan.sandbox,
             )
         except environments.EnvironmentFailed as exc:
             log.write(f"[taugrid] {exc}\n".encode())
@@ -133,7 +170,39 @@ def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
     env = child_environment(
         venv=venv, layout=layout, spec_env=spec.runtime.env_dict(), platform_env=plan.platform_env
     )
-    return Prepared(command=command, env=env, cwd=layout.work)
+    return Prepared(command=wrapped_command(plan, command, venv=venv), env=env, cwd=layout.work)
+
+
+def wrapped_command(plan: PreparationPlan, command: list[str], *, venv: Path) -> list[str]:
+    """The command line the agent starts: the wrapper (which records the outcome) around the
+    workload, inside the sandbox when there is one."""
+    layout = plan.layout
+    interpreter = environments.base_interpreter()
+    if plan.sandbox is None:
+        return [
+            interpreter,
+            "-I",
+            "-S",
+            str(sandboxing.WRAPPER),
+            "--outcome",
+            str(layout.status),
+            "--",
+            *command,
+        ]
+    uid = plan.uid if plan.uid is not None else os.getuid()
+    return plan.sandbox.command(
+        sandboxing.Layout(
+            command=command,
+            cwd=layout.work,
+            read_only=[venv],
+            writable=[layout.work, layout.output, layout.tmp, layout.checkpoints, layout.status],
+            files=sandboxing.identity_files(layout.sandbox_etc, uid=uid, home=layout.work),
+            devices=sandboxing.gpu_devices(plan.gpu_count),
+            outcome_dir=layout.status,
+            uid=plan.uid,
+        ),
+        python=interpreter,
+    )
 
 
 def entrypoint_command(spec: Spec, work: Path) -> list[str]:

@@ -111,6 +111,16 @@ def has_markers(pid: int, markers: Mapping[str, str]) -> bool:
     return all(f"{name}={value}".encode() in entries for name, value in markers.items())
 
 
+def marked_processes(markers: Mapping[str, str]) -> list[int]:
+    """Living processes that carry every ``markers`` variable: an attempt whose leader's pid
+    was never recorded (the agent died right after starting it) is found this way."""
+    return [
+        info.pid
+        for info in all_processes()
+        if not info.is_zombie and has_markers(info.pid, markers)
+    ]
+
+
 def orphaned_group(pid: int, ticks: int | None, markers: Mapping[str, str]) -> list[int]:
     """The living processes of an attempt whose supervisor is gone (an agent that crashed).
 

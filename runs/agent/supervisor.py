@@ -5,6 +5,17 @@ One process, one loop (every ``interval`` seconds), one database connection. Thr
 what would block the loop: building an attempt's environment (``prepare``) and copying its
 output into the log (``LogPump``). Every state change goes through ``runs.services``.
 
+Every attempt runs through the wrapper (``wrapper``), inside a bubblewrap sandbox
+(``sandbox``) when this machine can run one. Without a sandbox, the agent runs the workloads
+of one workspace only (the first it takes, remembered in ``VAR_DIR``) unless
+``TAU_LOCAL_EXECUTOR_UNSANDBOXED=true`` says otherwise: code of two workspaces must not meet
+on one machine unseparated by accident.
+
+Recovery. What a dead agent left is found by pid and start time; the wrapper's outcome file
+says whether the workload had ended, and how, while nobody watched: such an attempt is
+closed with its real result, and only an attempt that was really cut short is started again
+(at its old place in the queue).
+
 Signals: SIGTERM or SIGINT stops admitting and stops every running attempt the way a cancel
 does (SIGTERM to its process group, the grace period, SIGKILL), then closes those attempts
 with class ``infrastructure`` ("agent stopped") so the retry policy brings them back when an
@@ -31,7 +42,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
@@ -40,7 +51,8 @@ from django.utils import timezone
 from portal.identity.tokens import issue_token, revoke_token
 from portal.models import ApiToken
 from runs import selectors, services, wording
-from runs.agent import admission, environments, processes
+from runs.agent import admission, environments, outcomes, processes
+from runs.agent import sandbox as sandboxing
 from runs.agent.collect import CheckpointScanner, FoundCheckpoint, MetricsReader
 from runs.agent.logs import LogPump, truncation_marker
 from runs.agent.prepare import (
@@ -73,10 +85,22 @@ SWEEP_SECONDS = 15.0  # how often runs and attempts nobody supervises are looked
 QUOTA_CACHE_SECONDS = 5.0
 QUEUE_WINDOW = 1000  # queued runs looked at per pass (positions beyond are not written)
 STOP_TIMEOUT_EXTRA_SECONDS = 15.0  # after the grace period, give up waiting on a stop
+# The workload's outcome is written but its sandbox still lives this long: something it
+# started holds it open, and is stopped like the leftovers of a process group.
+OUTCOME_LINGER_SECONDS = 1.0
+SINGLE_WORKSPACE_FILE = "local-executor-workspace.json"
+UNSANDBOXED_REFUSAL = (
+    "Not started: this machine cannot sandbox local runs, so the local executor runs the "
+    "workloads of one other workspace only. An administrator can install bubblewrap (bwrap), "
+    "or set TAU_LOCAL_EXECUTOR_UNSANDBOXED=true to run every workspace's code unsandboxed."
+)
 # Session-level PostgreSQL advisory lock: one agent per database.
 ADVISORY_LOCK_KEY = zlib.crc32(b"taugrid local agent")
 AGENT_STOPPED = "agent stopped"
 AGENT_RESTARTED = "agent restarted"
+
+
+_Row = TypeVar("_Row", bound=Mapping[str, Any])
 
 
 class AgentConflict(RuntimeError):
@@ -120,6 +144,7 @@ class Execution:
     kill_sent: bool = False
     exit_code: int | None = None
     exit_signal: int | None = None
+    outcome_seen_at: float | None = None
     outcome: AttemptOutcome | None = None
     token_id: int | None = None
     next_collect: float = 0.0
@@ -157,6 +182,10 @@ class Agent:
         self._stop_logged = False
         self._recovered = False
         self._database_error_logged_at = -math.inf
+        self.detection: sandboxing.Detection | None = None
+        self.sandbox: sandboxing.Sandbox | None = None
+        self.unsandboxed_allowed = bool(settings.TAU_LOCAL_EXECUTOR_UNSANDBOXED)
+        self._single_workspace: int | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -164,6 +193,7 @@ class Agent:
         """Run until stopped by a signal (or ``request_stop``)."""
         with self._exclusive():
             self._install_signal_handlers()
+            self.detect_sandbox()
             logger.info(
                 "local agent started: %s CPUs, %s of memory, %s GPUs; runs in %s",
                 admission.number_text("cpu", self.capacity["cpu"]),
@@ -177,6 +207,59 @@ class Agent:
                 self._kill_everything()
                 self._pool.shutdown(wait=False, cancel_futures=True)
         logger.info("local agent stopped")
+
+    def detect_sandbox(self) -> None:
+        """Probe for bubblewrap once, say what was found (log, and the status file that
+        ``/readyz`` shows), and remember the single workspace of an unsandboxed agent."""
+        self.detection = sandboxing.detect(
+            settings.TAU_LOCAL_SANDBOX, interpreter=environments.base_interpreter()
+        )
+        self.sandbox = self.detection.sandbox
+        if self.sandbox is not None:
+            logger.info("sandbox: %s", self.detection.reason)
+        elif self.unsandboxed_allowed:
+            logger.warning(
+                "NO SANDBOX for local runs: %s. TAU_LOCAL_EXECUTOR_UNSANDBOXED=true: the "
+                "workloads of every workspace run as this user, able to read and change "
+                "whatever it can (var/, the database, each other's runs)",
+                self.detection.reason,
+            )
+        else:
+            logger.warning(
+                "NO SANDBOX for local runs: %s. Only the workloads of one workspace will run "
+                "(install bubblewrap, or set TAU_LOCAL_EXECUTOR_UNSANDBOXED=true to run every "
+                "workspace's code unsandboxed)",
+                self.detection.reason,
+            )
+            self._single_workspace = self._load_single_workspace()
+        self._write_status()
+
+    def _write_status(self) -> None:
+        assert self.detection is not None
+        status = self.detection.status(unsandboxed_allowed=self.unsandboxed_allowed)
+        status["single_workspace"] = self._single_workspace
+        try:
+            sandboxing.write_status(Path(settings.VAR_DIR) / sandboxing.STATUS_FILE, status)
+        except OSError:
+            logger.exception("could not write the local executor's status file")
+
+    def _load_single_workspace(self) -> int | None:
+        path = Path(settings.VAR_DIR) / SINGLE_WORKSPACE_FILE
+        status = sandboxing.read_status(path)
+        workspace = status.get("workspace_id") if status else None
+        return workspace if isinstance(workspace, int) else None
+
+    def _choose_single_workspace(self, workspace_id: int) -> None:
+        self._single_workspace = workspace_id
+        logger.warning(
+            "no sandbox: from now on only workspace %s's runs are started (remembered in %s)",
+            workspace_id,
+            SINGLE_WORKSPACE_FILE,
+        )
+        sandboxing.write_status(
+            Path(settings.VAR_DIR) / SINGLE_WORKSPACE_FILE, {"workspace_id": workspace_id}
+        )
+        self._write_status()
 
     def request_stop(self, *, hurry: bool = False, wake: bool = True) -> None:
         if not self.stopping:
@@ -296,9 +379,10 @@ class Agent:
     # --- recovery -----------------------------------------------------------------------
 
     def recover(self) -> None:
-        """At start: whatever a previous agent left running is an orphan. Stop its process
-        group and close its attempt (``infrastructure``, "agent restarted") so the retry
-        policy applies; then put right runs that are executing without an attempt."""
+        """At start: whatever a previous agent left is an orphan. An attempt whose workload
+        had ended is closed with the result its wrapper recorded; one still running is
+        stopped (its process group) and closed as ``infrastructure`` ("agent restarted"), so
+        the retry policy applies; then runs executing without an attempt are put right."""
         self.sweep()
 
     def sweep(self) -> None:
@@ -314,32 +398,7 @@ class Agent:
             .select_related("run")
         )
         for attempt in strays:
-            if attempt.pid:
-                markers = {"TAU_RUN_ID": str(attempt.run_id), "TAU_ATTEMPT": str(attempt.number)}
-                members = processes.orphaned_group(
-                    attempt.pid, attempt.process_start_ticks, markers
-                )
-                if members:
-                    logger.warning(
-                        "stopping orphaned processes of %s attempt %d: %s",
-                        attempt.run.name,
-                        attempt.number,
-                        members,
-                    )
-                    processes.stop_group(attempt.pid, grace=self.grace)
-            logger.warning(
-                "closing %s attempt %d: %s", attempt.run.name, attempt.number, AGENT_RESTARTED
-            )
-            services.finish_attempt(
-                attempt=attempt,
-                outcome=AttemptOutcome(
-                    succeeded=False,
-                    failure_class=FailureClass.INFRASTRUCTURE,
-                    message=AGENT_RESTARTED,
-                    interrupted=True,
-                ),
-            )
-            self._revoke_run_tokens(attempt.run_id)
+            self._close_stray(attempt)
         executing = {execution.run_id for execution in self.executions.values()}
         stuck = (
             Run.objects.unscoped()
@@ -361,14 +420,96 @@ class Agent:
                         kind="cancelled",
                     )
                 else:
-                    services.transition(
-                        run,
-                        RunState.QUEUED,
-                        reason="The local agent restarted before this run was started; it "
-                        "waits to be started again.",
-                    )
+                    with transaction.atomic():
+                        requeued = services.transition(
+                            run,
+                            RunState.QUEUED,
+                            reason="The local agent restarted before this run was started; it "
+                            "waits to be started again.",
+                        )
+                        _keep_queue_place(requeued, run.queued_at)
             except IllegalTransition:
                 continue  # it moved on meanwhile
+
+    def _close_stray(self, attempt: RunAttempt) -> None:
+        """Close an attempt nobody supervises, with its real result when it had one."""
+        run = attempt.run
+        layout = AttemptLayout.for_attempt(self.runs_dir, run.pk, attempt.number)
+        markers = {"TAU_RUN_ID": str(run.pk), "TAU_ATTEMPT": str(attempt.number)}
+        if attempt.pid:
+            groups = (
+                [attempt.pid]
+                if processes.orphaned_group(attempt.pid, attempt.process_start_ticks, markers)
+                else []
+            )
+        else:
+            # Started, but its pid never reached the database: find it by its markers.
+            groups = sorted(
+                {
+                    info.process_group
+                    for pid in processes.marked_processes(markers)
+                    if (info := processes.read_process(pid)) is not None
+                }
+            )
+        for group in groups:
+            logger.warning(
+                "stopping orphaned processes of %s attempt %d (process group %d)",
+                run.name,
+                attempt.number,
+                group,
+            )
+            processes.stop_group(group, grace=self.grace)
+        # Read only now: a workload that ended while we stopped it shows the stop in its
+        # record (stop_signals), one that ended before shows a natural end.
+        recorded = outcomes.read_outcome(layout.outcome)
+        outcome = self._recovered_outcome(run, recorded, layout)
+        logger.warning(
+            "closing %s attempt %d: %s",
+            run.name,
+            attempt.number,
+            outcome.message or ("succeeded" if outcome.succeeded else "failed"),
+        )
+        with transaction.atomic():
+            finished = services.finish_attempt(attempt=attempt, outcome=outcome)
+            if outcome.interrupted:
+                _keep_queue_place(finished, run.queued_at)
+        self._revoke_run_tokens(run.pk)
+
+    def _recovered_outcome(
+        self, run: Run, recorded: outcomes.RecordedOutcome | None, layout: AttemptLayout
+    ) -> AttemptOutcome:
+        interrupted = AttemptOutcome(
+            succeeded=False,
+            failure_class=FailureClass.INFRASTRUCTURE,
+            message=AGENT_RESTARTED,
+            interrupted=True,
+        )
+        if recorded is None:
+            return interrupted  # it died with the agent, or was stopped by us just now
+        exit_code = _container_exit_code(recorded.exit_code, recorded.signal)
+        if recorded.after_a_stop:
+            # Stopped by the agent that died (a cancel, a deadline, a shutdown) or by us.
+            if run.state == RunState.CANCELLING:
+                return AttemptOutcome(
+                    succeeded=False, cancelled=True, exit_code=exit_code, message="Cancelled."
+                )
+            limit = _max_runtime(run)
+            if limit and recorded.duration is not None and recorded.duration >= limit:
+                return AttemptOutcome(
+                    succeeded=False,
+                    exit_code=exit_code,
+                    failure_class=FailureClass.DEADLINE_EXCEEDED,
+                    message=f"Stopped after {_duration(limit)}, its run.max_runtime.",
+                )
+            return interrupted
+        # It ended by itself while no agent watched: that is its result.
+        return outcome_of_exit(
+            exit_code=recorded.exit_code,
+            signum=recorded.signal,
+            error=recorded.error,
+            log=layout.log,
+            recorded=True,
+        )
 
     # --- admission ----------------------------------------------------------------------
 
@@ -391,6 +532,7 @@ class Agent:
                 # Waiting out a retry's backoff: not in line yet; the reason that
                 # finish_attempt gave ("retrying in 30s") stays.
                 self._write_waiting(row, None, row["state_reason"])
+        ready = self._only_one_workspace_unsandboxed(ready)
         self._load_specs([row["pk"] for row in ready])
         candidates = [
             admission.Candidate(
@@ -413,6 +555,20 @@ class Agent:
                 self._start(decision.run_id)
             else:
                 self._write_waiting(row, decision.position, decision.reason)
+
+    def _only_one_workspace_unsandboxed(self, ready: list[_Row]) -> list[_Row]:
+        """Without a sandbox (and without TAU_LOCAL_EXECUTOR_UNSANDBOXED=true), the runs of
+        one workspace only: the first one whose run this agent took, remembered across
+        restarts. The others wait, saying why (without naming the other workspace)."""
+        if self.sandbox is not None or self.unsandboxed_allowed or not ready:
+            return ready
+        if self._single_workspace is None:
+            self._choose_single_workspace(ready[0]["workspace_id"])
+        allowed = [row for row in ready if row["workspace_id"] == self._single_workspace]
+        for row in ready:
+            if row["workspace_id"] != self._single_workspace:
+                self._write_waiting(row, None, UNSANDBOXED_REFUSAL)
+        return allowed
 
     def _write_waiting(self, row: Mapping[str, Any], position: int | None, reason: str) -> None:
         if row["queue_position"] == position and row["state_reason"] == reason:
@@ -533,7 +689,8 @@ class Agent:
         RunAttempt.objects.unscoped().filter(pk=attempt.pk).update(
             log_path=attempt.log_path, backend_name=attempt.backend_name
         )
-        make_directories(layout)
+        uid = self.sandbox.run_uid(run.pk) if self.sandbox is not None else None
+        make_directories(layout, uid=uid)
         venv_ready = environments.is_ready(
             environments.environment_path(self.venvs_dir, spec.runtime.pip)
         )
@@ -548,6 +705,9 @@ class Agent:
             bundle_sha256=run.bundle.sha256 if run.bundle is not None else None,
             venvs_dir=self.venvs_dir,
             platform_env=self._platform_env(execution),
+            sandbox=self.sandbox,
+            uid=uid,
+            gpu_count=len(execution.gpus),
         )
         execution.preparation = self._pool.submit(prepare, plan, execution.cancelled)
 
@@ -756,6 +916,13 @@ class Agent:
         assert execution.process is not None
         pid = execution.process.pid
         status = _exit_status(pid)
+        if status is None and self._workload_ended_inside(execution, now):
+            # The workload has ended (its outcome is written), but something it started keeps
+            # its sandbox open: stop what is left, as for a group whose leader has exited.
+            execution.phase = Phase.DRAINING
+            processes.signal_group(pid, signal.SIGTERM)
+            execution.term_sent_at = now
+            return
         if status is None:
             if (
                 execution.deadline is not None
@@ -782,10 +949,17 @@ class Agent:
             processes.signal_group(pid, signal.SIGTERM)
             execution.term_sent_at = now
 
+    def _workload_ended_inside(self, execution: Execution, now: float) -> bool:
+        if execution.outcome_seen_at is None:
+            if not execution.layout.outcome.exists():
+                return False
+            execution.outcome_seen_at = now
+        return now - execution.outcome_seen_at >= OUTCOME_LINGER_SECONDS
+
     def _advance_draining(self, execution: Execution, now: float) -> None:
         assert execution.process is not None
         pid = execution.process.pid
-        if processes.group_members(pid, exclude=pid):
+        if processes.group_members(pid, exclude=pid) or _exit_status(pid) is None:
             self._escalate(execution, now)
             return
         execution.process.wait()  # reap: only now may the pid be reused
@@ -797,35 +971,22 @@ class Agent:
     # --- outcomes -----------------------------------------------------------------------
 
     def _exit_outcome(self, execution: Execution) -> AttemptOutcome:
-        code, signum = execution.exit_code, execution.exit_signal
-        # Like a container's status: 128 + the signal's number when a signal ended it.
-        exit_code = code if signum is None else 128 + signum
+        """How the attempt ended: the wrapper's record when there is one (it saw the
+        workload's own exit; the sandbox around it only passes a number on), else the exit
+        status of the process the agent started."""
+        recorded = outcomes.read_outcome(execution.layout.outcome)
+        if recorded is not None:
+            code, signum = recorded.exit_code, recorded.signal
+        else:
+            code, signum = execution.exit_code, execution.exit_signal
         if execution.stop_reason is not None:
-            return self._stopped_outcome(execution, exit_code=exit_code)
-        if signum is None and code == 0:
-            return AttemptOutcome(succeeded=True, exit_code=0)
-        last = _last_log_line(execution.layout.log)
-        tail = f" Its last output: {last}" if last else ""
-        if signum == signal.SIGKILL:
-            return AttemptOutcome(
-                succeeded=False,
-                exit_code=exit_code,
-                failure_class=FailureClass.OOM_KILLED,
-                message="Killed by the kernel (SIGKILL, not sent by TauGrid), most likely "
-                "because the machine ran out of memory." + tail,
-            )
-        if signum is not None:
-            return AttemptOutcome(
-                succeeded=False,
-                exit_code=exit_code,
-                failure_class=FailureClass.USER_ERROR,
-                message=f"Stopped by {processes.signal_name(signum)}." + tail,
-            )
-        return AttemptOutcome(
-            succeeded=False,
-            exit_code=exit_code,
-            failure_class=FailureClass.USER_ERROR,
-            message=f"Exited with code {code}." + tail,
+            return self._stopped_outcome(execution, exit_code=_container_exit_code(code, signum))
+        return outcome_of_exit(
+            exit_code=code,
+            signum=signum,
+            error=recorded.error if recorded is not None else None,
+            log=execution.layout.log,
+            recorded=recorded is not None,
         )
 
     def _stopped_outcome(self, execution: Execution, *, exit_code: int | None) -> AttemptOutcome:
@@ -877,6 +1038,8 @@ class Agent:
                     },
                 )
             run = services.finish_attempt(attempt=execution.attempt, outcome=execution.outcome)
+            if execution.outcome.interrupted:
+                _keep_queue_place(run, execution.run.queued_at)
         logger.info(
             "%s attempt %d ended (%s); the run is %s",
             execution.run.name,
@@ -1023,6 +1186,81 @@ def _exit_status(pid: int) -> tuple[int | None, int | None] | None:
     if result.si_code == os.CLD_EXITED:
         return (result.si_status, None)
     return (None, result.si_status)  # CLD_KILLED or CLD_DUMPED
+
+
+def _container_exit_code(code: int | None, signum: int | None) -> int | None:
+    """Like a container's status: 128 + the signal's number when a signal ended it."""
+    return code if signum is None else 128 + signum
+
+
+def outcome_of_exit(
+    *, exit_code: int | None, signum: int | None, error: str | None, log: Path, recorded: bool
+) -> AttemptOutcome:
+    """The outcome of a workload that ended by itself (nobody in TauGrid stopped it).
+    ``recorded``: the wrapper saw the end; without its record the wrapper or the sandbox
+    itself ended, which is the platform's failure, not the workload's."""
+    status = _container_exit_code(exit_code, signum)
+    if error:
+        return AttemptOutcome(
+            succeeded=False,
+            exit_code=status,
+            failure_class=FailureClass.INFRASTRUCTURE,
+            message=f"Could not start {error}.",
+        )
+    if signum is None and exit_code == 0 and recorded:
+        return AttemptOutcome(succeeded=True, exit_code=0)
+    last = _last_log_line(log)
+    tail = f" Its last output: {last}" if last else ""
+    if signum == signal.SIGKILL:
+        return AttemptOutcome(
+            succeeded=False,
+            exit_code=status,
+            failure_class=FailureClass.OOM_KILLED,
+            message="Killed by the kernel (SIGKILL, not sent by TauGrid), most likely "
+            "because the machine ran out of memory." + tail,
+        )
+    if not recorded:
+        how = (
+            f"exited with code {exit_code}"
+            if signum is None
+            else f"was stopped by {processes.signal_name(signum)}"
+        )
+        return AttemptOutcome(
+            succeeded=False,
+            exit_code=status,
+            failure_class=FailureClass.INFRASTRUCTURE,
+            message=f"The sandbox or wrapper around the workload {how} without recording how "
+            "the workload ended." + tail,
+        )
+    if signum is not None:
+        return AttemptOutcome(
+            succeeded=False,
+            exit_code=status,
+            failure_class=FailureClass.USER_ERROR,
+            message=f"Stopped by {processes.signal_name(signum)}." + tail,
+        )
+    return AttemptOutcome(
+        succeeded=False,
+        exit_code=status,
+        failure_class=FailureClass.USER_ERROR,
+        message=f"Exited with code {exit_code}." + tail,
+    )
+
+
+def _max_runtime(run: Run) -> int | None:
+    try:
+        return Spec.from_dict(run.spec).run.max_runtime
+    except Exception:  # a stored spec the current schema refuses
+        return None
+
+
+def _keep_queue_place(run: Run, queued_at: Any) -> None:
+    """A run the platform interrupted goes back to where it stood in the queue, not to its
+    end: its old ``queued_at`` (the queue's order within a priority) is restored."""
+    if run.state != RunState.QUEUED or queued_at is None:
+        return
+    Run.objects.unscoped().filter(pk=run.pk, state=RunState.QUEUED).update(queued_at=queued_at)
+    run.queued_at = queued_at
 
 
 def _last_log_line(path: Path, limit: int = 300) -> str:

@@ -50,6 +50,29 @@ def process_alive(pid: int) -> bool:
     return state not in {b"Z", b"X"}
 
 
+def host_pid(run: Run, attempt: int, sandbox_pid: int) -> int | None:
+    """The pid, as this machine sees it, of the attempt's process that its sandbox (a pid
+    namespace of its own) calls ``sandbox_pid``; None if there is none (any more). Without
+    a sandbox both are the same."""
+    markers = {b"TAU_RUN_ID=%d" % run.pk, b"TAU_ATTEMPT=%d" % attempt}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                entries = set(handle.read().split(b"\0"))
+            with open(f"/proc/{name}/status", "rb") as handle:
+                status = handle.read().decode(errors="replace")
+        except OSError:
+            continue
+        if not markers <= entries:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and int(line.split()[-1]) == sandbox_pid:
+                return int(name)
+    return None
+
+
 class Agent:
     """``manage.py run_agent`` in its own process, with this test's database and VAR_DIR."""
 

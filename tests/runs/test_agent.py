@@ -31,6 +31,7 @@ from tests.runs.agent_harness import (
     Agent,
     attempt_dir,
     attempts,
+    host_pid,
     local_quota,
     process_alive,
     spec,
@@ -70,6 +71,7 @@ def var_dir(tmp_path: Path, settings: Any) -> Path:
     directory = tmp_path / "var"
     directory.mkdir()
     settings.VAR_DIR = directory
+    settings.TAU_RUNS_DIR = directory / "runs"  # as the agent's settings derive it
     return directory
 
 
@@ -96,10 +98,13 @@ def start_agent(agents: list[Agent], var_dir: Path) -> Any:
 
 
 def read_pids(var_dir: Path, run: Run, agent: Agent) -> dict[str, int]:
+    """The pids the workload wrote (as its sandbox numbers them), as this machine knows them."""
     path = attempt_dir(var_dir, run, 1) / "output" / "pids.json"
     wait_until(path.exists, timeout=30, what="the workload's pid file", agent=agent)
-    pids: dict[str, int] = json.loads(path.read_text())
-    return pids
+    inside: dict[str, int] = json.loads(path.read_text())
+    pids = {name: host_pid(run, 1, pid) for name, pid in inside.items()}
+    assert all(pids.values()), (inside, pids)
+    return {name: pid for name, pid in pids.items() if pid is not None}
 
 
 NO_RETRIES = """\
