@@ -64,6 +64,19 @@ def ALPHA_MEMBER(world: Any) -> dict[str, Any]:
     return {"workspace_slug": "alpha", "username": "rob"}
 
 
+def NEW_COLLEAGUE() -> dict[str, Any]:
+    """Someone alpha's admin may add: a member of another workspace alice belongs to (only
+    such people are addable; another tenant's user reads like no user at all)."""
+    users = get_user_model()._default_manager
+    gamma = Workspace.unscoped_objects.create(
+        slug="gamma", name="Gamma", namespace="tau-gamma", local_queue="gamma"
+    )
+    colleague = users.create_user(username="gus")
+    Membership.objects.create(workspace=gamma, user=users.get(username="alice"), role="viewer")
+    Membership.objects.create(workspace=gamma, user=colleague, role="viewer")
+    return {"username": "gus", "role": "viewer"}
+
+
 def RUN(world: Any) -> dict[str, Any]:
     return {"workspace_slug": "alpha", "run_name": make_run(world).name}
 
@@ -116,7 +129,7 @@ MATRIX: dict[str, Route] = {
     "api:member-list": Route(
         {"GET": API_READ, "POST": API_ADMIN_WRITE(201)},
         ALPHA,
-        data={"username": "otto", "role": "viewer"},
+        data=NEW_COLLEAGUE,
         api=True,
     ),
     "api:member-detail": Route(

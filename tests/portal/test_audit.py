@@ -224,6 +224,8 @@ def test_saving_without_changes_records_nothing(world: Any) -> None:
 
 
 def test_api_member_changes_are_audited_with_the_api_caller(world: Any) -> None:
+    # An admin adds only people who share a workspace with them: alice joins beta, otto's.
+    Membership.objects.create(workspace=world.beta, user=world.users["workspace_admin"])
     client = world.api_client_for("workspace_admin")
     before = AuditEvent.objects.unscoped().count()
     url = reverse("api:member-list", kwargs={"workspace_slug": "alpha"})
