@@ -1,14 +1,18 @@
 """The local executor: a supervising process (``manage.py run_agent``) that runs this
 machine's queued local runs as process groups.
 
-It runs arbitrary submitted code as the portal's own user, so it is on in the embedded
-default and off in production unless ``TAU_LOCAL_EXECUTOR=true``.
+It runs arbitrary submitted code on this machine, each attempt in a bubblewrap sandbox
+(with a uid of its own when the portal runs as root), so it is on in the embedded default
+and off in production unless ``TAU_LOCAL_EXECUTOR=true``.
 
 - ``supervisor``: the loop (recover, admit, start, watch, cancel, deadline, finish, stop).
 - ``admission``: which queued run may start now, and what the others wait for.
 - ``prepare`` and ``environments``: an attempt's directories, code, Python environment
   (cached per requirements) and environment variables.
-- ``logs``: the capped per-attempt log. ``collect``: metric rows and checkpoints.
+- ``sandbox``: what an attempt sees (bubblewrap), and the probe for it at start.
+- ``wrapper``: runs the workload inside it, keeps its capped log and writes its outcome;
+  ``outcomes`` reads that back (also after a crash of the agent).
+- ``collect``: metric rows and checkpoints.
 - ``processes``: process groups and their identity, from ``/proc``.
 
 Nothing is imported here: the web process reads ``admission`` (what this machine could ever

@@ -29,6 +29,7 @@ class RecordedOutcome:
     started_at: float | None
     ended_at: float | None
     stop_signals: tuple[int, ...]  # SIGTERM/SIGINT/SIGHUP that came before the end
+    log_dropped: int = 0  # bytes of output over the log cap
 
     @property
     def after_a_stop(self) -> bool:
@@ -80,6 +81,7 @@ def read_outcome(path: Path) -> RecordedOutcome | None:
             for number in (stops if isinstance(stops, list) else [])[:10]
             if _integer(number, 1, 64) is not None
         ),
+        log_dropped=_integer(record.get("log_dropped"), 0, 2**62) or 0,
     )
 
 

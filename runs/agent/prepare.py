@@ -102,6 +102,7 @@ class PreparationPlan:
     sandbox: sandboxing.Sandbox | None = None
     uid: int | None = None  # the workload's own uid (a privileged sandbox only)
     gpu_count: int = 0
+    log_limit: int | None = None  # TAU_RUN_LOG_MAX_BYTES, kept by the wrapper
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,9 @@ def wrapped_command(plan: PreparationPlan, command: list[str], *, venv: Path) ->
             str(sandboxing.WRAPPER),
             "--outcome",
             str(layout.status),
+            "--cwd",
+            str(layout.work),
+            *(["--log-limit", str(plan.log_limit)] if plan.log_limit is not None else []),
             "--",
             *command,
         ]
@@ -200,6 +204,7 @@ def wrapped_command(plan: PreparationPlan, command: list[str], *, venv: Path) ->
             devices=sandboxing.gpu_devices(plan.gpu_count),
             outcome_dir=layout.status,
             uid=plan.uid,
+            log_limit=plan.log_limit,
         ),
         python=interpreter,
     )

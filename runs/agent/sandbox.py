@@ -128,6 +128,7 @@ class Layout:
     devices: Sequence[Path] = ()
     outcome_dir: Path | None = None
     uid: int | None = None  # privileged sandboxes only: the uid the workload runs as
+    log_limit: int | None = None  # the wrapper's cap on the log (its stdout)
     hostname: str = "taugrid-run"
 
 
@@ -180,6 +181,8 @@ class Sandbox:
             args += ["--outcome", str(layout.outcome_dir)]
         if layout.uid is not None:
             args += ["--user", str(layout.uid), "--group", str(layout.uid)]
+        if layout.log_limit is not None:
+            args += ["--log-limit", str(layout.log_limit)]
         return [*args, "--", *layout.command]
 
     def _namespaces(self, layout: Layout) -> list[str]:

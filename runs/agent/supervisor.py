@@ -2,10 +2,11 @@
 and record how they ended.
 
 One process, one loop (every ``interval`` seconds), one database connection. Threads do only
-what would block the loop: building an attempt's environment (``prepare``) and copying its
-output into the log (``LogPump``). Every state change goes through ``runs.services``.
+what would block the loop: building an attempt's environment (``prepare``). Every state
+change goes through ``runs.services``.
 
-Every attempt runs through the wrapper (``wrapper``), inside a bubblewrap sandbox
+Every attempt runs through the wrapper (``wrapper``: it keeps the capped log and records the
+outcome, and outlives the agent if it must), inside a bubblewrap sandbox
 (``sandbox``) when this machine can run one. Without a sandbox, the agent runs the workloads
 of one workspace only (the first it takes, remembered in ``VAR_DIR``) unless
 ``TAU_LOCAL_EXECUTOR_UNSANDBOXED=true`` says otherwise: code of two workspaces must not meet
@@ -54,7 +55,6 @@ from runs import selectors, services, wording
 from runs.agent import admission, environments, outcomes, processes
 from runs.agent import sandbox as sandboxing
 from runs.agent.collect import CheckpointScanner, FoundCheckpoint, MetricsReader
-from runs.agent.logs import LogPump, truncation_marker
 from runs.agent.prepare import (
     AttemptLayout,
     PreparationFailed,
@@ -63,6 +63,7 @@ from runs.agent.prepare import (
     make_directories,
     prepare,
 )
+from runs.agent.wrapper import truncation_marker
 from runs.models import (
     Backend,
     Checkpoint,
@@ -136,7 +137,6 @@ class Execution:
     cancelled: threading.Event = field(default_factory=threading.Event)
     preparation: Future[Prepared] | None = None
     process: subprocess.Popen[bytes] | None = None
-    pump: LogPump | None = None
     running_recorded: bool = False
     deadline: float | None = None
     stop_reason: StopReason | None = None
@@ -708,6 +708,7 @@ class Agent:
             sandbox=self.sandbox,
             uid=uid,
             gpu_count=len(execution.gpus),
+            log_limit=self.log_limit,
         )
         execution.preparation = self._pool.submit(prepare, plan, execution.cancelled)
 
@@ -757,21 +758,20 @@ class Agent:
         token = self._issue_run_token(execution)
         if token is not None:
             env["TAU_RUN_TOKEN"] = token
-        read_end, write_end = os.pipe()
+        # The wrapper writes the log (capped): the agent only passes the open file.
+        log = os.open(execution.layout.log, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         try:
             process = subprocess.Popen(  # noqa: S603 - the researcher's command, no shell
                 prepared.command,
                 cwd=prepared.cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=write_end,
-                stderr=write_end,
+                stdout=log,
+                stderr=log,
                 start_new_session=True,  # its own process group: signalled as a whole
                 close_fds=True,
             )
         except OSError as exc:
-            os.close(read_end)
-            os.close(write_end)
             reason = exc.strerror or str(exc)
             self._note(execution, f"could not start {prepared.command[0]}: {reason}")
             self._fail(
@@ -780,11 +780,10 @@ class Agent:
                 f"Could not start {prepared.command[0]}: {reason}.",
             )
             return
-        os.close(write_end)
+        finally:
+            os.close(log)
         execution.process = process
         execution.phase = Phase.RUNNING
-        execution.pump = LogPump(read_end, execution.layout.log, limit=self.log_limit)
-        execution.pump.start()
         started = time.monotonic()
         if execution.spec.run.max_runtime:
             execution.deadline = started + execution.spec.run.max_runtime
@@ -963,8 +962,6 @@ class Agent:
             self._escalate(execution, now)
             return
         execution.process.wait()  # reap: only now may the pid be reused
-        if execution.pump is not None:
-            execution.pump.stop(timeout=2.0)
         execution.outcome = self._exit_outcome(execution)
         execution.phase = Phase.FINISHING
 
@@ -1047,12 +1044,13 @@ class Agent:
             execution.attempt.state,
             run.state,
         )
-        if execution.pump is not None and execution.pump.dropped:
+        recorded = outcomes.read_outcome(execution.layout.outcome)
+        if recorded is not None and recorded.log_dropped:
             logger.info(
                 "%s attempt %d: %d bytes of output over the log cap were dropped",
                 execution.run.name,
                 execution.attempt.number,
-                execution.pump.dropped,
+                recorded.log_dropped,
             )
         self._revoke_token(execution)
         self.free_gpus.extend(execution.gpus)
@@ -1102,7 +1100,7 @@ class Agent:
             if not final or execution.metrics.offset == before or len(points) >= 100_000:
                 break
         found = execution.checkpoints.scan()
-        log_size = execution.pump.size if execution.pump is not None else attempt.log_size
+        log_size = _file_size(execution.layout.log, default=attempt.log_size)
         save_log_size = log_size != attempt.log_size and (
             final or now - execution.log_size_saved_at >= LOG_SIZE_SAVE_SECONDS
         )
@@ -1261,6 +1259,13 @@ def _keep_queue_place(run: Run, queued_at: Any) -> None:
         return
     Run.objects.unscoped().filter(pk=run.pk, state=RunState.QUEUED).update(queued_at=queued_at)
     run.queued_at = queued_at
+
+
+def _file_size(path: Path, *, default: int) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return default
 
 
 def _last_log_line(path: Path, limit: int = 300) -> str:

@@ -169,20 +169,21 @@ def submit(
     files: dict[str, str] | None = None,
     *,
     bundle: bytes | None = None,
+    workspace: Workspace | None = None,
+    user: Any = None,
 ) -> Run:
-    """Submit as the researcher and hand the run to the local backend (what the Celery
-    delivery task does)."""
+    """Submit (by default as the researcher, to alpha) and hand the run to the local backend
+    (what the Celery delivery task does)."""
     if bundle is None and files is not None:
         bundle = zip_bytes({name: textwrap.dedent(body) for name, body in files.items()})
+    workspace = workspace or world.alpha
     run = submission.submit(
-        workspace=world.alpha,
-        user=world.users["researcher"],
+        workspace=workspace,
+        user=user or world.users["researcher"],
         spec_source=spec_source,
         bundle=io.BytesIO(bundle) if bundle is not None else None,
     )
-    delivery = Delivery.objects.for_workspace(world.alpha).get(
-        run=run, action=Delivery.Action.SUBMIT
-    )
+    delivery = Delivery.objects.for_workspace(workspace).get(run=run, action=Delivery.Action.SUBMIT)
     assert services.deliver(delivery.pk)
     run.refresh_from_db()
     assert run.state == RunState.QUEUED

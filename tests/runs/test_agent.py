@@ -4,18 +4,24 @@ workloads as process groups, against the test PostgreSQL."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sqlite3
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.db import transaction
+from django.test import Client
 
 from portal.models import ApiToken
 from runs import services
-from runs.agent.logs import truncation_marker
+from runs.agent import environments
+from runs.agent.supervisor import UNSANDBOXED_REFUSAL
+from runs.agent.wrapper import truncation_marker
 from runs.models import (
     Checkpoint,
     FailureClass,
@@ -458,3 +464,342 @@ def test_a_second_agent_refuses_to_start(var_dir: Path, start_agent: Any) -> Non
     assert "another local agent is running" in second.output()
     assert first.process is not None
     assert first.process.poll() is None
+
+
+# --- isolation: every attempt in its own sandbox ------------------------------------------
+
+# A workload of another workspace that tries what the attack of issue 11 did, and prints what
+# it managed. Targets come in targets.json: {"read": {what: path}, "write": {what: path},
+# "list": {what: [path, allowed entries]}, "victim_run": id}.
+ATTACK = """\
+    import json, os, sys
+    targets = json.load(open("targets.json"))
+    managed = []
+
+    def tried(what, action):
+        try:
+            action()
+        except OSError:  # not found, permission denied, read-only file system
+            return
+        managed.append(what)
+
+    for what, path in targets["read"].items():
+        tried(f"read {what}", lambda path=path: open(path, "rb").read(1))
+    venv_site = os.path.join(sys.prefix, "lib", "python3.11", "site-packages")
+    writes = {
+        **targets["write"],
+        "sitecustomize.py into the cached environment": os.path.join(venv_site, "sitecustomize.py"),
+        "the cached environment's pyvenv.cfg": os.path.join(sys.prefix, "pyvenv.cfg"),
+    }
+    payload = "open('/dev/stderr', 'w').write('PWNED by another workspace\\\\n')\\n"
+    for what, path in writes.items():
+        tried(f"write {what}", lambda path=path: open(path, "a").write(payload))
+    for what, (path, allowed) in targets["list"].items():
+        allowed = [os.environ["TAU_RUN_ID"] if name == "$TAU_RUN_ID" else name for name in allowed]
+        try:
+            extra = sorted(set(os.listdir(path)) - set(allowed))
+        except OSError:
+            continue
+        if extra:
+            managed.append(f"saw {what}: {extra}")
+    marker = f"TAU_RUN_ID={targets['victim_run']}".encode()
+    for pid in [name for name in os.listdir("/proc") if name.isdigit()]:
+        try:
+            if marker in open(f"/proc/{pid}/environ", "rb").read():
+                managed.append(f"the victim's environment (pid {pid})")
+        except OSError:
+            pass
+    print("MANAGED " + json.dumps(managed), flush=True)
+    """
+
+# The victim: prints its run token (so its live log holds it) and waits to be released.
+VICTIM = """\
+    import os, time
+    print("my token is " + os.environ["TAU_RUN_TOKEN"], flush=True)
+    out = os.environ["TAU_OUTPUT_DIR"]
+    open(os.path.join(out, "started"), "w").close()
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(out, "release")) and time.time() < deadline:
+        time.sleep(0.05)
+    """
+
+NEXT_RUN = """\
+    import sys
+    print("sitecustomize loaded:", "sitecustomize" in sys.modules, flush=True)
+    """
+
+
+def portal_secrets(var_dir: Path) -> dict[str, Path]:
+    """The embedded default's secrets, where `make run` keeps them: written here the way the
+    settings and bootstrap_demo write them."""
+    from portal.management.commands import bootstrap_demo
+
+    paths = {}
+    for name in ("secret_key", "token_pepper"):
+        path = var_dir / name
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(descriptor, b"not-for-runs-" + name.encode())
+        os.close(descriptor)
+        paths[name] = path
+    bootstrap_demo.load_or_create_passwords()
+    paths["demo passwords"] = var_dir / "demo-credentials.json"
+    database = var_dir / "taugrid.sqlite3"
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE secret (value TEXT)")
+        connection.execute("INSERT INTO secret VALUES ('admin password hash')")
+    paths["the database"] = database
+    return paths
+
+
+def test_a_run_cannot_reach_the_portal_or_another_workspace(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    """Acceptance 2 of issue 11: the original attack, from a run of workspace beta while a
+    run of alpha is live; then alpha's next run is unaffected."""
+    local_quota(world.alpha)
+    local_quota(world.beta)
+    secrets = portal_secrets(var_dir)
+    assert oct(secrets["demo passwords"].stat().st_mode & 0o777) == "0o600"
+    victim = submit(world, spec("victim"), {"main.py": VICTIM})
+    agent = start_agent()
+    started = attempt_dir(var_dir, victim, 1) / "output" / "started"
+    wait_until(started.exists, timeout=30, what="the victim's start", agent=agent)
+    victim_log = attempt_dir(var_dir, victim, 1) / "run.log"
+    assert "my token is tau_" in victim_log.read_text()  # live, with its token
+    home = Path(os.path.expanduser("~"))
+    targets = {
+        "read": {
+            **{str(what): str(path) for what, path in secrets.items()},
+            "another workspace's live log": str(victim_log),
+            "the checkout": str(ROOT / "portal" / "settings.py"),
+            "the portal's home": str(home / ".bashrc"),
+            "another workspace's code bundle": str(
+                next((var_dir / "bundles").rglob("*.zip"), var_dir / "bundles")
+            ),
+        },
+        "write": {
+            "the secret key": str(secrets["secret_key"]),
+            "another workspace's checkpoints": str(
+                var_dir / "runs" / str(victim.pk) / "checkpoints" / "planted"
+            ),
+        },
+        "list": {
+            "var/": [str(var_dir), ["runs", "venvs"]],
+            "var/runs/": [str(var_dir / "runs"), ["$TAU_RUN_ID"]],  # its own run only
+            "the portal's home": [str(home), [".pyenv"]],
+            "the checkout": [str(ROOT), []],
+        },
+        "victim_run": victim.pk,
+    }
+    attacker = submit(
+        world,
+        spec("attacker"),
+        {"main.py": ATTACK, "targets.json": json.dumps(targets)},
+        workspace=world.beta,
+        user=world.users["outsider"],
+    )
+    wait_for_state(attacker, {RunState.SUCCEEDED, RunState.FAILED}, timeout=60, agent=agent)
+    (attack,) = attempts(attacker)
+    log = Path(attack.log_path).read_text()
+    assert attacker.state == RunState.SUCCEEDED, log
+    managed = json.loads(log.split("MANAGED ", 1)[1].splitlines()[0])
+    assert managed == []
+    # The secrets are as they were; nothing was planted.
+    assert secrets["secret_key"].read_bytes() == b"not-for-runs-secret_key"
+    assert not (var_dir / "runs" / str(victim.pk) / "checkpoints" / "planted").exists()
+
+    (started.parent / "release").touch()
+    wait_for_state(victim, RunState.SUCCEEDED, timeout=30, agent=agent)
+    next_run = submit(world, spec("next"), {"main.py": NEXT_RUN})
+    wait_for_state(next_run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=60, agent=agent)
+    (after,) = attempts(next_run)
+    text = Path(after.log_path).read_text()
+    assert next_run.state == RunState.SUCCEEDED, text
+    assert "sitecustomize loaded: False" in text
+    assert "PWNED" not in text
+    venvs = [path for path in (var_dir / "venvs").iterdir() if path.is_dir()]
+    assert len(venvs) == 1  # the three runs shared one cached environment
+    assert not list(venvs[0].rglob("sitecustomize.py"))
+    assert environments.verify_environment(venvs[0]) is None
+
+
+def test_a_changed_cached_environment_is_built_again(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    """What a run without a sandbox (or anyone) changed in a cached environment never reaches
+    the next run: the manifest check notices it and the environment is built again."""
+    local_quota(world.alpha)
+    first = submit(world, spec("first"), {"main.py": NEXT_RUN})
+    agent = start_agent()
+    wait_for_state(first, RunState.SUCCEEDED, timeout=60, agent=agent)
+    (venv,) = [path for path in (var_dir / "venvs").iterdir() if path.is_dir()]
+    planted = venv / "lib" / "python3.11" / "site-packages" / "sitecustomize.py"
+    planted.write_text("print('PWNED by a planted sitecustomize')\n")
+    second = submit(world, spec("second"), {"main.py": NEXT_RUN})
+    wait_for_state(second, {RunState.SUCCEEDED, RunState.FAILED}, timeout=60, agent=agent)
+    (attempt,) = attempts(second)
+    text = Path(attempt.log_path).read_text()
+    assert second.state == RunState.SUCCEEDED, text
+    assert "PWNED" not in text
+    assert "sitecustomize loaded: False" in text
+    assert "sitecustomize.py was added" in text  # said in the attempt's log
+    assert "sitecustomize.py was added" in agent.output()  # and in the agent's
+    assert not planted.exists()
+
+
+def test_without_a_sandbox_only_one_workspace_runs(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    local_quota(world.alpha)
+    local_quota(world.beta)
+    mine = submit(world, spec("mine"), {"main.py": "print('mine ran')\n"})
+    theirs = submit(
+        world,
+        spec("theirs"),
+        {"main.py": "print('theirs ran')\n"},
+        workspace=world.beta,
+        user=world.users["outsider"],
+    )
+    # No bwrap on its PATH: as on a machine without the package.
+    agent = start_agent(PATH="/nonexistent")
+    wait_for_state(mine, RunState.SUCCEEDED, timeout=60, agent=agent)
+
+    def refused() -> bool:
+        theirs.refresh_from_db()
+        return theirs.state_reason == UNSANDBOXED_REFUSAL
+
+    wait_until(refused, timeout=10, what="the refusal of the other workspace", agent=agent)
+    assert theirs.state == RunState.QUEUED
+    assert theirs.queue_position is None
+    assert attempts(theirs) == []
+    assert "NO SANDBOX for local runs: bwrap is not installed" in agent.output()
+    ready = Client().get("/readyz").json()
+    assert ready["local_executor"]["sandbox"] == "none"
+    assert ready["local_executor"]["runs"] == "one workspace's only"
+    assert "bwrap is not installed" in ready["local_executor"]["reason"]
+    assert agent.stop() == 0
+
+    # Remembered across restarts: another of alpha's runs, queued after theirs, runs; theirs
+    # still waits (a fresh choice would take theirs, the first in the queue).
+    again = submit(world, spec("again"), {"main.py": "print('again ran')\n"})
+    agent = start_agent(TAU_LOCAL_SANDBOX="off")
+    wait_for_state(again, RunState.SUCCEEDED, timeout=60, agent=agent)
+    assert state_of(theirs) == RunState.QUEUED
+    assert "switched off (TAU_LOCAL_SANDBOX=off)" in agent.output()
+    assert agent.stop() == 0
+    assert "local_executor" not in Client().get("/readyz").json()  # no agent, nothing to say
+
+    # On purpose, every workspace's code unsandboxed.
+    agent = start_agent(TAU_LOCAL_SANDBOX="off", TAU_LOCAL_EXECUTOR_UNSANDBOXED="true")
+    wait_for_state(theirs, RunState.SUCCEEDED, timeout=60, agent=agent)
+    ready = Client().get("/readyz").json()
+    assert ready["local_executor"]["runs"].startswith("every workspace's, unsandboxed")
+    (attempt,) = attempts(theirs)
+    assert "theirs ran" in Path(attempt.log_path).read_text()
+
+
+# --- recovery: finished work is never run again -------------------------------------------
+
+# Counts its starts in a file of the run (the checkpoint folder outlives attempts), then waits
+# until the test lets it finish, and exits with EXIT_CODE.
+COUNTED = """\
+    import os, sys, time
+    with open(os.path.join(os.environ["TAU_CHECKPOINT_DIR"], "starts.txt"), "a") as starts:
+        starts.write(f"attempt {os.environ['TAU_ATTEMPT']}\\n")
+    out = os.environ["TAU_OUTPUT_DIR"]
+    open(os.path.join(out, "started"), "w").close()
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(out, "finish")) and time.time() < deadline:
+        time.sleep(0.02)
+    print("finishing with", os.environ["EXIT_CODE"], flush=True)
+    open(os.path.join(out, "finished"), "w").close()
+    sys.exit(int(os.environ["EXIT_CODE"]))
+    """
+
+
+def leader_gone(pid: int) -> bool:
+    return not process_alive(pid)
+
+
+def counted_spec(name: str, exit_code: int) -> bytes:
+    return spec(
+        name,
+        extra=f"runtime:\n  env:\n    EXIT_CODE: '{exit_code}'\nresilience:\n  max_retries: 0\n",
+    )
+
+
+def test_work_finished_while_the_agent_was_down_is_not_run_again(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    """kill -9 of the agent right after its workloads exited, before it noticed: the next
+    agent closes both attempts with their real exit codes and runs neither again."""
+    local_quota(world.alpha)
+    failing = submit(world, counted_spec("failing", 3), {"main.py": COUNTED})
+    passing = submit(world, counted_spec("passing", 0), {"main.py": COUNTED})
+    first = start_agent()
+    runs = (failing, passing)
+    for run in runs:
+        started = attempt_dir(var_dir, run, 1) / "output" / "started"
+        wait_until(started.exists, timeout=30, what=f"{run.name} started", agent=first)
+        wait_for_state(run, RunState.RUNNING, timeout=10, agent=first)
+    assert first.process is not None
+    os.kill(first.process.pid, signal.SIGSTOP)  # it sees nothing from here on
+    for run in runs:
+        (attempt_dir(var_dir, run, 1) / "output" / "finish").touch()
+    for run in runs:
+        finished = attempt_dir(var_dir, run, 1) / "output" / "finished"
+        wait_until(finished.exists, timeout=30, what=f"{run.name}'s end")
+        leader = attempts(run)[0].pid
+        assert leader is not None
+        wait_until(partial(leader_gone, leader), timeout=10, what="the sandbox's exit")
+    assert state_of(failing) == state_of(passing) == RunState.RUNNING  # nobody noticed
+    first.kill()
+
+    second = start_agent()
+    for run in runs:
+        wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=30, agent=second)
+    assert failing.state == RunState.FAILED
+    (attempt,) = attempts(failing)
+    assert attempt.exit_code == 3
+    assert attempt.failure_class == FailureClass.USER_ERROR
+    assert attempt.failure_message == "Exited with code 3. Its last output: finishing with 3"
+    assert passing.state == RunState.SUCCEEDED
+    (attempt,) = attempts(passing)
+    assert attempt.exit_code == 0
+    for run in runs:
+        starts = var_dir / "runs" / str(run.pk) / "checkpoints" / "starts.txt"
+        assert starts.read_text() == "attempt 1\n"  # started once, never again
+        assert services.verify_event_chain(run)
+        assert not ApiToken.objects.filter(run=run, revoked_at__isnull=True).exists()
+
+
+WAITS_ON_FIRST_ATTEMPT = """\
+    import os, time
+    if os.environ["TAU_ATTEMPT"] == "1":
+        time.sleep(300)
+    """
+
+
+def test_a_run_cut_short_by_an_agent_crash_keeps_its_place_in_the_queue(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    local_quota(world.alpha, cpu="1")
+    first = submit(world, spec("first", cpus="1"), {"main.py": WAITS_ON_FIRST_ATTEMPT})
+    second = submit(world, spec("second", cpus="1"), {"main.py": "print('second')\n"})
+    agent = start_agent()
+    wait_for_state(first, RunState.RUNNING, timeout=30, agent=agent)
+    assert state_of(second) == RunState.QUEUED  # behind first, for the quota
+    agent.kill()
+    agent = start_agent()
+    for run in (first, second):
+        wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=60, agent=agent)
+    cut, again = attempts(first)
+    assert cut.failure_message == "agent restarted"
+    (only,) = attempts(second)
+    # Back at its old place, ahead of the run queued after it.
+    assert again.started_at is not None
+    assert only.started_at is not None
+    assert again.started_at < only.started_at
+    assert first.queued_at is not None
+    assert second.queued_at is not None
+    assert first.queued_at < second.queued_at

@@ -18,13 +18,13 @@ import pytest
 from runs.agent import admission, environments, processes
 from runs.agent.admission import Candidate, Quota, Usage, WorkspaceShare, plan_admission
 from runs.agent.collect import CheckpointScanner, MetricsReader, checkpoint_step
-from runs.agent.logs import LogPump, truncation_marker
 from runs.agent.prepare import (
     AttemptLayout,
     PreparationFailed,
     child_environment,
     entrypoint_command,
 )
+from runs.agent.wrapper import LogPump, truncation_marker
 from tau.spec import Spec, load_spec
 
 GiB = Decimal(2**30)
@@ -239,16 +239,22 @@ def test_checkpoints_count_once_complete(tmp_path: Path) -> None:
 # --- the log -----------------------------------------------------------------------------
 
 
+def open_log(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+
 def test_the_log_stops_at_its_cap_with_one_marker(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_bytes(b"[taugrid] before\n")
     read_end, write_end = os.pipe()
-    pump = LogPump(read_end, log, limit=100)
+    out = open_log(log)
+    pump = LogPump(read_end, out, limit=100)
     pump.start()
     for _ in range(10):
         os.write(write_end, b"y" * 50)
     os.close(write_end)
     pump.stop(timeout=5)
+    os.close(out)
     assert not pump.is_alive()
     content = log.read_bytes()
     assert content.startswith(b"[taugrid] before\ny")
@@ -259,11 +265,13 @@ def test_the_log_stops_at_its_cap_with_one_marker(tmp_path: Path) -> None:
 
 def test_the_log_pump_gives_up_on_a_pipe_kept_open(tmp_path: Path) -> None:
     read_end, write_end = os.pipe()
-    pump = LogPump(read_end, tmp_path / "run.log", limit=1000)
+    out = open_log(tmp_path / "run.log")
+    pump = LogPump(read_end, out, limit=1000)
     pump.start()
     os.write(write_end, b"hello\n")
     started = time.monotonic()
     pump.stop(timeout=0.3)  # a writer outside the group still holds the pipe
+    os.close(out)
     assert not pump.is_alive()
     assert time.monotonic() - started < 3
     assert (tmp_path / "run.log").read_bytes() == b"hello\n"
