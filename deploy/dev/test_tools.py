@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Install what the test suite drives besides Python packages: Debian's Chromium for the
-browser tests, and npm packages (the test OpenID provider, axe-core). Idempotent and quick
-when everything is already there. Standard library only.
+browser tests, bubblewrap (the local executor's sandbox; its tests never skip), and npm
+packages (the test OpenID provider, axe-core). Idempotent and quick when everything is
+already there. Standard library only.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def ensure_chromium() -> None:
     apt_install(["chromium", "chromium-driver", "fonts-dejavu-core"])
 
 
+def ensure_bubblewrap() -> None:
+    """The sandbox of local runs (runs/agent/sandbox.py): `make run` works without it (one
+    workspace's runs, unsandboxed), the tests exercise it for real."""
+    if shutil.which("bwrap") is None:
+        apt_install(["bubblewrap"])
+
+
 def ensure_node_packages() -> None:
     if shutil.which("node") is None or shutil.which("npm") is None:
         apt_install(["nodejs", "npm"])
@@ -59,6 +67,7 @@ def main() -> int:
         ensure_wrk()  # the HTTP load generator of make bench
         return 0
     ensure_chromium()
+    ensure_bubblewrap()
     ensure_node_packages()
     return 0
 

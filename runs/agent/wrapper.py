@@ -290,7 +290,8 @@ def main(argv: list[str]) -> int:
             sys.stderr.write(f"[taugrid] could not record how the workload ended: {exc}\n")
     if os.WIFSIGNALED(status):
         ended_by = os.WTERMSIG(status)
-        signal.signal(ended_by, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(ended_by, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [ended_by])
         os.kill(os.getpid(), ended_by)
         return 128 + ended_by  # a signal whose default is not to end the process

@@ -1,8 +1,10 @@
 """The local agent's parts on their own: admission rule, metrics and checkpoint collection,
-the capped log, process groups, environments and the child's command line. No database."""
+the capped log, process groups, environments and the child's command line, the wrapper and
+its outcome record, the sandbox. No database."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,10 +14,12 @@ import threading
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from runs.agent import admission, environments, processes
+from runs.agent import admission, environments, outcomes, processes
+from runs.agent import sandbox as sandboxing
 from runs.agent.admission import Candidate, Quota, Usage, WorkspaceShare, plan_admission
 from runs.agent.collect import CheckpointScanner, MetricsReader, checkpoint_step
 from runs.agent.prepare import (
@@ -410,3 +414,266 @@ def test_the_child_environment_is_built_from_nothing(tmp_path: Path) -> None:
         "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONUNBUFFERED",
         "MY_SETTING", "TAU_RUN_ID", "TAU_ATTEMPT",
     }  # fmt: skip
+
+
+# --- the wrapper and its outcome record ---------------------------------------------------
+
+WRAPPER = [environments.base_interpreter(), "-I", "-S", str(sandboxing.WRAPPER)]
+
+
+def wrapped(tmp_path: Path, script: str, *extra: str) -> tuple[list[str], Path, Path]:
+    status = tmp_path / "status"
+    status.mkdir(exist_ok=True)
+    log = tmp_path / "run.log"
+    command = [*WRAPPER, "--outcome", str(status), *extra, "--", sys.executable, "-c", script]
+    return command, status / "outcome.json", log
+
+
+def run_wrapped(command: list[str], log: Path, **kwargs: object) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+            command, stdout=out, stderr=out, start_new_session=True, **kwargs
+        )
+
+
+def test_the_wrapper_records_an_exit_code_and_keeps_the_log(tmp_path: Path) -> None:
+    command, outcome, log = wrapped(
+        tmp_path, "import sys; print('hello'); sys.exit(3)", "--log-limit", "1000"
+    )
+    process = run_wrapped(command, log)
+    assert process.wait(timeout=30) == 3
+    recorded = outcomes.read_outcome(outcome)
+    assert recorded is not None
+    assert (recorded.exit_code, recorded.signal, recorded.error) == (3, None, None)
+    assert recorded.stop_signals == ()
+    assert recorded.duration is not None
+    assert log.read_text() == "hello\n"
+    assert oct(outcome.stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_wrapper_ends_as_its_workload_was_ended(tmp_path: Path) -> None:
+    """A SIGKILL nobody sent on purpose (the OOM killer) reads the same in the file and in
+    the wrapper's own exit status."""
+    command, outcome, log = wrapped(tmp_path, "import os, signal; os.kill(os.getpid(), 9)")
+    process = run_wrapped(command, log)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    recorded = outcomes.read_outcome(outcome)
+    assert recorded is not None
+    assert (recorded.exit_code, recorded.signal) == (None, signal.SIGKILL)
+    assert not recorded.after_a_stop
+
+
+TERM_COUNTER = """\
+import os, signal, sys, time
+if os.environ.get("LEAVE_GROUP"):
+    os.setsid()
+got = []
+signal.signal(signal.SIGTERM, lambda *_: got.append(1))
+open(sys.argv[1], "w").close()
+while not got:
+    time.sleep(0.01)
+time.sleep(0.3)  # a second SIGTERM would arrive meanwhile
+print("terms", len(got), flush=True)
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("leave_group", [False, True])
+def test_a_stop_reaches_the_workload_once_and_is_recorded(
+    tmp_path: Path, leave_group: bool
+) -> None:
+    """SIGTERM to the attempt's group (a cancel): the workload gets it once — straight from
+    the group, or passed on by the wrapper when it left the group — and the wrapper survives
+    to record an end that followed a stop."""
+    ready = tmp_path / "ready"
+    status = tmp_path / "status"
+    status.mkdir()
+    log = tmp_path / "run.log"
+    command = [
+        *WRAPPER, "--outcome", str(status), "--",
+        sys.executable, "-c", TERM_COUNTER, str(ready),
+    ]  # fmt: skip
+    env = {**os.environ, **({"LEAVE_GROUP": "1"} if leave_group else {})}
+    process = run_wrapped(command, log, env=env)
+    deadline = time.monotonic() + 20
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=30) == 0  # it survived the SIGTERM, and mirrors the exit
+    assert log.read_text() == "terms 1\n"
+    recorded = outcomes.read_outcome(status / "outcome.json")
+    assert recorded is not None
+    assert recorded.exit_code == 0
+    assert recorded.stop_signals == (signal.SIGTERM,)
+    assert recorded.after_a_stop
+
+
+def test_a_command_that_cannot_start_is_recorded(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.mkdir()
+    log = tmp_path / "run.log"
+    command = [*WRAPPER, "--outcome", str(status), "--", "no-such-program-xyz", "--flag"]
+    assert run_wrapped(command, log).wait(timeout=30) == 127
+    recorded = outcomes.read_outcome(status / "outcome.json")
+    assert recorded is not None
+    assert recorded.error == "no-such-program-xyz: No such file or directory"
+    assert "could not start no-such-program-xyz" in log.read_text()
+
+
+def test_an_outcome_is_read_as_untrusted_input(tmp_path: Path) -> None:
+    good = {"version": 1, "exit_code": 0, "signal": None, "stop_signals": [15]}
+    path = tmp_path / "outcome.json"
+    path.write_text(json.dumps(good))
+    recorded = outcomes.read_outcome(path)
+    assert recorded is not None
+    assert recorded.stop_signals == (15,)
+    for bad in ({**good, "signal": 9}, {**good, "exit_code": None}, {**good, "exit_code": 999}):
+        path.write_text(json.dumps(bad))
+        assert outcomes.read_outcome(path) is None
+    path.write_text("not json")
+    assert outcomes.read_outcome(path) is None
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps(good))
+    path.unlink()
+    path.symlink_to(secret)  # planted by a workload: never followed
+    assert outcomes.read_outcome(path) is None
+    path.unlink()
+    os.mkfifo(path)  # would block a reader that waits for a writer
+    assert outcomes.read_outcome(path) is None
+
+
+# --- the sandbox ---------------------------------------------------------------------------
+
+
+def sandbox_here() -> sandboxing.Sandbox:
+    detection = sandboxing.detect("auto", interpreter=environments.base_interpreter())
+    # deploy/dev/test_tools.py installs bubblewrap: its absence is a failure, not a skip.
+    assert detection.sandbox is not None, detection.reason
+    return detection.sandbox
+
+
+def test_the_sandbox_shows_only_what_a_run_needs(tmp_path: Path) -> None:
+    sandbox = sandbox_here()
+    work, status = tmp_path / "work", tmp_path / "status"
+    work.mkdir(mode=0o700)
+    status.mkdir(mode=0o700)
+    uid = sandbox.run_uid(7)
+    if uid is not None:
+        os.chown(work, uid, uid)
+    (tmp_path / "not-mounted").write_text("secret")
+    probe = (
+        "import json, os\n"
+        "print(json.dumps({'root': sorted(os.listdir('/')), 'uid': os.getuid(),\n"
+        "  'parent': sorted(os.listdir(os.path.dirname(os.getcwd()))),\n"
+        "  'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit())}))\n"
+    )
+    command = sandbox.command(
+        sandboxing.Layout(
+            command=[environments.base_interpreter(), "-I", "-S", "-c", probe],
+            cwd=work,
+            writable=[work, status],
+            outcome_dir=status,
+            uid=uid,
+        ),
+        python=environments.base_interpreter(),
+    )
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
+    seen = json.loads(result.stdout)
+    system = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "sys", "proc"}
+    mounted = {Path(path).parts[1] for path in (tmp_path, *sandbox.python_roots)}
+    assert set(seen["root"]) <= system | mounted | {"dev", "tmp", "run"}  # run: the wrapper
+    assert "not-mounted" not in seen["parent"]  # only what was mounted exists
+    assert seen["uid"] == (uid if uid is not None else os.getuid())
+    assert len(seen["pids"]) <= 3  # its own pid namespace: init, the wrapper, itself
+
+
+def test_a_sigkill_to_the_group_ends_everything_in_the_sandbox(tmp_path: Path) -> None:
+    """The agent's last resort reaches even a process that left the group (setsid): killing
+    the namespace's pid 1 ends the namespace."""
+    sandbox = sandbox_here()
+    work, status = tmp_path / "work", tmp_path / "status"
+    work.mkdir()
+    status.mkdir(mode=0o700)
+    escaper = (
+        "import os, subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(300)'],"
+        " env={'TAU_ESCAPER': '1'})\n"
+        "time.sleep(300)\n"
+    )
+    command = sandbox.command(
+        sandboxing.Layout(
+            command=[environments.base_interpreter(), "-I", "-S", "-c", escaper],
+            cwd=work,
+            writable=[work, status],
+            outcome_dir=status,
+            uid=sandbox.run_uid(8),
+        ),
+        python=environments.base_interpreter(),
+    )
+    leader = subprocess.Popen(command, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # until it has left the group
+            found = [
+                info
+                for pid in processes.marked_processes({"TAU_ESCAPER": "1"})
+                if (info := processes.read_process(pid)) and info.process_group != leader.pid
+            ]
+            if found:
+                break
+            assert time.monotonic() < deadline, "the escaper did not start"
+            time.sleep(0.05)
+        (info,) = found
+        escaped = info.pid
+        processes.signal_group(leader.pid, signal.SIGKILL)
+        leader.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while processes.is_same_process(escaped, info.start_ticks):
+            assert time.monotonic() < deadline, "the escaped process outlived its sandbox"
+            time.sleep(0.05)
+    finally:
+        processes.signal_group(leader.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            leader.wait(timeout=5)
+
+
+# --- cached environments are checked before reuse ------------------------------------------
+
+
+def test_a_changed_environment_is_noticed_even_with_its_times_put_back(tmp_path: Path) -> None:
+    log = open(tmp_path / "build.log", "w+b")  # noqa: SIM115 - closed below
+    try:
+        path = environments.ensure_environment(
+            tmp_path / "venvs", [], log=log, cancelled=threading.Event()
+        )
+    finally:
+        log.close()
+    assert environments.verify_environment(path) is None
+    config = path / "pyvenv.cfg"
+    before = config.stat()
+    text = config.read_text()
+    config.write_text(text.replace("false", "FALSE"))  # the same size
+    os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert config.stat().st_size == before.st_size
+    assert environments.verify_environment(path) == "pyvenv.cfg was changed"
+    config.write_text(text)
+    config.chmod(0o666)
+    assert environments.verify_environment(path) == "the mode or owner of pyvenv.cfg changed"
+    config.chmod(before.st_mode & 0o777)
+    assert environments.verify_environment(path) is None  # the same content again
+    (path / "bin" / "python").unlink()
+    assert environments.verify_environment(path) == "bin/python was removed"
+    environments.manifest_path(path).unlink()
+    assert environments.verify_environment(path) == "it has no readable manifest"
+
+
+def test_demo_passwords_are_readable_by_the_portal_only(tmp_path: Path, settings: Any) -> None:
+    from portal.management.commands import bootstrap_demo
+
+    settings.VAR_DIR = tmp_path
+    passwords = bootstrap_demo.load_or_create_passwords()
+    path = bootstrap_demo.credentials_path()
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    path.chmod(0o644)  # as an older version left it
+    assert bootstrap_demo.load_or_create_passwords() == passwords
+    assert oct(path.stat().st_mode & 0o777) == "0o600"

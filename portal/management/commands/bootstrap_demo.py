@@ -49,9 +49,13 @@ def credentials_path() -> Path:
 
 
 def stored_passwords() -> dict[str, str] | None:
-    """The demo passwords kept by an earlier run of this command, if there are any."""
+    """The demo passwords kept by an earlier run of this command, if there are any. A file
+    left readable by others (an older version, a copy) is made the portal's alone again."""
+    path = credentials_path()
     try:
-        stored = json.loads(credentials_path().read_text(encoding="utf-8"))
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+        stored = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(stored, dict) or not set(DEMO_USERS) <= set(stored):
@@ -74,6 +78,7 @@ def load_or_create_passwords() -> dict[str, str]:
     passwords = {username: secrets.token_urlsafe(12) for username in DEMO_USERS}
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # also when the file was there already, with another mode
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         json.dump(passwords, handle, indent=2)
     return passwords
