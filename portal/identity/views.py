@@ -7,7 +7,7 @@ import math
 import time as clock
 import unicodedata
 from dataclasses import dataclass
-from datetime import datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
 AUDIT_PAGE_SIZE = 50
+# The dates the audit filters take: any real entry lies between them, and the day after the
+# last still exists (9999-12-31 has none).
+AUDIT_EARLIEST = date(1900, 1, 1)
+AUDIT_LATEST = date(9998, 12, 31)
 OIDC_PROBLEMS = {
     "failed": "Single sign-on did not log you in. Try again, or ask your platform team.",
     "unavailable": "The identity provider cannot be reached right now. Try again in a minute.",
@@ -344,6 +348,18 @@ class AuditFilterForm(forms.Form):
     until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
     before = forms.IntegerField(required=False, widget=forms.HiddenInput, min_value=1)
 
+    def _date_in_range(self, name: str) -> date | None:
+        value: date | None = self.cleaned_data.get(name)
+        if value is not None and not AUDIT_EARLIEST <= value <= AUDIT_LATEST:
+            raise forms.ValidationError(f"Give a date between {AUDIT_EARLIEST} and {AUDIT_LATEST}.")
+        return value
+
+    def clean_since(self) -> date | None:
+        return self._date_in_range("since")
+
+    def clean_until(self) -> date | None:
+        return self._date_in_range("until")
+
 
 def filtered_audit_events(
     queryset: QuerySet[AuditEvent], data: dict[str, Any]
@@ -394,7 +410,14 @@ def _audit_context(
     request: HttpRequest, queryset: QuerySet[AuditEvent], *, show_workspace: bool
 ) -> dict[str, Any]:
     form = AuditFilterForm(request.GET or None)
-    data = form.cleaned_data if form.is_valid() else {}
+    valid = form.is_valid()
+    refused = form.is_bound and not valid
+    for name, errors in form.errors.items() if refused else ():
+        field = form.fields.get(name)
+        label = (field.label if field is not None else None) or name.replace("_", " ")
+        said = " ".join(str(error) for error in errors)
+        messages.error(request, f"{str(label).capitalize()}: {said}")
+    data = form.cleaned_data if valid else {}
     events, next_cursor = filtered_audit_events(queryset, data)
     entries = [AuditEntry(event, audit.describe_changes(event)) for event in events]
     next_query = None
@@ -410,10 +433,24 @@ def _audit_context(
         "next_query": next_query,
         "show_workspace": show_workspace,
         "filtered": any(value for key, value in data.items() if key != "before"),
+        "refused": refused,
     }
 
 
-class PlatformAuditView(StaffRequiredMixin, TemplateView):
+class AuditFiltersRefusedMixin:
+    """A filter that cannot be applied (a date out of range, say) shows the unfiltered log
+    with what was wrong, as a 400."""
+
+    def render_to_response(self, context: dict[str, Any], **response_kwargs: Any) -> HttpResponse:
+        if context.get("refused"):
+            response_kwargs.setdefault("status", 400)
+        response: HttpResponse = super().render_to_response(  # type: ignore[misc]
+            context, **response_kwargs
+        )
+        return response
+
+
+class PlatformAuditView(AuditFiltersRefusedMixin, StaffRequiredMixin, TemplateView):
     """Every audit event, for platform staff."""
 
     template_name = "identity/audit.html"
@@ -426,7 +463,7 @@ class PlatformAuditView(StaffRequiredMixin, TemplateView):
         return context
 
 
-class WorkspaceAuditView(WorkspaceViewMixin, TemplateView):
+class WorkspaceAuditView(AuditFiltersRefusedMixin, WorkspaceViewMixin, TemplateView):
     """A workspace's own audit events, for its admins and (read-only) for platform staff."""
 
     template_name = "identity/audit.html"
