@@ -123,6 +123,9 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    # Before the CSRF check, which reads the whole form: an upload too large to be accepted
+    # is refused from its Content-Length, unread.
+    "runs.submission.SubmissionSizeMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -402,6 +405,19 @@ STORAGES = {
 # Outside production the files are served straight from the apps and STATICFILES_DIRS.
 WHITENOISE_USE_FINDERS = not PRODUCTION
 WHITENOISE_AUTOREFRESH = not PRODUCTION
+
+# --- Request bodies -------------------------------------------------------------------------
+# Form fields and JSON bodies (the API's JSON parser checks this too): Django's default.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 5 * 2**19  # 2.5 MiB
+# Smaller uploads stay in memory; larger ones go to a temporary file, of which no more than
+# one byte past the largest acceptable upload (a code bundle) is ever written. Submissions
+# declaring more than a bundle, a spec and their form are refused unread (SubmissionSize-
+# Middleware above).
+FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 2**19
+FILE_UPLOAD_HANDLERS = [
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "runs.bundles.BoundedUploadHandler",
+]
 
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {

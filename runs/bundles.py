@@ -25,9 +25,10 @@ import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, Any
 
 from django.conf import settings
+from django.core.files.uploadhandler import TemporaryFileUploadHandler
 from django.db import IntegrityError, transaction
 
 from runs.models import CodeBundle
@@ -258,6 +259,27 @@ def stage_upload(upload: IO[bytes]) -> StagedUpload:
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+class BoundedUploadHandler(TemporaryFileUploadHandler):
+    """Django's temporary-file upload handler (``FILE_UPLOAD_HANDLERS``), except that it
+    keeps no more than one byte past MAX_BUNDLE_BYTES of any file, the largest upload any
+    route takes: the rest of the file is read and dropped, never written to disk, and the
+    upload is then refused by its size (``stage_upload`` reads the extra byte; the file's
+    ``size`` stays the size that was sent). How much is read at all is bounded before this,
+    from ``Content-Length`` (``runs.submission.SubmissionSizeMiddleware``)."""
+
+    def new_file(self, *args: Any, **kwargs: Any) -> None:
+        super().new_file(*args, **kwargs)
+        self.kept = 0
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes | None:
+        room = MAX_BUNDLE_BYTES + 1 - self.kept
+        if room > 0:
+            piece = raw_data[:room]
+            self.file.write(piece)
+            self.kept += len(piece)
+        return None
 
 
 def discard(staged: StagedUpload) -> None:

@@ -12,11 +12,14 @@ on every edit, with the listing of the chosen zip that the browser reads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.http import HttpRequest, HttpResponseBase, JsonResponse
+from django.shortcuts import render
 
 from runs import bundles, policy, services
 from runs.backends import AVAILABLE_BACKENDS, RunBackend, backend_named
@@ -30,6 +33,14 @@ if TYPE_CHECKING:
     from workspaces.models import Workspace
 
 MAX_SPEC_BYTES = 256 * 1024
+#: What a form adds around the files: the tau.yaml text again (the submit page sends the
+#: editor's text too), the zip's file listing (up to 5,000 names), field headers.
+FORM_OVERHEAD_BYTES = 2 * 2**20
+#: The most a submission may declare in ``Content-Length``: a whole bundle, a whole spec and
+#: the form. A larger one is refused before any of it is read.
+MAX_SUBMISSION_BYTES = bundles.MAX_BUNDLE_BYTES + MAX_SPEC_BYTES + FORM_OVERHEAD_BYTES
+#: The same for the submit page's live check, which never sends the zip itself.
+MAX_CHECK_BYTES = 2 * MAX_SPEC_BYTES + FORM_OVERHEAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -214,3 +225,70 @@ def submit(
             unwrapped_folder=unwrap,
         ),
     )
+
+
+# --- Request size ---------------------------------------------------------------------------
+
+#: Routes that take a submission (or the live check's), and the most each may declare.
+_SIZED_ROUTES = {
+    "api:run-list": MAX_SUBMISSION_BYTES,
+    "run-submit": MAX_SUBMISSION_BYTES,
+    "run-validate": MAX_CHECK_BYTES,
+}
+
+
+def too_large_problem(declared: int) -> SubmissionProblem:
+    """The one message for a submission too large to be read, on the API and the page."""
+    return SubmissionProblem(
+        "bundle",
+        f"The upload is {declared / 2**20:.1f} MiB; a submission may be at most "
+        f"{MAX_SUBMISSION_BYTES / 2**20:.1f} MiB (a project zip of up to "
+        f"{bundles.MAX_BUNDLE_BYTES // 2**20} MiB, a tau.yaml of up to "
+        f"{MAX_SPEC_BYTES // 1024} KiB). Nothing was read or kept.",
+    )
+
+
+class SubmissionSizeMiddleware:
+    """Refuses a submission from its declared size (``Content-Length``) before any of it is
+    read: neither Django, which parses the whole form before any view runs (the CSRF check
+    reads it), nor the API reads a byte of an upload that could never be accepted. Listed
+    before ``CsrfViewMiddleware``, so that its ``process_view`` runs first.
+
+    The answer is the same problem on both roads: the API's 413 with the ``problems`` list
+    of any refused submission; on the submit page a 400 that the page shows where its check
+    is (htmx swaps a 400 in), or a 413 with the same text without JavaScript. Uploads that
+    declare less are still cut at the bundle limit as they are read (BoundedUploadHandler).
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        return self.get_response(request)
+
+    def process_view(
+        self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any
+    ) -> HttpResponseBase | None:
+        match = request.resolver_match
+        limit = _SIZED_ROUTES.get(match.view_name) if match is not None else None
+        if limit is None or request.method != "POST":
+            return None
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared <= limit:
+            return None
+        problem = too_large_problem(declared)
+        if match is not None and match.view_name.startswith("api:"):
+            return JsonResponse(
+                {"detail": "The run was not submitted.", "problems": [problem.to_dict()]},
+                status=413,
+            )
+        htmx = request.headers.get("HX-Request") == "true"
+        return render(
+            request,
+            "runs/submit.html#validation",
+            {"problems": [problem], "refused": True},
+            status=400 if htmx else 413,
+        )

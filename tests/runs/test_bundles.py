@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.urls import reverse
 
-from runs import bundles
+from runs import bundles, submission
 from runs.bundles import BundleRejected
-from runs.models import CodeBundle
+from runs.models import CodeBundle, Run
+from tests.runs.factories import TINY_SPEC
 
 pytestmark = pytest.mark.django_db
 
@@ -393,3 +395,104 @@ def test_bundle_paths_come_only_from_digests(area: Area) -> None:
     for bad in ("../../etc/passwd", "ABC", "0" * 63, "g" * 64):
         with pytest.raises(ValueError, match="not a SHA-256"):
             bundles.bundle_path(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request size: an upload that could never be accepted is not read
+# ---------------------------------------------------------------------------------------------
+
+
+class Unreadable(io.RawIOBase):
+    """A request body that fails the test if anything reads a byte of it."""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, *args: Any) -> bytes:
+        raise AssertionError("the body was read")
+
+    def readline(self, *args: Any) -> bytes:
+        raise AssertionError("the body was read")
+
+
+DECLARED = 200 * 2**20  # the attack: a 200 MB upload, streamed whole before the size check
+
+
+def declared_post(client: Any, url: str, **headers: Any) -> Any:
+    return client.generic(
+        "POST",
+        url,
+        b"",
+        content_type="multipart/form-data; boundary=xyz",
+        CONTENT_LENGTH=str(DECLARED),
+        **{"wsgi.input": Unreadable()},
+        **headers,
+    )
+
+
+def test_a_submission_too_large_is_refused_unread_on_the_api(world: Any, area: Area) -> None:
+    url = reverse("api:run-list", kwargs={"workspace_slug": "alpha"})
+    response = declared_post(world.api_client_for("researcher"), url)
+    assert response.status_code == 413
+    problem = response.json()["problems"][0]
+    assert problem["path"] == "bundle"
+    assert problem["message"] == submission.too_large_problem(DECLARED).message
+    assert "200.0 MiB" in problem["message"]
+    assert "50 MiB" in problem["message"]
+    assert Run.objects.for_workspace(world.alpha).count() == 0
+    # Just under the limit is not refused by its size (here: read, and not a form at all).
+    just_under = world.api_client_for("researcher").post(
+        url, b"x", content_type="multipart/form-data; boundary=xyz"
+    )
+    assert just_under.status_code == 400
+    assert "problems" not in just_under.json()
+
+
+@pytest.mark.parametrize(("htmx", "status"), [(True, 400), (False, 413)])
+def test_a_submission_too_large_is_refused_unread_on_the_page(
+    world: Any, area: Area, htmx: bool, status: int
+) -> None:
+    url = reverse("run-submit", kwargs={"workspace_slug": "alpha"})
+    headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
+    response = declared_post(world.client_for("researcher"), url, **headers)
+    assert response.status_code == status
+    page = response.content.decode()
+    assert submission.too_large_problem(DECLARED).message in page
+    assert "Not submitted" in page
+    assert Run.objects.for_workspace(world.alpha).count() == 0
+
+
+def test_the_live_check_is_refused_unread_too(world: Any) -> None:
+    url = reverse("run-validate", kwargs={"workspace_slug": "alpha"})
+    response = declared_post(world.client_for("researcher"), url, HTTP_HX_REQUEST="true")
+    assert response.status_code == 400
+
+
+def test_no_more_than_the_bundle_limit_is_written_while_reading(
+    world: Any, area: Area, monkeypatch: Any
+) -> None:
+    """Declared within the limit, a file larger than any acceptable bundle: Django's upload
+    handler writes no more than one byte past the bundle limit to disk, and the submission
+    is refused for its size."""
+    monkeypatch.setattr(bundles, "MAX_BUNDLE_BYTES", 2**20)
+    written: list[int] = []
+    complete = bundles.BoundedUploadHandler.file_complete
+
+    def measure(self: Any, file_size: int) -> Any:
+        self.file.flush()
+        written.append(os.path.getsize(self.file.temporary_file_path()))
+        return complete(self, file_size)
+
+    monkeypatch.setattr(bundles.BoundedUploadHandler, "file_complete", measure)
+    big = io.BytesIO(b"PK" + bytes(3 * 2**20))
+    big.name = "project.zip"
+    spec = io.BytesIO(TINY_SPEC)
+    spec.name = "tau.yaml"
+    url = reverse("api:run-list", kwargs={"workspace_slug": "alpha"})
+    response = world.api_client_for("researcher").post(
+        url, {"spec": spec, "bundle": big}, format="multipart"
+    )
+    assert response.status_code == 400
+    assert response.json()["problems"][0]["message"] == "The bundle is larger than 1 MiB."
+    assert max(written) == 2**20 + 1
+    assert Run.objects.for_workspace(world.alpha).count() == 0
