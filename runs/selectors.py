@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from django.db.models import BigIntegerField, ExpressionWrapper, F, Q, QuerySet, Window
+from django.db import connection
+from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.http import Http404
 
+from runs.agent.collect import MAX_KEYS_PER_RUN
 from runs.models import Run, RunAttempt, RunEvent
 from workspaces.models import Workspace
 
@@ -23,6 +25,8 @@ def runs_of(workspace: Workspace) -> QuerySet[Run]:
 
 def resolve_run(workspace: Workspace, name: str) -> Run:
     """A run by its full name, or by its spec name (then the newest run of that spec)."""
+    if "\x00" in name:  # no run has one, and the database refuses to compare with it
+        raise Http404(f"No run called {name!r} in {workspace.slug}.")
     runs = runs_of(workspace).select_related("workspace")
     run = runs.filter(name=name).first()
     if run is None:
@@ -220,16 +224,36 @@ def _tail_start(handle: Any, size: int, lines: int) -> int:
     return 0
 
 
-def metric_keys(run: Run) -> list[str]:
+def metric_keys(run: Run, *, limit: int = MAX_KEYS_PER_RUN) -> list[str]:
+    """The run's metric names in order, at most ``limit`` of them.
+
+    A loose index scan: each name is found by one seek in the ``metric_series`` index (the
+    first name after the previous one), so the time grows with the number of names returned,
+    not with the number of points written (``DISTINCT`` would read every point). Written
+    before names were capped, a run can have more than ``limit``; the first are returned."""
     from runs.models import MetricPoint
 
-    return list(
-        MetricPoint.objects.for_workspace(run.workspace_id)
-        .filter(run=run)
-        .values_list("key", flat=True)
-        .distinct()
-        .order_by("key")
-    )
+    quote = connection.ops.quote_name
+    table, run_id, key = quote(MetricPoint._meta.db_table), quote("run_id"), quote("key")
+    # Table and column names come from the model, quoted; the values are parameters.
+    sql = f"""
+        WITH RECURSIVE names (name, number) AS (
+            SELECT (SELECT {key} FROM {table} WHERE {run_id} = %s ORDER BY {key} LIMIT 1), 1
+            UNION ALL
+            SELECT (
+                SELECT point.{key} FROM {table} point
+                WHERE point.{run_id} = %s AND point.{key} > names.name
+                ORDER BY point.{key} LIMIT 1
+            ), names.number + 1
+            FROM names WHERE names.name IS NOT NULL AND names.number < %s
+        )
+        SELECT name FROM names WHERE name IS NOT NULL ORDER BY number
+    """  # noqa: S608
+    if limit < 1:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [run.pk, run.pk, limit])
+        return [name for (name,) in cursor.fetchall()]
 
 
 def metric_series(run: Run, keys: list[str], *, max_points: int) -> dict[str, list[list[float]]]:
@@ -239,23 +263,38 @@ def metric_series(run: Run, keys: list[str], *, max_points: int) -> dict[str, li
     for two, its first), and the steps between are cut into equal step ranges of which each
     gives its lowest and its highest point: spikes and dips stay visible, where averages
     would hide them. One point of an odd budget is left unused. The work happens in the
-    database, so a million rows never leave it.
+    database, so a million rows never leave it: one query counts every series (from the
+    ``metric_series`` index alone), one reads all the series that fit, and only a series
+    longer than ``max_points`` costs queries of its own.
     """
     from runs.models import MetricPoint
 
     if max_points < 1:
         raise ValueError("max_points must be at least 1")
     series: dict[str, list[list[float]]] = {}
+    if not keys:
+        return series
     points = MetricPoint.objects.for_workspace(run.workspace_id).filter(run=run)
+    counts = dict(
+        points.filter(key__in=keys)
+        .values("key")
+        .annotate(count=Count("*"))
+        .values_list("key", "count")
+        .order_by()
+    )
+    whole = [key for key in keys if 0 < counts.get(key, 0) <= max_points]
+    if whole:
+        whole_rows = (
+            points.filter(key__in=whole)
+            .order_by("key", "step", "time", "id")
+            .values_list("key", "step", "value")
+        )
+        for key, step, value in whole_rows:
+            series.setdefault(key, []).append([float(step), float(value)])
     for key in keys:
+        if counts.get(key, 0) <= max_points:
+            continue
         rows = points.filter(key=key)
-        count = rows.count()
-        if count == 0:
-            continue
-        if count <= max_points:
-            values = rows.order_by("step", "time", "id").values_list("step", "value")
-            series[key] = [[float(step), float(value)] for step, value in values]
-            continue
         # Where several rows share a step (a resumed attempt reports it again), the one
         # written last is the series' end.
         newest_first = rows.order_by("-step", "-time", "-id").values_list("id", "step", "value")
@@ -276,7 +315,7 @@ def metric_series(run: Run, keys: list[str], *, max_points: int) -> dict[str, li
             *middle,
             [float(last_step), float(last_value)],
         ]
-    return series
+    return {key: series[key] for key in keys if key in series}
 
 
 def _extremes_by_step_range(

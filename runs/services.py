@@ -13,14 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import secrets
+import stat
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -382,12 +385,121 @@ def has_live_attempt(run: Run) -> bool:
     )
 
 
+class CheckpointPathRefused(ValueError):
+    """A checkpoint path that is not inside the run's own checkpoint folder; the message
+    says why, for the workload that reported it."""
+
+
+def local_checkpoint_dir(run: Run) -> Path:
+    """The run's checkpoint folder on this machine: its attempts' ``TAU_CHECKPOINT_DIR``."""
+    from runs.agent.prepare import AttemptLayout
+
+    # The folder is the run's, shared by all its attempts: any attempt number names it.
+    return AttemptLayout.for_attempt(Path(settings.TAU_RUNS_DIR), run.pk, 1).checkpoints
+
+
+def _parts_inside(folders: list[PurePosixPath], path: str) -> tuple[str, ...]:
+    """The names leading from the checkpoint folder to ``path``, decided from the text alone
+    (nothing is looked at on disk): ``path`` is absolute inside one of ``folders`` (the same
+    folder, spelled with and without links resolved), or relative to it. ``..`` is refused
+    outright rather than resolved: resolving it needs the disk, and no checkpoint needs it."""
+    if not path or "\x00" in path:
+        raise CheckpointPathRefused("A checkpoint path must be a non-empty path.")
+    if "://" in path:
+        raise CheckpointPathRefused(
+            "A checkpoint path is a path inside TAU_CHECKPOINT_DIR, not a URL."
+        )
+    candidate = PurePosixPath(path)
+    if ".." in candidate.parts:
+        raise CheckpointPathRefused("A checkpoint path may not contain '..'.")
+    parts: tuple[str, ...] | None = None
+    if not candidate.is_absolute():
+        parts = candidate.parts
+    else:
+        for folder in folders:
+            if candidate.parts[: len(folder.parts)] == folder.parts:
+                parts = candidate.parts[len(folder.parts) :]
+                break
+    if parts is None:
+        raise CheckpointPathRefused(
+            f"A checkpoint must lie inside the run's checkpoint folder ({folders[0]}, "
+            "TAU_CHECKPOINT_DIR)."
+        )
+    if not parts:
+        raise CheckpointPathRefused(
+            "A checkpoint is a file or folder inside TAU_CHECKPOINT_DIR, not the folder itself."
+        )
+    return parts
+
+
+def _local_checkpoint_state(run: Run, parts: tuple[str, ...]) -> bool:
+    """Whether the checkpoint ``parts`` names below the run's checkpoint folder exists, looking
+    only below the portal's own runs folder and never following a link: a symbolic link on
+    the way (the checkpoint folder itself included) could lead anywhere on this machine, so it
+    is refused (CheckpointPathRefused), as the agent never records a link as a checkpoint."""
+    current = Path(os.path.realpath(settings.TAU_RUNS_DIR))
+    names = (str(run.pk), local_checkpoint_dir(run).name, *parts)
+    for index, name in enumerate(names):
+        current = current / name
+        try:
+            status = os.lstat(current)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if stat.S_ISLNK(status.st_mode):
+            raise CheckpointPathRefused(
+                "A checkpoint path may not go through a symbolic link "
+                f"({'/'.join(names[2 : index + 1]) or 'the checkpoint folder'} is one)."
+            )
+        if index < len(names) - 1 and not stat.S_ISDIR(status.st_mode):
+            return False
+    return True
+
+
+def _local_checkpoint_folders(run: Run) -> list[PurePosixPath]:
+    folder = local_checkpoint_dir(run)
+    spelled = PurePosixPath(os.path.abspath(folder))
+    resolved = PurePosixPath(os.path.realpath(settings.TAU_RUNS_DIR), *folder.parts[-2:])
+    return [spelled, resolved] if resolved != spelled else [spelled]
+
+
+def checked_checkpoint_path(*, run: Run, path: str) -> str:
+    """The path a workload reported a checkpoint at, as it is kept: always inside the run's
+    own checkpoint folder, or CheckpointPathRefused.
+
+    On this machine that folder is ``var/runs/<run id>/checkpoints/``; the path may be given
+    absolute or relative to it, and is kept absolute. On a cluster backend the workload's
+    ``TAU_CHECKPOINT_DIR`` is the run's checkpoint storage mounted at a fixed path
+    (``runs.render.CHECKPOINT_DIR``); a path relative to it or absolute inside it is kept
+    absolute there. Anything else (another run's folder, the portal's files, an outside URL)
+    is refused: the run page would otherwise offer to resume from it and say whether it
+    exists."""
+    if run.backend == Backend.LOCAL:
+        folders = _local_checkpoint_folders(run)
+        parts = _parts_inside(folders, path)
+        _local_checkpoint_state(run, parts)  # refuses a path through a link
+        return str(PurePosixPath(folders[0], *parts))
+    from runs.render import CHECKPOINT_DIR
+
+    folder = PurePosixPath(CHECKPOINT_DIR)
+    return str(PurePosixPath(folder, *_parts_inside([folder], path)))
+
+
 def checkpoint_exists(run: Run, checkpoint: Checkpoint) -> bool:
     """Whether a checkpoint can still be resumed from. On this machine the workload may have
-    deleted it (many keep only the newest few); elsewhere the backend checks."""
+    deleted it (many keep only the newest few); elsewhere the backend checks.
+
+    Only a path inside the run's own checkpoint folder is ever looked at, and never through
+    a link: a recorded path outside it (written before paths were checked) is not resumable,
+    and whether such a file exists is never asked of the disk."""
     if run.backend != Backend.LOCAL:
         return True
-    return Path(checkpoint.path).exists()
+    try:
+        parts = _parts_inside(_local_checkpoint_folders(run), checkpoint.path)
+        if not PurePosixPath(checkpoint.path).is_absolute():
+            return False  # the agent and the API keep absolute paths
+        return _local_checkpoint_state(run, parts)
+    except CheckpointPathRefused:
+        return False
 
 
 def newest_checkpoint(run: Run) -> Checkpoint | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import platform
+import re
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -67,6 +69,10 @@ class RunListView(WorkspaceViewMixin, TemplateView):
             "q": params.get("q", "").strip(),
             "sort": "oldest" if params.get("sort") == "oldest" else "newest",
         }
+        for name in ("submitter", "q"):
+            if "\x00" in filters[name]:  # no name has one, and the database refuses it
+                self.refused = f"{name}: a search cannot contain NUL characters; it is ignored."
+                filters[name] = ""
         runs = Run.objects.for_workspace(self.workspace)
         if filters["state"] == "live":
             runs = runs.filter(state__in=LIVE_STATES)
@@ -82,22 +88,45 @@ class RunListView(WorkspaceViewMixin, TemplateView):
             )
         return runs, filters
 
+    refused = ""  # what was wrong with the address, shown with the first page (a 400)
+
+    def _cursor(self) -> tuple[datetime | None, int]:
+        """Where the page starts (``after=<created_at>_<id>``, as the previous page's link
+        says), or (None, 0) for the first page, also when the cursor is not one this page
+        gave out: then ``refused`` says so, and the answer is a 400 showing the first page."""
+        cursor = self.request.GET.get("after", "")
+        if not cursor:
+            return None, 0
+        created, _, pk = cursor.partition("_")
+        try:
+            when = parse_datetime(created)
+            if when is None or not re.fullmatch(r"[0-9]{1,19}", pk):
+                raise ValueError("not <time>_<id>")
+            if timezone.is_naive(when):
+                when = timezone.make_aware(when, UTC)
+            when.astimezone(UTC)  # a time the database can compare with
+        except (ValueError, OverflowError):
+            self.refused = (
+                f"The page address is damaged (after={cursor[:80]!r} is not where a page of "
+                "runs starts); this is the first page."
+            )
+            return None, 0
+        return when, int(pk)
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         runs, filters = self._runs()
         newest_first = filters["sort"] == "newest"
-        cursor = self.request.GET.get("after", "")
-        created, _, pk = cursor.partition("_")
-        cursor_time = parse_datetime(created) if created else None
-        if cursor_time is not None and pk.isdigit():
+        cursor_time, pk = self._cursor()
+        if cursor_time is not None:
             # Keyset pagination: the next page starts after the last row shown.
             if newest_first:
                 runs = runs.filter(
-                    Q(created_at__lt=cursor_time) | Q(created_at=cursor_time, id__lt=int(pk))
+                    Q(created_at__lt=cursor_time) | Q(created_at=cursor_time, id__lt=pk)
                 )
             else:
                 runs = runs.filter(
-                    Q(created_at__gt=cursor_time) | Q(created_at=cursor_time, id__gt=int(pk))
+                    Q(created_at__gt=cursor_time) | Q(created_at=cursor_time, id__gt=pk)
                 )
         order = ("-created_at", "-id") if newest_first else ("created_at", "id")
         page = list(runs.order_by(*order)[: PAGE_SIZE + 1])
@@ -123,6 +152,9 @@ class RunListView(WorkspaceViewMixin, TemplateView):
 
     def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         context = self.get_context_data(**kwargs)
+        if self.refused:
+            messages.error(request, self.refused)
+            return self.render_to_response(context, status=400)
         if request.headers.get("HX-Request"):
             rows = context["runs"]
             etag = _etag(

@@ -27,17 +27,48 @@ import json
 import math
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 MAX_READ_BYTES = 1024 * 1024  # per collection pass; the rest waits for the next pass
-MAX_KEY_LENGTH = 100  # MetricPoint.key
-MAX_VALUES_PER_LINE = 200
 COMPLETE_MARKER = "COMPLETE"
 _STEP_NAME = re.compile(r"^(?:.*?[^0-9])?(?P<step>\d{1,18})(?:\.[A-Za-z][A-Za-z0-9]*)*$")
 _IGNORED_SUFFIXES = (".tmp", ".partial", ".incomplete", ".lock")
 _MAX_WALK_ENTRIES = 100_000
+
+# --- Metric names -----------------------------------------------------------------------------
+# The rules for metric names, whichever way they arrive: this file reader and the API's
+# ``report/metrics/`` both apply them (one definition, here, where the portal's only
+# dependency-free view of what a workload writes lives).
+
+MAX_KEY_LENGTH = 100  # MetricPoint.key
+#: Values taken from one row (a line of the metrics file, a row of a report).
+MAX_VALUES_PER_ROW = 200
+#: Distinct metric names one run may have. Each is a chart on the run page, redrawn while it
+#: runs, and a series the metrics route reads; 200 is far more than any real run plots.
+MAX_KEYS_PER_RUN = 200
+#: Unicode categories a name may not contain: control characters (Cc), invisible format
+#: characters such as the bidi overrides and zero-width joiners (Cf), lone surrogates (Cs,
+#: which no database text column can store) and the line and paragraph separators (Zl, Zp).
+#: A name is shown as text; these would hide, reorder or break it.
+_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def metric_key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a metric name, or None when it can."""
+    if not key:
+        return "a metric name cannot be empty"
+    if len(key) > MAX_KEY_LENGTH:
+        return f"metric names are at most {MAX_KEY_LENGTH} characters"
+    for character in key:
+        if unicodedata.category(character) in _UNPRINTABLE_CATEGORIES:
+            return (
+                f"metric names must be printable text; U+{ord(character):04X} is an "
+                "invisible or control character"
+            )
+    return None
 
 
 @dataclass
@@ -57,6 +88,9 @@ class MetricsReader:
     line_number: int = 0  # lines read so far in this process (for messages only)
     bad_lines: int = 0
     first_problem: str = ""
+    # Metric names taken so far: at most MAX_KEYS_PER_RUN (per attempt: a reader does not
+    # know an earlier attempt's names; the metrics route reads no more than that per run).
+    keys: set[str] = field(default_factory=set)
 
     def read(self, *, final: bool = False) -> MetricsBatch:
         batch = MetricsBatch(points=[], offset=self.offset)
@@ -113,16 +147,31 @@ class MetricsReader:
             self._bad(batch, 'no integer "step"')
             return
         taken = 0
+        skipped = ""
         for key, value in row.items():
             if key == "step" or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
-            if not key or len(key) > MAX_KEY_LENGTH or taken >= MAX_VALUES_PER_LINE:
+            if taken >= MAX_VALUES_PER_ROW:
                 continue
-            number = float(value)
+            problem = metric_key_problem(key)
+            if problem is None and key not in self.keys and len(self.keys) >= MAX_KEYS_PER_RUN:
+                problem = f"a run has at most {MAX_KEYS_PER_RUN} metric names"
+            if problem is not None:
+                skipped = skipped or f"metric name {key!r} skipped: {problem}"
+                continue
+            try:
+                number = float(value)
+            except OverflowError:  # an integer beyond any float
+                continue
             if not math.isfinite(number):
                 continue
+            self.keys.add(key)
             batch.points.append((key, step, number))
             taken += 1
+        if skipped:
+            # Recorded as bad lines are (the rest of the line is kept): the run's
+            # metrics-skipped event names the first.
+            self._bad(batch, skipped)
 
     def _bad(self, batch: MetricsBatch, why: str) -> None:
         self.bad_lines += 1

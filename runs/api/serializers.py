@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.urls import reverse
 from rest_framework import serializers
 
 from runs.models import Checkpoint, Run, RunAttempt, RunEvent
+
+#: Steps and sizes are stored as 64-bit integers.
+MAX_STEP = 2**63 - 1
+#: A workload's event: its message and its data, serialized, at most this many bytes, and
+#: its data nested at most this deep. An event is a line on the run's timeline, not storage.
+MAX_EVENT_BYTES = 16 * 1024
+MAX_EVENT_DEPTH = 8
 
 
 class AttemptSerializer(serializers.ModelSerializer[RunAttempt]):
@@ -134,14 +142,54 @@ class ReportMetricsSerializer(serializers.Serializer[Any]):
 
 
 class ReportCheckpointSerializer(serializers.Serializer[Any]):
-    step = serializers.IntegerField(min_value=0)
-    path = serializers.CharField(max_length=1000)
+    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
+    path = serializers.CharField(
+        max_length=1000,
+        help_text="Inside the run's checkpoint folder (`TAU_CHECKPOINT_DIR`): absolute, or "
+        "relative to it. No `..`, no symbolic links on the way.",
+    )
     complete = serializers.BooleanField(default=True)
-    size = serializers.IntegerField(min_value=0, required=False)
+    size = serializers.IntegerField(min_value=0, max_value=MAX_STEP, required=False)
+
+
+def _depth(value: Any) -> int:
+    """How deep JSON data nests (a scalar is 0, ``{}`` is 1), counted without recursion."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            children = item.values() if isinstance(item, dict) else item
+            pending.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 class ReportEventSerializer(serializers.Serializer[Any]):
     kind = serializers.RegexField(r"^[a-z][a-z0-9_.-]{0,39}$")
     message = serializers.CharField(max_length=2000, allow_blank=True, default="")
     # DRF's metaclass takes declared fields off the class, so this does not shadow .data.
-    data = serializers.DictField(required=False, default=dict)  # type: ignore[assignment]
+    data = serializers.DictField(  # type: ignore[assignment]
+        required=False,
+        default=dict,
+        help_text=f"Any JSON object, nested at most {MAX_EVENT_DEPTH} levels; with the "
+        f"message, at most {MAX_EVENT_BYTES // 1024} KiB as compact JSON.",
+    )
+
+    def validate_data(self, value: dict[str, Any]) -> dict[str, Any]:
+        if _depth(value) > MAX_EVENT_DEPTH:
+            raise serializers.ValidationError(
+                f"An event's data may nest at most {MAX_EVENT_DEPTH} levels."
+            )
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        size = len(attrs.get("message", "").encode()) + len(
+            json.dumps(attrs.get("data") or {}, separators=(",", ":"), ensure_ascii=False).encode()
+        )
+        if size > MAX_EVENT_BYTES:
+            raise serializers.ValidationError(
+                f"An event (message and data) is at most {MAX_EVENT_BYTES // 1024} KiB as "
+                f"JSON; this one is {size} bytes. Keep large results in TAU_OUTPUT_DIR."
+            )
+        return attrs

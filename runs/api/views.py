@@ -6,18 +6,27 @@ metrics, checkpoints and events with their run token, which reaches nothing else
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import time
 from collections.abc import Mapping
-from typing import Any
+from datetime import UTC
+from typing import IO, Any
 
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
 from django.db.models import Prefetch, Q, QuerySet
 from django.http import FileResponse, Http404, HttpResponseBase, StreamingHttpResponse
 from django.urls import reverse
+from django.utils.dateparse import parse_datetime
+from django.utils.http import urlencode
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.decorators import action
-from rest_framework.pagination import CursorPagination
+from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
@@ -26,7 +35,9 @@ from rest_framework.response import Response
 from portal.identity.tokens import token_of
 from portal.models import ApiToken
 from runs import bundles, selectors, services, submission
+from runs.agent.collect import MAX_KEYS_PER_RUN, MAX_VALUES_PER_ROW, metric_key_problem
 from runs.api.serializers import (
+    MAX_STEP,
     CheckpointSerializer,
     EventSerializer,
     LogChunkSerializer,
@@ -42,7 +53,91 @@ from runs.models import Checkpoint, MetricPoint, Run, RunAttempt, RunEvent, RunS
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import Role
 
+logger = logging.getLogger(__name__)
+
 MAX_METRIC_POINTS = 5000
+#: The most points one metrics answer holds, over all its series: with many series, each
+#: gets fewer than ``max_points`` (200 series of 1,000 points, the run page's ask, fit).
+MAX_METRIC_POINTS_PER_ANSWER = 200_000
+#: Events per page of the events route, and the most bytes of events (messages and data)
+#: one page carries: a page ends early, with a ``Link`` to the next, when it would exceed it.
+MAX_EVENTS_PER_PAGE = 1000
+MAX_EVENT_PAGE_BYTES = 1024 * 1024
+#: Reports (metrics, checkpoints and events together) one run token may send per minute.
+#: Rows go in batches (up to 5,000 per metrics report), so this is plenty for any workload.
+REPORTS_PER_MINUTE = 120
+#: JSON bodies nested deeper than this are refused (a report's own shapes need 3 levels).
+MAX_JSON_DEPTH = 32
+
+
+class RequestTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "request_too_large"
+
+
+def _json_problem(data: Any) -> str | None:
+    """What makes a parsed JSON body unusable, looked at without recursion: nesting deeper
+    than MAX_JSON_DEPTH, or text no database column can store (NUL, which jsonb refuses, and
+    lone surrogates, which ``\\ud800`` escapes can spell and UTF-8 cannot)."""
+    pending: list[tuple[Any, int]] = [(data, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                return f"JSON nested deeper than {MAX_JSON_DEPTH} levels is not accepted."
+            if isinstance(value, dict):
+                pending.extend((key, depth) for key in value)
+                pending.extend((item, depth + 1) for item in value.values())
+            else:
+                pending.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            if "\x00" in value:
+                return "Text may not contain NUL characters (\\u0000)."
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                return "Text may not contain lone surrogates (\\ud800 to \\udfff)."
+    return None
+
+
+def refuse_large_json_body(request: Request) -> None:
+    """A JSON body declaring more than ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is refused with a 413
+    that says so, before it is read (Django would refuse it too once read, as a bare 400).
+    Multipart bodies are sized by ``runs.submission.SubmissionSizeMiddleware``."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is None or request.content_type.startswith("multipart/"):
+        return
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:
+        raise RequestTooLarge(
+            f"The body is {declared} bytes; a JSON body may be at most {limit} bytes."
+        )
+
+
+class BoundedJSONParser(JSONParser):
+    """JSON bodies within bounds: nested so deep that the parser gives up (a RecursionError,
+    a 500 before), deeper than MAX_JSON_DEPTH, or holding text no database can store, they
+    are a 400 that says which. Their size is checked before (refuse_large_json_body)."""
+
+    def parse(
+        self,
+        stream: IO[Any],
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise exceptions.ParseError(
+                f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels."
+            ) from None
+        problem = _json_problem(data)
+        if problem is not None:
+            raise exceptions.ParseError(f"JSON parse error - {problem}")
+        return data
 
 
 class RunCursorPagination(CursorPagination):
@@ -50,6 +145,26 @@ class RunCursorPagination(CursorPagination):
     page_size = 50
     max_page_size = 200
     page_size_query_param = "limit"
+
+    def decode_cursor(self, request: Request) -> Cursor | None:
+        """The cursor, or a 400 when it is not one this API gave out: DRF checks how it is
+        encoded, not that its position is a time, and the database would be asked with it."""
+        refused = exceptions.ValidationError(
+            {"cursor": ["Not a cursor this API gave out; start again from the first page."]}
+        )
+        try:
+            cursor = super().decode_cursor(request)
+        except exceptions.NotFound:
+            raise refused from None
+        if cursor is not None and cursor.position is not None:
+            try:
+                position = parse_datetime(str(cursor.position))
+                if position is None or position.tzinfo is None:
+                    raise refused
+                position.astimezone(UTC)  # a time a database can hold
+            except (ValueError, OverflowError):
+                raise refused from None
+        return cursor
 
 
 class PlainTextRenderer(BaseRenderer):
@@ -86,7 +201,11 @@ class RunViewSet(WorkspaceScopedViewSet):
     pagination_class = RunCursorPagination
     base_queryset = Run.objects.select_related("workspace")
     lookup_url_kwarg = "run_name"
-    parser_classes = [MultiPartParser, JSONParser]
+    parser_classes = [MultiPartParser, BoundedJSONParser]
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        refuse_large_json_body(request)
 
     def get_renderers(self) -> list[BaseRenderer]:
         # urls.py writes the routes out instead of using a router, so an @action's own
@@ -109,9 +228,9 @@ class RunViewSet(WorkspaceScopedViewSet):
             raise exceptions.ValidationError({"state": f"one of: {', '.join(RunState.values)}"})
         if states:
             runs = runs.filter(state__in=states)
-        if name := params.get("name"):
+        if name := _text_param(params, "name"):
             runs = runs.filter(Q(spec_name=name) | Q(name=name))
-        if submitter := params.get("submitter"):
+        if submitter := _text_param(params, "submitter"):
             runs = runs.filter(submitted_by_username=submitter)
         return runs
 
@@ -236,15 +355,69 @@ class RunViewSet(WorkspaceScopedViewSet):
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(self._detail(run))
 
-    @extend_schema(responses=EventSerializer(many=True))
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "after", int, description="Only events after this `seq` (default: from the first)."
+            ),
+            OpenApiParameter(
+                "limit",
+                int,
+                description=f"The most events to return (1 to {MAX_EVENTS_PER_PAGE}, the "
+                "default). A page also ends before it would carry more than "
+                f"{MAX_EVENT_PAGE_BYTES // 1024} KiB of messages and data.",
+            ),
+            OpenApiParameter(
+                "Link",
+                str,
+                OpenApiParameter.HEADER,
+                response=[200],
+                description='`<…/events/?after=N&limit=M>; rel="next"` when more events may '
+                "follow this page. The body is a plain list in `seq` order either way: to "
+                "page, ask again with `after` set to the last `seq` received, until a page "
+                "comes back empty (or without this header).",
+            ),
+        ],
+        responses=EventSerializer(many=True),
+    )
     @action(detail=True, methods=["get"])
     def events(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         run = self.get_object()
-        events = RunEvent.objects.for_workspace(self.workspace).filter(run=run).order_by("seq")
-        after = request.query_params.get("after")
-        if after and after.isdigit():
-            events = events.filter(seq__gt=int(after))
-        return Response(EventSerializer(events[:1000], many=True).data)
+        params = request.query_params
+        after = _int_param(params, "after") or 0
+        limit = _int_param(params, "limit")
+        if limit == 0:
+            raise exceptions.ValidationError({"limit": ["must be at least 1"]})
+        limit = min(limit or MAX_EVENTS_PER_PAGE, MAX_EVENTS_PER_PAGE)
+        events = (
+            RunEvent.objects.for_workspace(self.workspace)
+            .filter(run=run, seq__gt=after)
+            .order_by("seq")
+        )
+        page: list[RunEvent] = []
+        size = 0
+        more = False
+        # Read in small chunks and stop at the byte budget: a page never holds (or loads)
+        # a thousand of the largest events.
+        for event in events[: limit + 1].iterator(chunk_size=50):
+            if len(page) == limit:
+                more = True
+                break
+            weight = len(event.message) + len(json.dumps(event.data))
+            if page and size + weight > MAX_EVENT_PAGE_BYTES:
+                more = True
+                break
+            page.append(event)
+            size += weight
+        response = Response(EventSerializer(page, many=True).data)
+        if more:
+            following = (
+                request.build_absolute_uri(request.path)
+                + "?"
+                + urlencode({"after": page[-1].seq, "limit": limit})
+            )
+            response["Link"] = f'<{following}>; rel="next"'
+        return response
 
     @extend_schema(
         parameters=[
@@ -297,7 +470,10 @@ class RunViewSet(WorkspaceScopedViewSet):
                 int,
                 description="The most points per series (1 to 5000, default 1000). A longer "
                 "series keeps its first and last point and the lowest and highest point of "
-                "equal step ranges between them.",
+                "equal step ranges between them. One answer holds at most "
+                f"{MAX_METRIC_POINTS_PER_ANSWER:,} points: with many series, each gets "
+                "fewer. A run has at most "
+                f"{MAX_KEYS_PER_RUN} metric names (`keys` lists them).",
             ),
         ]
     )
@@ -310,7 +486,11 @@ class RunViewSet(WorkspaceScopedViewSet):
         asked = _int_param(request.query_params, "max_points")
         if asked == 0:
             raise exceptions.ValidationError({"max_points": ["must be at least 1"]})
-        max_points = min(asked or 1000, MAX_METRIC_POINTS)
+        max_points = min(
+            asked or 1000,
+            MAX_METRIC_POINTS,
+            max(1, MAX_METRIC_POINTS_PER_ANSWER // max(1, len(keys))),
+        )
         return Response(
             {"keys": available, "series": selectors.metric_series(run, keys, max_points=max_points)}
         )
@@ -323,6 +503,13 @@ class RunViewSet(WorkspaceScopedViewSet):
             Checkpoint.objects.for_workspace(self.workspace).filter(run=run).order_by("-step")[:500]
         )
         return Response(CheckpointSerializer(rows, many=True).data)
+
+
+def _text_param(params: Any, name: str) -> str:
+    value = str(params.get(name) or "")
+    if "\x00" in value:
+        raise exceptions.ValidationError({name: ["must not contain NUL characters"]})
+    return value
 
 
 def _int_param(params: Any, name: str) -> int | None:
@@ -350,21 +537,71 @@ def _whole_log_response(run: Run, attempt_number: int | None) -> StreamingHttpRe
     return response
 
 
+def _report_wait(token: ApiToken) -> int | None:
+    """Seconds until the run token may report again, or None when it may now: at most
+    REPORTS_PER_MINUTE reports per token in each minute, counted in the shared cache."""
+    now = time.time()
+    window = 60
+    name = f"runreports:{token.key}:{int(now // window)}"
+    try:
+        cache.add(name, 0, timeout=window + 5)
+        try:
+            count = cache.incr(name)
+        except ValueError:  # expired between add and incr
+            cache.set(name, 1, timeout=window + 5)
+            count = 1
+    except Exception:
+        # The shared cache is down: keep taking reports rather than lose them.
+        logger.warning("rate-limit cache unavailable; not limiting reports", exc_info=True)
+        return None
+    if count <= REPORTS_PER_MINUTE:
+        return None
+    return max(1, math.ceil(window - now % window))
+
+
+def _finite(value: Any) -> float | None:
+    """A reported value as a float, or None when it is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        return None
+    return number if math.isfinite(number) else None
+
+
 class RunReportViewSet(WorkspaceScopedViewSet):
-    """What a running workload reports, authenticated by its run token (and nothing else)."""
+    """What a running workload reports, authenticated by its run token (and nothing else).
+
+    Every report is bounded: REPORTS_PER_MINUTE per token (429 with ``Retry-After``), JSON
+    bodies by BoundedJSONParser, metric names by ``runs.agent.collect``'s rules (the same as
+    the metrics file's), events by size and depth, checkpoints to the run's own folder."""
 
     accepts_run_tokens = True
     base_queryset = Run.objects.all()
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         token = token_of(request)
         if token is None or token.kind != ApiToken.Kind.RUN:
             raise exceptions.PermissionDenied("Only a run's own token can report on it.")
-        run = Run.objects.for_workspace(self.workspace).filter(name=kwargs["run_name"]).first()
+        refuse_large_json_body(request)
+        name = kwargs["run_name"]
+        run = (
+            None
+            if "\x00" in name
+            else Run.objects.for_workspace(self.workspace).filter(name=name).first()
+        )
         if run is None or token.run_id != run.pk:
             raise exceptions.NotFound("No such run.")
+        wait = _report_wait(token)
+        if wait is not None:
+            raise exceptions.Throttled(
+                wait=wait,
+                detail=f"A run may report at most {REPORTS_PER_MINUTE} times a minute; send "
+                "metric rows in batches.",
+            )
         self.run = run
 
     def write_role_for(self, request: Request) -> Role:
@@ -379,34 +616,55 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         attempt = self.run.attempt_count
         points = []
         problems = []
+        names: set[str] = set()
         for index, row in enumerate(payload.validated_data["rows"]):
             step = row.get("step")
-            if not isinstance(step, int) or isinstance(step, bool):
-                problems.append(f"row {index}: 'step' must be a whole number")
+            if not isinstance(step, int) or isinstance(step, bool) or abs(step) > MAX_STEP:
+                problems.append(f"row {index}: 'step' must be a whole number below 2^63")
                 continue
-            for key, value in row.items():
-                if key == "step" or key == "time":
+            values = [(key, value) for key, value in row.items() if key not in {"step", "time"}]
+            if len(values) > MAX_VALUES_PER_ROW:
+                problems.append(f"row {index}: a row holds at most {MAX_VALUES_PER_ROW} values")
+                continue
+            for key, value in values:
+                if (why := metric_key_problem(key)) is not None:
+                    problems.append(f"row {index}: {key!r}: {why}")
                     continue
-                if (
-                    isinstance(value, bool)
-                    or not isinstance(value, int | float)
-                    or not math.isfinite(value)
-                ):
+                number = _finite(value)
+                if number is None:
                     problems.append(f"row {index}: {key!r} must be a finite number")
                     continue
-                if len(key) > 100:
-                    problems.append(f"row {index}: metric names are at most 100 characters")
-                    continue
+                names.add(key)
                 points.append(
-                    MetricPoint(
-                        run=self.run, attempt=attempt, key=key, step=step, value=float(value)
-                    )
+                    MetricPoint(run=self.run, attempt=attempt, key=key, step=step, value=number)
                 )
         if problems:
             return Response(
                 {"detail": "Nothing was recorded.", "problems": problems[:50]}, status=400
             )
-        MetricPoint.objects.bulk_create(points)
+        with transaction.atomic():
+            known = set(selectors.metric_keys(self.run))
+            if names - known:
+                # New names: decided under the run's lock, so two reports cannot both take
+                # the last free places.
+                services.lock_run(self.run.pk)
+                known = set(selectors.metric_keys(self.run))
+            new = sorted(names - known)
+            if len(known) + len(new) > MAX_KEYS_PER_RUN:
+                shown = ", ".join(repr(name) for name in new[:5])
+                more = f" and {len(new) - 5} more" if len(new) > 5 else ""
+                return Response(
+                    {
+                        "detail": "Nothing was recorded.",
+                        "problems": [
+                            f"a run has at most {MAX_KEYS_PER_RUN} metric names; this one has "
+                            f"{len(known)}, so the new names {shown}{more} are refused "
+                            "(values of its existing names are still taken)"
+                        ],
+                    },
+                    status=400,
+                )
+            MetricPoint.objects.bulk_create(points, batch_size=1000)
         return Response({"recorded": len(points)}, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=ReportCheckpointSerializer, responses={201: CheckpointSerializer})
@@ -414,9 +672,13 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         payload = ReportCheckpointSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
+        try:
+            path = services.checked_checkpoint_path(run=self.run, path=data["path"])
+        except services.CheckpointPathRefused as exc:
+            raise exceptions.ValidationError({"path": [str(exc)]}) from None
         checkpoint, _ = Checkpoint.objects.update_or_create(
             run=self.run,
-            path=data["path"],
+            path=path,
             defaults={
                 "attempt": self.run.attempt_count,
                 "step": data["step"],
@@ -431,8 +693,6 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         payload = ReportEventSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        from django.db import transaction
-
         with transaction.atomic():
             run = services.lock_run(self.run.pk)
             event = services.append_event(
@@ -453,10 +713,13 @@ class RunBundleViewSet(WorkspaceScopedViewSet):
     @extend_schema(responses={(200, "application/zip"): OpenApiTypes.BINARY})
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> FileResponse:
         token = token_of(request)
+        name = kwargs["run_name"]
         run = (
-            Run.objects.for_workspace(self.workspace)
+            None
+            if "\x00" in name
+            else Run.objects.for_workspace(self.workspace)
             .select_related("bundle")
-            .filter(name=kwargs["run_name"])
+            .filter(name=name)
             .first()
         )
         if run is None or (

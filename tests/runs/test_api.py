@@ -179,13 +179,15 @@ def test_only_the_submitter_or_an_admin_acts_on_a_run(world: Any) -> None:
     )
 
 
-def test_resume_from_a_chosen_checkpoint(world: Any, tmp_path: Path) -> None:
+def test_resume_from_a_chosen_checkpoint(world: Any, settings: Any, tmp_path: Path) -> None:
+    settings.TAU_RUNS_DIR = tmp_path
     run = make_run(world, state=RunState.FAILED)
+    folder = services.local_checkpoint_dir(run)
     for step in (10, 20):
-        (tmp_path / f"step-{step}").mkdir()
-    early = Checkpoint.objects.create(run=run, attempt=1, step=10, path=str(tmp_path / "step-10"))
-    Checkpoint.objects.create(run=run, attempt=1, step=20, path=str(tmp_path / "step-20"))
-    gone = Checkpoint.objects.create(run=run, attempt=1, step=5, path=str(tmp_path / "step-5"))
+        (folder / f"step-{step}").mkdir(parents=True)
+    early = Checkpoint.objects.create(run=run, attempt=1, step=10, path=str(folder / "step-10"))
+    Checkpoint.objects.create(run=run, attempt=1, step=20, path=str(folder / "step-20"))
+    gone = Checkpoint.objects.create(run=run, attempt=1, step=5, path=str(folder / "step-5"))
     client = world.api_client_for("researcher")
     refused = client.post(run_url(run.name, "run-resume"), {"checkpoint": gone.pk}, format="json")
     assert refused.status_code == 409
@@ -398,7 +400,8 @@ def bearer(plaintext: str) -> APIClient:
     return client
 
 
-def test_a_workload_reports_with_its_run_token(world: Any) -> None:
+def test_a_workload_reports_with_its_run_token(world: Any, settings: Any, tmp_path: Path) -> None:
+    settings.TAU_RUNS_DIR = tmp_path
     run = make_run(world)
     client = bearer(run_token(world, run))
     rows = [{"step": 1, "loss": 0.9, "lr": 0.1}, {"step": 2, "loss": 0.7}]
@@ -418,10 +421,11 @@ def test_a_workload_reports_with_its_run_token(world: Any) -> None:
     assert MetricPoint.objects.for_workspace(world.alpha).filter(run=run).count() == 3
     checkpoint = client.post(
         run_url(run.name, "run-report-checkpoints"),
-        {"step": 2, "path": "s3://b/step-2"},
+        {"step": 2, "path": str(services.local_checkpoint_dir(run) / "step-2")},
         format="json",
     )
     assert checkpoint.status_code == 201
+    assert checkpoint.json()["path"] == str(tmp_path / str(run.pk) / "checkpoints" / "step-2")
     event = client.post(
         run_url(run.name, "run-report-events"),
         {"kind": "epoch", "message": "epoch 1 done"},
