@@ -158,7 +158,7 @@ def _read_in(module: ModuleType) -> set[str]:
     for pattern in _READS:
         names.update(pattern.findall(source))
     for _, member in inspect.getmembers(module, inspect.isclass):
-        if issubclass(member, forms.BaseForm) and member.__module__ == module.__name__:
+        if issubclass(member, forms.Form) and member.__module__ == module.__name__:
             names.update(member.base_fields)
     return names
 
