@@ -398,7 +398,18 @@ class Agent:
             .select_related("run")
         )
         for attempt in strays:
-            self._close_stray(attempt)
+            try:
+                self._close_stray(attempt)
+            except DatabaseError:
+                raise
+            except Exception:
+                # One attempt that cannot be closed must not hold up every other run: it is
+                # tried again at the next sweep.
+                logger.exception(
+                    "could not close %s attempt %d; trying again later",
+                    attempt.run.name,
+                    attempt.number,
+                )
         executing = {execution.run_id for execution in self.executions.values()}
         stuck = (
             Run.objects.unscoped()
@@ -470,6 +481,10 @@ class Agent:
             outcome.message or ("succeeded" if outcome.succeeded else "failed"),
         )
         with transaction.atomic():
+            ran = recorded is not None and recorded.error is None and not outcome.interrupted
+            if ran and attempt.state == RunAttempt.State.STARTING:
+                # The agent died between starting it and recording that: it did run.
+                services.attempt_running(attempt=attempt, pid=attempt.pid)
             finished = services.finish_attempt(attempt=attempt, outcome=outcome)
             if outcome.interrupted:
                 _keep_queue_place(finished, run.queued_at)

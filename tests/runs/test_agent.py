@@ -754,6 +754,12 @@ def test_work_finished_while_the_agent_was_down_is_not_run_again(
         wait_until(partial(leader_gone, leader), timeout=10, what="the sandbox's exit")
     assert state_of(failing) == state_of(passing) == RunState.RUNNING  # nobody noticed
     first.kill()
+    # As if the agent had died between starting the passing run and recording it running
+    # (its pid never reached the database): the next agent closes it all the same.
+    RunAttempt.objects.for_workspace(world.alpha).filter(run=passing).update(
+        state=RunAttempt.State.STARTING, pid=None, process_start_ticks=None, started_at=None
+    )
+    Run.objects.for_workspace(world.alpha).filter(pk=passing.pk).update(state=RunState.ADMITTED)
 
     second = start_agent()
     for run in runs:
