@@ -3,7 +3,9 @@
     manage.py run_agent [--interval SECONDS] [--grace-seconds SECONDS]
 
 It runs in the foreground until SIGTERM or Ctrl-C (see ``runs.agent``); ``make run`` starts
-it together with the web server and the Celery processes when ``TAU_BACKEND=local``.
+it together with the web server and the Celery processes when ``TAU_BACKEND=local``. At start
+it probes for the bubblewrap sandbox and says in its log what it found; without one it runs
+the workloads of one workspace only, unless ``TAU_LOCAL_EXECUTOR_UNSANDBOXED=true``.
 """
 
 from __future__ import annotations
