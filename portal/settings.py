@@ -96,7 +96,7 @@ for _proxy in TAU_TRUSTED_PROXIES:
         ) from None
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "portal.admin_site.TauGridAdminConfig",  # django.contrib.admin, with TauGrid's site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -119,6 +119,7 @@ MIDDLEWARE = [
     # First: who the client is, and whether it came over https, as a trusted proxy says.
     "portal.middleware.TrustedProxyMiddleware",
     "portal.middleware.RequestIdMiddleware",
+    "portal.api.JSONBodySizeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -432,7 +433,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        "portal.api.BoundedJSONParser",
         "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

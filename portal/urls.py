@@ -9,10 +9,6 @@ from portal.identity import oidc
 from portal.identity import views as identity_views
 from runs import views as run_views
 
-admin.site.site_header = "TauGrid platform admin"
-admin.site.site_title = "TauGrid admin"
-admin.site.index_title = "Workspaces, members, quotas and audit"
-
 
 def favicon(request: HttpRequest) -> HttpResponseRedirect:
     """Browsers ask for /favicon.ico whatever a page links: send them to the icon itself

@@ -22,9 +22,8 @@ from urllib.parse import urlsplit
 import pytest
 from django import forms
 from django.contrib.auth import get_user_model
-from django.core.exceptions import FieldDoesNotExist
 from django.urls import resolve
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
@@ -451,8 +450,6 @@ def test_no_query_parameter_causes_a_server_error(
     key = data.draw(st.sampled_from(get_routes()), label="route")
     names = parameters_of(key, urls[key])
     params = data.draw(queries(names), label="query")
-    # Django's own admin fails on an empty _to_field; see the xfail test below.
-    assume(not (key.startswith("admin") and params.get("_to_field") == ""))
     response = client_for(world, key).get(urls[key], params)
     assert response.status_code < 500, (key, params)
 
@@ -485,29 +482,30 @@ def test_no_json_body_causes_a_server_error(
     assert response.status_code < 500, (key, body[:200])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="workspaces/** (not the runs API): DRF's JSONParser raises RecursionError on JSON "
-    "nested ~1,000 deep; the fix is a bounded parser as DEFAULT_PARSER_CLASSES "
-    "(runs.api.views.BoundedJSONParser, moved to the portal).",
-)
-def test_deep_json_outside_the_runs_api_is_still_a_server_error(world: Any) -> None:
+def test_deep_json_outside_the_runs_api_is_a_400(world: Any) -> None:
+    """Every API route parses JSON with the bounded parser, not only the runs API."""
     response = world.api_client_for("workspace_admin").patch(
         "/api/v1/workspaces/alpha/",
         '{"description": ' + "[" * 1000 + "]" * 1000 + "}",
         content_type="application/json",
     )
     assert response.status_code == 400
+    assert "nested deeper than" in response.json()["detail"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=FieldDoesNotExist,
-    reason="Django's admin (not this project's code): an empty ?_to_field= on a change or "
-    "delete page asks the model for a field named ''.",
-)
-def test_an_empty_to_field_in_the_admin_is_still_a_server_error(world: Any) -> None:
+def test_a_json_body_too_large_for_any_route_is_a_413_unread(world: Any, settings: Any) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 64
+    response = world.api_client_for("workspace_admin").patch(
+        "/api/v1/workspaces/alpha/",
+        json.dumps({"description": "d" * 100}),
+        content_type="application/json",
+    )
+    assert response.status_code == 413
+    assert "at most 64 bytes" in response.json()["detail"]
+
+
+def test_an_empty_to_field_in_the_admin_is_a_400(world: Any) -> None:
+    """Django's admin asks the model for a field named ''; the site refuses it first."""
     quota = WorkspaceQuota.objects.for_workspace(world.alpha).first()
     assert quota is not None
     url = f"/admin/workspaces/workspacequota/{quota.pk}/change/"

@@ -12,9 +12,8 @@ import math
 import time
 from collections.abc import Mapping
 from datetime import UTC
-from typing import IO, Any
+from typing import Any
 
-from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Prefetch, Q, QuerySet
@@ -27,11 +26,12 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.decorators import action
 from rest_framework.pagination import Cursor, CursorPagination
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from portal.api import BoundedJSONParser
 from portal.identity.tokens import token_of
 from portal.models import ApiToken
 from runs import bundles, selectors, services, submission
@@ -66,78 +66,6 @@ MAX_EVENT_PAGE_BYTES = 1024 * 1024
 #: Reports (metrics, checkpoints and events together) one run token may send per minute.
 #: Rows go in batches (up to 5,000 per metrics report), so this is plenty for any workload.
 REPORTS_PER_MINUTE = 120
-#: JSON bodies nested deeper than this are refused (a report's own shapes need 3 levels).
-MAX_JSON_DEPTH = 32
-
-
-class RequestTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "request_too_large"
-
-
-def _json_problem(data: Any) -> str | None:
-    """What makes a parsed JSON body unusable, looked at without recursion: nesting deeper
-    than MAX_JSON_DEPTH, or text no database column can store (NUL, which jsonb refuses, and
-    lone surrogates, which ``\\ud800`` escapes can spell and UTF-8 cannot)."""
-    pending: list[tuple[Any, int]] = [(data, 1)]
-    while pending:
-        value, depth = pending.pop()
-        if isinstance(value, dict | list):
-            if depth > MAX_JSON_DEPTH:
-                return f"JSON nested deeper than {MAX_JSON_DEPTH} levels is not accepted."
-            if isinstance(value, dict):
-                pending.extend((key, depth) for key in value)
-                pending.extend((item, depth + 1) for item in value.values())
-            else:
-                pending.extend((item, depth + 1) for item in value)
-        elif isinstance(value, str):
-            if "\x00" in value:
-                return "Text may not contain NUL characters (\\u0000)."
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                return "Text may not contain lone surrogates (\\ud800 to \\udfff)."
-    return None
-
-
-def refuse_large_json_body(request: Request) -> None:
-    """A JSON body declaring more than ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is refused with a 413
-    that says so, before it is read (Django would refuse it too once read, as a bare 400).
-    Multipart bodies are sized by ``runs.submission.SubmissionSizeMiddleware``."""
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if limit is None or request.content_type.startswith("multipart/"):
-        return
-    try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        declared = 0
-    if declared > limit:
-        raise RequestTooLarge(
-            f"The body is {declared} bytes; a JSON body may be at most {limit} bytes."
-        )
-
-
-class BoundedJSONParser(JSONParser):
-    """JSON bodies within bounds: nested so deep that the parser gives up (a RecursionError,
-    a 500 before), deeper than MAX_JSON_DEPTH, or holding text no database can store, they
-    are a 400 that says which. Their size is checked before (refuse_large_json_body)."""
-
-    def parse(
-        self,
-        stream: IO[Any],
-        media_type: str | None = None,
-        parser_context: Mapping[str, Any] | None = None,
-    ) -> Any:
-        try:
-            data = super().parse(stream, media_type, parser_context)
-        except RecursionError:
-            raise exceptions.ParseError(
-                f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels."
-            ) from None
-        problem = _json_problem(data)
-        if problem is not None:
-            raise exceptions.ParseError(f"JSON parse error - {problem}")
-        return data
 
 
 class RunCursorPagination(CursorPagination):
@@ -202,10 +130,6 @@ class RunViewSet(WorkspaceScopedViewSet):
     base_queryset = Run.objects.select_related("workspace")
     lookup_url_kwarg = "run_name"
     parser_classes = [MultiPartParser, BoundedJSONParser]
-
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)
-        refuse_large_json_body(request)
 
     def get_renderers(self) -> list[BaseRenderer]:
         # urls.py writes the routes out instead of using a router, so an @action's own
@@ -586,7 +510,6 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         token = token_of(request)
         if token is None or token.kind != ApiToken.Kind.RUN:
             raise exceptions.PermissionDenied("Only a run's own token can report on it.")
-        refuse_large_json_body(request)
         name = kwargs["run_name"]
         run = (
             None

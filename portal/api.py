@@ -1,0 +1,95 @@
+"""What every app's REST API shares: JSON bodies within bounds.
+
+DRF's JSONParser reads whatever it is sent: a body nested a thousand levels deep ends in a
+RecursionError (a 500), and text no database column can store (NUL, lone surrogates) fails
+later, in the database. ``BoundedJSONParser`` is the project's default parser
+(``REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"]``), so every API route gets a 400 that says what
+is wrong instead. A JSON body larger than Django will read is refused before anything reads
+it (``JSONBodySizeMiddleware``: DRF reads the whole body before any parser sees it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import IO, Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from rest_framework import exceptions
+from rest_framework.parsers import JSONParser
+
+#: JSON bodies nested deeper than this are refused (the API's own shapes need 3 levels).
+MAX_JSON_DEPTH = 32
+
+
+class JSONBodySizeMiddleware:
+    """A JSON body declaring more than ``DATA_UPLOAD_MAX_MEMORY_SIZE`` gets a 413 that says
+    so, unread (Django would refuse it once read, as a bare 400). Multipart bodies are sized
+    by ``runs.submission.SubmissionSizeMiddleware``."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and request.content_type == "application/json":
+            try:
+                declared = int(request.META.get("CONTENT_LENGTH") or 0)
+            except ValueError:
+                declared = 0
+            if declared > limit:
+                return JsonResponse(
+                    {
+                        "detail": f"The body is {declared} bytes; a JSON body may be at most "
+                        f"{limit} bytes."
+                    },
+                    status=413,
+                )
+        return self.get_response(request)
+
+
+def json_problem(data: Any) -> str | None:
+    """What makes a parsed JSON body unusable, looked at without recursion: nesting deeper
+    than MAX_JSON_DEPTH, or text no database column can store (NUL, which jsonb refuses, and
+    lone surrogates, which ``\\ud800`` escapes can spell and UTF-8 cannot)."""
+    pending: list[tuple[Any, int]] = [(data, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                return f"JSON nested deeper than {MAX_JSON_DEPTH} levels is not accepted."
+            if isinstance(value, dict):
+                pending.extend((key, depth) for key in value)
+                pending.extend((item, depth + 1) for item in value.values())
+            else:
+                pending.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            if "\x00" in value:
+                return "Text may not contain NUL characters (\\u0000)."
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                return "Text may not contain lone surrogates (\\ud800 to \\udfff)."
+    return None
+
+
+class BoundedJSONParser(JSONParser):
+    """JSON bodies within bounds: one nested so deep that the parser gives up, deeper than
+    MAX_JSON_DEPTH, or holding text no database can store is a 400 that says which."""
+
+    def parse(
+        self,
+        stream: IO[Any],
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise exceptions.ParseError(
+                f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels."
+            ) from None
+        problem = json_problem(data)
+        if problem is not None:
+            raise exceptions.ParseError(f"JSON parse error - {problem}")
+        return data
