@@ -23,10 +23,12 @@ is what a retry resumes from.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import stat
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,26 +93,35 @@ class MetricsReader:
     # Metric names taken so far: at most MAX_KEYS_PER_RUN (per attempt: a reader does not
     # know an earlier attempt's names; the metrics route reads no more than that per run).
     keys: set[str] = field(default_factory=set)
+    #: The folder the workload writes (its output folder): the file is opened inside it
+    #: without following any symbolic link, and only when it is a regular file. The agent
+    #: may run as root: a link to a host file, or a FIFO that would block the read, is the
+    #: workload's problem, reported as such, never the agent's.
+    root: Path | None = None
 
     def read(self, *, final: bool = False) -> MetricsBatch:
         batch = MetricsBatch(points=[], offset=self.offset)
         try:
-            size = self.path.stat().st_size
-        except (FileNotFoundError, NotADirectoryError):
+            descriptor = open_regular_file(self.path, self.root)
+        except FileNotFoundError:
             return batch
-        if size < self.offset:
-            # The file was replaced or truncated by the workload: start over.
-            self._problem(batch, "the metrics file shrank; reading it again from the start")
-            self.offset = batch.offset = 0
-        if size == self.offset:
+        except OSError as exc:
+            self._problem(batch, f"could not read the metrics file: {exc.strerror or exc}")
             return batch
-        try:
-            with open(self.path, "rb") as handle:
+        with os.fdopen(descriptor, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size < self.offset:
+                # The file was replaced or truncated by the workload: start over.
+                self._problem(batch, "the metrics file shrank; reading it again from the start")
+                self.offset = batch.offset = 0
+            if size == self.offset:
+                return batch
+            try:
                 handle.seek(self.offset)
                 data = handle.read(MAX_READ_BYTES)
-        except OSError as exc:
-            self._problem(batch, f"could not read the metrics file: {exc}")
-            return batch
+            except OSError as exc:
+                self._problem(batch, f"could not read the metrics file: {exc}")
+                return batch
         end = data.rfind(b"\n")
         if end >= 0:
             complete, consumed = data[:end], end + 1
@@ -231,6 +242,42 @@ class CheckpointScanner:
             except OSError:
                 continue  # removed while we looked
         return found
+
+
+def open_regular_file(path: Path, root: Path | None) -> int:
+    """A read-only descriptor of ``path``, a regular file. With ``root``, ``path`` must lie
+    below it and is opened one component at a time from ``root`` with ``O_NOFOLLOW``: no
+    symbolic link on the way is followed. Raises FileNotFoundError when it is not there
+    (yet), another OSError when it is there but not a plain file inside ``root``."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    if root is None:
+        descriptor = os.open(path, flags)
+    else:
+        try:
+            parts = path.relative_to(root).parts
+        except ValueError:
+            raise OSError(errno.EPERM, "it is not inside the output folder") from None
+        if not parts or ".." in parts:
+            raise OSError(errno.EPERM, "it is not inside the output folder")
+        folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                inner = os.open(
+                    part,
+                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    dir_fd=folder,
+                )
+                os.close(folder)
+                folder = inner
+            descriptor = os.open(parts[-1], flags, dir_fd=folder)
+        except NotADirectoryError:
+            raise OSError(errno.ENOTDIR, "a folder on its path is a link or a file") from None
+        finally:
+            os.close(folder)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise OSError(errno.EINVAL, "it is not a regular file")
+    return descriptor
 
 
 def _tree_size(path: str) -> int:

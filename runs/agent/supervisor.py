@@ -671,7 +671,7 @@ class Agent:
             demand=demand,
             layout=layout,
             gpus=gpus,
-            metrics=MetricsReader(layout.output / spec.outputs.metrics_file),
+            metrics=MetricsReader(layout.output / spec.outputs.metrics_file, root=layout.output),
             checkpoints=CheckpointScanner(layout.checkpoints),
         )
         # From here on the attempt is this agent's: whatever fails is recorded as its end.

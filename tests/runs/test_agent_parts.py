@@ -198,6 +198,43 @@ def test_a_replaced_metrics_file_is_read_again(tmp_path: Path) -> None:
     assert "shrank" in batch.problems[0]
 
 
+def test_the_metrics_file_is_read_only_as_a_plain_file_inside_the_output_folder(
+    tmp_path: Path,
+) -> None:
+    """The agent may run as root and the workload owns its output folder: a link to a host
+    file, a link on the way, or a FIFO (which would block a plain open) is reported as the
+    workload's problem and nothing is read through it."""
+    output = tmp_path / "output"
+    output.mkdir()
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text('{"step": 1, "secret": 42}\n')
+
+    linked = MetricsReader(output / "metrics.jsonl", root=output)
+    (output / "metrics.jsonl").symlink_to(secret)
+    batch = linked.read()
+    assert batch.points == []
+    assert "could not read the metrics file" in batch.problems[0]
+
+    (output / "sub").symlink_to(tmp_path, target_is_directory=True)
+    through = MetricsReader(output / "sub" / "secret.jsonl", root=output)
+    batch = through.read()
+    assert batch.points == []
+    assert "a folder on its path is a link" in batch.problems[0]
+
+    os.mkfifo(output / "fifo.jsonl")
+    fifo = MetricsReader(output / "fifo.jsonl", root=output)
+    batch = fifo.read()  # returns at once instead of waiting for a writer
+    assert batch.points == []
+    assert "not a regular file" in batch.problems[0]
+
+    (output / "deep").mkdir()
+    (output / "deep" / "m.jsonl").write_text('{"step": 2, "loss": 0.5}\n')
+    assert MetricsReader(output / "deep" / "m.jsonl", root=output).read().points == [
+        ("loss", 2, 0.5)
+    ]
+    assert MetricsReader(output / "missing.jsonl", root=output).read().problems == []
+
+
 @pytest.mark.parametrize(
     ("name", "step"),
     [
