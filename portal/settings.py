@@ -515,7 +515,6 @@ TAU_LOCAL_CPUS = env_int("TAU_LOCAL_CPUS", os.cpu_count() or 1, minimum=1)
 TAU_LOCAL_MEMORY = env_str("TAU_LOCAL_MEMORY", "") or ""
 TAU_LOCAL_GPUS = env_int("TAU_LOCAL_GPUS", 0, minimum=0)
 TAU_RUN_LOG_MAX_BYTES = env_int("TAU_RUN_LOG_MAX_BYTES", 50 * 2**20, minimum=2**16)
-TAU_RUNS_DIR = VAR_DIR / "runs"
 # The resource flavor whose quota rows are a workspace's share of this machine.
 TAU_LOCAL_FLAVOR = env_str("TAU_LOCAL_FLAVOR", "local") or "local"
 # Seconds between SIGTERM and SIGKILL when the local agent stops a run's processes.

@@ -23,12 +23,12 @@ from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from runs import selectors, wording
+from runs.agent.prepare import AttemptLayout, runs_root
 from runs.models import (
     TERMINAL_STATES,
     TRANSITIONS,
@@ -392,10 +392,8 @@ class CheckpointPathRefused(ValueError):
 
 def local_checkpoint_dir(run: Run) -> Path:
     """The run's checkpoint folder on this machine: its attempts' ``TAU_CHECKPOINT_DIR``."""
-    from runs.agent.prepare import AttemptLayout
-
     # The folder is the run's, shared by all its attempts: any attempt number names it.
-    return AttemptLayout.for_attempt(Path(settings.TAU_RUNS_DIR), run.pk, 1).checkpoints
+    return AttemptLayout.for_attempt(runs_root(), run.pk, 1).checkpoints
 
 
 def _parts_inside(folders: list[PurePosixPath], path: str) -> tuple[str, ...]:
@@ -437,7 +435,7 @@ def _local_checkpoint_state(run: Run, parts: tuple[str, ...]) -> bool:
     only below the portal's own runs folder and never following a link: a symbolic link on
     the way (the checkpoint folder itself included) could lead anywhere on this machine, so it
     is refused (CheckpointPathRefused), as the agent never records a link as a checkpoint."""
-    current = Path(os.path.realpath(settings.TAU_RUNS_DIR))
+    current = Path(os.path.realpath(runs_root()))
     names = (str(run.pk), local_checkpoint_dir(run).name, *parts)
     for index, name in enumerate(names):
         current = current / name
@@ -458,7 +456,7 @@ def _local_checkpoint_state(run: Run, parts: tuple[str, ...]) -> bool:
 def _local_checkpoint_folders(run: Run) -> list[PurePosixPath]:
     folder = local_checkpoint_dir(run)
     spelled = PurePosixPath(os.path.abspath(folder))
-    resolved = PurePosixPath(os.path.realpath(settings.TAU_RUNS_DIR), *folder.parts[-2:])
+    resolved = PurePosixPath(os.path.realpath(runs_root()), *folder.parts[-2:])
     return [spelled, resolved] if resolved != spelled else [spelled]
 
 

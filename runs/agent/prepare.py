@@ -1,6 +1,6 @@
 """Everything an attempt needs on disk before its process starts, and the command to start.
 
-Layout, under ``TAU_RUNS_DIR/<run id>/``::
+Layout, under ``VAR_DIR/runs/<run id>/`` (``runs_root()``)::
 
     checkpoints/          TAU_CHECKPOINT_DIR, shared by all attempts so a retry can resume
     attempt-<n>/
@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from django.conf import settings
+
 from runs import bundles
 from runs.agent import environments
 from runs.agent import sandbox as sandboxing
@@ -46,6 +48,11 @@ class PreparationFailed(RuntimeError):
         super().__init__(message)
         self.failure_class = failure_class
         self.message = message
+
+
+def runs_root() -> Path:
+    """Where local runs live: ``VAR_DIR/runs`` (derived when asked, so it follows VAR_DIR)."""
+    return Path(settings.VAR_DIR) / "runs"
 
 
 @dataclass(frozen=True)

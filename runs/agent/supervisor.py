@@ -62,6 +62,7 @@ from runs.agent.prepare import (
     Prepared,
     make_directories,
     prepare,
+    runs_root,
 )
 from runs.agent.wrapper import truncation_marker
 from runs.models import (
@@ -164,7 +165,7 @@ class Agent:
         self.interval = interval
         self.grace = float(settings.TAU_LOCAL_GRACE_SECONDS if grace is None else grace)
         self.capacity = admission.machine_capacity()
-        self.runs_dir = Path(settings.TAU_RUNS_DIR)
+        self.runs_dir = runs_root()
         self.venvs_dir = Path(settings.VAR_DIR) / "venvs"
         self.log_limit = int(settings.TAU_RUN_LOG_MAX_BYTES)
         self.free_gpus = list(range(int(settings.TAU_LOCAL_GPUS)))

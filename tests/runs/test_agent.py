@@ -77,7 +77,6 @@ def var_dir(tmp_path: Path, settings: Any) -> Path:
     directory = tmp_path / "var"
     directory.mkdir()
     settings.VAR_DIR = directory
-    settings.TAU_RUNS_DIR = directory / "runs"  # as the agent's settings derive it
     return directory
 
 

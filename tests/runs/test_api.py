@@ -180,7 +180,7 @@ def test_only_the_submitter_or_an_admin_acts_on_a_run(world: Any) -> None:
 
 
 def test_resume_from_a_chosen_checkpoint(world: Any, settings: Any, tmp_path: Path) -> None:
-    settings.TAU_RUNS_DIR = tmp_path
+    settings.VAR_DIR = tmp_path
     run = make_run(world, state=RunState.FAILED)
     folder = services.local_checkpoint_dir(run)
     for step in (10, 20):
@@ -401,7 +401,7 @@ def bearer(plaintext: str) -> APIClient:
 
 
 def test_a_workload_reports_with_its_run_token(world: Any, settings: Any, tmp_path: Path) -> None:
-    settings.TAU_RUNS_DIR = tmp_path
+    settings.VAR_DIR = tmp_path
     run = make_run(world)
     client = bearer(run_token(world, run))
     rows = [{"step": 1, "loss": 0.9, "lr": 0.1}, {"step": 2, "loss": 0.7}]
@@ -425,7 +425,9 @@ def test_a_workload_reports_with_its_run_token(world: Any, settings: Any, tmp_pa
         format="json",
     )
     assert checkpoint.status_code == 201
-    assert checkpoint.json()["path"] == str(tmp_path / str(run.pk) / "checkpoints" / "step-2")
+    assert checkpoint.json()["path"] == str(
+        tmp_path / "runs" / str(run.pk) / "checkpoints" / "step-2"
+    )
     event = client.post(
         run_url(run.name, "run-report-events"),
         {"kind": "epoch", "message": "epoch 1 done"},

@@ -357,9 +357,9 @@ def report_checkpoint(client: Any, run: Run, path: str, step: int = 1) -> Any:
 
 @pytest.fixture
 def runs_dir(settings: Any, tmp_path: Path) -> Path:
-    settings.TAU_RUNS_DIR = tmp_path / "var" / "runs"
-    settings.TAU_RUNS_DIR.mkdir(parents=True)
-    return Path(settings.TAU_RUNS_DIR)
+    settings.VAR_DIR = tmp_path / "var"
+    (tmp_path / "var" / "runs").mkdir(parents=True)
+    return tmp_path / "var" / "runs"
 
 
 def test_a_checkpoint_must_lie_in_the_runs_own_folder(world: Any, runs_dir: Path) -> None:
