@@ -7,24 +7,27 @@ suspend them and that Kueue's real scheduler admits them from real ClusterQueue 
 the real KubeRay operator reacts. No registry ships these binaries and release downloads are
 blocked, but every component builds from the Go module proxy. This tool:
 
-* ``build``: builds kine (etcd API on SQLite), kube-apiserver and kube-controller-manager
-  (through a wrapper module pinning k8s.io/kubernetes and its staging modules), the Kueue
-  manager and the KubeRay operator, once, into ``~/.cache/taugrid/<component>-<version>/``
-  (``TAUGRID_CACHE_DIR`` overrides). Versions come from ``versions.env`` beside this file.
+* ``build``: builds kine (etcd API on SQLite), kube-apiserver, kube-controller-manager and
+  kube-scheduler (through a wrapper module pinning k8s.io/kubernetes and its staging modules),
+  the Kueue manager, the KubeRay operator and KWOK, once, into
+  ``~/.cache/taugrid/<component>-<version>/`` (``TAUGRID_CACHE_DIR`` overrides). Versions come
+  from ``versions.env`` beside this file.
 * ``up``: starts them detached on 127.0.0.1 with certificates made at start, installs the
-  Kueue and KubeRay CRDs from the downloaded modules (server-side apply), points Kueue's
+  Kueue, KubeRay and KWOK CRDs from the downloaded modules (server-side apply), points Kueue's
   webhooks and CRD conversion at the local Kueue, registers Kueue's visibility API with the
-  aggregator, creates GPU and CPU Node objects, and returns only when every component answers
-  (a Kueue webhook must really mutate a dry-run Job). Idempotent: a healthy cluster is reused.
+  aggregator, creates the fake GPU and CPU nodes of ``nodes/*.yaml`` and hands them to KWOK
+  (Stages in ``kwok/stages.yaml``), and returns only when every component answers (a Kueue
+  webhook must really mutate a dry-run Job; every node must be Ready and schedulable).
+  Idempotent: a healthy cluster is reused.
 * ``down``: stops every process group it started (SIGTERM, then SIGKILL), checks that no
   process and no listening port is left, and removes the state directory.
 * ``status`` and ``kubeconfig``: report on a running cluster.
 
-What is deliberately absent: kubelet, kube-scheduler and kube-proxy. Pods are created (the
-controller-manager runs the Job, ReplicaSet, namespace, garbage-collector and service-account
-controllers) but stay Pending; Kueue admission is quota based, so queueing, admission,
-borrowing and preemption are all real. The node-lifecycle controllers are disabled so the
-hand-made Nodes stay Ready without heartbeats.
+Pods really get scheduled: kube-scheduler binds them to the fake nodes, and KWOK, standing in
+for the kubelet of every fake node, plays its Stages (Running and Ready; a Job's pod succeeds
+after a short, annotatable delay; annotated pods fail with an exit code or as OOMKilled;
+deleted pods go away) and serves their logs from files through the apiserver's pods/log. No
+container ever runs and there is no kube-proxy (pod and Service IPs route nowhere).
 
 Only the standard library, ``cryptography`` and ``PyYAML`` are used, so the tool runs before the
 project's own dependencies are installed.
@@ -66,6 +69,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 HERE = Path(__file__).resolve().parent
 VERSIONS_FILE = HERE / "versions.env"
 APISERVER_GOMOD_TEMPLATE = HERE / "kube-apiserver" / "go.mod.in"
+NODES_DIR = HERE / "nodes"  # the fake nodes, one YAML file per pool
+KWOK_STAGES = HERE / "kwok" / "stages.yaml"  # what KWOK does to nodes and pods
 
 LOOPBACK = "127.0.0.1"
 FIELD_MANAGER = "taugrid-controlplane"
@@ -74,9 +79,23 @@ KUEUE_PREFIX = "kueue-"  # the namePrefix of Kueue's release kustomization
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 READINESS_PROBE_QUEUE = "taugrid-readiness-probe"
+POD_CIDR = "10.244.0.0/16"  # pod IPs KWOK hands out (nothing routes them)
+# KWOK manages the Nodes carrying this annotation (those in deploy/cluster/nodes/ do).
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+# KWOK renews each fake node's Lease; the node-lifecycle controller reads it as the heartbeat.
+NODE_LEASE_SECONDS = 40
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
 # Process start order; `down` stops them in reverse.
-PROCESSES = ("kine", "kube-apiserver", "kube-controller-manager", "kueue", "kuberay-operator")
+PROCESSES = (
+    "kine",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kueue",
+    "kuberay-operator",
+    "kwok",
+)
 
 # Port names recorded in state.json. Every one of them is bound on 127.0.0.1 only.
 PORT_NAMES = (
@@ -84,12 +103,14 @@ PORT_NAMES = (
     "kine_metrics",
     "apiserver",
     "controller_manager",
+    "scheduler",
     "kueue_webhook",
     "kueue_metrics",
     "kueue_health",
     "kueue_visibility",
     "kuberay_metrics",
     "kuberay_health",
+    "kwok",  # KWOK's kubelet-style server (pods/log), every fake node's kubelet endpoint
 )
 
 T = TypeVar("T")
@@ -131,7 +152,14 @@ def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
         if not sep or not key.strip() or not value.strip():
             raise ControlPlaneError(f"{path}:{lineno}: expected KEY=VALUE, got {raw!r}")
         versions[key.strip()] = value.strip()
-    for required in ("KINE_VERSION", "KUBERNETES_VERSION", "KUEUE_VERSION", "KUBERAY_VERSION"):
+    required_keys = (
+        "KINE_VERSION",
+        "KUBERNETES_VERSION",
+        "KUEUE_VERSION",
+        "KUBERAY_VERSION",
+        "KWOK_VERSION",
+    )
+    for required in required_keys:
         if required not in versions:
             raise ControlPlaneError(f"{path}: {required} is missing")
     return versions
@@ -255,7 +283,12 @@ KUBERAY = Component(
     ("ray-operator",),
     "github.com/ray-project/kuberay/ray-operator",
 )
-COMPONENTS = (KINE, KUBERNETES, KUEUE, KUBERAY)
+# Same wrapper module and release as kube-apiserver, cached on its own: adding it did not
+# invalidate the cached apiserver and controller-manager.
+KUBE_SCHEDULER = Component("kube-scheduler", "KUBERNETES_VERSION", ("kube-scheduler",), "")
+# KWOK: the kubelet of fake nodes (node heartbeats, pod lifecycle from Stages, pods/log).
+KWOK = Component("kwok", "KWOK_VERSION", ("kwok",), "sigs.k8s.io/kwok/cmd/kwok")
+COMPONENTS = (KINE, KUBERNETES, KUBE_SCHEDULER, KUEUE, KUBERAY, KWOK)
 
 
 def go_binary() -> str | None:
@@ -473,7 +506,7 @@ def _build_kubernetes(component: Component, versions: Mapping[str, str], staging
         cwd=src,
         env=env,
         log_path=directory / "build.log",
-        what=f"go build kube-apiserver + kube-controller-manager {version}",
+        what=f"go build {' + '.join(component.binaries)} {version}",
     )
 
 
@@ -497,7 +530,8 @@ def build(versions: Mapping[str, str], only: Sequence[str] = ()) -> None:
             staging = directory / "bin.partial"
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
-            builder = _build_kubernetes if component is KUBERNETES else _build_go_install
+            # No `go install` path: a k8s.io/kubernetes command, built in the wrapper module.
+            builder = _build_go_install if component.package else _build_kubernetes
             builder(component, versions, staging)
             shutil.rmtree(directory / "bin", ignore_errors=True)
             staging.rename(directory / "bin")
@@ -657,6 +691,18 @@ def generate_pki(pki: Path) -> None:
         dns=["localhost"],
         ips=[LOOPBACK],
     )
+    leaf("scheduler", "system:kube-scheduler", ca, client=True)
+    leaf("scheduler-serving", "kube-scheduler", ca, server=True, dns=["localhost"], ips=[LOOPBACK])
+    # The apiserver's client certificate towards kubelets (here KWOK's server), which presents
+    # kwok-serving: the apiserver verifies it (--kubelet-certificate-authority) at 127.0.0.1.
+    leaf(
+        "apiserver-kubelet-client",
+        "kube-apiserver-kubelet-client",
+        ca,
+        organization="system:masters",
+        client=True,
+    )
+    leaf("kwok-serving", "kwok", ca, server=True, dns=["localhost"], ips=[LOOPBACK])
     leaf(
         "kueue-webhook",
         "kueue-webhook",
@@ -840,6 +886,20 @@ def kueue_crds(kueue_dir: Path, webhook_url: str, ca_bundle: str) -> list[dict[s
 def kuberay_crds(kuberay_dir: Path) -> list[dict[str, Any]]:
     crd_dir = kuberay_dir / "config" / "crd"
     return [doc for path in _kustomize_resources(crd_dir) for doc in _load_yaml_docs(path)]
+
+
+# KWOK's CRDs this cluster serves: what a test writes to give a fake pod its log (KWOK's server
+# watches them, --enable-crds). Its Stages are not CRDs here: they come from kwok/stages.yaml.
+KWOK_CRDS = {"Logs": "logs", "ClusterLogs": "clusterlogs"}
+
+
+def kwok_crds(kwok_dir: Path) -> list[dict[str, Any]]:
+    bases = kwok_dir / "kustomize" / "crd" / "bases"
+    return [
+        doc
+        for plural in KWOK_CRDS.values()
+        for doc in _load_yaml_docs(bases / f"kwok.x-k8s.io_{plural}.yaml")
+    ]
 
 
 def kueue_webhook_configurations(
@@ -1266,83 +1326,18 @@ def wait_apiservices(kube: Kube, names: Sequence[str], timeout: float, log_file:
     wait_for("Kueue visibility APIServices to become Available", probe, timeout, log_file=log_file)
 
 
-def node_objects(gpu_nodes: int, gpus_per_node: int, cpu_nodes: int) -> list[dict[str, Any]]:
-    """Node objects that look like a small GPU cluster to anything reading the API."""
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    nodes: list[dict[str, Any]] = []
-
-    def node(name: str, labels: dict[str, str], capacity: dict[str, str]) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "kubernetes.io/hostname": name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "taugrid.dev/fake-node": "true",
-                    **labels,
-                },
-            },
-            "spec": {},
-            "status": {
-                "capacity": capacity,
-                "allocatable": capacity,
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "KubeletReady",
-                        "message": "hand-made Node of the TauGrid test control plane (no kubelet)",
-                        "lastHeartbeatTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
-                "addresses": [{"type": "Hostname", "address": name}],
-                "nodeInfo": {
-                    "architecture": "amd64",
-                    "operatingSystem": "linux",
-                    "kubeletVersion": "v0.0.0-none",
-                    "kubeProxyVersion": "",
-                    "containerRuntimeVersion": "none://",
-                    "kernelVersion": "",
-                    "osImage": "",
-                    "machineID": "",
-                    "systemUUID": "",
-                    "bootID": "",
-                },
-            },
-        }
-
-    for i in range(1, gpu_nodes + 1):
-        nodes.append(
-            node(
-                f"gpu-node-{i}",
-                {
-                    "nvidia.com/gpu.present": "true",
-                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-                    "nvidia.com/gpu.count": str(gpus_per_node),
-                    "nvidia.com/gpu.memory": "81559",
-                    "node.kubernetes.io/instance-type": f"gpu-h100x{gpus_per_node}",
-                },
-                {
-                    "cpu": "128",
-                    "memory": "2Ti",
-                    "pods": "110",
-                    "ephemeral-storage": "4Ti",
-                    "nvidia.com/gpu": str(gpus_per_node),
-                },
-            )
-        )
-    for i in range(1, cpu_nodes + 1):
-        nodes.append(
-            node(
-                f"cpu-node-{i}",
-                {"node.kubernetes.io/instance-type": "cpu-64"},
-                {"cpu": "64", "memory": "256Gi", "pods": "110", "ephemeral-storage": "1Ti"},
-            )
-        )
+def node_manifests(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The Node objects in these YAML files (a directory: its *.yaml, sorted)."""
+    files: list[Path] = []
+    for path in paths:
+        files += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+    nodes = [doc for path in files for doc in _load_yaml_docs(path)]
+    for node in nodes:
+        if node.get("kind") != "Node":
+            raise ControlPlaneError(f"only Nodes belong in the node files, not {node.get('kind')}")
+    names = [n["metadata"]["name"] for n in nodes]
+    if not names or len(set(names)) != len(names):
+        raise ControlPlaneError(f"node files {[str(f) for f in files]}: no or duplicate Nodes")
     return nodes
 
 
@@ -1353,13 +1348,51 @@ def create_nodes(kube: Kube, nodes: Sequence[Mapping[str, Any]]) -> None:
         status, data = kube.request("POST", "/api/v1/nodes", body)
         if status not in (201, 409):
             raise ControlPlaneError(f"creating Node {name}: HTTP {status}: {data}")
-        # Node status is a subresource: a create ignores it, so it is patched in separately.
+        # Capacity and allocatable through the status subresource, as a kubelet reports them;
+        # KWOK (started afterwards) adds conditions, addresses and the kubelet endpoint.
         kube.checked(
             "PATCH",
             f"/api/v1/nodes/{name}/status",
-            {"status": node["status"]},
+            {"status": node.get("status") or {}},
             content_type="application/merge-patch+json",
         )
+
+
+def nodes_ready(kube: Kube, names: Sequence[str], kwok_port: int) -> bool | None:
+    """True once every node is Ready (KWOK), reports KWOK's kubelet endpoint, and no longer
+    carries the `not-ready` taint (lifted by the controller-manager's node-lifecycle
+    controller): only then does the scheduler place pods on it."""
+    for name in names:
+        node = kube.checked("GET", f"/api/v1/nodes/{name}")
+        status = node.get("status") or {}
+        conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        port = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
+        taints = [t["key"] for t in (node.get("spec") or {}).get("taints") or []]
+        if conditions.get("Ready") != "True" or port != kwok_port or NOT_READY_TAINT in taints:
+            return None
+    return True
+
+
+def kwok_config() -> dict[str, Any]:
+    """KWOK's settings that have no flag (the rest are on its command line). A configuration
+    given to KWOK is not defaulted, so every option is spelled out: KWOK v0.8.0's defaults,
+    except that profiling is off (as for the other components)."""
+    return {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": {
+            "enableDebuggingHandlers": True,  # the kubelet API: pods/log
+            "enableProfilingHandler": False,
+            "enableContentionProfiling": False,
+            "manageAllNodes": False,
+            "podPlayStageParallelism": 4,
+            "nodePlayStageParallelism": 4,
+            "nodeLeaseParallelism": 4,
+            "podsOnNodeSyncParallelism": 1,
+            "enablePodsOnNodeSyncListPager": True,
+            "enablePodsOnNodeSyncStreamWatch": False,
+        },
+    }
 
 
 def cluster_status(state: Path) -> dict[str, Any]:
@@ -1386,6 +1419,8 @@ def cluster_status(state: Path) -> dict[str, Any]:
                 apiserver_ready(kube)
                 and health_ok(data["ports"]["kueue_health"], "/readyz")
                 and health_ok(data["ports"]["kuberay_health"], "/readyz")
+                and health_ok(data["ports"]["scheduler"], "/healthz", tls=True, pki=state / "pki")
+                and health_ok(data["ports"]["kwok"], "/healthz", tls=True, pki=state / "pki")
                 and kueue_webhook_probe(kube)
             )
         except (OSError, ControlPlaneError, ssl.SSLError, http.client.HTTPException) as exc:
@@ -1398,9 +1433,7 @@ def up(
     *,
     build_missing: bool = True,
     timeout: float = 180,
-    gpu_nodes: int = 2,
-    gpus_per_node: int = 8,
-    cpu_nodes: int = 2,
+    node_files: Sequence[Path] = (NODES_DIR,),
 ) -> dict[str, Any]:
     """Start the control plane (or reuse a healthy one) and return its status report."""
     state = state_dir()
@@ -1422,18 +1455,12 @@ def up(
             )
         build(versions)
         mount_namespace_prefix()  # fail now, not after four components have started
+        node_manifests(node_files)  # likewise for a broken node file
         started = time.monotonic()
         shutil.rmtree(state, ignore_errors=True)
         state.mkdir(parents=True)
         try:
-            _start(
-                state,
-                versions,
-                timeout=timeout,
-                gpu_nodes=gpu_nodes,
-                gpus_per_node=gpus_per_node,
-                cpu_nodes=cpu_nodes,
-            )
+            _start(state, versions, timeout=timeout, node_files=node_files)
         except BaseException:
             log(f"start failed: stopping what was started (logs kept in {state / 'logs'})")
             _stop_processes(state)
@@ -1450,31 +1477,35 @@ def _start(
     versions: Mapping[str, str],
     *,
     timeout: float,
-    gpu_nodes: int,
-    gpus_per_node: int,
-    cpu_nodes: int,
+    node_files: Sequence[Path],
 ) -> None:
-    launch = Launch(state, versions, timeout)
+    launch = Launch(state, versions, timeout, node_files)
     launch.prepare()
     launch.start_kine()
     launch.start_apiserver()
     launch.install_manifests()
     launch.start_controller_manager()
+    launch.start_scheduler()
     launch.start_kueue()
     launch.start_kuberay()
-    log(
-        f"creating {gpu_nodes} GPU Nodes ({gpus_per_node} nvidia.com/gpu each) and "
-        f"{cpu_nodes} CPU Nodes"
-    )
-    create_nodes(launch.kube, node_objects(gpu_nodes, gpus_per_node, cpu_nodes))
+    launch.create_nodes()
+    launch.start_kwok()
     launch.await_ready()
 
 
 class Launch:
     """The steps of one `up`, in order; each waits for what the next one depends on."""
 
-    def __init__(self, state: Path, versions: Mapping[str, str], timeout: float) -> None:
+    def __init__(
+        self,
+        state: Path,
+        versions: Mapping[str, str],
+        timeout: float,
+        node_files: Sequence[Path] = (NODES_DIR,),
+    ) -> None:
         self.state = state
+        self.node_files = list(node_files)
+        self.node_names: list[str] = []
         self.versions = versions
         self.timeout = timeout
         self.pki = state / "pki"
@@ -1517,12 +1548,8 @@ class Launch:
         log("generating certificates (CA, serving, client, front-proxy, service-account keys)")
         generate_pki(self.pki)
         write_kubeconfig(self.kubeconfig, self.api_url, self.pki, "admin")
-        write_kubeconfig(
-            self.state / "controller-manager.kubeconfig",
-            self.api_url,
-            self.pki,
-            "controller-manager",
-        )
+        for user in ("controller-manager", "scheduler"):
+            write_kubeconfig(self.state / f"{user}.kubeconfig", self.api_url, self.pki, user)
         self.save_record()
 
     def start_kine(self) -> None:
@@ -1574,6 +1601,12 @@ class Launch:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                # pods/log, exec, port-forward: to the node's InternalIP (127.0.0.1) and the
+                # kubelet port it reports (KWOK's server), TLS verified with our CA.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
                 "--profiling=false",
             ],
         )
@@ -1583,12 +1616,14 @@ class Launch:
 
     def install_manifests(self) -> None:
         """CRDs, Kueue's webhooks and its visibility APIServices, from the Go modules."""
-        log("installing Kueue and KubeRay CRDs from the Go modules (server-side apply)")
+        log("installing Kueue, KubeRay and KWOK CRDs from the Go modules (server-side apply)")
         kueue_dir = module_dir("sigs.k8s.io/kueue", self.versions["KUEUE_VERSION"])
         kuberay_dir = module_dir(
             "github.com/ray-project/kuberay/ray-operator", self.versions["KUBERAY_VERSION"]
         )
+        kwok_dir = module_dir("sigs.k8s.io/kwok", self.versions["KWOK_VERSION"])
         crds = kueue_crds(kueue_dir, self.webhook_url, self.ca_bundle) + kuberay_crds(kuberay_dir)
+        crds += kwok_crds(kwok_dir)
         # Concurrent applies: the apiserver spends its time on the big schemas.
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(lambda crd: self.kube.apply(resource_path(crd), crd), crds))
@@ -1609,7 +1644,10 @@ class Launch:
 
     def start_controller_manager(self) -> None:
         """Namespace deletion, garbage collection, ServiceAccounts, Job pods: a real cluster's
-        housekeeping. Node lifecycle is off: no kubelet heartbeats, Nodes stay Ready."""
+        housekeeping. Its node-lifecycle controller lifts the `not-ready` taint the apiserver
+        puts on every new Node once KWOK reports it Ready, and watches the Leases KWOK renews.
+        Taint-based eviction is off: a node that misses a heartbeat on a loaded machine gets
+        tainted, but its pods are not evicted."""
         port = self.ports["controller_manager"]
         log(f"starting kube-controller-manager on {LOOPBACK}:{port}")
         pki = self.pki
@@ -1635,9 +1673,82 @@ class Launch:
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--controllers=*,-node-lifecycle-controller,-taint-eviction-controller",
+                "--controllers=*,-taint-eviction-controller",
                 "--profiling=false",
             ],
+        )
+
+    def start_scheduler(self) -> None:
+        """The default kube-scheduler: binds pods to the fake nodes (taints, tolerations, node
+        selectors, resources from the Nodes' allocatable, as on a real cluster)."""
+        port = self.ports["scheduler"]
+        log(f"starting kube-scheduler on {LOOPBACK}:{port}")
+        pki = self.pki
+        kubeconfig = self.state / "scheduler.kubeconfig"
+        start_process(
+            self.state,
+            "kube-scheduler",
+            [
+                str(KUBE_SCHEDULER.binary(self.versions)),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={port}",
+                f"--tls-cert-file={pki / 'scheduler-serving.crt'}",
+                f"--tls-private-key-file={pki / 'scheduler-serving.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+        )
+
+    def create_nodes(self) -> None:
+        """The fake nodes from deploy/cluster/nodes/, before KWOK starts managing them."""
+        nodes = node_manifests(self.node_files)
+        pools: dict[str, int] = {}
+        for node in nodes:
+            pool = node["metadata"].get("labels", {}).get("taugrid.io/node-pool", "?")
+            pools[pool] = pools.get(pool, 0) + 1
+        log("creating Nodes: " + ", ".join(f"{pool} x{count}" for pool, count in pools.items()))
+        create_nodes(self.kube, nodes)
+        self.node_names = [n["metadata"]["name"] for n in nodes]
+        self.record["nodes"] = self.node_names
+        self.save_record()
+
+    def start_kwok(self) -> None:
+        """KWOK: the kubelet of every fake node. Makes them Ready, renews their Leases, plays
+        the pod Stages of kwok/stages.yaml, and serves the kubelet API (pods/log) on 127.0.0.1
+        with a certificate of our CA; every node reports that address and port."""
+        port = self.ports["kwok"]
+        log(f"starting KWOK (kubelet API of the fake nodes on {LOOPBACK}:{port})")
+        kwok_state = self.state / "kwok"
+        kwok_state.mkdir(parents=True, exist_ok=True)
+        config_path = kwok_state / "kwok.yaml"
+        config_path.write_text(yaml.safe_dump(kwok_config(), sort_keys=False))
+        key, value = KWOK_NODE_ANNOTATION
+        start_process(
+            self.state,
+            "kwok",
+            [
+                str(KWOK.binary(self.versions)),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={config_path}",
+                f"--config={KWOK_STAGES}",
+                f"--manage-nodes-with-annotation-selector={key}={value}",
+                f"--node-ip={LOOPBACK}",
+                f"--node-port={port}",
+                f"--server-address={LOOPBACK}:{port}",
+                f"--tls-cert-file={self.pki / 'kwok-serving.crt'}",
+                f"--tls-private-key-file={self.pki / 'kwok-serving.key'}",
+                f"--cidr={POD_CIDR}",
+                f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+                "--enable-crds=" + ",".join(KWOK_CRDS),
+            ],
+            cwd=kwok_state,
+            # KWOK also reads $KWOK_WORKDIR/kwok.yaml (default ~/.kwok): keep the user's out.
+            env=dict(os.environ, KWOK_WORKDIR=str(kwok_state)),
         )
 
     def start_kueue(self) -> None:
@@ -1704,6 +1815,22 @@ class Launch:
             "kuberay-operator",
             "KubeRay operator /readyz",
             lambda: health_ok(ports["kuberay_health"], "/readyz") or None,
+        )
+        self.wait_process(
+            "kube-scheduler",
+            "kube-scheduler /healthz",
+            lambda: health_ok(ports["scheduler"], "/healthz", tls=True, pki=self.pki) or None,
+        )
+        self.wait_process(
+            "kwok",
+            "KWOK's server /healthz",
+            lambda: health_ok(ports["kwok"], "/healthz", tls=True, pki=self.pki) or None,
+        )
+        self.wait_process(
+            "kwok",
+            f"the {len(self.node_names)} fake nodes to be Ready (KWOK) and schedulable "
+            "(the node-lifecycle controller lifts the not-ready taint)",
+            lambda: nodes_ready(kube, self.node_names, ports["kwok"]),
         )
         pids = [pid for name in PROCESSES if (pid := read_pid(self.state, name)) is not None]
         exposed = [(h, p) for h, p in listening_sockets(pids) if h != LOOPBACK]
@@ -1772,9 +1899,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=180,
         help="seconds each component may take to become ready (default 180)",
     )
-    p_up.add_argument("--gpu-nodes", type=int, default=2)
-    p_up.add_argument("--gpus-per-node", type=int, default=8)
-    p_up.add_argument("--cpu-nodes", type=int, default=2)
+    p_up.add_argument(
+        "--nodes",
+        type=Path,
+        action="append",
+        help="Node YAML file or directory of them (repeatable; default deploy/cluster/nodes/)",
+    )
     sub.add_parser("down", help="stop everything and remove the state directory")
     p_status = sub.add_parser("status", help="report processes, ports and readiness")
     p_status.add_argument("--json", action="store_true")
@@ -1793,9 +1923,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 versions,
                 build_missing=not args.no_build,
                 timeout=args.timeout,
-                gpu_nodes=args.gpu_nodes,
-                gpus_per_node=args.gpus_per_node,
-                cpu_nodes=args.cpu_nodes,
+                node_files=args.nodes or (NODES_DIR,),
             )
             print(state_dir() / "kubeconfig")
         elif args.command == "down":

@@ -5,7 +5,8 @@ the real control plane, and a session fixture must be defined once to be started
 it from the root conftest with ``pytest_plugins = ["tests.cluster.plugin"]``.
 
 The control plane is deploy/cluster/controlplane.py (kube-apiserver on kine, the
-controller-manager, Kueue and the KubeRay operator, built from Go modules, on 127.0.0.1). The
+controller-manager, kube-scheduler, Kueue, the KubeRay operator and KWOK with fake GPU and CPU
+nodes, built from Go modules, on 127.0.0.1). The
 fixture reuses a running one (``make cluster-up``) or starts one and stops it at the end of the
 session (``TAUGRID_KEEP_CLUSTER=1`` keeps it for the next run). Without ``go`` (or the
 ``kubernetes`` package) the tests are skipped locally with the reason; with ``CI`` set that is a
@@ -66,8 +67,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not any(str(line).startswith("cluster:") for line in config.getini("markers")):
         config.addinivalue_line(
             "markers",
-            "cluster: needs the real Kubernetes control plane (kube-apiserver, Kueue, KubeRay) "
-            "from deploy/cluster; skipped without `go`, a failure in CI",
+            "cluster: needs the real Kubernetes control plane (kube-apiserver, Kueue, KubeRay, "
+            "kube-scheduler, KWOK nodes) from deploy/cluster; skipped without `go`, a failure "
+            "in CI",
         )
 
 

@@ -4,9 +4,8 @@ Each test owns its namespaces, ResourceFlavors and ClusterQueues (random suffixe
 ClusterQueue selects only its test's namespace), so the tests are independent of each other and
 of anything else running on the shared cluster. Waits poll with timeouts; nothing sleeps blindly.
 
-What the cluster lacks: kubelet, scheduler, kube-proxy. Pods are created but stay Pending, so a
-Job or RayJob never runs; everything up to and including admission and the operators' reactions
-is real.
+Admission and the operators' reactions are tested here; what happens to the pods afterwards
+(kube-scheduler, KWOK's fake nodes and their Stages, pods/log) in test_fake_nodes.py.
 """
 
 from __future__ import annotations
@@ -21,46 +20,30 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.kueue_objects import GPU, KUEUE, cluster_queue, local_queue, resource_flavor
+from tests.cluster.kueue_objects import (
+    GPU,
+    GPU_TOLERATION,
+    H100_LABELS,
+    KUEUE,
+    QUEUE_LABEL,
+    TEST_DURATION,
+    batch_job,
+    conditions,
+    is_true,
+    queue_setup,
+    workload_of,
+)
 from tests.cluster.plugin import CONTROLPLANE, Kube, KubeCluster, load_controlplane, wait_until
 
 pytestmark = pytest.mark.cluster
 
 RAY = "ray.io/v1"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 RAY_IMAGE = "rayproject/ray:2.46.0"
 
 
 # ---------------------------------------------------------------------------------------------
 # Object builders (Kueue v1beta2, ray.io/v1, batch/v1)
 # ---------------------------------------------------------------------------------------------
-
-
-def batch_job(name: str, namespace: str, queue: str, gpus: int = 0) -> dict[str, Any]:
-    resources = {"cpu": "1", "memory": "1Gi"}
-    if gpus:
-        resources[GPU] = str(gpus)
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}},
-        "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "busybox",
-                            "command": ["true"],
-                            "resources": {"requests": resources, "limits": resources},
-                        }
-                    ],
-                }
-            }
-        },
-    }
 
 
 def ray_job(
@@ -123,45 +106,11 @@ def ray_job(
     }
 
 
-def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in ((obj or {}).get("status") or {}).get("conditions") or []}
-
-
-def is_true(obj: dict[str, Any] | None, condition: str) -> bool:
-    return conditions(obj).get(condition, {}).get("status") == "True"
-
-
 def suspended(kube: Kube, api_version: str, kind: str, name: str, namespace: str) -> bool:
     """spec.suspend of a job; an absent field (Kueue writes `false`, omitted) is not suspended."""
     job = kube.get(api_version, kind, name, namespace)
     assert job is not None, f"{kind} {namespace}/{name} disappeared"
     return bool(job["spec"].get("suspend", False))
-
-
-def workload_of(kube: Kube, job: dict[str, Any]) -> dict[str, Any] | None:
-    """Kueue's Workload for a job, found the documented way: by the job-uid label."""
-    found = kube.list(
-        KUEUE,
-        "Workload",
-        job["metadata"]["namespace"],
-        label_selector=f"{JOB_UID_LABEL}={job['metadata']['uid']}",
-    )
-    return found[0] if found else None
-
-
-def queue_setup(
-    kube: Kube, prefix: str, gpus: int, cohort: str | None = None, flavor: str | None = None
-) -> tuple[str, str, str]:
-    """A namespace, a ResourceFlavor (new unless given), a ClusterQueue with `gpus` GPUs of
-    it and a LocalQueue `team`. Borrowing in a cohort is per flavor: share the flavor."""
-    namespace = kube.namespace(prefix)
-    if flavor is None:
-        flavor = kube.create(resource_flavor(kube.unique(f"{prefix}-h100")))["metadata"]["name"]
-    cq = kube.create(cluster_queue(kube.unique(f"{prefix}-cq"), flavor, namespace, gpus, cohort))[
-        "metadata"
-    ]["name"]
-    kube.create(local_queue("team", namespace, cq))
-    return namespace, flavor, cq
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,11 +138,13 @@ def test_labelled_job_is_suspended_then_admitted(kube: Kube) -> None:
         "Kueue to unsuspend the admitted Job",
         lambda: None if suspended(kube, "batch/v1", "Job", "train", namespace) else True,
     )
-    # The controller-manager's Job controller then creates the pod; no kubelet runs it.
+    # The controller-manager's Job controller then creates the pod, with what Kueue put on the
+    # admitted Job from its flavor: the H100 node labels and the GPU pool's toleration.
     pods = wait_until(
         "the Job's pod", lambda: kube.list("v1", "Pod", namespace, "job-name=train") or None
     )
-    assert pods[0]["status"]["phase"] == "Pending"
+    assert pods[0]["spec"]["nodeSelector"] == H100_LABELS
+    assert GPU_TOLERATION in pods[0]["spec"]["tolerations"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,7 +230,10 @@ def test_cohort_borrows_idle_quota(kube: Kube) -> None:
     # The idle queue: same flavor, nothing is ever submitted to it.
     queue_setup(kube, "t3b", gpus=4, cohort=cohort, flavor=flavor)
 
-    job = kube.create(batch_job("needs-five", namespace, "team", gpus=5))  # 2 own + 3 borrowed
+    # 2 own + 3 borrowed; its pod keeps running (fake node) while the reservation is read.
+    job = kube.create(
+        batch_job("needs-five", namespace, "team", gpus=5, pod_annotations={TEST_DURATION: "10m"})
+    )
     wait_until(
         "the 5-GPU Job to be admitted by borrowing",
         lambda: True if is_true(workload_of(kube, job), "Admitted") else None,
@@ -350,8 +304,7 @@ def test_bad_rayjobs_are_rejected(kube: Kube) -> None:
 def test_admitted_rayjob_gets_a_raycluster(kube: Kube) -> None:
     """An admitted RayJob makes the real KubeRay operator create its RayCluster.
 
-    The RayCluster's pods are created but stay Pending: this control plane has no kubelet and
-    no scheduler, so nothing ever runs. Completion would have to be simulated.
+    (Its pods are then scheduled to the fake GPU nodes and run there; no Ray process runs.)
     """
     namespace, _, _ = queue_setup(kube, "t5", gpus=2)
     job = kube.create(ray_job("trainer", namespace, "team"))
@@ -404,7 +357,7 @@ def test_down_leaves_no_process_or_port(kube_cluster: KubeCluster, tmp_path: Pat
             check=False,
         )
 
-    started = run("up", "--no-build", "--gpu-nodes=1", "--cpu-nodes=1")
+    started = run("up", "--no-build", f"--nodes={controlplane.NODES_DIR / 'cpu.yaml'}")
     try:
         assert started.returncode == 0, started.stderr[-4000:]
         state = tmp_path / "cluster"
