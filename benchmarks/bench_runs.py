@@ -7,8 +7,15 @@ Targets (issues 6 and 7), on this machine:
 - page server time p95 < 50 ms with 100 workspaces x 10,000 runs.
 
 Times are server time in this process (Django's test client through the whole middleware,
-authentication and view stack, no network), p95 over repeated requests after a warm-up; and,
-for submissions, also over HTTP with wrk against gunicorn (the client shares the two cores).
+authentication and view stack, no network), p95 over repeated requests after a warm-up.
+
+Over HTTP (wrk against gunicorn on loopback; the client shares the two cores), every figure is
+a share of a bare DRF view measured in the same run on the same server, client and settings
+(``benchmarks/http_urls.py``: no authentication, the project's whole middleware stack), since
+absolute numbers drift between machines and with load while the ratio holds much better.
+Goals (issue 12): a submission ≥ 6 % of the bare view with p95 < 100 ms; the runs list with a
+token ≥ 35 %. The bare view with token authentication is shown too, for what a token costs.
+
 The rows are written with one INSERT … SELECT generate_series.
 """
 
@@ -16,8 +23,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -95,97 +108,203 @@ def populate(user_id: int) -> None:
 
 
 WRK_SCRIPT = """
-wrk.method = "POST"
+wrk.method = METHOD
 wrk.body = BODY
-wrk.headers["Content-Type"] = "multipart/form-data; boundary=taugridbench"
-wrk.headers["Authorization"] = "Bearer TOKEN"
+wrk.headers["Content-Type"] = CONTENT_TYPE
+if AUTHORIZATION ~= "" then wrk.headers["Authorization"] = AUTHORIZATION end
 local other = 0
 response = function(status, headers, body)
-  if status ~= 201 then other = other + 1 end
+  if status ~= EXPECTED then other = other + 1 end
 end
 done = function(summary, latency, requests)
-  io.write(string.format("RESULT %d %d %.1f %.1f %.1f %d\\n", summary.requests, summary.duration,
-    latency:percentile(50), latency:percentile(95), latency:percentile(99),
-    summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.timeout))
+  io.write(string.format("RESULT %d %d %.1f %.1f %.1f %d %d\\n", summary.requests,
+    summary.duration, latency:percentile(50), latency:percentile(95), latency:percentile(99),
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    other))
 end
 """
 
+#: What each HTTP figure is a share of: the bare DRF view (benchmarks/http_urls.py), no
+#: authentication, through the same gunicorn, middleware, settings and wrk.
+BASELINE = "http: bare DRF view (no authentication)"
+#: Goals of issue 12, as shares of the baseline (and the submission's p95).
+GOALS = {
+    "http: submit a run": {"min_ratio": 0.06, "max_p95_ms": 100.0},
+    "http: runs list": {"min_ratio": 0.35},
+}
 
-def http_submissions(token: str, *, seconds: int = 10) -> dict[str, Any]:
+
+class HttpBench:
     """Throughput the way scripts see it: gunicorn (HTTP_WORKERS sync workers; threads only
     add GIL contention for this CPU-bound work) on loopback, HTTP_CLIENTS connections at once
-    from wrk (a C load generator, so the client takes little of the two cores), each request
-    a multipart submission. Bounded: ``seconds`` long."""
-    import shutil
-    import signal
-    import socket
-    import subprocess
-    import tempfile
-    import urllib.request
+    from wrk (a C load generator, so the client takes little of the two cores). One server
+    for every route measured, started with ``benchmarks.http_settings`` (the product's
+    settings plus the bare views' URLs). Each measurement is bounded: a 2 s warm-up, then
+    ``seconds`` measured."""
 
-    from django.conf import settings
-    from django.db import connection
+    def __init__(self, *, seconds: int = 10) -> None:
+        self.seconds = seconds
+        self.wrk = shutil.which("wrk")
+        self.server: subprocess.Popen[bytes] | None = None
+        self.port = 0
 
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        return {"skipped": "install Debian's wrk to measure HTTP throughput"}
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "TAU_SECRET_KEY": settings.SECRET_KEY,
-        "TAU_TOKEN_PEPPERS": settings.TAU_TOKEN_PEPPERS,
-        # As in production: keep database connections (a new PostgreSQL connection per
-        # request costs a SCRAM handshake, several milliseconds).
-        "TAU_DB_CONN_MAX_AGE": "60",
-    }
-    gunicorn = str(Path(sys.executable).parent / "gunicorn")
-    command = [gunicorn, "portal.wsgi:application", "--bind", f"127.0.0.1:{port}"]
-    command += ["--workers", str(HTTP_WORKERS), "--threads", str(HTTP_THREADS)]
-    server = subprocess.Popen(
-        [*command, "--log-level", "warning"],
-        cwd=Path(__file__).resolve().parents[1],
-        env=env,
-        start_new_session=True,
-    )
+    def __enter__(self) -> HttpBench:
+        from django.conf import settings
+        from django.db import connection
+
+        if self.wrk is None:
+            return self
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        db = connection.settings_dict
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "benchmarks.http_settings",
+            "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+            "TAU_SECRET_KEY": settings.SECRET_KEY,
+            "TAU_TOKEN_PEPPERS": settings.TAU_TOKEN_PEPPERS,
+            # As in production: keep database connections (a new PostgreSQL connection per
+            # request costs a SCRAM handshake, several milliseconds).
+            "TAU_DB_CONN_MAX_AGE": "60",
+        }
+        gunicorn = str(Path(sys.executable).parent / "gunicorn")
+        command = [gunicorn, "portal.wsgi:application", "--bind", f"127.0.0.1:{self.port}"]
+        command += ["--workers", str(HTTP_WORKERS), "--threads", str(HTTP_THREADS)]
+        command += ["--forwarded-allow-ips", "", "--log-level", "warning"]
+        self.server = subprocess.Popen(
+            command, cwd=Path(__file__).resolve().parents[1], env=env, start_new_session=True
+        )
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            os.killpg(self.server.pid, signal.SIGTERM)
+            self.server.wait(timeout=30)
+
+    def load(
+        self,
+        path: str,
+        *,
+        method: str = "GET",
+        body: str = "",
+        content_type: str = "application/json",
+        token: str = "",
+        expected: int = 200,
+    ) -> dict[str, Any]:
+        if self.wrk is None:
+            return {"skipped": "install Debian's wrk to measure HTTP throughput"}
+        script = (
+            WRK_SCRIPT.replace("METHOD", json.dumps(method))
+            .replace("BODY", json.dumps(body))
+            .replace("CONTENT_TYPE", json.dumps(content_type))
+            .replace("AUTHORIZATION", json.dumps(f"Bearer {token}" if token else ""))
+            .replace("EXPECTED", str(expected))
+        )
+        url = f"http://127.0.0.1:{self.port}{path}"
+        with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
+            lua.write(script)
+            lua.flush()
+            for seconds in (2, self.seconds):  # warm-up, then the measurement
+                command = [self.wrk, "-t1", f"-c{HTTP_CLIENTS}", f"-d{seconds}s", "-s", lua.name]
+                output = subprocess.run(
+                    [*command, url], capture_output=True, text=True, check=True
+                ).stdout
+        line = next(line for line in output.splitlines() if line.startswith("RESULT"))
+        requests_done, duration_us, p50, p95, p99, errors, unexpected = line.split()[1:]
+        return {
+            "requests": int(requests_done),
+            "errors": int(errors),
+            f"not_{expected}": int(unexpected),
+            "requests_per_second": round(int(requests_done) / (int(duration_us) / 1e6), 1),
+            "median_ms": float(p50) / 1000,
+            "p95_ms": float(p95) / 1000,
+            "p99_ms": float(p99) / 1000,
+        }
+
+
+def http_figures(token: str) -> dict[str, Any]:
+    """Every HTTP figure and its share of the bare view, measured in one run. The baseline
+    is measured first and last; the figures are shares of the mean of the two (the spread
+    between them says how steady the machine was)."""
     body = (
         '--taugridbench\r\nContent-Disposition: form-data; name="spec"; filename="tau.yaml"\r\n'
         "Content-Type: application/x-yaml\r\n\r\n" + SPEC.decode() + "\r\n--taugridbench--\r\n"
     )
-    script = WRK_SCRIPT.replace("BODY", json.dumps(body)).replace("TOKEN", token)
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
-        with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
-            lua.write(script)
-            lua.flush()
-            url = f"http://127.0.0.1:{port}/api/v1/workspaces/ws-5/runs/"
-            warm = [wrk, "-t1", f"-c{HTTP_CLIENTS}", "-d2s", "-s", lua.name, url]
-            subprocess.run(warm, capture_output=True, check=True)
-            measured = [wrk, "-t1", f"-c{HTTP_CLIENTS}", f"-d{seconds}s", "-s", lua.name, url]
-            output = subprocess.run(measured, capture_output=True, text=True, check=True).stdout
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-    line = next(line for line in output.splitlines() if line.startswith("RESULT"))
-    requests_done, duration_us, p50, p95, p99, errors = line.split()[1:]
-    return {
-        "clients": HTTP_CLIENTS,
-        "server": f"gunicorn {HTTP_WORKERS} workers x {HTTP_THREADS} threads",
-        "requests": int(requests_done),
-        "errors": int(errors),
-        "runs_per_second": round(int(requests_done) / (int(duration_us) / 1e6), 1),
-        "median_ms": float(p50) / 1000,
-        "p95_ms": float(p95) / 1000,
-        "p99_ms": float(p99) / 1000,
+    results: dict[str, Any] = {}
+    with HttpBench() as http:
+        first = http.load("/bench/bare/")
+        if "skipped" in first:
+            return {BASELINE: first}
+        results["http: bare DRF view with token authentication"] = http.load(
+            "/bench/bare-token/", token=token
+        )
+        results["http: runs list"] = http.load("/api/v1/workspaces/ws-7/runs/", token=token)
+        results["http: submit a run"] = http.load(
+            "/api/v1/workspaces/ws-5/runs/",
+            method="POST",
+            body=body,
+            content_type="multipart/form-data; boundary=taugridbench",
+            token=token,
+            expected=201,
+        )
+        last = http.load("/bench/bare/")
+    baseline = (first["requests_per_second"] + last["requests_per_second"]) / 2
+    spread = abs(first["requests_per_second"] - last["requests_per_second"]) / baseline
+    figures: dict[str, Any] = {
+        BASELINE: {
+            "requests_per_second": round(baseline, 1),
+            "first": first["requests_per_second"],
+            "last": last["requests_per_second"],
+            "spread": round(spread, 3),
+            "p95_ms": max(first["p95_ms"], last["p95_ms"]),
+            "server": f"gunicorn {HTTP_WORKERS} workers x {HTTP_THREADS} threads",
+            "clients": HTTP_CLIENTS,
+        }
     }
+    for label, result in results.items():
+        result["ratio"] = round(result["requests_per_second"] / baseline, 4)
+        goal = GOALS.get(label)
+        if goal is not None:
+            met = result["ratio"] >= goal["min_ratio"]
+            if "max_p95_ms" in goal:
+                met = met and result["p95_ms"] < goal["max_p95_ms"]
+            result["goal"] = ", ".join(
+                [f"ratio ≥ {goal['min_ratio']:.0%}"]
+                + ([f"p95 < {goal['max_p95_ms']:.0f} ms"] if "max_p95_ms" in goal else [])
+            )
+            result["met"] = met
+        figures[label] = result
+    return figures
+
+
+def print_ratios(figures: dict[str, Any]) -> None:
+    """The HTTP figures as shares of the baseline (``figures``: this benchmark's results)."""
+    baseline = figures.get(BASELINE)
+    if baseline is None or "skipped" in baseline:
+        print(f"\n  HTTP: {baseline['skipped'] if baseline else 'not measured'}")
+        return
+    print(
+        f"\n  HTTP baseline, bare DRF view without authentication: "
+        f"{baseline['requests_per_second']:,.0f} requests/s (first {baseline['first']:,.0f}, "
+        f"last {baseline['last']:,.0f}; {baseline['clients']} clients, {baseline['server']})"
+    )
+    for label, result in figures.items():
+        if label == BASELINE or not label.startswith("http:"):
+            continue
+        verdict = ""
+        if "goal" in result:
+            verdict = f"   goal {result['goal']}: {'met' if result['met'] else 'NOT met'}"
+        print(
+            f"  {label}: {result['requests_per_second']:,.1f}/s = {result['ratio']:.1%} of the "
+            f"baseline, p95 {result['p95_ms']:.1f} ms{verdict}"
+        )
 
 
 def main() -> None:
@@ -248,9 +367,11 @@ def main() -> None:
         elapsed = time.perf_counter() - started
         submission["runs_per_second"] = round((count + 10) / elapsed, 1)
         results["api: submit a run"] = submission
-        results["http: submit a run"] = http_submissions(token_plaintext)
+        figures = http_figures(token_plaintext)
+        results.update(figures)
         results["rows"] = {"workspaces": WORKSPACES, "runs": WORKSPACES * RUNS_PER_WORKSPACE}
         report("runs_at_scale", results)
+        print_ratios(figures)
 
 
 if __name__ == "__main__":
