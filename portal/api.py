@@ -1,4 +1,5 @@
-"""What every app's REST API shares: JSON bodies within bounds.
+"""What every app's REST API shares: JSON bodies within bounds, and how refusals are
+described in the OpenAPI schema.
 
 DRF's JSONParser reads whatever it is sent: a body nested a thousand levels deep ends in a
 RecursionError (a 500), and text no database column can store (NUL, lone surrogates) fails
@@ -15,7 +16,9 @@ from typing import IO, Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from rest_framework import exceptions
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import exceptions, serializers
 from rest_framework.parsers import JSONParser
 
 #: JSON bodies nested deeper than this are refused (the API's own shapes need 3 levels).
@@ -93,3 +96,65 @@ class BoundedJSONParser(JSONParser):
         if problem is not None:
             raise exceptions.ParseError(f"JSON parse error - {problem}")
         return data
+
+
+# --- The schema ------------------------------------------------------------------------------
+
+
+class ErrorSerializer(serializers.Serializer[Any]):
+    """How the API says no: ``{"detail": "…"}`` (DRF's answer for 401, 403, 404, 405, 409,
+    413 and 429)."""
+
+    detail = serializers.CharField(read_only=True, help_text="What went wrong, in words.")
+
+
+#: DRF's answer to input it refuses: field names (``non_field_errors`` for the whole, or
+#: ``detail`` for a body that is not JSON at all) mapped to what is wrong with them.
+FIELD_ERRORS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {},
+    "description": 'Field names mapped to what is wrong with them, e.g. `{"role": [""x" is '
+    'not a valid choice."]}`; `{"detail": "…"}` for a body that is not JSON.',
+}
+
+REFUSAL_WORDS = {
+    400: "The request is not valid; nothing was changed.",
+    401: "No credentials, or a token that does not verify (unknown, wrong secret, expired, "
+    "revoked, inactive user): every such token gets the same answer. `WWW-Authenticate` says "
+    "how to authenticate.",
+    403: "Authenticated, but not allowed: the role in this workspace is too low, the token is "
+    "read-only, or a run token reaches only its own run's reports.",
+    404: "No such workspace (one the caller may not see looks the same), or no such object in it.",
+    409: "Not possible in the run's present state.",
+    413: "The body declares more than this route accepts; none of it was read.",
+    429: "Too many failed token checks from this address or for this token key within the "
+    "window; `Retry-After` says when to try again. A token that verifies is never refused.",
+}
+
+
+def refusals(
+    *codes: int,
+    in_workspace: bool = True,
+    shapes: Mapping[int, Any] | None = None,
+    words: Mapping[int, str] | None = None,
+    media_types: tuple[str, ...] = (),
+) -> dict[Any, OpenApiResponse]:
+    """The refusals an API operation documents, for ``extend_schema(responses=…)``: 401, 403
+    and 429 on every route (authentication and permissions run first everywhere), 404 on the
+    routes inside a workspace, and ``codes``. Bodies are :class:`ErrorSerializer`'s, 400's
+    :data:`FIELD_ERRORS_SCHEMA`, unless ``shapes`` names another for a code; ``words`` adds
+    to a code's description. With ``media_types`` (a route that also answers
+    ``text/plain``), each refusal is declared for each of them, as text for ``text/plain``."""
+    answers: dict[Any, OpenApiResponse] = {}
+    for code in sorted({401, 403, 429, *((404,) if in_workspace else ()), *codes}):
+        default = FIELD_ERRORS_SCHEMA if code == 400 else ErrorSerializer
+        shape = (shapes or {}).get(code, default)
+        description = " ".join(filter(None, [REFUSAL_WORDS[code], (words or {}).get(code)]))
+        if not media_types:
+            answers[code] = OpenApiResponse(response=shape, description=description)
+        for media_type in media_types:
+            answers[(code, media_type)] = OpenApiResponse(
+                response=OpenApiTypes.STR if media_type == "text/plain" else shape,
+                description=description,
+            )
+    return answers

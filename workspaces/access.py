@@ -18,8 +18,10 @@ from django.contrib.auth.mixins import LoginRequiredMixin, UserPassesTestMixin
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponseBase
+from drf_spectacular.openapi import AutoSchema
 from rest_framework import exceptions as api_exceptions
 from rest_framework import viewsets
+from rest_framework.pagination import BasePagination
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 
@@ -113,16 +115,32 @@ class StaffRequiredMixin(LoginRequiredMixin, UserPassesTestMixin):
         return bool(self.request.user.is_staff)  # type: ignore[attr-defined]
 
 
+class ApiAutoSchema(AutoSchema):
+    """drf-spectacular's schema with one correction: a view's paginator pages its ``list``
+    action only. The other actions that answer a list (a run's events, its checkpoints)
+    answer a plain JSON list, whatever the view's ``pagination_class``."""
+
+    def _get_paginator(self) -> BasePagination | None:
+        action = getattr(self.view, "action", None)
+        if action is not None and action != "list":
+            return None
+        paginator: BasePagination | None = super()._get_paginator()  # type: ignore[no-untyped-call]
+        return paginator
+
+
 class WorkspaceScopedViewSet(viewsets.GenericViewSet):  # type: ignore[type-arg]
     """Base for API routes under ``/api/v1/workspaces/<workspace_slug>/``.
 
     Subclasses name a ``base_queryset`` (or override ``get_base_queryset``); this class
     restricts it to the workspace. Overriding ``get_queryset`` is refused at import time, so
-    no subclass can drop the restriction.
+    no subclass can drop the restriction. Lists answer whole unless a viewset names its own
+    ``pagination_class`` (the runs list pages; members and quotas are short).
     """
 
     read_role: ClassVar[Role] = Role.VIEWER
     write_role: ClassVar[Role] = Role.RESEARCHER
+    pagination_class: type[BasePagination] | None = None
+    schema = ApiAutoSchema()
     # A tenant-owned queryset (Model.objects...); checked when used.
     base_queryset: ClassVar[QuerySet[Any] | None] = None
     workspace: Workspace

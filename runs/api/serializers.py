@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 from django.urls import reverse
+from django.utils.http import RFC3986_SUBDELIMS
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from runs.models import Checkpoint, Run, RunAttempt, RunEvent
@@ -37,14 +41,26 @@ class AttemptSerializer(serializers.ModelSerializer[RunAttempt]):
             "started_at",
             "finished_at",
         ]
+        read_only_fields = fields
+        # Read-only fields lose DRF's allow_blank, which the schema's enum needs ("" = none).
+        extra_kwargs = {"failure_class": {"allow_blank": True}}
 
     def get_resume_from_step(self, attempt: RunAttempt) -> int | None:
         return attempt.resume_from.step if attempt.resume_from else None
 
 
+#: How DRF writes a time (ISO 8601 in the current time zone, ``Z`` for UTC), for the runs
+#: list's direct representation below.
+_TIME = serializers.DateTimeField()
+
+
 class RunSummarySerializer(serializers.ModelSerializer[Run]):
+    """A run in the runs list. The list reads it from the run's own row only: ``url`` comes
+    from the workspace in the context (``{"workspace": …}``) when given, else from the run's
+    workspace."""
+
     url = serializers.SerializerMethodField()
-    submitted_by = serializers.CharField(source="submitted_by_username")
+    submitted_by = serializers.CharField(source="submitted_by_username", read_only=True)
 
     class Meta:
         model = Run
@@ -64,14 +80,68 @@ class RunSummarySerializer(serializers.ModelSerializer[Run]):
             "finished_at",
             "url",
         ]
+        read_only_fields = fields
+        # Read-only fields lose DRF's allow_blank, which the schema's enum needs ("" = none).
+        extra_kwargs = {"failure_class": {"allow_blank": True}}
+
+    def to_representation(self, instance: Run) -> dict[str, Any]:
+        """The fields above, read straight off the run: a list page holds 50 of them, and
+        DRF's generic walk over the fields cost more than the rest of the request together
+        (tests/runs/test_api.py checks that both give the same answer)."""
+        return {
+            "name": instance.name,
+            "spec_name": instance.spec_name,
+            "state": instance.state,
+            "state_reason": instance.state_reason,
+            "queue_position": instance.queue_position,
+            "priority": instance.priority,
+            "backend": instance.backend,
+            "attempt_count": instance.attempt_count,
+            "failure_class": instance.failure_class,
+            "submitted_by": instance.submitted_by_username,
+            "created_at": _time(instance.created_at),
+            "started_at": _time(instance.started_at),
+            "finished_at": _time(instance.finished_at),
+            "url": self.get_url(instance),
+        }
 
     def get_url(self, run: Run) -> str:
-        return reverse(
-            "api:run-detail", kwargs={"workspace_slug": run.workspace.slug, "run_name": run.name}
-        )
+        """The run's API address: its workspace's runs list plus its name (``runs/api/urls.py``
+        spells the detail route so), with the list's address reversed once per serializer."""
+        workspace = self.context.get("workspace")
+        if workspace is None or workspace.pk != run.workspace_id:
+            workspace = run.workspace
+        prefixes: dict[int, str] = self.__dict__.setdefault("_runs_urls", {})
+        prefix = prefixes.get(workspace.pk)
+        if prefix is None:
+            prefix = reverse("api:run-list", kwargs={"workspace_slug": workspace.slug})
+            prefixes[workspace.pk] = prefix
+        return f"{prefix}{quote(run.name, safe=RFC3986_SUBDELIMS + '~:@')}/"
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else _TIME.to_representation(value)
+
+
+#: A run's code bundle, or null. Written out rather than a nullable reference to a component:
+#: in OpenAPI 3.0 ``nullable`` beside ``allOf: [$ref]`` does not admit null.
+BUNDLE_SCHEMA = {
+    "type": "object",
+    "nullable": True,
+    "readOnly": True,
+    "description": "The project zip it was submitted with; null without one.",
+    "properties": {
+        "sha256": {"type": "string"},
+        "size": {"type": "integer", "description": "Bytes."},
+        "files": {"type": "integer"},
+    },
+    "required": ["sha256", "size", "files"],
+}
 
 
 class RunDetailSerializer(RunSummarySerializer):
+    """A run with its spec, bundle and attempts (``attempts`` prefetched by the caller)."""
+
     attempts = AttemptSerializer(many=True, read_only=True)
     bundle = serializers.SerializerMethodField()
 
@@ -86,21 +156,26 @@ class RunDetailSerializer(RunSummarySerializer):
             "cancel_requested_at",
             "attempts",
         ]
+        read_only_fields = fields
 
+    @extend_schema_field(BUNDLE_SCHEMA)
     def get_bundle(self, run: Run) -> dict[str, Any] | None:
-        if run.bundle is None:
+        bundle = run.bundle
+        if bundle is None:
             return None
-        return {
-            "sha256": run.bundle.sha256,
-            "size": run.bundle.size,
-            "files": run.bundle.file_count,
-        }
+        return {"sha256": bundle.sha256, "size": bundle.size, "files": bundle.file_count}
+
+    def to_representation(self, instance: Run) -> dict[str, Any]:
+        # Every field, the generic way (one run at a time: no need for the list's shortcut).
+        data: dict[str, Any] = serializers.ModelSerializer.to_representation(self, instance)
+        return data
 
 
 class EventSerializer(serializers.ModelSerializer[RunEvent]):
     class Meta:
         model = RunEvent
         fields = ["seq", "time", "kind", "old_state", "new_state", "message", "data", "hash"]
+        read_only_fields = fields
 
 
 class LogChunkSerializer(serializers.Serializer[Any]):
@@ -120,6 +195,54 @@ class CheckpointSerializer(serializers.ModelSerializer[Checkpoint]):
     class Meta:
         model = Checkpoint
         fields = ["id", "attempt", "step", "path", "complete", "size", "created_at"]
+        read_only_fields = fields
+
+
+class MetricsSerializer(serializers.Serializer[Any]):
+    """A run's metric series (the metrics route's answer)."""
+
+    keys = serializers.ListField(
+        child=serializers.CharField(), read_only=True, help_text="Every metric name of the run."
+    )
+    series = serializers.DictField(
+        child=serializers.ListField(
+            child=serializers.ListField(child=serializers.FloatField(), min_length=2, max_length=2)
+        ),
+        read_only=True,
+        help_text="Per name asked for: `[step, value]` points in step order, downsampled.",
+    )
+
+
+class ProblemSerializer(serializers.Serializer[Any]):
+    """One problem of a refused submission, pointed at its place in tau.yaml."""
+
+    path = serializers.CharField(read_only=True, help_text="e.g. `compute.gpus`, or `bundle`.")
+    line = serializers.IntegerField(read_only=True, allow_null=True)
+    column = serializers.IntegerField(read_only=True, allow_null=True)
+    message = serializers.CharField(read_only=True)
+    hint = serializers.CharField(read_only=True, allow_null=True)
+
+
+class SubmissionRefusedSerializer(serializers.Serializer[Any]):
+    """A refused submission: every problem at once. (A request without a `spec` file, or
+    with one over 256 KiB, is refused as `{"spec": ["…"]}`.)"""
+
+    detail = serializers.CharField(required=False, help_text="The run was not submitted.")
+    problems = ProblemSerializer(many=True, required=False)
+
+
+class MetricsRecordedSerializer(serializers.Serializer[Any]):
+    recorded = serializers.IntegerField(read_only=True, help_text="Points recorded.")
+
+
+class MetricsRefusedSerializer(serializers.Serializer[Any]):
+    """A refused metrics report: nothing of it was recorded. (A body that is not a list of
+    rows is refused as `{"rows": …}`.)"""
+
+    detail = serializers.CharField(required=False)
+    problems = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="What is wrong, row by row."
+    )
 
 
 class SubmitSerializer(serializers.Serializer[Any]):

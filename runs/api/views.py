@@ -16,13 +16,12 @@ from typing import Any
 
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Prefetch, Q, QuerySet, prefetch_related_objects
 from django.http import FileResponse, Http404, HttpResponseBase, StreamingHttpResponse
-from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from django.utils.http import urlencode
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.decorators import action
 from rest_framework.pagination import Cursor, CursorPagination
@@ -31,7 +30,7 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal.api import BoundedJSONParser
+from portal.api import BoundedJSONParser, refusals
 from portal.identity.tokens import token_of
 from portal.models import ApiToken
 from runs import bundles, selectors, services, submission
@@ -41,12 +40,16 @@ from runs.api.serializers import (
     CheckpointSerializer,
     EventSerializer,
     LogChunkSerializer,
+    MetricsRecordedSerializer,
+    MetricsRefusedSerializer,
+    MetricsSerializer,
     ReportCheckpointSerializer,
     ReportEventSerializer,
     ReportMetricsSerializer,
     ResumeSerializer,
     RunDetailSerializer,
     RunSummarySerializer,
+    SubmissionRefusedSerializer,
     SubmitSerializer,
 )
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt, RunEvent, RunState
@@ -66,6 +69,10 @@ MAX_EVENT_PAGE_BYTES = 1024 * 1024
 #: Reports (metrics, checkpoints and events together) one run token may send per minute.
 #: Rows go in batches (up to 5,000 per metrics report), so this is plenty for any workload.
 REPORTS_PER_MINUTE = 120
+REPORTS_429 = (
+    f"Also: more than {REPORTS_PER_MINUTE} reports a minute with this run token "
+    "(`Retry-After` says when the next is taken)."
+)
 
 
 class RunCursorPagination(CursorPagination):
@@ -127,7 +134,7 @@ class RunViewSet(WorkspaceScopedViewSet):
 
     serializer_class = RunSummarySerializer
     pagination_class = RunCursorPagination
-    base_queryset = Run.objects.select_related("workspace")
+    base_queryset = Run.objects.all()
     lookup_url_kwarg = "run_name"
     parser_classes = [MultiPartParser, BoundedJSONParser]
 
@@ -164,13 +171,29 @@ class RunViewSet(WorkspaceScopedViewSet):
             OpenApiParameter("name", str, description="A spec name or run name."),
             OpenApiParameter("submitter", str, description="Username of who submitted."),
         ],
-        responses=RunSummarySerializer(many=True),
+        responses={200: RunSummarySerializer(many=True), **refusals(400)},
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        page = self.paginate_queryset(self._filtered())
-        return self.get_paginated_response(RunSummarySerializer(page, many=True).data)
+        # A summary needs none of the spec: leave its two large columns in the database.
+        page = self.paginate_queryset(self._filtered().defer("spec", "spec_source"))
+        summaries = RunSummarySerializer(page, many=True, context={"workspace": self.workspace})
+        return self.get_paginated_response(summaries.data)
 
-    @extend_schema(request=SubmitSerializer, responses={201: RunDetailSerializer})
+    @extend_schema(
+        request=SubmitSerializer,
+        responses={
+            201: RunDetailSerializer,
+            **refusals(
+                400,
+                413,
+                shapes={400: SubmissionRefusedSerializer, 413: SubmissionRefusedSerializer},
+                words={
+                    400: "`problems` lists every problem at once, with its line in tau.yaml.",
+                    413: "The submission declares more than a bundle, a spec and their form.",
+                },
+            ),
+        },
+    )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         spec_file = request.FILES.get("spec")
         if spec_file is None:
@@ -194,47 +217,29 @@ class RunViewSet(WorkspaceScopedViewSet):
                 },
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        # Answer from what was just written: no re-read, and a new run has no attempts yet.
-        url = reverse(
-            "api:run-detail", kwargs={"workspace_slug": self.workspace.slug, "run_name": run.name}
-        )
-        bundle = run.bundle
-        return Response(
-            {
-                "name": run.name,
-                "spec_name": run.spec_name,
-                "state": run.state,
-                "state_reason": run.state_reason,
-                "spec_hash": run.spec_hash,
-                "bundle": None
-                if bundle is None
-                else {"sha256": bundle.sha256, "size": bundle.size, "files": bundle.file_count},
-                "priority": run.priority,
-                "backend": run.backend,
-                "submitted_by": run.submitted_by_username,
-                "created_at": run.created_at,
-                "attempts": [],
-                "url": url,
-            },
-            status=status.HTTP_201_CREATED,
-        )
+        # The run as just written, in the detail's shape: the run, its bundle and its
+        # workspace are in memory, so only its attempts are read (one query).
+        prefetch_related_objects([run], self._attempts())
+        return Response(RunDetailSerializer(run).data, status=status.HTTP_201_CREATED)
 
-    def _detail(self, run: Run) -> dict[str, Any]:
-        attempts = Prefetch(
+    def _attempts(self) -> Prefetch[Any]:
+        return Prefetch(
             "attempts",
             queryset=RunAttempt.objects.for_workspace(self.workspace)
             .select_related("resume_from")
             .order_by("number"),
         )
+
+    def _detail(self, run: Run) -> dict[str, Any]:
         fresh = (
             Run.objects.for_workspace(self.workspace)
             .select_related("workspace", "bundle")
-            .prefetch_related(attempts)
+            .prefetch_related(self._attempts())
             .get(pk=run.pk)
         )
         return dict(RunDetailSerializer(fresh).data)
 
-    @extend_schema(responses=RunDetailSerializer)
+    @extend_schema(responses={200: RunDetailSerializer, **refusals()})
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(self._detail(self.get_object()))
 
@@ -244,7 +249,7 @@ class RunViewSet(WorkspaceScopedViewSet):
                 "Only its submitter or a workspace admin can do that."
             )
 
-    @extend_schema(request=None, responses=RunDetailSerializer)
+    @extend_schema(request=None, responses={200: RunDetailSerializer, **refusals(409)})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         run = self.get_object()
@@ -255,7 +260,10 @@ class RunViewSet(WorkspaceScopedViewSet):
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(self._detail(run))
 
-    @extend_schema(request=ResumeSerializer, responses=RunDetailSerializer)
+    @extend_schema(
+        request=ResumeSerializer,
+        responses={200: RunDetailSerializer, **refusals(400, 409, 413)},
+    )
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         run = self.get_object()
@@ -302,7 +310,7 @@ class RunViewSet(WorkspaceScopedViewSet):
                 "comes back empty (or without this header).",
             ),
         ],
-        responses=EventSerializer(many=True),
+        responses={200: EventSerializer(many=True), **refusals(400)},
     )
     @action(detail=True, methods=["get"])
     def events(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -360,6 +368,11 @@ class RunViewSet(WorkspaceScopedViewSet):
         responses={
             (200, "application/json"): LogChunkSerializer,
             (200, "text/plain"): OpenApiTypes.STR,
+            **refusals(
+                400,
+                media_types=("application/json", "text/plain"),
+                words={404: "Also: the run has no such attempt."},
+            ),
         },
     )
     @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, PlainTextRenderer])
@@ -399,7 +412,8 @@ class RunViewSet(WorkspaceScopedViewSet):
                 "fewer. A run has at most "
                 f"{MAX_KEYS_PER_RUN} metric names (`keys` lists them).",
             ),
-        ]
+        ],
+        responses={200: MetricsSerializer, **refusals(400)},
     )
     @action(detail=True, methods=["get"])
     def metrics(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -419,7 +433,7 @@ class RunViewSet(WorkspaceScopedViewSet):
             {"keys": available, "series": selectors.metric_series(run, keys, max_points=max_points)}
         )
 
-    @extend_schema(responses=CheckpointSerializer(many=True))
+    @extend_schema(responses={200: CheckpointSerializer(many=True), **refusals()})
     @action(detail=True, methods=["get"])
     def checkpoints(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         run = self.get_object()
@@ -532,7 +546,13 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         # submitter's role changed while it ran (removal from the workspace still stops it).
         return Role.VIEWER
 
-    @extend_schema(request=ReportMetricsSerializer, responses={202: None})
+    @extend_schema(
+        request=ReportMetricsSerializer,
+        responses={
+            202: MetricsRecordedSerializer,
+            **refusals(400, 413, shapes={400: MetricsRefusedSerializer}, words={429: REPORTS_429}),
+        },
+    )
     def metrics(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ReportMetricsSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -590,7 +610,10 @@ class RunReportViewSet(WorkspaceScopedViewSet):
             MetricPoint.objects.bulk_create(points, batch_size=1000)
         return Response({"recorded": len(points)}, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=ReportCheckpointSerializer, responses={201: CheckpointSerializer})
+    @extend_schema(
+        request=ReportCheckpointSerializer,
+        responses={201: CheckpointSerializer, **refusals(400, 413, words={429: REPORTS_429})},
+    )
     def checkpoint(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ReportCheckpointSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -611,7 +634,10 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         )
         return Response(CheckpointSerializer(checkpoint).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=ReportEventSerializer, responses={201: EventSerializer})
+    @extend_schema(
+        request=ReportEventSerializer,
+        responses={201: EventSerializer, **refusals(400, 413, words={429: REPORTS_429})},
+    )
     def event(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ReportEventSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -633,7 +659,15 @@ class RunBundleViewSet(WorkspaceScopedViewSet):
     accepts_run_tokens = True
     base_queryset = Run.objects.all()
 
-    @extend_schema(responses={(200, "application/zip"): OpenApiTypes.BINARY})
+    @extend_schema(
+        responses={
+            (200, "application/zip"): OpenApiResponse(
+                OpenApiTypes.BINARY,
+                description="The zip as submitted; `X-Content-SHA256` is its SHA-256.",
+            ),
+            **refusals(words={404: "Also: the run has no code bundle."}),
+        }
+    )
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> FileResponse:
         token = token_of(request)
         name = kwargs["run_name"]

@@ -60,8 +60,8 @@ class WorkspaceSerializer(serializers.ModelSerializer[Workspace]):
 
 
 class QuotaSerializer(serializers.ModelSerializer[WorkspaceQuota]):
-    flavor = serializers.CharField(source="flavor.name")
-    gpu_model = serializers.CharField(source="flavor.gpu_model")
+    flavor = serializers.CharField(source="flavor.name", read_only=True)
+    gpu_model = serializers.CharField(source="flavor.gpu_model", read_only=True)
     nominal = serializers.SerializerMethodField()
     borrowing_limit = serializers.SerializerMethodField(help_text="null: no limit")
     lending_limit = serializers.SerializerMethodField(help_text="null: all of the nominal quota")
@@ -69,6 +69,7 @@ class QuotaSerializer(serializers.ModelSerializer[WorkspaceQuota]):
     class Meta:
         model = WorkspaceQuota
         fields = ["flavor", "gpu_model", "resource", "nominal", "borrowing_limit", "lending_limit"]
+        read_only_fields = fields
 
     def _amount(self, quota: WorkspaceQuota, field: str) -> str | None:
         value = getattr(quota, field)
@@ -92,6 +93,7 @@ class MemberSerializer(serializers.ModelSerializer[Membership]):
     class Meta:
         model = Membership
         fields = ["username", "full_name", "role", "joined"]
+        read_only_fields = fields
 
 
 class MemberCreateSerializer(serializers.Serializer[Any]):

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from portal.api import refusals
 from workspaces import services
 from workspaces.access import WorkspaceScopedViewSet, token_workspace_id
 from workspaces.api.serializers import (
@@ -30,6 +31,11 @@ def _as_api_error(exc: DjangoValidationError) -> ValidationError:
     return ValidationError({"detail": exc.messages})
 
 
+@extend_schema_view(
+    get=extend_schema(
+        responses={200: WorkspaceSerializer(many=True), **refusals(in_workspace=False)}
+    )
+)
 class WorkspaceListView(generics.ListAPIView):  # type: ignore[type-arg]
     """The workspaces you can open, with your role in each."""
 
@@ -51,9 +57,11 @@ class WorkspaceDetailViewSet(WorkspaceScopedViewSet):
     def _annotated_workspace(self) -> Any:
         return workspaces_for_user(self.request.user).get(pk=self.workspace.pk)
 
+    @extend_schema(responses={200: WorkspaceSerializer, **refusals()})
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(WorkspaceSerializer(self._annotated_workspace()).data)
 
+    @extend_schema(responses={200: WorkspaceSerializer, **refusals(400, 413)})
     def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = WorkspaceSerializer(self.workspace, data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
@@ -77,6 +85,7 @@ class QuotaViewSet(WorkspaceScopedViewSet):
         "flavor__name", "resource"
     )
 
+    @extend_schema(responses={200: QuotaSerializer(many=True), **refusals()})
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(QuotaSerializer(self.get_queryset(), many=True).data)
 
@@ -91,13 +100,18 @@ class MemberViewSet(WorkspaceScopedViewSet):
     lookup_field = "user__username"
     lookup_url_kwarg = "username"
 
+    @extend_schema(responses={200: MemberSerializer(many=True), **refusals()})
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(MemberSerializer(self.get_queryset(), many=True).data)
 
+    @extend_schema(responses={200: MemberSerializer, **refusals()})
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(MemberSerializer(self.get_object()).data)
 
-    @extend_schema(request=MemberCreateSerializer, responses={201: MemberSerializer})
+    @extend_schema(
+        request=MemberCreateSerializer,
+        responses={201: MemberSerializer, **refusals(400, 413)},
+    )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = MemberCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -112,7 +126,10 @@ class MemberViewSet(WorkspaceScopedViewSet):
             raise _as_api_error(exc) from None
         return Response(MemberSerializer(membership).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=MemberUpdateSerializer, responses={200: MemberSerializer})
+    @extend_schema(
+        request=MemberUpdateSerializer,
+        responses={200: MemberSerializer, **refusals(400, 413)},
+    )
     def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         membership = self.get_object()
         payload = MemberUpdateSerializer(data=request.data)
@@ -125,7 +142,12 @@ class MemberViewSet(WorkspaceScopedViewSet):
             raise _as_api_error(exc) from None
         return Response(MemberSerializer(membership).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(
+        responses={
+            204: None,
+            **refusals(400, words={400: "A workspace keeps at least one admin."}),
+        }
+    )
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         membership = self.get_object()
         try:

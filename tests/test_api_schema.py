@@ -1,0 +1,609 @@
+"""Every answer of the REST API agrees with its OpenAPI schema (the one served at
+``/api/v1/schema/``): status code documented, content type documented, body valid against
+the declared schema with its components resolved (nullable fields, enums, required fields,
+paginated envelopes). Validated with openapi-core, an OpenAPI 3.0 validator independent of
+drf-spectacular, which writes the schema.
+
+``CALLS`` holds one or more real calls per operation, successes and the refusals clients are
+told to expect (400, 401, 403, 404, 409, 413, 429). ``test_every_operation_is_called`` fails
+when the schema grows an operation that no call here exercises.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.http import HttpResponseBase
+from django.urls import resolve
+from openapi_core import OpenAPI
+from openapi_core.contrib.django import DjangoOpenAPIRequest, DjangoOpenAPIResponse
+from openapi_core.exceptions import OpenAPIError
+from rest_framework.test import APIClient
+
+from runs.models import Checkpoint, MetricPoint, RunEvent, RunState
+from tests.runs.factories import TINY_SPEC, make_run
+from tests.runs.test_api import attempt_with_log, bearer, run_token
+from workspaces.models import Membership, Workspace
+
+pytestmark = pytest.mark.django_db
+
+API = "/api/v1/workspaces"
+WS = f"{API}/{{workspace_slug}}"
+RUN = f"{WS}/runs/{{run_name}}"
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    """The schema as the API serves it (to any authenticated caller; no database needed)."""
+    client = APIClient()
+    client.force_authenticate(get_user_model()(username="schema-reader"))
+    response = client.get("/api/v1/schema/", {"format": "json"})
+    assert response.status_code == 200
+    document: dict[str, Any] = response.json()
+    return document
+
+
+@pytest.fixture(scope="module")
+def openapi(schema: dict[str, Any]) -> OpenAPI:
+    return OpenAPI.from_dict(schema)
+
+
+def operations(schema: dict[str, Any]) -> set[tuple[str, str]]:
+    return {
+        (method.upper(), path)
+        for path, item in schema["paths"].items()
+        for method in item
+        if method in {"get", "put", "post", "patch", "delete"}
+    }
+
+
+class AnsweredRequest(DjangoOpenAPIRequest):
+    """The request as openapi-core needs it to find the operation an answer belongs to. Its
+    body is not needed (and is gone once a view has read a form); its route is Django's,
+    also for an answer a middleware gave before the URL was resolved."""
+
+    @property
+    def body(self) -> bytes:
+        return b""
+
+    @property
+    def path_pattern(self) -> str | None:
+        if self.request.resolver_match is None:
+            self.request.resolver_match = resolve(self.request.path)
+        return super().path_pattern
+
+
+def conforms(openapi: OpenAPI, response: HttpResponseBase) -> None:
+    """Fail with every problem openapi-core finds in the response."""
+    request = response.wsgi_request  # type: ignore[attr-defined]
+    try:
+        answer = DjangoOpenAPIResponse(response)  # type: ignore[arg-type]  # streamed ones too
+        openapi.validate_response(AnsweredRequest(request), answer)
+    except OpenAPIError as exc:
+        details = [str(exc)]
+        cause = exc.__cause__
+        for error in getattr(cause, "schema_errors", None) or []:
+            where = "/".join(str(part) for part in error.absolute_path) or "(body)"
+            details.append(f"  at {where}: {error.message}")
+        if cause is not None and not getattr(cause, "schema_errors", None):
+            details.append(f"  {cause!r}")
+        raise AssertionError(
+            f"{request.method} {request.get_full_path()} answered {response.status_code}, "
+            "which the schema does not describe:\n" + "\n".join(details)
+        ) from None
+
+
+# --- The calls ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str  # the operation's path in the schema
+    status: int
+    make: Callable[[Any, Path, Any], HttpResponseBase]
+    name: str
+
+
+CALLS: list[Call] = []
+
+
+def call(method: str, path: str, status: int) -> Callable[[Callable[..., Any]], Any]:
+    def register(make: Callable[[Any, Path, Any], HttpResponseBase]) -> Any:
+        CALLS.append(Call(method, path, status, make, make.__name__))
+        return make
+
+    return register
+
+
+def client(world: Any, who: str = "researcher") -> APIClient:
+    return world.api_client_for(who)  # type: ignore[no-any-return]
+
+
+def run_path(name: str, action: str = "") -> str:
+    return f"{API}/alpha/runs/{name}/{action}"
+
+
+def finished_run(world: Any) -> Any:
+    return make_run(world, state=RunState.FAILED)
+
+
+@call("GET", f"{API}/", 200)
+def workspaces(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).get(f"{API}/")
+
+
+@call("GET", f"{API}/", 401)
+def workspaces_anonymous(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "anonymous").get(f"{API}/")
+
+
+def guesser() -> APIClient:
+    """A caller with a token that does not exist, from an address of its own (failures are
+    counted per address and key in the shared cache, across tests)."""
+    address = ".".join(str(secrets.randbelow(250) + 1) for _ in range(4))
+    caller = APIClient(REMOTE_ADDR=address)
+    key = "".join(secrets.choice(string.ascii_lowercase) for _ in range(12))
+    caller.credentials(HTTP_AUTHORIZATION=f"Bearer tau_{key}_{'x' * 40}")
+    return caller
+
+
+@call("GET", f"{API}/", 401)
+def workspaces_bad_token(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return guesser().get(f"{API}/")
+
+
+@call("GET", f"{API}/", 429)
+def workspaces_too_many_bad_tokens(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    settings.TAU_AUTH_FAILURES_PER_ADDRESS = 1
+    caller = guesser()
+    assert caller.get(f"{API}/").status_code == 401
+    return caller.get(f"{API}/")
+
+
+@call("GET", f"{WS}/", 200)
+def workspace(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).get(f"{API}/alpha/")
+
+
+@call("GET", f"{WS}/", 200)
+def workspace_as_staff(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "platform_admin").get(f"{API}/alpha/")
+
+
+@call("GET", f"{WS}/", 404)
+def workspace_of_others(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "outsider").get(f"{API}/alpha/")
+
+
+@call("PATCH", f"{WS}/", 200)
+def workspace_change(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "workspace_admin").patch(
+        f"{API}/alpha/", {"description": "Vision research"}, format="json"
+    )
+
+
+@call("PATCH", f"{WS}/", 400)
+def workspace_change_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "workspace_admin").patch(
+        f"{API}/alpha/", {"name": "x" * 1000}, format="json"
+    )
+
+
+@call("PATCH", f"{WS}/", 403)
+def workspace_change_by_a_researcher(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).patch(f"{API}/alpha/", {"description": "mine"}, format="json")
+
+
+@call("PATCH", f"{WS}/", 413)
+def workspace_change_too_large(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "workspace_admin").generic(
+        "PATCH",
+        f"{API}/alpha/",
+        "{}",
+        content_type="application/json",
+        CONTENT_LENGTH=str(50 * 2**20),
+    )
+
+
+@call("GET", f"{WS}/quota/", 200)
+def quota(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{API}/alpha/quota/")
+
+
+@call("GET", f"{WS}/members/", 200)
+def members(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{API}/alpha/members/")
+
+
+@call("POST", f"{WS}/members/", 201)
+def member_add(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    users = get_user_model()._default_manager
+    gamma = Workspace.unscoped_objects.create(
+        slug="gamma", name="Gamma", namespace="tau-gamma", local_queue="gamma"
+    )
+    colleague = users.create_user(username="gus")
+    Membership.objects.create(workspace=gamma, user=world.users["workspace_admin"], role="viewer")
+    Membership.objects.create(workspace=gamma, user=colleague, role="viewer")
+    return client(world, "workspace_admin").post(
+        f"{API}/alpha/members/", {"username": "gus", "role": "viewer"}, format="json"
+    )
+
+
+@call("POST", f"{WS}/members/", 400)
+def member_add_unknown(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "workspace_admin").post(
+        f"{API}/alpha/members/", {"username": "nobody", "role": "viewer"}, format="json"
+    )
+
+
+@call("GET", f"{WS}/members/{{username}}/", 200)
+def member(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{API}/alpha/members/rob/")
+
+
+@call("GET", f"{WS}/members/{{username}}/", 404)
+def member_unknown(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{API}/alpha/members/nobody/")
+
+
+@call("PATCH", f"{WS}/members/{{username}}/", 200)
+def member_change(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "workspace_admin").patch(
+        f"{API}/alpha/members/rob/", {"role": "viewer"}, format="json"
+    )
+
+
+@call("PATCH", f"{WS}/members/{{username}}/", 400)
+def member_change_last_admin(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "workspace_admin").patch(
+        f"{API}/alpha/members/alice/", {"role": "viewer"}, format="json"
+    )
+
+
+@call("DELETE", f"{WS}/members/{{username}}/", 204)
+def member_remove(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "workspace_admin").delete(f"{API}/alpha/members/vera/")
+
+
+@call("DELETE", f"{WS}/members/{{username}}/", 403)
+def member_remove_by_a_viewer(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").delete(f"{API}/alpha/members/rob/")
+
+
+@call("GET", f"{WS}/runs/", 200)
+def runs(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    make_run(world)
+    finished_run(world)
+    return client(world, "viewer").get(f"{API}/alpha/runs/", {"limit": 1})
+
+
+@call("GET", f"{WS}/runs/", 200)
+def runs_second_page(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    make_run(world)
+    make_run(world)
+    caller = client(world, "viewer")
+    first = caller.get(f"{API}/alpha/runs/", {"limit": 1}).json()
+    return caller.get(first["next"])
+
+
+@call("GET", f"{WS}/runs/", 400)
+def runs_bad_state(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{API}/alpha/runs/", {"state": "bogus"})
+
+
+@call("GET", f"{WS}/runs/", 400)
+def runs_bad_cursor(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{API}/alpha/runs/", {"cursor": "cD1ub3QtYS10aW1l"})
+
+
+@call("POST", f"{WS}/runs/", 201)
+def submit(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(
+        f"{API}/alpha/runs/",
+        {"spec": SimpleUploadedFile("tau.yaml", TINY_SPEC.replace(b"main.py", b"echo hi"))},
+        format="multipart",
+    )
+
+
+@call("POST", f"{WS}/runs/", 400)
+def submit_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(
+        f"{API}/alpha/runs/",
+        {"spec": SimpleUploadedFile("tau.yaml", b"schema_version: 1\nname: Bad_Name\n")},
+        format="multipart",
+    )
+
+
+@call("POST", f"{WS}/runs/", 400)
+def submit_without_spec(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(f"{API}/alpha/runs/", {}, format="multipart")
+
+
+@call("POST", f"{WS}/runs/", 403)
+def submit_by_a_viewer(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").post(
+        f"{API}/alpha/runs/", {"spec": SimpleUploadedFile("tau.yaml", TINY_SPEC)}
+    )
+
+
+@call("POST", f"{WS}/runs/", 413)
+def submit_too_large(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).generic(
+        "POST",
+        f"{API}/alpha/runs/",
+        "",
+        content_type="multipart/form-data; boundary=x",
+        CONTENT_LENGTH=str(2**30),
+    )
+
+
+@call("GET", f"{RUN}/", 200)
+def run(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path(make_run(world).name))
+
+
+@call("GET", f"{RUN}/", 200)
+def run_with_attempts(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = finished_run(world)
+    attempt_with_log(ran, 1, b"hello\n", tmp)
+    return client(world, "viewer").get(run_path(ran.name))
+
+
+@call("GET", f"{RUN}/", 404)
+def run_unknown(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path("nosuchrun"))
+
+
+@call("POST", f"{RUN}/cancel/", 200)
+def cancel(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(run_path(make_run(world).name, "cancel/"))
+
+
+@call("POST", f"{RUN}/cancel/", 409)
+def cancel_finished(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(run_path(finished_run(world).name, "cancel/"))
+
+
+@call("POST", f"{RUN}/cancel/", 403)
+def cancel_by_a_viewer(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").post(run_path(make_run(world).name, "cancel/"))
+
+
+@call("POST", f"{RUN}/resume/", 200)
+def resume(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(run_path(finished_run(world).name, "resume/"), {}, format="json")
+
+
+@call("POST", f"{RUN}/resume/", 409)
+def resume_live(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(run_path(make_run(world).name, "resume/"), {}, format="json")
+
+
+@call("POST", f"{RUN}/resume/", 400)
+def resume_from_no_checkpoint(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(
+        run_path(finished_run(world).name, "resume/"), {"checkpoint": 999999}, format="json"
+    )
+
+
+@call("GET", f"{RUN}/events/", 200)
+def events(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = make_run(world)
+    client(world).post(run_path(ran.name, "cancel/"))
+    return client(world, "viewer").get(run_path(ran.name, "events/"), {"limit": 1})
+
+
+@call("GET", f"{RUN}/events/", 400)
+def events_bad_limit(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path(make_run(world).name, "events/"), {"limit": 0})
+
+
+@call("GET", f"{RUN}/logs/", 200)
+def logs(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = make_run(world)
+    attempt_with_log(ran, 1, b"line 1\nline 2\n", tmp)
+    return client(world, "viewer").get(run_path(ran.name, "logs/"), {"tail": 1})
+
+
+@call("GET", f"{RUN}/logs/", 200)
+def logs_before_any_attempt(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path(make_run(world).name, "logs/"))
+
+
+@call("GET", f"{RUN}/logs/", 200)
+def logs_as_text(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = make_run(world)
+    attempt_with_log(ran, 1, b"line 1\nline 2\n", tmp)
+    return client(world, "viewer").get(run_path(ran.name, "logs/"), {"format": "text"})
+
+
+@call("GET", f"{RUN}/logs/", 404)
+def logs_of_no_such_attempt(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path(make_run(world).name, "logs/"), {"attempt": 9})
+
+
+@call("GET", f"{RUN}/logs/", 404)
+def logs_as_text_of_no_such_attempt(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(
+        run_path(make_run(world).name, "logs/"), {"attempt": "9", "format": "text"}
+    )
+
+
+@call("GET", f"{RUN}/logs/", 400)
+def logs_bad_offset(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path(make_run(world).name, "logs/"), {"offset": "x"})
+
+
+@call("GET", f"{RUN}/metrics/", 200)
+def metrics(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = make_run(world)
+    MetricPoint.objects.bulk_create(
+        MetricPoint(run=ran, attempt=1, key="loss", step=step, value=1 / (step + 1))
+        for step in range(20)
+    )
+    return client(world, "viewer").get(run_path(ran.name, "metrics/"), {"max_points": 5})
+
+
+@call("GET", f"{RUN}/metrics/", 400)
+def metrics_bad_max_points(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(
+        run_path(make_run(world).name, "metrics/"), {"max_points": 0}
+    )
+
+
+@call("GET", f"{RUN}/checkpoints/", 200)
+def checkpoints(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = finished_run(world)
+    Checkpoint.objects.create(run=ran, attempt=1, step=10, path="/somewhere/step-10")
+    Checkpoint.objects.create(run=ran, attempt=1, step=20, path="/somewhere/step-20", size=7)
+    return client(world, "viewer").get(run_path(ran.name, "checkpoints/"))
+
+
+@call("GET", f"{RUN}/bundle/", 200)
+def bundle(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path(make_run(world).name, "bundle/"))
+
+
+@call("GET", f"{RUN}/bundle/", 404)
+def bundle_of_a_run_without_one(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = make_run(world, spec=TINY_SPEC.replace(b"main.py", b"echo hi"), files=None)
+    return client(world, "viewer").get(run_path(ran.name, "bundle/"))
+
+
+def reporter(world: Any, tmp: Path) -> tuple[Any, APIClient]:
+    ran = make_run(world)
+    return ran, bearer(run_token(world, ran))
+
+
+@call("POST", f"{RUN}/report/metrics/", 202)
+def report_metrics(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    return caller.post(
+        run_path(ran.name, "report/metrics/"), {"rows": [{"step": 1, "loss": 0.5}]}, format="json"
+    )
+
+
+@call("POST", f"{RUN}/report/metrics/", 400)
+def report_metrics_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    return caller.post(
+        run_path(ran.name, "report/metrics/"), {"rows": [{"step": "x"}]}, format="json"
+    )
+
+
+@call("POST", f"{RUN}/report/metrics/", 400)
+def report_metrics_not_json(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    return caller.post(run_path(ran.name, "report/metrics/"), "{", content_type="application/json")
+
+
+@call("POST", f"{RUN}/report/metrics/", 403)
+def report_metrics_as_a_person(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(
+        run_path(make_run(world).name, "report/metrics/"), {"rows": []}, format="json"
+    )
+
+
+@call("POST", f"{RUN}/report/metrics/", 429)
+def report_metrics_too_often(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    from runs.api import views
+
+    ran, caller = reporter(world, tmp)
+    limit = views.REPORTS_PER_MINUTE
+    views.REPORTS_PER_MINUTE = 0
+    try:
+        return caller.post(run_path(ran.name, "report/metrics/"), {"rows": []}, format="json")
+    finally:
+        views.REPORTS_PER_MINUTE = limit
+
+
+@call("POST", f"{RUN}/report/checkpoints/", 201)
+def report_checkpoint(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    return caller.post(
+        run_path(ran.name, "report/checkpoints/"), {"step": 3, "path": "step-3"}, format="json"
+    )
+
+
+@call("POST", f"{RUN}/report/checkpoints/", 400)
+def report_checkpoint_elsewhere(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    return caller.post(
+        run_path(ran.name, "report/checkpoints/"), {"step": 3, "path": "/etc"}, format="json"
+    )
+
+
+@call("POST", f"{RUN}/report/events/", 201)
+def report_event(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    return caller.post(
+        run_path(ran.name, "report/events/"),
+        {"kind": "epoch", "message": "epoch 1", "data": {"epoch": 1}},
+        format="json",
+    )
+
+
+@call("POST", f"{RUN}/report/events/", 400)
+def report_event_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    return caller.post(run_path(ran.name, "report/events/"), {"kind": "Bad Kind"}, format="json")
+
+
+@call("POST", f"{RUN}/report/events/", 404)
+def report_event_for_another_run(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    _, caller = reporter(world, tmp)
+    return caller.post(
+        run_path(make_run(world).name, "report/events/"), {"kind": "epoch"}, format="json"
+    )
+
+
+# --- The tests ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CALLS, ids=[c.name for c in CALLS])
+def test_the_answer_is_what_the_schema_says(
+    case: Call, world: Any, tmp_path: Path, settings: Any, openapi: OpenAPI
+) -> None:
+    settings.VAR_DIR = tmp_path
+    response = case.make(world, tmp_path, settings)
+    assert response.status_code == case.status, getattr(response, "content", b"")[:500]
+    request = AnsweredRequest(response.wsgi_request)  # type: ignore[attr-defined]
+    assert (response.wsgi_request.method, request.path_pattern) == (  # type: ignore[attr-defined]
+        case.method,
+        case.path,
+    )
+    conforms(openapi, response)
+
+
+def test_every_operation_is_called(schema: dict[str, Any]) -> None:
+    called = {(c.method, c.path) for c in CALLS if 200 <= c.status < 300}
+    assert operations(schema) - called == set()
+    assert called - operations(schema) == set()
+
+
+def test_the_validator_catches_a_wrong_answer(world: Any, openapi: OpenAPI) -> None:
+    """The check above is not vacuous: an answer missing a field the schema requires, or
+    with a wrong type, or a status the operation does not document, fails it."""
+    from django.http import JsonResponse
+
+    good = client(world, "viewer").get(f"{API}/alpha/quota/")
+    conforms(openapi, good)
+    for body, status in (
+        ([{"flavor": "h100"}], 200),  # required fields missing
+        ([{**good.json()[0], "nominal": 8}], 200),  # a number where text is declared
+        (good.json(), 418),
+    ):
+        wrong = JsonResponse(body, status=status, safe=False)
+        wrong.wsgi_request = good.wsgi_request  # type: ignore[attr-defined]
+        with pytest.raises(AssertionError):
+            conforms(openapi, wrong)
+    assert RunEvent.objects.for_workspace(world.alpha).count() == 0
