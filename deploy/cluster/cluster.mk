@@ -7,11 +7,12 @@ CLUSTER_TOOL := deploy/cluster/controlplane.py
 
 .PHONY: cluster-build cluster-up cluster-down cluster-status
 
-## Build kine, kube-apiserver, kube-controller-manager, Kueue and KubeRay once (cached).
+## Build every component once (kine, Kubernetes, Kueue, KubeRay, KWOK; cached).
 cluster-build: install
 	$(PYTHON) $(CLUSTER_TOOL) build
 
-## Start the control plane on 127.0.0.1 (or reuse a running one); prints the kubeconfig path.
+## Start the control plane and its fake KWOK nodes on 127.0.0.1 (or reuse a running one);
+## prints the kubeconfig path.
 cluster-up: install
 	$(PYTHON) $(CLUSTER_TOOL) up
 

@@ -304,7 +304,7 @@ def require_go() -> str:
     if go is None:
         raise ControlPlaneError(
             "`go` is not on PATH: the control plane is built from the Go module proxy "
-            "(Go >= 1.25 needed; Debian: apt-get install golang-1.25 or newer)"
+            "(Go >= 1.26 needed, for KWOK v0.8.0; Debian: apt-get install golang-1.26 or newer)"
         )
     return go
 

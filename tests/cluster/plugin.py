@@ -192,7 +192,7 @@ def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
     if load_controlplane().go_binary() is None:
         unavailable(
             "`go` is not on PATH: the control plane (kube-apiserver, Kueue, KubeRay) "
-            "is built from Go modules; install Go >= 1.25 to run tests marked `cluster`"
+            "is built from Go modules; install Go >= 1.26 to run tests marked `cluster`"
         )
     try:
         import kubernetes  # noqa: F401
