@@ -12,6 +12,7 @@ Each test owns its namespace (random suffix). Waits poll with timeouts; nothing 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -351,20 +352,23 @@ def test_pod_log_through_the_apiserver_comes_from_the_file(
     core = CoreV1Api(kube_cluster.api_client())
     errors: list[str] = []
 
-    def read() -> str | None:
-        try:
-            text: str = core.read_namespaced_pod_log(
-                "trainer", namespace, container="main", _request_timeout=10
-            )
-        except ApiException as exc:
-            # Until KWOK's watch has the Logs object, its kubelet API answers "no logs found".
-            errors.append(f"{exc.status}: {exc.body!r}")
-            return None
-        return text
+    def reader(name: str) -> Callable[[], str | None]:
+        def read() -> str | None:
+            try:
+                text: str = core.read_namespaced_pod_log(
+                    name, namespace, container="main", _request_timeout=10
+                )
+            except ApiException as exc:
+                # Until KWOK's watch has the Logs object, its kubelet API says "no logs found".
+                errors.append(f"{exc.status}: {exc.body!r}")
+                return None
+            return text
+
+        return read
 
     text = wait_until(
         "the pod's log through the apiserver",
-        read,
+        reader("trainer"),
         timeout=30,
         describe=lambda: errors[-1] if errors else "no answer",
     )
@@ -375,3 +379,30 @@ def test_pod_log_through_the_apiserver_comes_from_the_file(
     assert tail == f"{lines[-1]}\n"
     # A pod no Job owns keeps running (KWOK's Stages complete only a Job's pods).
     assert phase_of(kube, "trainer", namespace) == "Running"
+
+    # ClusterLogs: one file for every pod its selector matches (here: this namespace's), for
+    # pods that have no Logs object of their own.
+    kube.create(pod("evaluator", namespace))
+    wait_until(
+        "the second pod to be Running", lambda: in_phase(kube, "evaluator", namespace, "Running")
+    )
+    shared = tmp_path / "shared.log"
+    shared.write_text("2026-11-30T12:01:00.000000000Z stderr F from the shared file\n")
+    kube.create(
+        {
+            "apiVersion": KWOK_API,
+            "kind": "ClusterLogs",
+            "metadata": {"name": namespace},
+            "spec": {
+                "selector": {"matchNamespaces": [namespace]},
+                "logs": [{"logsFile": str(shared)}],
+            },
+        }
+    )
+    text = wait_until(
+        "the second pod's log (ClusterLogs)",
+        reader("evaluator"),
+        timeout=30,
+        describe=lambda: errors[-1] if errors else "no answer",
+    )
+    assert text == "from the shared file\n"
