@@ -195,7 +195,7 @@ def experiment(
     from django.contrib.auth import get_user_model
 
     from portal.identity.tokens import issue_token
-    from runs import services
+    from runs.events import verify_event_chain
     from runs.models import Run, RunAttempt, RunState
     from tests.runs.agent_harness import Agent, local_quota
     from tests.runs.processes import Portal, PrivateRedis
@@ -337,7 +337,7 @@ def experiment(
     states: dict[str, int] = {}
     for run in runs:
         states[run.state] = states.get(run.state, 0) + 1
-    broken_chains = [run.name for run in runs if not services.verify_event_chain(run)]
+    broken_chains = [run.name for run in runs if not verify_event_chain(run)]
     return {
         "submissions": submissions,
         "accepted": len(accepted),

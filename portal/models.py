@@ -117,8 +117,9 @@ class ApiToken(models.Model):
     Only an HMAC-SHA256 of the secret, keyed with a numbered server-side pepper, is stored;
     the secret itself is shown once. A token is limited to one workspace or all of its user's
     workspaces, may be read-only, always expires, and can never do more than its user can do
-    at the moment it is used. ``kind`` leaves room for narrower machine tokens (a token that
-    may only report on one run).
+    at the moment it is used. ``kind`` says what it is: a person's token, or a machine token
+    such as a run token (which the attempt it was issued for holds: ``runs.RunAttempt.token``,
+    so it may only report on that run).
     """
 
     class Kind(models.TextChoices):
@@ -142,14 +143,6 @@ class ApiToken(models.Model):
         help_text="Empty: every workspace the user belongs to.",
     )
     read_only = models.BooleanField(default=False)
-    run = models.ForeignKey(
-        "runs.Run",
-        on_delete=models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="+",
-        help_text="For run tokens: the one run it may report on.",
-    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     expires_at = models.DateTimeField()
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)

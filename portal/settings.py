@@ -502,6 +502,12 @@ TAU_MAX_GPUS_PER_NODE = env_int("TAU_MAX_GPUS_PER_NODE", 8, minimum=0)
 TAU_BACKEND = env_str("TAU_BACKEND", "kubernetes" if PRODUCTION else "local") or "local"
 if TAU_BACKEND not in {"local", "kubernetes"}:
     raise ImproperlyConfiguredEnv(f"TAU_BACKEND must be local or kubernetes, got {TAU_BACKEND!r}")
+# Telling the backend (runs/delivery.py): a failed try is tried again after
+# TAU_DELIVERY_RETRY_SECONDS, doubling up to TAU_DELIVERY_RETRY_MAX_SECONDS; after
+# TAU_DELIVERY_MAX_TRIES tries the run fails (class infrastructure) with the backend's message.
+TAU_DELIVERY_RETRY_SECONDS = env_int("TAU_DELIVERY_RETRY_SECONDS", 10, minimum=1)
+TAU_DELIVERY_RETRY_MAX_SECONDS = env_int("TAU_DELIVERY_RETRY_MAX_SECONDS", 300, minimum=1)
+TAU_DELIVERY_MAX_TRIES = env_int("TAU_DELIVERY_MAX_TRIES", 10, minimum=1)
 # The local executor runs submitted code as the portal's own user: on by default on one
 # machine, and only when explicitly enabled in production.
 TAU_LOCAL_EXECUTOR = env_bool("TAU_LOCAL_EXECUTOR", not PRODUCTION)

@@ -1,27 +1,28 @@
 """Runs: one row per submitted workload, its attempts, its append-only event history, the
-delivery records that make submission durable, and what the workload reports (metric
-points, checkpoints).
+delivery records that make every hand-over to a backend durable, and what the workload
+reports (metric points, checkpoints).
 
-A run's state lives in ``Run.state`` and is changed only by ``runs.services.transition``,
+A run's state lives in ``Run.state`` and is changed only by ``runs.state.transition``,
 which checks the transition table below and writes a :class:`RunEvent` in the same
 transaction. Events form a hash chain per run (each stores the hash of the one before), so
 the history can be verified and, later, sealed into the run's evidence.
+
+The named sets of states (waiting, running, live, terminal) and the event kinds are defined
+here, once; pages, the API, usage and the agent use them instead of lists of their own.
 """
 
 from __future__ import annotations
 
+import enum
 import signal
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from portal.tenancy import TenantModel
-
-if TYPE_CHECKING:
-    from runs.wording import EventWords
 
 
 class RunState(models.TextChoices):
@@ -37,8 +38,17 @@ class RunState(models.TextChoices):
     EVICTED = "evicted", "Evicted"  # removed by the platform (node failure, timeout)
 
 
+#: Waiting for resources: not yet handed over, in the queue, or put back by the platform
+#: (under Kueue a preempted or evicted workload waits to be admitted again).
+WAITING_STATES = frozenset(
+    {RunState.PENDING, RunState.QUEUED, RunState.PREEMPTED, RunState.EVICTED}
+)
+#: Holding resources: admitted, running, or being stopped.
+RUNNING_STATES = frozenset({RunState.ADMITTED, RunState.RUNNING, RunState.CANCELLING})
+#: Finished: nothing more happens unless someone resumes it.
 TERMINAL_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
-LIVE_STATES = frozenset(set(RunState) - TERMINAL_STATES)
+#: Not finished: waiting or running.
+LIVE_STATES = WAITING_STATES | RUNNING_STATES
 
 # Which state may follow which. Anything else is a bug and raises IllegalTransition.
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
@@ -75,6 +85,23 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     RunState.FAILED: frozenset({RunState.QUEUED}),
     RunState.CANCELLED: frozenset({RunState.QUEUED}),
 }
+
+
+class EventKind(enum.StrEnum):
+    """What an event of a run's history records. A workload's own events are
+    ``workload.<its kind>`` (:data:`WORKLOAD_EVENT_PREFIX`), the only kinds not listed here."""
+
+    SUBMITTED = "submitted"
+    STATE = "state"  # a plain change of state
+    CANCEL_REQUESTED = "cancel-requested"
+    CANCELLED = "cancelled"
+    RESUMED = "resumed"
+    RETRY = "retry"
+    METRICS_SKIPPED = "metrics-skipped"
+    DELIVERY_FAILED = "delivery-failed"  # the backend could not be told, and TauGrid gave up
+
+
+WORKLOAD_EVENT_PREFIX = "workload."
 
 
 class FailureClass(models.TextChoices):
@@ -271,11 +298,16 @@ class Run(TenantModel):
 
 
 class RunAttempt(TenantModel):
-    """One execution of a run: the first try, a retry, or a resume."""
+    """One execution of a run: the first try, a retry, or a resume.
+
+    An attempt exists, numbered, from the moment the run is handed to its backend (in the
+    same transaction as the change that needs it: submission, a retry, a resume), waiting;
+    the backend admits it, starts it, and reports how it ended."""
 
     tenant_path: ClassVar[str | None] = "run__workspace"
 
     class State(models.TextChoices):
+        WAITING = "waiting", "Waiting"  # handed to the backend, not admitted yet
         STARTING = "starting", "Starting"
         RUNNING = "running", "Running"
         SUCCEEDED = "succeeded", "Succeeded"
@@ -284,7 +316,7 @@ class RunAttempt(TenantModel):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField()
-    state = models.CharField(max_length=20, choices=State.choices, default=State.STARTING)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.WAITING)
     backend_name = models.CharField(max_length=253, blank=True, help_text="Object or process name.")
     pid = models.IntegerField(null=True, blank=True)
     process_start_ticks = models.BigIntegerField(
@@ -300,6 +332,11 @@ class RunAttempt(TenantModel):
         "Checkpoint", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     retry_reason = models.CharField(max_length=30, blank=True)
+    # The token the attempt's workload reports with (``TAU_RUN_TOKEN``): it reaches this run
+    # only, and is revoked when the attempt ends (runs.run_tokens).
+    token = models.OneToOneField(
+        "portal.ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
     log_path = models.CharField(max_length=500, blank=True)
     log_size = models.PositiveBigIntegerField(default=0)
     metrics_offset = models.PositiveBigIntegerField(
@@ -327,12 +364,6 @@ class RunAttempt(TenantModel):
             failure_message=self.failure_message,
         )
 
-    @property
-    def retry_reason_words(self) -> str:
-        from runs.wording import retry_reason_words
-
-        return retry_reason_words(self.retry_reason)
-
 
 class RunEvent(TenantModel):
     """Append-only history of a run. ``hash`` = SHA-256 over the previous event's hash and
@@ -358,17 +389,16 @@ class RunEvent(TenantModel):
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.kind}"
 
-    @property
-    def words(self) -> EventWords:
-        """What the timeline says for this event (see runs/wording.py)."""
-        from runs.wording import event_words
-
-        return event_words(self.kind, self.new_state)
-
 
 class Delivery(TenantModel):
     """Outbox: an instruction for the backend, written in the same transaction as the change
-    that needs it, and retried by the reconciler until the backend has it."""
+    that needs it, and retried (with backoff, a bounded number of times) until the backend
+    has it (``runs.delivery``).
+
+    ``submit`` hands the backend the run's attempt ``attempt`` (a first submission, a retry,
+    a resume); ``cancel`` tells it to stop the run. A delivery is *claimed* (``claimed_at``)
+    for the time of one backend call, made outside any database transaction; it ends
+    ``delivered_at`` or, when the backend kept failing, ``given_up_at``."""
 
     tenant_path: ClassVar[str | None] = "run__workspace"
 
@@ -378,18 +408,23 @@ class Delivery(TenantModel):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="deliveries")
     action = models.CharField(max_length=20, choices=Action.choices)
+    attempt = models.ForeignKey(
+        RunAttempt, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
     tries = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
     next_try_at = models.DateTimeField(default=timezone.now)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    given_up_at = models.DateTimeField(null=True, blank=True)
 
     class Meta(TenantModel.Meta):
         indexes = [
             models.Index(
                 fields=["next_try_at"],
                 name="delivery_due",
-                condition=models.Q(delivered_at__isnull=True),
+                condition=models.Q(delivered_at__isnull=True, given_up_at__isnull=True),
             )
         ]
 

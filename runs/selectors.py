@@ -1,22 +1,21 @@
-"""Reads about runs, already scoped to a workspace."""
+"""Reads about runs, already scoped to a workspace. What only a backend can say (an
+attempt's log) is asked of the run's backend."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from django.db import connection
 from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.http import Http404
 
-from runs.agent.collect import MAX_KEYS_PER_RUN
-from runs.models import Run, RunAttempt, RunEvent
+from runs.backends import BackendUnavailable
+from runs.backends.registry import backend_for_run
+from runs.logs import LogChunk, WholeLog
+from runs.metric_rules import MAX_KEYS_PER_RUN
+from runs.models import EventKind, MetricPoint, Run, RunAttempt, RunEvent
 from workspaces.models import Workspace
-
-MAX_LOG_CHUNK = 1024 * 1024
 
 
 def runs_of(workspace: Workspace) -> QuerySet[Run]:
@@ -36,21 +35,12 @@ def resolve_run(workspace: Workspace, name: str) -> Run:
     return run
 
 
-def latest_attempt(run: Run) -> RunAttempt | None:
-    return (
-        RunAttempt.objects.for_workspace(run.workspace_id)
-        .filter(run=run)
-        .order_by("-number")
-        .first()
-    )
-
-
 def cancel_requested_by(run: Run) -> str | None:
     """Who asked for the run's newest cancel that is still being carried out (kept with the
     ``cancel-requested`` event), or None when nobody is named."""
     data = (
         RunEvent.objects.for_workspace(run.workspace_id)
-        .filter(run=run, kind="cancel-requested")
+        .filter(run=run, kind=EventKind.CANCEL_REQUESTED)
         .order_by("-seq")
         .values_list("data", flat=True)
         .first()
@@ -70,158 +60,41 @@ def _attempt_of(run: Run, attempt_number: int | None) -> RunAttempt | None:
     return attempts.order_by("-number").first()
 
 
-@dataclass(frozen=True)
-class LogChunk:
-    attempt: int | None
-    text: str
-    offset: int
-    next_offset: int
-    size: int
-    complete: bool  # the attempt is over: nothing more will be appended
-
-
 def read_log(
-    run: Run,
-    *,
-    attempt_number: int | None,
-    offset: int | None,
-    tail_lines: int | None,
-    limit: int = 256 * 1024,
+    run: Run, *, attempt_number: int | None, offset: int | None, tail_lines: int | None
 ) -> LogChunk:
-    """A piece of an attempt's log without reading the whole file: from ``offset`` (follow),
-    or the last ``tail_lines`` lines."""
+    """A piece of an attempt's log (the newest attempt's by default), from its backend: from
+    ``offset`` (follow), or the last ``tail_lines`` lines."""
     attempt = _attempt_of(run, attempt_number)
     if attempt is None:
         return LogChunk(
             attempt=None, text="", offset=0, next_offset=0, size=0, complete=not run.is_live
         )
-    complete = attempt.finished_at is not None
-    path = Path(attempt.log_path) if attempt.log_path else None
-    if path is None or not path.exists():
+    try:
+        backend = backend_for_run(run)
+    except BackendUnavailable:
         return LogChunk(
-            attempt=attempt.number, text="", offset=0, next_offset=0, size=0, complete=complete
+            attempt=attempt.number,
+            text="",
+            offset=0,
+            next_offset=0,
+            size=0,
+            complete=attempt.finished_at is not None,
         )
-    limit = max(1, min(limit, MAX_LOG_CHUNK))
-    with open(path, "rb") as handle:
-        size = handle.seek(0, 2)
-        if offset is None:
-            start = _tail_start(handle, size, tail_lines or 200)
-        else:
-            start = max(0, min(offset, size))
-        handle.seek(start)
-        data = handle.read(min(limit, size - start))
-    at_end = start + len(data) >= size
-    # A character still being written (or cut by the limit) waits for the next read; once the
-    # attempt is over, whatever is there is shown.
-    consumed = len(data) if (complete and at_end) else _complete_prefix(data)
-    text = data[:consumed].decode("utf-8", errors="replace")
-    return LogChunk(
-        attempt=attempt.number,
-        text=text,
-        offset=start,
-        next_offset=start + consumed,
-        size=size,
-        complete=complete and start + consumed >= size,
-    )
-
-
-LOG_STREAM_BLOCK = 64 * 1024
-
-
-@dataclass(frozen=True)
-class WholeLog:
-    """An attempt's whole log as it is now, to be streamed: iterating yields ``size`` bytes
-    in blocks, however large the file is; ``close()`` (which Django calls when the response
-    is done, read or not) closes the file."""
-
-    attempt: int | None
-    size: int
-    handle: BinaryIO | None
-
-    def __iter__(self) -> Iterator[bytes]:
-        return self.blocks()
-
-    def blocks(self) -> Iterator[bytes]:
-        if self.handle is None:
-            return
-        try:
-            left = self.size
-            while left > 0:
-                block = self.handle.read(min(LOG_STREAM_BLOCK, left))
-                if not block:
-                    break
-                left -= len(block)
-                yield block
-        finally:
-            self.handle.close()
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
+    return backend.read_log(run, attempt, offset=offset, tail_lines=tail_lines)
 
 
 def open_whole_log(run: Run, *, attempt_number: int | None) -> WholeLog:
-    """The log of the numbered attempt (default: the newest), opened for streaming. A live
-    attempt's log ends where it was when opened, before any character still being written."""
+    """The log of the numbered attempt (default: the newest), opened for streaming by its
+    backend. A live attempt's log ends where it was when opened."""
     attempt = _attempt_of(run, attempt_number)
     if attempt is None:
         return WholeLog(attempt=None, size=0, handle=None)
-    path = Path(attempt.log_path) if attempt.log_path else None
     try:
-        handle = open(path, "rb") if path is not None else None  # noqa: SIM115 (streamed)
-    except FileNotFoundError:
-        handle = None
-    if handle is None:
+        backend = backend_for_run(run)
+    except BackendUnavailable:
         return WholeLog(attempt=attempt.number, size=0, handle=None)
-    size = handle.seek(0, 2)
-    if attempt.finished_at is None and size:
-        handle.seek(max(0, size - 4))
-        last = handle.read()
-        size -= len(last) - _complete_prefix(last)
-    handle.seek(0)
-    return WholeLog(attempt=attempt.number, size=size, handle=handle)
-
-
-def _complete_prefix(data: bytes) -> int:
-    """How many leading bytes of ``data`` end on a UTF-8 character boundary: a multi-byte
-    character whose last bytes are not there yet is left for the next read. Bytes that are not
-    UTF-8 at all are consumed (and shown as replacement characters)."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0b1100_0000 == 0b1000_0000:
-            continue  # a continuation byte: look further back for the lead byte
-        if byte >= 0b1111_0000:
-            needed = 4
-        elif byte >= 0b1110_0000:
-            needed = 3
-        elif byte >= 0b1100_0000:
-            needed = 2
-        else:
-            needed = 1
-        return len(data) - back if needed > back else len(data)
-    return len(data)
-
-
-def _tail_start(handle: Any, size: int, lines: int) -> int:
-    """Byte offset where the last ``lines`` lines begin, reading backwards in blocks."""
-    block = 8192
-    position = size
-    newlines = 0
-    # A trailing newline ends the last line; it does not start another.
-    handle.seek(max(0, size - 1))
-    if size and handle.read(1) == b"\n":
-        newlines = -1
-    while position > 0:
-        read = min(block, position)
-        position -= read
-        handle.seek(position)
-        chunk = handle.read(read)
-        for index in range(len(chunk) - 1, -1, -1):
-            if chunk[index] == 0x0A:
-                newlines += 1
-                if newlines == lines:
-                    return position + index + 1
-    return 0
+    return backend.open_log(run, attempt)
 
 
 def metric_keys(run: Run, *, limit: int = MAX_KEYS_PER_RUN) -> list[str]:
@@ -231,8 +104,6 @@ def metric_keys(run: Run, *, limit: int = MAX_KEYS_PER_RUN) -> list[str]:
     first name after the previous one), so the time grows with the number of names returned,
     not with the number of points written (``DISTINCT`` would read every point). Written
     before names were capped, a run can have more than ``limit``; the first are returned."""
-    from runs.models import MetricPoint
-
     quote = connection.ops.quote_name
     table, run_id, key = quote(MetricPoint._meta.db_table), quote("run_id"), quote("key")
     # Table and column names come from the model, quoted; the values are parameters.
@@ -267,8 +138,6 @@ def metric_series(run: Run, keys: list[str], *, max_points: int) -> dict[str, li
     ``metric_series`` index alone), one reads all the series that fit, and only a series
     longer than ``max_points`` costs queries of its own.
     """
-    from runs.models import MetricPoint
-
     if max_points < 1:
         raise ValueError("max_points must be at least 1")
     series: dict[str, list[list[float]]] = {}

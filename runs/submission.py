@@ -21,8 +21,9 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 
-from runs import bundles, policy, services
-from runs.backends import AVAILABLE_BACKENDS, RunBackend, backend_named
+from runs import bundles, lifecycle, policy
+from runs.backends import RunBackend
+from runs.backends.registry import AVAILABLE_BACKENDS, backend_named
 from runs.models import Run
 from tau.spec import SpecError, load_spec, locate
 
@@ -212,10 +213,10 @@ def submit(
     finally:
         if staged is not None:
             bundles.discard(staged)
-    return services.create_run(
+    return lifecycle.create_run(
         workspace=workspace,
         user=user,
-        submission=services.Submission(
+        submission=lifecycle.Submission(
             spec=placement.spec,
             source=spec_source.decode("utf-8"),
             bundle=stored,

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from runs import services
+from runs import delivery
 
 
-@shared_task(ignore_result=True, acks_late=True)
+@shared_task(name=delivery.DELIVER_TASK, ignore_result=True, acks_late=True)
 def deliver(delivery_id: int) -> bool:
-    return services.deliver(delivery_id)
+    return delivery.deliver(delivery_id)
 
 
 @shared_task(ignore_result=True)
 def reconcile_deliveries() -> int:
     """Deliver what a lost task or a broker outage left in the outbox."""
     delivered = 0
-    for delivery_id in services.due_deliveries():
-        delivered += services.deliver(delivery_id)
+    for delivery_id in delivery.due_deliveries():
+        delivered += delivery.deliver(delivery_id)
     return delivered

@@ -1,38 +1,31 @@
 """How much of its quota a workspace uses now, and when a waiting run may start.
 
-For the local backend, use is the sum of what admitted and running runs asked for, against
-the workspace's quota on the machine's flavor. The start estimate is computed from the
-queue's own recent history: how often runs were admitted lately, times the run's position.
+Use comes from the backends: each says what its runs hold of each workspace's quota, by
+flavor and resource (the local executor: what its admitted and running runs asked for, on
+the machine's flavor; a cluster backend: what its queueing system reports). The start
+estimate is computed from the queue's own recent history: how often runs were admitted
+lately, times the run's position.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from itertools import pairwise
 
-from django.conf import settings
-from django.db.models import QuerySet
 from django.utils import timezone
 
-from runs.models import Run, RunState
+from runs.backends import QuotaUse
+from runs.backends.registry import available_backends
+from runs.models import Run
 from tau.quantity import format_quantity
-from tau.spec import Spec
 from workspaces.models import Workspace, WorkspaceQuota
 
-ACTIVE_STATES = (RunState.ADMITTED, RunState.RUNNING, RunState.CANCELLING)
 HISTORY_SIZE = 50
 HISTORY_WINDOW = timedelta(days=7)
-
-
-def demand(run: Run) -> dict[str, Decimal]:
-    """What a run holds while it is admitted: its workers' GPUs, CPUs and memory."""
-    spec = Spec.from_dict(run.spec)
-    from runs.policy import requested_totals
-
-    return requested_totals(spec)
 
 
 @dataclass(frozen=True)
@@ -72,8 +65,15 @@ class UsageLine:
         return int(min(Decimal(100), self.used * 100 / self.nominal))
 
 
-def active_runs(workspace: Workspace) -> QuerySet[Run]:
-    return Run.objects.for_workspace(workspace).filter(state__in=ACTIVE_STATES)
+def _in_use(workspace_ids: Collection[int] | None) -> dict[int, QuotaUse]:
+    """What every backend's runs hold, per workspace, added up."""
+    total: dict[int, QuotaUse] = {}
+    for backend in available_backends():
+        for workspace_id, use in backend.quota_in_use(workspace_ids).items():
+            line = total.setdefault(workspace_id, {})
+            for key, amount in use.items():
+                line[key] = line.get(key, Decimal(0)) + amount
+    return total
 
 
 def usage_lines(workspace: Workspace) -> list[UsageLine]:
@@ -82,12 +82,12 @@ def usage_lines(workspace: Workspace) -> list[UsageLine]:
         .select_related("flavor", "workspace")
         .order_by("flavor__name", "resource")
     )
-    return _lines(list(active_runs(workspace).only("spec")), list(quotas))
+    return _lines(_in_use([workspace.pk]).get(workspace.pk, {}), list(quotas))
 
 
 def platform_usage() -> dict[int, list[UsageLine]]:
-    """Every workspace's use against quota, for platform staff, in two queries."""
-    runs = list(Run.objects.unscoped().filter(state__in=ACTIVE_STATES).only("workspace_id", "spec"))
+    """Every workspace's use against quota, for platform staff: one query for the quotas,
+    and what each backend needs to say what its runs hold."""
     quotas = (
         WorkspaceQuota.objects.unscoped()
         .select_related("flavor", "workspace")
@@ -96,37 +96,26 @@ def platform_usage() -> dict[int, list[UsageLine]]:
     by_workspace: dict[int, list[WorkspaceQuota]] = {}
     for quota in quotas:
         by_workspace.setdefault(quota.workspace_id, []).append(quota)
+    used = _in_use(None)
     return {
-        workspace_id: _lines([r for r in runs if r.workspace_id == workspace_id], rows)
+        workspace_id: _lines(used.get(workspace_id, {}), rows)
         for workspace_id, rows in by_workspace.items()
     }
 
 
-def _lines(runs: list[Run], quotas: list[WorkspaceQuota]) -> list[UsageLine]:
-    used: dict[str, Decimal] = {}
-    for run in runs:
-        for resource, amount in demand(run).items():
-            used[resource] = used.get(resource, Decimal(0)) + amount
-    lines = []
-    for quota in quotas:
-        # Local runs use the machine's flavor; on Kubernetes, use is read from Kueue instead.
-        in_use = (
-            used.get(quota.resource, Decimal(0))
-            if quota.flavor.name == settings.TAU_LOCAL_FLAVOR
-            else Decimal(0)
+def _lines(used: QuotaUse, quotas: list[WorkspaceQuota]) -> list[UsageLine]:
+    return [
+        UsageLine(
+            flavor=quota.flavor.name,
+            gpu_model=quota.flavor.gpu_model,
+            resource=quota.resource,
+            used=used.get((quota.flavor.name, quota.resource), Decimal(0)),
+            nominal=quota.nominal,
+            borrowing_limit=quota.borrowing_limit,
+            in_cohort=quota.workspace.cohort_id is not None,
         )
-        lines.append(
-            UsageLine(
-                flavor=quota.flavor.name,
-                gpu_model=quota.flavor.gpu_model,
-                resource=quota.resource,
-                used=in_use,
-                nominal=quota.nominal,
-                borrowing_limit=quota.borrowing_limit,
-                in_cohort=quota.workspace.cohort_id is not None,
-            )
-        )
-    return lines
+        for quota in quotas
+    ]
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,22 @@ from django.utils.dateparse import parse_datetime
 from django.views import View
 from django.views.generic import TemplateView
 
-from runs import bundles, selectors, services, submission
-from runs.models import LIVE_STATES, Backend, Checkpoint, Run, RunAttempt, RunEvent, RunState
+from runs import bundles, lifecycle, selectors, submission
+from runs.access import REFUSAL, may_act_on
+from runs.checkpoints import checkpoint_exists
+from runs.models import (
+    LIVE_STATES,
+    RUNNING_STATES,
+    WAITING_STATES,
+    Backend,
+    Checkpoint,
+    Run,
+    RunAttempt,
+    RunEvent,
+    RunState,
+)
 from runs.policy import requested_totals
+from runs.state import RunActionRefused
 from runs.usage import platform_usage, queue_estimate, usage_lines
 from tau.quantity import format_quantity
 from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
@@ -187,10 +200,8 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
             Checkpoint.objects.for_workspace(self.workspace).filter(run=run).order_by("-step")[:20]
         )
         for checkpoint in checkpoints:
-            checkpoint.available = services.checkpoint_exists(run, checkpoint)  # type: ignore[attr-defined]
-        may_act = self.access.allows(Role.ADMIN) or (
-            self.access.allows(Role.RESEARCHER) and run.submitted_by_id == self.request.user.pk
-        )
+            checkpoint.available = checkpoint_exists(run, checkpoint)  # type: ignore[attr-defined]
+        may_act = may_act_on(run, access=self.access, user_id=self.request.user.pk)
         latest = attempts[0] if attempts else None
         # ?attempt=N shows that attempt's log (the page works without JavaScript too); the
         # newest, or a number the run does not have, follows the newest.
@@ -256,11 +267,11 @@ class RunActionView(WorkspaceViewMixin, View):
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         run = _run_or_404(self.workspace, kwargs["run_name"])
-        if run.submitted_by_id != request.user.pk and not self.access.allows(Role.ADMIN):
-            raise PermissionDenied("Only its submitter or a workspace admin can do that.")
+        if not may_act_on(run, access=self.access, user_id=request.user.pk):
+            raise PermissionDenied(REFUSAL)
         try:
             if self.action == "cancel":
-                services.cancel_run(run=run, user=request.user)  # type: ignore[arg-type]
+                lifecycle.cancel_run(run=run, user=request.user)  # type: ignore[arg-type]
                 messages.success(request, f"Cancelling {run.name}.")
             else:
                 checkpoint = None
@@ -272,10 +283,10 @@ class RunActionView(WorkspaceViewMixin, View):
                     )
                     if checkpoint is None:
                         raise Http404("No such checkpoint of this run.")
-                services.resume_run(run=run, user=request.user, checkpoint=checkpoint)  # type: ignore[arg-type]
+                lifecycle.resume_run(run=run, user=request.user, checkpoint=checkpoint)  # type: ignore[arg-type]
                 where = f" from step {checkpoint.step}" if checkpoint else ""
                 messages.success(request, f"Resuming {run.name}{where}.")
-        except services.RunActionRefused as exc:
+        except RunActionRefused as exc:
             messages.error(request, str(exc))
         return HttpResponseRedirect(
             reverse(
@@ -413,16 +424,14 @@ class QueueView(WorkspaceViewMixin, TemplateView):
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         runs = Run.objects.for_workspace(self.workspace)
+        # Waiting: pending, queued, and put back by the platform (preempted, evicted), each
+        # with its reason.
         pending = list(
-            runs.filter(state__in=[RunState.PENDING, RunState.QUEUED]).order_by(
+            runs.filter(state__in=WAITING_STATES).order_by(
                 "queue_position", "-priority_value", "queued_at", "id"
             )[:200]
         )
-        running = list(
-            runs.filter(
-                state__in=[RunState.ADMITTED, RunState.RUNNING, RunState.CANCELLING]
-            ).order_by("admitted_at")[:200]
-        )
+        running = list(runs.filter(state__in=RUNNING_STATES).order_by("admitted_at")[:200])
         estimate = queue_estimate(self.workspace)
         now = timezone.now()
         context.update(
@@ -471,15 +480,7 @@ class PlatformQueueView(StaffRequiredMixin, TemplateView):
         # unscoped(): the platform team's view across all workspaces.
         live = list(
             Run.objects.unscoped()
-            .filter(
-                state__in=[
-                    RunState.PENDING,
-                    RunState.QUEUED,
-                    RunState.ADMITTED,
-                    RunState.RUNNING,
-                    RunState.CANCELLING,
-                ]
-            )
+            .filter(state__in=LIVE_STATES)
             .select_related("workspace")
             .order_by("workspace__slug", "queue_position", "-priority_value", "queued_at", "id")[
                 :1000
@@ -494,12 +495,8 @@ class PlatformQueueView(StaffRequiredMixin, TemplateView):
                 {
                     "workspace": workspace,
                     "usage": usage.get(workspace.pk, []),
-                    "waiting": [
-                        run for run in mine if run.state in (RunState.PENDING, RunState.QUEUED)
-                    ],
-                    "running": [
-                        run for run in mine if run.state not in (RunState.PENDING, RunState.QUEUED)
-                    ],
+                    "waiting": [run for run in mine if run.state in WAITING_STATES],
+                    "running": [run for run in mine if run.state in RUNNING_STATES],
                 }
             )
         context.update(

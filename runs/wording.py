@@ -2,41 +2,39 @@
 
 The codes (``cancel-requested``, ``manual_resume``, ``oom_killed``) are what the database,
 the API and the event chain keep; pages show the words below instead, and nowhere else
-defines them. ``tests/runs/test_wording.py`` walks every state, every event kind the code in
-``runs/`` writes and every retry reason, so a new code without words fails there rather than
-reaching a page.
+defines them. ``tests/runs/test_wording.py`` walks every state, every event kind
+(``runs.models.EventKind``) and every retry reason, so a new code without words fails there
+rather than reaching a page.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runs.models import FailureClass, RunState
+from runs.models import WORKLOAD_EVENT_PREFIX, EventKind, FailureClass, RunState
 
 # Badges and timeline: the state's own label, so a state reads the same everywhere.
 STATE_WORDS: dict[str, str] = {state.value: state.label for state in RunState}
 
 # What happened, for the timeline. "state" is a plain change of state: the state says it.
 EVENT_WORDS: dict[str, str] = {
-    "submitted": "Submitted",
-    "state": "",
-    "cancel-requested": "Cancel requested",
-    "cancelled": "Cancelled",
-    "resumed": "Resumed",
-    "retry": "Starting again",
-    "metrics-skipped": "Some metric lines could not be read",
+    EventKind.SUBMITTED: "Submitted",
+    EventKind.STATE: "",
+    EventKind.CANCEL_REQUESTED: "Cancel requested",
+    EventKind.CANCELLED: "Cancelled",
+    EventKind.RESUMED: "Resumed",
+    EventKind.RETRY: "Starting again",
+    EventKind.METRICS_SKIPPED: "Some metric lines could not be read",
+    EventKind.DELIVERY_FAILED: "The backend could not be reached",
 }
 
 # Event kinds whose words already say the state they lead to: the state is not repeated
 # ("Cancelled", not "Cancelled → Cancelled").
 _STATE_SAID_BY_EVENT: dict[str, str] = {
-    "submitted": RunState.PENDING,
-    "cancel-requested": RunState.CANCELLING,
-    "cancelled": RunState.CANCELLED,
+    EventKind.SUBMITTED: RunState.PENDING,
+    EventKind.CANCEL_REQUESTED: RunState.CANCELLING,
+    EventKind.CANCELLED: RunState.CANCELLED,
 }
-
-# Events a workload reports itself are ``workload.<its own kind>``.
-WORKLOAD_EVENT_PREFIX = "workload."
 
 MANUAL_RESUME = "manual_resume"
 

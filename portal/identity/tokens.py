@@ -88,8 +88,11 @@ def issue_token(
     read_only: bool = False,
     expires_in_days: int | None = None,
     kind: str = ApiToken.Kind.USER,
+    details: dict[str, Any] | None = None,
 ) -> IssuedToken:
-    """Create a token and return it with its one-time plaintext. Audited."""
+    """Create a token and return it with its one-time plaintext. Audited; ``details`` (what
+    a machine token is for: the run and attempt of a run token, say) go into the audit
+    event with the rest."""
     days = settings.TAU_TOKEN_DEFAULT_DAYS if expires_in_days is None else expires_in_days
     if days < 1 or days > settings.TAU_TOKEN_MAX_DAYS:
         raise TokenPolicyError(
@@ -123,6 +126,7 @@ def issue_token(
                 "workspace": workspace.slug if workspace else None,
                 "read_only": read_only,
                 "expires_at": token.expires_at.isoformat(),
+                **({"kind": kind, **details} if details else {}),
             },
         )
     return IssuedToken(token=token, plaintext=f"{PREFIX}{key}_{secret}")

@@ -6,7 +6,9 @@ becomes one point per numeric value (booleans, strings, NaN and infinities are s
 Only complete lines (ending in a newline) are read, from the byte offset reached so far, so a
 half-written line is read once it is finished; when the workload has exited, a last line
 without a newline counts too. A line that is not a JSON object with an integer ``step`` is
-counted and skipped, never fatal.
+counted and skipped, never fatal. What a line holds is kept by ``runs.metrics`` under the
+rules every metric follows (``runs.metric_rules``: printable names, at most so many per
+line and per run); a line of which it skips something counts as a bad line too.
 
 **Checkpoints.** Entries directly in ``$TAU_CHECKPOINT_DIR`` whose name ends in the step
 number, optionally followed by extensions: ``step-700``, ``checkpoint-700``, ``700``,
@@ -29,10 +31,11 @@ import math
 import os
 import re
 import stat
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from runs.metric_rules import MetricRow, step_problem
 
 MAX_READ_BYTES = 1024 * 1024  # per collection pass; the rest waits for the next pass
 COMPLETE_MARKER = "COMPLETE"
@@ -40,45 +43,18 @@ _STEP_NAME = re.compile(r"^(?:.*?[^0-9])?(?P<step>\d{1,18})(?:\.[A-Za-z][A-Za-z0
 _IGNORED_SUFFIXES = (".tmp", ".partial", ".incomplete", ".lock")
 _MAX_WALK_ENTRIES = 100_000
 
-# --- Metric names -----------------------------------------------------------------------------
-# The rules for metric names, whichever way they arrive: this file reader and the API's
-# ``report/metrics/`` both apply them (one definition, here, where the portal's only
-# dependency-free view of what a workload writes lives).
-
-MAX_KEY_LENGTH = 100  # MetricPoint.key
-#: Values taken from one row (a line of the metrics file, a row of a report).
-MAX_VALUES_PER_ROW = 200
-#: Distinct metric names one run may have. Each is a chart on the run page, redrawn while it
-#: runs, and a series the metrics route reads; 200 is far more than any real run plots.
-MAX_KEYS_PER_RUN = 200
-#: Unicode categories a name may not contain: control characters (Cc), invisible format
-#: characters such as the bidi overrides and zero-width joiners (Cf), lone surrogates (Cs,
-#: which no database text column can store) and the line and paragraph separators (Zl, Zp).
-#: A name is shown as text; these would hide, reorder or break it.
-_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-
-
-def metric_key_problem(key: str) -> str | None:
-    """Why ``key`` cannot be a metric name, or None when it can."""
-    if not key:
-        return "a metric name cannot be empty"
-    if len(key) > MAX_KEY_LENGTH:
-        return f"metric names are at most {MAX_KEY_LENGTH} characters"
-    for character in key:
-        if unicodedata.category(character) in _UNPRINTABLE_CATEGORIES:
-            return (
-                f"metric names must be printable text; U+{ord(character):04X} is an "
-                "invisible or control character"
-            )
-    return None
-
 
 @dataclass
 class MetricsBatch:
-    points: list[tuple[str, int, float]]  # key, step, value
+    rows: list[MetricRow]  # one per metrics line, with its numeric values
     offset: int  # where the next read starts
     bad_lines: int = 0
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def points(self) -> list[tuple[str, int, float]]:
+        """(key, step, value) of every value read, in line order."""
+        return [(key, row.step, value) for row in self.rows for key, value in row.values]
 
 
 @dataclass
@@ -90,9 +66,6 @@ class MetricsReader:
     line_number: int = 0  # lines read so far in this process (for messages only)
     bad_lines: int = 0
     first_problem: str = ""
-    # Metric names taken so far: at most MAX_KEYS_PER_RUN (per attempt: a reader does not
-    # know an earlier attempt's names; the metrics route reads no more than that per run).
-    keys: set[str] = field(default_factory=set)
     #: The folder the workload writes (its output folder): the file is opened inside it
     #: without following any symbolic link, and only when it is a regular file. The agent
     #: may run as root: a link to a host file, or a FIFO that would block the read, is the
@@ -100,7 +73,7 @@ class MetricsReader:
     root: Path | None = None
 
     def read(self, *, final: bool = False) -> MetricsBatch:
-        batch = MetricsBatch(points=[], offset=self.offset)
+        batch = MetricsBatch(rows=[], offset=self.offset)
         try:
             descriptor = open_regular_file(self.path, self.root)
         except FileNotFoundError:
@@ -154,35 +127,28 @@ class MetricsReader:
             self._bad(batch, "not a JSON object")
             return
         step = row.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or abs(step) >= 2**63:
+        if step_problem(step) is not None:
             self._bad(batch, 'no integer "step"')
             return
-        taken = 0
-        skipped = ""
+        values: list[tuple[str, Any]] = []
         for key, value in row.items():
+            # Other fields (a phase name, a flag) may share the line: only numbers are metrics.
             if key == "step" or isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            if taken >= MAX_VALUES_PER_ROW:
-                continue
-            problem = metric_key_problem(key)
-            if problem is None and key not in self.keys and len(self.keys) >= MAX_KEYS_PER_RUN:
-                problem = f"a run has at most {MAX_KEYS_PER_RUN} metric names"
-            if problem is not None:
-                skipped = skipped or f"metric name {key!r} skipped: {problem}"
                 continue
             try:
                 number = float(value)
             except OverflowError:  # an integer beyond any float
                 continue
-            if not math.isfinite(number):
-                continue
-            self.keys.add(key)
-            batch.points.append((key, step, number))
-            taken += 1
-        if skipped:
-            # Recorded as bad lines are (the rest of the line is kept): the run's
-            # metrics-skipped event names the first.
-            self._bad(batch, skipped)
+            if math.isfinite(number):
+                values.append((key, number))
+        batch.rows.append(MetricRow(step=step, values=values, where=f"line {self.line_number}"))
+
+    def skipped(self, rows: int, first_problem: str | None) -> None:
+        """Lines that were read but not wholly kept (``runs.metrics`` skipped a name or a
+        value of each): counted as bad lines, the first reason kept for the run's history."""
+        self.bad_lines += rows
+        if first_problem and not self.first_problem:
+            self.first_problem = first_problem
 
     def _bad(self, batch: MetricsBatch, why: str) -> None:
         self.bad_lines += 1

@@ -3,7 +3,9 @@ and record how they ended.
 
 One process, one loop (every ``interval`` seconds), one database connection. Threads do only
 what would block the loop: building an attempt's environment (``prepare``). Every state
-change goes through ``runs.services``.
+change, and every record of what an attempt did (metrics, checkpoints, its token, where it
+waits), goes through the run services (``runs.attempts``, ``runs.state``, ``runs.metrics``,
+``runs.checkpoints``, ``runs.run_tokens``).
 
 Every attempt runs through the wrapper (``wrapper``: it keeps the capped log and records the
 outcome, and outlives the agent if it must), inside a bubblewrap sandbox
@@ -49,9 +51,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
-from portal.identity.tokens import issue_token, revoke_token
-from portal.models import ApiToken
-from runs import selectors, services, wording
+from runs import attempts, checkpoints, metrics, run_tokens, selectors, state, wording
 from runs.agent import admission, environments, outcomes, processes
 from runs.agent import sandbox as sandboxing
 from runs.agent.collect import CheckpointScanner, FoundCheckpoint, MetricsReader
@@ -65,17 +65,21 @@ from runs.agent.prepare import (
     runs_root,
 )
 from runs.agent.wrapper import truncation_marker
+from runs.attempts import AttemptOutcome, NoWaitingAttempt
+from runs.checkpoint_paths import CheckpointPathRefused
+from runs.metric_rules import MetricRow
 from runs.models import (
+    RUNNING_STATES,
     Backend,
     Checkpoint,
+    EventKind,
     FailureClass,
-    MetricPoint,
     Run,
     RunAttempt,
     RunState,
 )
 from runs.policy import requested_totals
-from runs.services import AttemptOutcome, IllegalTransition
+from runs.state import IllegalTransition
 from tau.spec import Spec
 from workspaces.models import GPU_RESOURCE, WorkspaceQuota
 
@@ -147,7 +151,6 @@ class Execution:
     exit_signal: int | None = None
     outcome_seen_at: float | None = None
     outcome: AttemptOutcome | None = None
-    token_id: int | None = None
     next_collect: float = 0.0
     log_size_saved_at: float = 0.0
 
@@ -414,32 +417,26 @@ class Agent:
         executing = {execution.run_id for execution in self.executions.values()}
         stuck = (
             Run.objects.unscoped()
-            .filter(
-                backend=Backend.LOCAL,
-                state__in=[RunState.ADMITTED, RunState.RUNNING, RunState.CANCELLING],
-            )
+            .filter(backend=Backend.LOCAL, state__in=RUNNING_STATES)
             .exclude(pk__in=executing)
         )
         for run in stuck:
-            if services.has_live_attempt(run):
+            if attempts.has_live_attempt(run):
                 continue
             try:
                 if run.state == RunState.CANCELLING:
-                    services.transition(
+                    state.transition(
                         run,
                         RunState.CANCELLED,
                         reason=wording.cancelled_reason(selectors.cancel_requested_by(run)),
-                        kind="cancelled",
+                        kind=EventKind.CANCELLED,
                     )
                 else:
-                    with transaction.atomic():
-                        requeued = services.transition(
-                            run,
-                            RunState.QUEUED,
-                            reason="The local agent restarted before this run was started; it "
-                            "waits to be started again.",
-                        )
-                        _keep_queue_place(requeued, run.queued_at)
+                    attempts.requeue_stranded(
+                        run=run,
+                        reason="The local agent restarted before this run was started; it "
+                        "waits to be started again.",
+                    )
             except IllegalTransition:
                 continue  # it moved on meanwhile
 
@@ -485,11 +482,10 @@ class Agent:
             ran = recorded is not None and recorded.error is None and not outcome.interrupted
             if ran and attempt.state == RunAttempt.State.STARTING:
                 # The agent died between starting it and recording that: it did run.
-                services.attempt_running(attempt=attempt, pid=attempt.pid)
-            finished = services.finish_attempt(attempt=attempt, outcome=outcome)
-            if outcome.interrupted:
-                _keep_queue_place(finished, run.queued_at)
-        self._revoke_run_tokens(run.pk)
+                attempts.attempt_running(attempt=attempt, pid=attempt.pid)
+            attempts.finish_attempt(attempt=attempt, outcome=outcome)
+        # The agent that issued its tokens died before it could revoke them.
+        run_tokens.revoke_run_tokens(run_id=run.pk)
 
     def _recovered_outcome(
         self, run: Run, recorded: outcomes.RecordedOutcome | None, layout: AttemptLayout
@@ -547,7 +543,7 @@ class Agent:
             if row["not_before"] is not None and row["not_before"] > now:
                 # Waiting out a retry's backoff: not in line yet; the reason that
                 # finish_attempt gave ("retrying in 30s") stays.
-                self._write_waiting(row, None, row["state_reason"])
+                self._note_waiting(row, None, row["state_reason"])
         ready = self._only_one_workspace_unsandboxed(ready)
         self._load_specs([row["pk"] for row in ready])
         candidates = [
@@ -570,7 +566,7 @@ class Agent:
             if decision.admit:
                 self._start(decision.run_id)
             else:
-                self._write_waiting(row, decision.position, decision.reason)
+                self._note_waiting(row, decision.position, decision.reason)
 
     def _only_one_workspace_unsandboxed(self, ready: list[_Row]) -> list[_Row]:
         """Without a sandbox (and without TAU_LOCAL_EXECUTOR_UNSANDBOXED=true), the runs of
@@ -583,16 +579,13 @@ class Agent:
         allowed = [row for row in ready if row["workspace_id"] == self._single_workspace]
         for row in ready:
             if row["workspace_id"] != self._single_workspace:
-                self._write_waiting(row, None, UNSANDBOXED_REFUSAL)
+                self._note_waiting(row, None, UNSANDBOXED_REFUSAL)
         return allowed
 
-    def _write_waiting(self, row: Mapping[str, Any], position: int | None, reason: str) -> None:
+    def _note_waiting(self, row: Mapping[str, Any], position: int | None, reason: str) -> None:
         if row["queue_position"] == position and row["state_reason"] == reason:
             return
-        # Guarded by the state: a run cancelled or admitted meanwhile keeps its own reason.
-        Run.objects.unscoped().filter(pk=row["pk"], state=RunState.QUEUED).update(
-            queue_position=position, state_reason=reason, updated_at=timezone.now()
-        )
+        state.note_waiting(run_id=row["pk"], position=position, reason=reason)
 
     def _forget_specs(self, queued: set[int]) -> None:
         """Keep parsed specs only of runs still queued or executing."""
@@ -610,7 +603,7 @@ class Agent:
             except Exception as exc:  # a stored spec the current schema refuses
                 logger.warning("run %s has a spec that no longer validates: %s", run_id, exc)
                 with contextlib.suppress(IllegalTransition, Run.DoesNotExist):
-                    services.transition(
+                    state.transition(
                         Run(pk=run_id),
                         RunState.FAILED,
                         reason=f"Its stored tau.yaml no longer validates: {exc}",
@@ -656,7 +649,10 @@ class Agent:
                 .select_related("workspace", "submitted_by", "bundle")
                 .get(pk=run_id)
             )
-            attempt = services.start_attempt(run=run)
+            attempt = attempts.admit_attempt(run=run)
+        except NoWaitingAttempt:
+            logger.exception("cannot start %s", run_id)
+            return
         except (IllegalTransition, Run.DoesNotExist):
             return  # cancelled or changed since the queue was read
         spec = self._specs[run_id]
@@ -700,10 +696,10 @@ class Agent:
             .filter(run=run)
             .values_list("path", flat=True)
         )
-        attempt.log_path = str(layout.log)
-        attempt.backend_name = f"local:{layout.attempt_dir.relative_to(self.runs_dir)}"
-        RunAttempt.objects.unscoped().filter(pk=attempt.pk).update(
-            log_path=attempt.log_path, backend_name=attempt.backend_name
+        attempts.note_placement(
+            attempt=attempt,
+            backend_name=f"local:{layout.attempt_dir.relative_to(self.runs_dir)}",
+            log_path=str(layout.log),
         )
         uid = self.sandbox.run_uid(run.pk) if self.sandbox is not None else None
         make_directories(layout, uid=uid)
@@ -711,9 +707,11 @@ class Agent:
             environments.environment_path(self.venvs_dir, spec.runtime.pip)
         )
         if spec.runtime.pip and not venv_ready:
-            Run.objects.unscoped().filter(pk=run.pk, state=RunState.ADMITTED).update(
-                state_reason=f"Installing its {len(spec.runtime.pip)} pip requirement(s); "
-                "later runs with the same requirements reuse the environment."
+            state.note_reason(
+                run_id=run.pk,
+                state=RunState.ADMITTED,
+                reason=f"Installing its {len(spec.runtime.pip)} pip requirement(s); "
+                "later runs with the same requirements reuse the environment.",
             )
         plan = PreparationPlan(
             layout=layout,
@@ -748,30 +746,15 @@ class Agent:
             env["TAU_RETRY_REASON"] = attempt.retry_reason
         return env
 
-    def _issue_run_token(self, execution: Execution) -> str | None:
-        """A token that can only report on this run, for this attempt's lifetime. Its
-        plaintext goes into the child's environment and nowhere else."""
-        run = execution.run
-        user = run.submitted_by
-        if user is None or not user.is_active:
-            return None
-        runtime_days = math.ceil((execution.spec.run.max_runtime or 7 * 86400) / 86400) + 1
-        days = max(1, min(int(settings.TAU_TOKEN_MAX_DAYS), runtime_days))
-        with transaction.atomic():
-            issued = issue_token(
-                user=user,
-                name=f"run {run.name} attempt {execution.attempt.number}",
-                kind=ApiToken.Kind.RUN,
-                workspace=run.workspace,
-                expires_in_days=days,
-            )
-            ApiToken.objects.filter(pk=issued.token.pk).update(run=run)
-        execution.token_id = issued.token.pk
-        return issued.plaintext
-
     def _spawn(self, execution: Execution, prepared: Prepared) -> None:
         env = dict(prepared.env)
-        token = self._issue_run_token(execution)
+        # A token that can only report on this run, for this attempt's lifetime. Its
+        # plaintext goes into the child's environment and nowhere else.
+        token = run_tokens.issue_run_token(
+            run=execution.run,
+            attempt=execution.attempt,
+            max_runtime_seconds=execution.spec.run.max_runtime,
+        )
         if token is not None:
             env["TAU_RUN_TOKEN"] = token
         # The wrapper writes the log (capped): the agent only passes the open file.
@@ -816,7 +799,7 @@ class Agent:
     def _record_running(self, execution: Execution) -> None:
         assert execution.process is not None
         pid = execution.process.pid
-        services.attempt_running(
+        attempts.attempt_running(
             attempt=execution.attempt, pid=pid, start_ticks=processes.start_ticks(pid)
         )
         execution.running_recorded = True
@@ -1039,20 +1022,13 @@ class Agent:
             self._collect(execution, time.monotonic(), final=True)
         with transaction.atomic():
             if execution.metrics.bad_lines:
-                locked = services.lock_run(execution.run_id)
-                services.append_event(
-                    locked,
-                    "metrics-skipped",
-                    message=f"{execution.metrics.bad_lines} line(s) of the metrics file could not "
-                    f"be read; the first: {execution.metrics.first_problem}.",
-                    data={
-                        "attempt": execution.attempt.number,
-                        "lines": execution.metrics.bad_lines,
-                    },
+                metrics.note_skipped_lines(
+                    run=execution.run,
+                    attempt=execution.attempt.number,
+                    lines=execution.metrics.bad_lines,
+                    first_problem=execution.metrics.first_problem,
                 )
-            run = services.finish_attempt(attempt=execution.attempt, outcome=execution.outcome)
-            if execution.outcome.interrupted:
-                _keep_queue_place(run, execution.run.queued_at)
+            run = attempts.finish_attempt(attempt=execution.attempt, outcome=execution.outcome)
         logger.info(
             "%s attempt %d ended (%s); the run is %s",
             execution.run.name,
@@ -1074,46 +1050,26 @@ class Agent:
         del self.executions[execution.attempt.pk]
         self._wake.set()  # its resources are free: admit at once
 
-    def _revoke_run_tokens(self, run_id: int) -> None:
-        """Revoke the tokens of a run none of whose attempts lives any more (the agent that
-        issued them died before it could)."""
-        for token in ApiToken.objects.filter(
-            run_id=run_id, kind=ApiToken.Kind.RUN, revoked_at__isnull=True
-        ):
-            revoke_token(token=token)
-
     def _revoke_token(self, execution: Execution) -> None:
-        if execution.token_id is None:
-            return
         try:
-            token = ApiToken.objects.get(pk=execution.token_id)
-            revoke_token(token=token)
-        except (ApiToken.DoesNotExist, DatabaseError):
+            run_tokens.revoke_run_tokens(run_id=execution.run_id, attempt=execution.attempt)
+        except DatabaseError:
+            # The next start revokes what a run none of whose attempts lives still holds.
             logger.warning("could not revoke the run token of %s", execution.run.name)
-        execution.token_id = None
 
     # --- collecting ---------------------------------------------------------------------
 
     def _collect(self, execution: Execution, now: float, *, final: bool = False) -> None:
         attempt = execution.attempt
-        points: list[MetricPoint] = []
+        rows: list[MetricRow] = []
+        values = 0
         while True:
             before = execution.metrics.offset
             batch = execution.metrics.read(final=final)
-            stamp = timezone.now()
-            points.extend(
-                MetricPoint(
-                    run_id=execution.run_id,
-                    attempt=attempt.number,
-                    key=key,
-                    step=step,
-                    value=value,
-                    time=stamp,
-                )
-                for key, step, value in batch.points
-            )
+            rows.extend(batch.rows)
+            values += sum(len(row.values) for row in batch.rows)
             # While it runs, one chunk per pass; at the end, everything that is there.
-            if not final or execution.metrics.offset == before or len(points) >= 100_000:
+            if not final or execution.metrics.offset == before or values >= 100_000:
                 break
         found = execution.checkpoints.scan()
         log_size = _file_size(execution.layout.log, default=attempt.log_size)
@@ -1121,54 +1077,62 @@ class Agent:
             final or now - execution.log_size_saved_at >= LOG_SIZE_SAVE_SECONDS
         )
         offset_changed = execution.metrics.offset != attempt.metrics_offset
-        if not (points or found or offset_changed or save_log_size):
+        if not (rows or found or offset_changed or save_log_size):
             return
-        updates: dict[str, Any] = {}
-        if offset_changed:
-            updates["metrics_offset"] = execution.metrics.offset
-        if save_log_size:
-            updates["log_size"] = log_size
         try:
-            self._save_collected(execution, points, found, updates)
+            with transaction.atomic():
+                recorded = self._save_collected(execution, rows, found)
+                attempts.note_progress(
+                    attempt_id=attempt.pk,
+                    metrics_offset=execution.metrics.offset if offset_changed else None,
+                    log_size=log_size if save_log_size else None,
+                )
         except DatabaseError:
             # Nothing was kept: read the same lines again next time.
             execution.metrics.offset = attempt.metrics_offset
             raise
-        for name, value in updates.items():
-            setattr(attempt, name, value)
+        if recorded is not None:
+            execution.metrics.skipped(
+                recorded.rows_skipped, recorded.problems[0] if recorded.problems else None
+            )
+        attempt.metrics_offset = execution.metrics.offset
         if save_log_size:
+            attempt.log_size = log_size
             execution.log_size_saved_at = now
         execution.checkpoints.known.update(checkpoint.path for checkpoint in found)
 
     def _save_collected(
-        self,
-        execution: Execution,
-        points: list[MetricPoint],
-        found: list[FoundCheckpoint],
-        updates: dict[str, Any],
-    ) -> None:
-        attempt = execution.attempt
-        with transaction.atomic():
-            if points:
-                MetricPoint.objects.bulk_create(points, batch_size=1000)
-            if found:
-                Checkpoint.objects.bulk_create(
-                    [
-                        Checkpoint(
-                            run_id=execution.run_id,
-                            attempt=attempt.number,
-                            step=checkpoint.step,
-                            path=checkpoint.path,
-                            size=checkpoint.size,
-                            complete=True,
-                            data={"kind": checkpoint.kind},
-                        )
-                        for checkpoint in found
-                    ],
-                    ignore_conflicts=True,
+        self, execution: Execution, rows: list[MetricRow], found: list[FoundCheckpoint]
+    ) -> metrics.MetricsRecorded | None:
+        """Metric points and checkpoints, through the services that keep them for every
+        road they arrive by (the API's reports too)."""
+        run, number = execution.run, execution.attempt.number
+        recorded = (
+            metrics.record_metrics(run=run, attempt=number, rows=rows, all_or_nothing=False)
+            if rows
+            else None
+        )
+        for checkpoint in found:
+            try:
+                checkpoints.record_checkpoint(
+                    run=run,
+                    attempt=number,
+                    report=checkpoints.CheckpointReport(
+                        step=checkpoint.step,
+                        path=checkpoint.path,
+                        size=checkpoint.size,
+                        data={"kind": checkpoint.kind},
+                    ),
                 )
-            if updates:
-                RunAttempt.objects.unscoped().filter(pk=attempt.pk).update(**updates)
+            except CheckpointPathRefused as exc:
+                logger.warning(
+                    "%s attempt %d: checkpoint %s not recorded: %s",
+                    run.name,
+                    number,
+                    checkpoint.path,
+                    exc,
+                )
+        return recorded
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -1266,15 +1230,6 @@ def _max_runtime(run: Run) -> int | None:
         return Spec.from_dict(run.spec).run.max_runtime
     except Exception:  # a stored spec the current schema refuses
         return None
-
-
-def _keep_queue_place(run: Run, queued_at: Any) -> None:
-    """A run the platform interrupted goes back to where it stood in the queue, not to its
-    end: its old ``queued_at`` (the queue's order within a priority) is restored."""
-    if run.state != RunState.QUEUED or queued_at is None:
-        return
-    Run.objects.unscoped().filter(pk=run.pk, state=RunState.QUEUED).update(queued_at=queued_at)
-    run.queued_at = queued_at
 
 
 def _file_size(path: Path, *, default: int) -> int:

@@ -15,7 +15,6 @@ from datetime import UTC
 from typing import Any
 
 from django.core.cache import cache
-from django.db import transaction
 from django.db.models import Prefetch, Q, QuerySet, prefetch_related_objects
 from django.http import FileResponse, Http404, HttpResponseBase, StreamingHttpResponse
 from django.utils.dateparse import parse_datetime
@@ -33,10 +32,9 @@ from rest_framework.response import Response
 from portal.api import BoundedJSONParser, refusals
 from portal.identity.tokens import token_of
 from portal.models import ApiToken
-from runs import bundles, selectors, services, submission
-from runs.agent.collect import MAX_KEYS_PER_RUN, MAX_VALUES_PER_ROW, metric_key_problem
+from runs import bundles, checkpoints, lifecycle, metrics, run_tokens, selectors, state, submission
+from runs.access import REFUSAL, may_act_on
 from runs.api.serializers import (
-    MAX_STEP,
     CheckpointSerializer,
     EventSerializer,
     LogChunkSerializer,
@@ -52,7 +50,9 @@ from runs.api.serializers import (
     SubmissionRefusedSerializer,
     SubmitSerializer,
 )
-from runs.models import Checkpoint, MetricPoint, Run, RunAttempt, RunEvent, RunState
+from runs.checkpoint_paths import CheckpointPathRefused
+from runs.metric_rules import MAX_KEYS_PER_RUN, MetricRow
+from runs.models import Checkpoint, Run, RunAttempt, RunEvent, RunState
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import Role
 
@@ -244,10 +244,8 @@ class RunViewSet(WorkspaceScopedViewSet):
         return Response(self._detail(self.get_object()))
 
     def _check_owner_or_admin(self, run: Run) -> None:
-        if run.submitted_by_id != self.request.user.pk and not self.access.allows(Role.ADMIN):
-            raise exceptions.PermissionDenied(
-                "Only its submitter or a workspace admin can do that."
-            )
+        if not may_act_on(run, access=self.access, user_id=self.request.user.pk):
+            raise exceptions.PermissionDenied(REFUSAL)
 
     @extend_schema(request=None, responses={200: RunDetailSerializer, **refusals(409)})
     @action(detail=True, methods=["post"])
@@ -255,8 +253,8 @@ class RunViewSet(WorkspaceScopedViewSet):
         run = self.get_object()
         self._check_owner_or_admin(run)
         try:
-            services.cancel_run(run=run, user=request.user)  # type: ignore[arg-type]
-        except services.RunActionRefused as exc:
+            lifecycle.cancel_run(run=run, user=request.user)  # type: ignore[arg-type]
+        except state.RunActionRefused as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(self._detail(run))
 
@@ -282,8 +280,8 @@ class RunViewSet(WorkspaceScopedViewSet):
                     {"checkpoint": ["No such checkpoint of this run."]}
                 )
         try:
-            services.resume_run(run=run, user=request.user, checkpoint=checkpoint)  # type: ignore[arg-type]
-        except services.RunActionRefused as exc:
+            lifecycle.resume_run(run=run, user=request.user, checkpoint=checkpoint)  # type: ignore[arg-type]
+        except state.RunActionRefused as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(self._detail(run))
 
@@ -497,23 +495,13 @@ def _report_wait(token: ApiToken) -> int | None:
     return max(1, math.ceil(window - now % window))
 
 
-def _finite(value: Any) -> float | None:
-    """A reported value as a float, or None when it is not a finite number."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond any float
-        return None
-    return number if math.isfinite(number) else None
-
-
 class RunReportViewSet(WorkspaceScopedViewSet):
     """What a running workload reports, authenticated by its run token (and nothing else).
 
     Every report is bounded: REPORTS_PER_MINUTE per token (429 with ``Retry-After``), JSON
-    bodies by BoundedJSONParser, metric names by ``runs.agent.collect``'s rules (the same as
-    the metrics file's), events by size and depth, checkpoints to the run's own folder."""
+    bodies by BoundedJSONParser, metric points by ``runs.metrics`` (the rules the metrics
+    file follows too), events by size and depth, checkpoints to the run's own folder
+    (``runs.checkpoints``). What is reported is kept for the attempt that holds the token."""
 
     accepts_run_tokens = True
     base_queryset = Run.objects.all()
@@ -525,12 +513,16 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         if token is None or token.kind != ApiToken.Kind.RUN:
             raise exceptions.PermissionDenied("Only a run's own token can report on it.")
         name = kwargs["run_name"]
-        run = (
+        # The attempt that holds this token, of the run named: a token reaches its own run.
+        attempt = (
             None
             if "\x00" in name
-            else Run.objects.for_workspace(self.workspace).filter(name=name).first()
+            else RunAttempt.objects.for_workspace(self.workspace)
+            .select_related("run", "run__workspace")
+            .filter(token=token, run__name=name)
+            .first()
         )
-        if run is None or token.run_id != run.pk:
+        if attempt is None:
             raise exceptions.NotFound("No such run.")
         wait = _report_wait(token)
         if wait is not None:
@@ -539,7 +531,8 @@ class RunReportViewSet(WorkspaceScopedViewSet):
                 detail=f"A run may report at most {REPORTS_PER_MINUTE} times a minute; send "
                 "metric rows in batches.",
             )
-        self.run = run
+        self.run = attempt.run
+        self.attempt_number = attempt.number
 
     def write_role_for(self, request: Request) -> Role:
         # The run token is the authority here: a workload keeps reporting even if its
@@ -556,59 +549,23 @@ class RunReportViewSet(WorkspaceScopedViewSet):
     def metrics(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ReportMetricsSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        attempt = self.run.attempt_count
-        points = []
-        problems = []
-        names: set[str] = set()
-        for index, row in enumerate(payload.validated_data["rows"]):
-            step = row.get("step")
-            if not isinstance(step, int) or isinstance(step, bool) or abs(step) > MAX_STEP:
-                problems.append(f"row {index}: 'step' must be a whole number below 2^63")
-                continue
-            values = [(key, value) for key, value in row.items() if key not in {"step", "time"}]
-            if len(values) > MAX_VALUES_PER_ROW:
-                problems.append(f"row {index}: a row holds at most {MAX_VALUES_PER_ROW} values")
-                continue
-            for key, value in values:
-                if (why := metric_key_problem(key)) is not None:
-                    problems.append(f"row {index}: {key!r}: {why}")
-                    continue
-                number = _finite(value)
-                if number is None:
-                    problems.append(f"row {index}: {key!r} must be a finite number")
-                    continue
-                names.add(key)
-                points.append(
-                    MetricPoint(run=self.run, attempt=attempt, key=key, step=step, value=number)
-                )
-        if problems:
-            return Response(
-                {"detail": "Nothing was recorded.", "problems": problems[:50]}, status=400
+        rows = [
+            MetricRow(
+                step=row.get("step"),
+                values=[(key, value) for key, value in row.items() if key not in {"step", "time"}],
+                where=f"row {index}",
             )
-        with transaction.atomic():
-            known = set(selectors.metric_keys(self.run))
-            if names - known:
-                # New names: decided under the run's lock, so two reports cannot both take
-                # the last free places.
-                services.lock_run(self.run.pk)
-                known = set(selectors.metric_keys(self.run))
-            new = sorted(names - known)
-            if len(known) + len(new) > MAX_KEYS_PER_RUN:
-                shown = ", ".join(repr(name) for name in new[:5])
-                more = f" and {len(new) - 5} more" if len(new) > 5 else ""
-                return Response(
-                    {
-                        "detail": "Nothing was recorded.",
-                        "problems": [
-                            f"a run has at most {MAX_KEYS_PER_RUN} metric names; this one has "
-                            f"{len(known)}, so the new names {shown}{more} are refused "
-                            "(values of its existing names are still taken)"
-                        ],
-                    },
-                    status=400,
-                )
-            MetricPoint.objects.bulk_create(points, batch_size=1000)
-        return Response({"recorded": len(points)}, status=status.HTTP_202_ACCEPTED)
+            for index, row in enumerate(payload.validated_data["rows"])
+        ]
+        try:
+            recorded = metrics.record_metrics(
+                run=self.run, attempt=self.attempt_number, rows=rows, all_or_nothing=True
+            )
+        except metrics.MetricsRefused as exc:
+            return Response(
+                {"detail": "Nothing was recorded.", "problems": exc.problems}, status=400
+            )
+        return Response({"recorded": recorded.recorded}, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
         request=ReportCheckpointSerializer,
@@ -619,19 +576,18 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
         try:
-            path = services.checked_checkpoint_path(run=self.run, path=data["path"])
-        except services.CheckpointPathRefused as exc:
+            checkpoint = checkpoints.record_checkpoint(
+                run=self.run,
+                attempt=self.attempt_number,
+                report=checkpoints.CheckpointReport(
+                    step=data["step"],
+                    path=data["path"],
+                    complete=data["complete"],
+                    size=data.get("size"),
+                ),
+            )
+        except CheckpointPathRefused as exc:
             raise exceptions.ValidationError({"path": [str(exc)]}) from None
-        checkpoint, _ = Checkpoint.objects.update_or_create(
-            run=self.run,
-            path=path,
-            defaults={
-                "attempt": self.run.attempt_count,
-                "step": data["step"],
-                "complete": data["complete"],
-                "size": data.get("size"),
-            },
-        )
         return Response(CheckpointSerializer(checkpoint).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -642,14 +598,9 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         payload = ReportEventSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        with transaction.atomic():
-            run = services.lock_run(self.run.pk)
-            event = services.append_event(
-                run,
-                f"workload.{data['kind']}",
-                message=data["message"],
-                data=data.get("data") or {},
-            )
+        event = state.record_workload_event(
+            self.run, data["kind"], message=data["message"], data=data.get("data") or {}
+        )
         return Response(EventSerializer(event).data, status=status.HTTP_201_CREATED)
 
 
@@ -680,7 +631,9 @@ class RunBundleViewSet(WorkspaceScopedViewSet):
             .first()
         )
         if run is None or (
-            token is not None and token.kind == ApiToken.Kind.RUN and token.run_id != run.pk
+            token is not None
+            and token.kind == ApiToken.Kind.RUN
+            and run_tokens.run_id_of(token) != run.pk
         ):
             raise exceptions.NotFound("No such run.")
         if run.bundle is None:

@@ -1,12 +1,31 @@
 """The embedded backend: runs execute as processes on this machine, supervised by the local
-agent (``manage.py run_agent``), which admits queued runs within the machine's resources."""
+agent (``manage.py run_agent``), which admits queued runs within the machine's resources.
+
+Everything the core knows about this machine's files goes through here: the attempts' logs
+(``var/runs/<run id>/attempt-<n>/run.log``), the run's checkpoint folder
+(``var/runs/<run id>/checkpoints/``) and what the runs executing here hold of each
+workspace's quota on the ``TAU_LOCAL_FLAVOR`` flavor.
+"""
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Collection
+from decimal import Decimal
+from pathlib import Path, PurePosixPath
+
+from django.conf import settings
+from django.db import transaction
+
 from runs.agent import admission
-from runs.models import Run, RunState
+from runs.agent.prepare import AttemptLayout, runs_root
+from runs.backends import QuotaUse
+from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
+from runs.logs import LogChunk, WholeLog, open_log_file, read_log_file
+from runs.models import RUNNING_STATES, Backend, Checkpoint, Run, RunAttempt, RunState
 from runs.policy import requested_totals
-from runs.services import lock_run, transition
+from runs.state import lock_run, transition
 from tau.quantity import QuantityError
 from tau.spec import Spec
 from workspaces.models import GPU_RESOURCE
@@ -17,6 +36,42 @@ FIELD_OF = {
     admission.MEMORY: "compute.memory",
     GPU_RESOURCE: "compute.gpus",
 }
+
+
+def checkpoint_dir(run: Run) -> Path:
+    """The run's checkpoint folder on this machine: its attempts' ``TAU_CHECKPOINT_DIR``."""
+    # The folder is the run's, shared by all its attempts: any attempt number names it.
+    return AttemptLayout.for_attempt(runs_root(), run.pk, 1).checkpoints
+
+
+def _checkpoint_folders(run: Run) -> list[PurePosixPath]:
+    folder = checkpoint_dir(run)
+    spelled = PurePosixPath(os.path.abspath(folder))
+    resolved = PurePosixPath(os.path.realpath(runs_root()), *folder.parts[-2:])
+    return [spelled, resolved] if resolved != spelled else [spelled]
+
+
+def _checkpoint_on_disk(run: Run, parts: tuple[str, ...]) -> bool:
+    """Whether the checkpoint ``parts`` names below the run's checkpoint folder exists, looking
+    only below the portal's own runs folder and never following a link: a symbolic link on
+    the way (the checkpoint folder itself included) could lead anywhere on this machine, so it
+    is refused (CheckpointPathRefused), as the agent never records a link as a checkpoint."""
+    current = Path(os.path.realpath(runs_root()))
+    names = (str(run.pk), checkpoint_dir(run).name, *parts)
+    for index, name in enumerate(names):
+        current = current / name
+        try:
+            status = os.lstat(current)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if stat.S_ISLNK(status.st_mode):
+            raise CheckpointPathRefused(
+                "A checkpoint path may not go through a symbolic link "
+                f"({'/'.join(names[2 : index + 1]) or 'the checkpoint folder'} is one)."
+            )
+        if index < len(names) - 1 and not stat.S_ISDIR(status.st_mode):
+            return False
+    return True
 
 
 class LocalBackend:
@@ -35,12 +90,73 @@ class LocalBackend:
         never = admission.never_fits(requested_totals(spec), capacity)
         return [(FIELD_OF[resource], message) for resource, message in never.items()]
 
-    def submit(self, run: Run) -> None:
-        locked = lock_run(run.pk)
-        if locked.state == RunState.PENDING:
-            transition(locked, RunState.QUEUED, reason="Waiting for the local agent to admit it.")
+    def submit(self, run: Run, attempt: RunAttempt) -> None:
+        # The agent reads the queue: a run handed over is a queued run. A retried or resumed
+        # run is queued already, and its waiting attempt is the one the agent starts.
+        with transaction.atomic():
+            locked = lock_run(run.pk)
+            if locked.state == RunState.PENDING:
+                transition(
+                    locked, RunState.QUEUED, reason="Waiting for the local agent to admit it."
+                )
 
     def cancel(self, run: Run) -> None:
         # The agent stops the process group of any run in state "cancelling"; a run that was
         # not executing has already been moved to "cancelled" by the cancel itself.
         return None
+
+    def read_log(
+        self, run: Run, attempt: RunAttempt, *, offset: int | None, tail_lines: int | None
+    ) -> LogChunk:
+        return read_log_file(
+            Path(attempt.log_path) if attempt.log_path else None,
+            attempt=attempt.number,
+            complete=attempt.finished_at is not None,
+            offset=offset,
+            tail_lines=tail_lines,
+        )
+
+    def open_log(self, run: Run, attempt: RunAttempt) -> WholeLog:
+        return open_log_file(
+            Path(attempt.log_path) if attempt.log_path else None,
+            attempt=attempt.number,
+            live=attempt.finished_at is None,
+        )
+
+    def checkpoint_path(self, run: Run, path: str) -> str:
+        """On this machine the folder is ``var/runs/<run id>/checkpoints/``; the path may be
+        given absolute or relative to it, and is kept absolute. Anything else (another run's
+        folder, the portal's files, a path through a link) is refused: the run page would
+        otherwise offer to resume from it and say whether it exists."""
+        folders = _checkpoint_folders(run)
+        parts = parts_inside(folders, path)
+        _checkpoint_on_disk(run, parts)  # refuses a path through a link
+        return str(PurePosixPath(folders[0], *parts))
+
+    def checkpoint_exists(self, run: Run, checkpoint: Checkpoint) -> bool:
+        """The workload may have deleted it (many keep only the newest few). Only a path
+        inside the run's own checkpoint folder is ever looked at, and never through a link: a
+        recorded path outside it (written before paths were checked) is not resumable, and
+        whether such a file exists is never asked of the disk."""
+        try:
+            parts = parts_inside(_checkpoint_folders(run), checkpoint.path)
+            if not PurePosixPath(checkpoint.path).is_absolute():
+                return False  # the agent and the API keep absolute paths
+            return _checkpoint_on_disk(run, parts)
+        except CheckpointPathRefused:
+            return False
+
+    def quota_in_use(self, workspace_ids: Collection[int] | None) -> dict[int, QuotaUse]:
+        """Local runs use the machine's flavor (``TAU_LOCAL_FLAVOR``): what the admitted,
+        running and stopping ones asked for, per workspace."""
+        runs = Run.objects.unscoped().filter(backend=Backend.LOCAL, state__in=RUNNING_STATES)
+        if workspace_ids is not None:
+            runs = runs.filter(workspace_id__in=list(workspace_ids))
+        used: dict[int, QuotaUse] = {}
+        flavor = settings.TAU_LOCAL_FLAVOR
+        for workspace_id, spec in runs.values_list("workspace_id", "spec"):
+            line = used.setdefault(workspace_id, {})
+            for resource, amount in requested_totals(Spec.from_dict(spec)).items():
+                key = (flavor, resource)
+                line[key] = line.get(key, Decimal(0)) + amount
+        return used

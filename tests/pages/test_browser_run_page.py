@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runs import services
+from runs import attempts, state
 from runs.models import RunState
 from tests.pages.browser_support import check_page, log_in, watch_console
 from tests.runs.factories import make_run
@@ -109,17 +109,17 @@ def test_following_the_newest_attempt_while_reading_an_older_one(
     settings.VAR_DIR = tmp_path / "var"
     (tmp_path / "var").mkdir()
     spec = RETRYING.replace(b"max_retries: 1", b"max_retries: 3")
-    run = services.transition(make_run(world, spec=spec), RunState.QUEUED)
-    first = services.start_attempt(run=run)
+    run = state.transition(make_run(world, spec=spec), RunState.QUEUED)
+    first = attempts.admit_attempt(run=run)
     write_log(first, tmp_path, "first attempt\n")
-    services.attempt_running(attempt=first)
-    run = services.finish_attempt(
+    attempts.attempt_running(attempt=first)
+    run = attempts.finish_attempt(
         attempt=first,
-        outcome=services.AttemptOutcome(succeeded=False, exit_code=1, failure_class="user_error"),
+        outcome=attempts.AttemptOutcome(succeeded=False, exit_code=1, failure_class="user_error"),
     )
-    second = services.start_attempt(run=run)
+    second = attempts.admit_attempt(run=run)
     write_log(second, tmp_path, "second attempt: step 1\n")
-    services.attempt_running(attempt=second)
+    attempts.attempt_running(attempt=second)
     second_log = Path(second.log_path)
 
     problems = watch_console(page)
@@ -150,13 +150,13 @@ def test_following_the_newest_attempt_while_reading_an_older_one(
     wait_for_log(page, "second attempt: step 4")
 
     # A new attempt begins: it joins the picker and its log is followed.
-    run = services.finish_attempt(
+    run = attempts.finish_attempt(
         attempt=second,
-        outcome=services.AttemptOutcome(succeeded=False, exit_code=1, failure_class="user_error"),
+        outcome=attempts.AttemptOutcome(succeeded=False, exit_code=1, failure_class="user_error"),
     )
-    third = services.start_attempt(run=run)
+    third = attempts.admit_attempt(run=run)
     write_log(third, tmp_path, "third attempt: hello\n")
-    services.attempt_running(attempt=third)
+    attempts.attempt_running(attempt=third)
     wait_for_log(page, "third attempt: hello")
     assert "second attempt" not in log_text(page)
     assert options(page) == ["Attempt 3 (newest)", "Attempt 2", "Attempt 1"]

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runs import services
+from runs import attempts, state
 from runs.models import Checkpoint, RunState
 from tests.runs.factories import make_run
 
@@ -29,9 +29,9 @@ def grow(world: Any, *, runs: int) -> Any:
     """Runs with history: half of them running (an attempt, events), all with a checkpoint."""
     last = None
     for index in range(runs):
-        run = services.transition(make_run(world), RunState.QUEUED)
+        run = state.transition(make_run(world), RunState.QUEUED)
         if index % 2:
-            services.attempt_running(attempt=services.start_attempt(run=run))
+            attempts.attempt_running(attempt=attempts.admit_attempt(run=run))
         Checkpoint.objects.create(run=run, attempt=1, step=index, path=f"/c/{run.pk}/{index}")
         last = run
     return last
@@ -62,7 +62,7 @@ def test_page_query_counts_are_pinned(world: Any, page: str) -> None:
     few, _ = count(client, path, **headers)
     run = grow(world, runs=8)
     for _ in range(5):
-        services.append_event(services.lock_run(run.pk), "note", message="more history")
+        state.record_workload_event(run, "note", message="more history")
     path, headers = url(run)
     many, sql = count(client, path, **headers)
     assert few == many, sql

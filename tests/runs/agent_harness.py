@@ -16,7 +16,8 @@ from typing import Any
 
 from django.conf import settings
 
-from runs import services, submission
+from portal.models import ApiToken
+from runs import delivery, submission
 from runs.models import Delivery, Run, RunAttempt, RunState
 from tests.runs.factories import zip_bytes
 from tests.runs.processes import session_database_url
@@ -183,8 +184,8 @@ def submit(
         spec_source=spec_source,
         bundle=io.BytesIO(bundle) if bundle is not None else None,
     )
-    delivery = Delivery.objects.for_workspace(workspace).get(run=run, action=Delivery.Action.SUBMIT)
-    assert services.deliver(delivery.pk)
+    handed = Delivery.objects.for_workspace(workspace).get(run=run, action=Delivery.Action.SUBMIT)
+    assert delivery.deliver(handed.pk)
     run.refresh_from_db()
     assert run.state == RunState.QUEUED
     return run
@@ -204,6 +205,12 @@ def wait_for_state(run: Run, states: Collection[str] | str, *, timeout: float, a
         agent=agent,
     )
     return run
+
+
+def tokens_of(run: Run) -> list[ApiToken]:
+    """The run tokens its attempts were issued (each attempt holds its own)."""
+    held = RunAttempt.objects.for_workspace(run.workspace_id).filter(run=run)
+    return list(ApiToken.objects.filter(pk__in=held.values("token_id")).order_by("pk"))
 
 
 def attempts(run: Run) -> list[RunAttempt]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runs import services
+from runs import attempts, lifecycle, state
 from runs.models import Run, RunAttempt, RunState
 from tests.runs.factories import make_run
 
@@ -27,26 +27,26 @@ resilience:
 def storied_run(world: Any, directory: Path) -> Run:
     """A run with a past: a failure retried, a failure that ends it, a resume, a cancel that
     finished; every attempt with a log on disk (the first one empty)."""
-    run = services.transition(make_run(world, spec=RETRYING), RunState.QUEUED)
+    run = state.transition(make_run(world, spec=RETRYING), RunState.QUEUED)
     for outcome, text in [
-        (services.AttemptOutcome(succeeded=False, exit_code=1, failure_class="user_error"), ""),
+        (attempts.AttemptOutcome(succeeded=False, exit_code=1, failure_class="user_error"), ""),
         (
-            services.AttemptOutcome(succeeded=False, exit_code=2, failure_class="user_error"),
+            attempts.AttemptOutcome(succeeded=False, exit_code=2, failure_class="user_error"),
             "second attempt\nTraceback: boom\n",
         ),
     ]:
-        attempt = services.start_attempt(run=run)
+        attempt = attempts.admit_attempt(run=run)
         write_log(attempt, directory, text)
-        services.attempt_running(attempt=attempt)
-        run = services.finish_attempt(attempt=attempt, outcome=outcome)
+        attempts.attempt_running(attempt=attempt)
+        run = attempts.finish_attempt(attempt=attempt, outcome=outcome)
     assert run.state == RunState.FAILED
-    run = services.resume_run(run=run, user=world.users["researcher"])
-    attempt = services.start_attempt(run=run)
+    run = lifecycle.resume_run(run=run, user=world.users["researcher"])
+    attempt = attempts.admit_attempt(run=run)
     write_log(attempt, directory, "third attempt, resumed\n")
-    services.attempt_running(attempt=attempt)
-    services.cancel_run(run=run, user=world.users["researcher"])
-    run = services.finish_attempt(
-        attempt=attempt, outcome=services.AttemptOutcome(succeeded=False, cancelled=True)
+    attempts.attempt_running(attempt=attempt)
+    lifecycle.cancel_run(run=run, user=world.users["researcher"])
+    run = attempts.finish_attempt(
+        attempt=attempt, outcome=attempts.AttemptOutcome(succeeded=False, cancelled=True)
     )
     assert run.state == RunState.CANCELLED
     return run

@@ -17,11 +17,13 @@ from django.conf import settings
 from django.db import transaction
 from django.test import Client
 
-from portal.models import ApiToken
-from runs import services
+from portal.models import ApiToken, AuditEvent
+from runs import delivery, lifecycle
 from runs.agent import environments
 from runs.agent.supervisor import UNSANDBOXED_REFUSAL
 from runs.agent.wrapper import truncation_marker
+from runs.checkpoints import newest_checkpoint
+from runs.events import verify_event_chain
 from runs.models import (
     Checkpoint,
     FailureClass,
@@ -43,6 +45,7 @@ from tests.runs.agent_harness import (
     spec,
     state_of,
     submit,
+    tokens_of,
     wait_for_state,
     wait_until,
 )
@@ -83,8 +86,8 @@ def var_dir(tmp_path: Path, settings: Any) -> Path:
 @pytest.fixture
 def agents(var_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Agent]]:
     """Agents started by a test; every one is stopped before the database is emptied."""
-    # Deliveries are made by the test itself (services.deliver), not by a Celery worker.
-    monkeypatch.setattr(services, "enqueue_delivery", lambda delivery_id: None)
+    # Deliveries are made by the test itself (delivery.deliver), not by a Celery worker.
+    monkeypatch.setattr(delivery, "publish", lambda delivery_id: None)
     started: list[Agent] = []
     yield started
     for agent in started:
@@ -145,18 +148,27 @@ def test_cpu_quickstart_runs_to_success(world: Any, var_dir: Path, start_agent: 
         MetricPoint.objects.for_workspace(world.alpha).filter(run=run, key="val_accuracy").exists()
     )
     checkpoints = Checkpoint.objects.for_workspace(world.alpha).filter(run=run)
-    newest = services.newest_checkpoint(run)
+    newest = newest_checkpoint(run)
     assert newest is not None
     assert newest.step == 1500
     assert Path(newest.path) == var_dir / "runs" / str(run.pk) / "checkpoints" / "step-1500"
     assert all(checkpoint.complete and checkpoint.size for checkpoint in checkpoints)
-    assert services.verify_event_chain(run)
+    assert verify_event_chain(run)
     kinds = [event.new_state for event in run.events.all().order_by("seq") if event.new_state]
     assert kinds == ["pending", "queued", "admitted", "running", "succeeded"]
-    # The run token existed only for the attempt: tied to the run, revoked at the end.
-    (token,) = ApiToken.objects.filter(run=run)
+    # The run token existed only for the attempt: held by it, revoked at the end, both
+    # audited with the run and attempt it was for.
+    (token,) = tokens_of(run)
     assert token.kind == ApiToken.Kind.RUN
     assert token.revoked_at is not None
+    assert attempt.token_id == token.pk
+    audited = AuditEvent.objects.for_workspace(world.alpha).filter(
+        object_type="portal.apitoken", object_id=str(token.pk)
+    )
+    created = audited.get(action="token.create")
+    assert created.after is not None
+    assert (created.after["run"], created.after["attempt"]) == (run.name, 1)
+    assert audited.filter(action="token.revoke").count() == 1
 
 
 def test_a_killed_agent_is_recovered_on_restart(
@@ -185,8 +197,8 @@ def test_a_killed_agent_is_recovered_on_restart(
     assert crashed.failure_message == "agent restarted"
     assert retried.retry_reason == FailureClass.INFRASTRUCTURE
     assert "attempt 2, retry reason infrastructure" in Path(retried.log_path).read_text()
-    assert services.verify_event_chain(run)
-    assert not ApiToken.objects.filter(run=run, revoked_at__isnull=True).exists()
+    assert verify_event_chain(run)
+    assert all(token.revoked_at is not None for token in tokens_of(run))
 
 
 def test_cancel_stops_the_whole_process_tree(world: Any, var_dir: Path, start_agent: Any) -> None:
@@ -195,14 +207,14 @@ def test_cancel_stops_the_whole_process_tree(world: Any, var_dir: Path, start_ag
     agent = start_agent()
     pids = read_pids(var_dir, run, agent)
     wait_for_state(run, RunState.RUNNING, timeout=10, agent=agent)
-    services.cancel_run(run=run, user=world.users["researcher"])
+    lifecycle.cancel_run(run=run, user=world.users["researcher"])
     # The grandchild ignores SIGTERM: it takes the grace period and a SIGKILL.
     wait_for_state(run, RunState.CANCELLED, timeout=GRACE_SECONDS + 15, agent=agent)
     assert not process_alive(pids["main"])
     assert not process_alive(pids["grandchild"])
     (attempt,) = attempts(run)
     assert attempt.state == RunAttempt.State.CANCELLED
-    assert services.verify_event_chain(run)
+    assert verify_event_chain(run)
 
 
 def test_a_retry_resumes_from_the_newest_checkpoint(
@@ -234,7 +246,7 @@ def test_a_retry_resumes_from_the_newest_checkpoint(
     assert "resumed from" not in Path(failed.log_path).read_text()
     steps = MetricPoint.objects.for_workspace(world.alpha).filter(run=run, key="loss", attempt=2)
     assert min(steps.values_list("step", flat=True)) == 175
-    assert services.verify_event_chain(run)
+    assert verify_event_chain(run)
 
 
 def test_max_runtime_is_enforced(world: Any, start_agent: Any) -> None:
@@ -379,7 +391,7 @@ def test_outcomes_by_exit_and_a_clean_environment(
     assert env["PATH"].startswith(str(var_dir / "venvs"))
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     # The token's secret is in the child's environment only: the database has a hash.
-    (token,) = ApiToken.objects.filter(run=environment)
+    (token,) = tokens_of(environment)
     assert env["TAU_RUN_TOKEN"].split("_")[-1] not in token.secret_hash
     assert token.revoked_at is not None
 
@@ -424,10 +436,13 @@ def test_stopping_the_agent_stops_its_runs_for_a_later_retry(
     # An interruption by the platform: back in the queue at once, and no retry used.
     assert run.state == RunState.QUEUED
     assert run.not_before is None
-    (attempt,) = attempts(run)
+    attempt, following = attempts(run)
     assert attempt.failure_class == FailureClass.INFRASTRUCTURE
     assert attempt.failure_message == "agent stopped"
     assert attempt.counts_against_retries is False
+    # Handed to the backend again at once, as the attempt that follows.
+    assert (following.number, following.state) == (2, RunAttempt.State.WAITING)
+    assert following.retry_reason == FailureClass.INFRASTRUCTURE
 
 
 def test_runs_left_executing_without_an_attempt_are_put_right(world: Any, start_agent: Any) -> None:
@@ -439,7 +454,7 @@ def test_runs_left_executing_without_an_attempt_are_put_right(world: Any, start_
     Run.objects.for_workspace(world.alpha).filter(pk=lost.pk).update(state=RunState.ADMITTED)
     Run.objects.for_workspace(world.alpha).filter(pk=stopping.pk).update(state=RunState.ADMITTED)
     with transaction.atomic():
-        services.cancel_run(run=stopping, user=world.users["researcher"])
+        lifecycle.cancel_run(run=stopping, user=world.users["researcher"])
     assert state_of(stopping) == RunState.CANCELLING
     agent = start_agent()
     wait_for_state(stopping, RunState.CANCELLED, timeout=15, agent=agent)
@@ -447,9 +462,10 @@ def test_runs_left_executing_without_an_attempt_are_put_right(world: Any, start_
     assert stopping.state_reason == "Cancelled by rob."
     wait_for_state(lost, {RunState.SUCCEEDED, RunState.FAILED}, timeout=30, agent=agent)
     assert lost.state == RunState.SUCCEEDED
-    (attempt,) = attempts(lost)
+    (attempt,) = attempts(lost)  # the attempt it was handed over with, started after all
     assert "ran after all" in Path(attempt.log_path).read_text()
-    assert attempts(stopping) == []
+    # The other's attempt never started, and ended with the cancel.
+    assert [attempt.state for attempt in attempts(stopping)] == [RunAttempt.State.CANCELLED]
 
 
 def test_a_second_agent_refuses_to_start(var_dir: Path, start_agent: Any) -> None:
@@ -670,7 +686,8 @@ def test_without_a_sandbox_only_one_workspace_runs(
     wait_until(refused, timeout=10, what="the refusal of the other workspace", agent=agent)
     assert theirs.state == RunState.QUEUED
     assert theirs.queue_position is None
-    assert attempts(theirs) == []
+    # Its attempt waits: never admitted.
+    assert [attempt.state for attempt in attempts(theirs)] == [RunAttempt.State.WAITING]
     assert "NO SANDBOX for local runs: bwrap is not installed" in agent.output()
     ready = Client().get("/readyz").json()
     assert ready["local_executor"]["sandbox"] == "none"
@@ -774,8 +791,8 @@ def test_work_finished_while_the_agent_was_down_is_not_run_again(
     for run in runs:
         starts = var_dir / "runs" / str(run.pk) / "checkpoints" / "starts.txt"
         assert starts.read_text() == "attempt 1\n"  # started once, never again
-        assert services.verify_event_chain(run)
-        assert not ApiToken.objects.filter(run=run, revoked_at__isnull=True).exists()
+        assert verify_event_chain(run)
+        assert all(token.revoked_at is not None for token in tokens_of(run))
 
 
 WAITS_ON_FIRST_ATTEMPT = """\

@@ -15,10 +15,11 @@ from django.utils import timezone
 from rest_framework.serializers import ModelSerializer
 from rest_framework.test import APIClient
 
-from portal.identity import tokens
-from portal.models import ApiToken
-from runs import selectors, services
+from runs import run_tokens
 from runs.api.serializers import RunDetailSerializer, RunSummarySerializer
+from runs.backends import local as local_backend
+from runs.events import verify_event_chain
+from runs.logs import LOG_STREAM_BLOCK
 from runs.models import Checkpoint, Delivery, MetricPoint, Run, RunAttempt, RunState
 from tests.runs.factories import (
     ROOT,
@@ -172,7 +173,7 @@ def test_cancel_and_resume(world: Any) -> None:
     events = client.get(run_url(run.name, "run-events")).json()
     assert [e["kind"] for e in events] == ["submitted", "cancelled", "resumed"]
     run.refresh_from_db()
-    assert services.verify_event_chain(run)
+    assert verify_event_chain(run)
 
 
 def test_only_the_submitter_or_an_admin_acts_on_a_run(world: Any) -> None:
@@ -191,7 +192,7 @@ def test_only_the_submitter_or_an_admin_acts_on_a_run(world: Any) -> None:
 def test_resume_from_a_chosen_checkpoint(world: Any, settings: Any, tmp_path: Path) -> None:
     settings.VAR_DIR = tmp_path
     run = make_run(world, state=RunState.FAILED)
-    folder = services.local_checkpoint_dir(run)
+    folder = local_backend.checkpoint_dir(run)
     for step in (10, 20):
         (folder / f"step-{step}").mkdir(parents=True)
     early = Checkpoint.objects.create(run=run, attempt=1, step=10, path=str(folder / "step-10"))
@@ -214,7 +215,10 @@ def test_logs_tail_and_follow(world: Any, tmp_path: Path) -> None:
     run = make_run(world)
     log = tmp_path / "attempt.log"
     log.write_text("".join(f"line {i}\n" for i in range(1, 501)))
-    RunAttempt.objects.create(run=run, number=1, log_path=str(log))
+    # The run's first attempt, handed over with it at submission, wrote this log.
+    RunAttempt.objects.for_workspace(world.alpha).filter(run=run, number=1).update(
+        log_path=str(log)
+    )
     client = world.api_client_for("viewer")
     tail = client.get(run_url(run.name, "run-logs"), {"tail": 3}).json()
     assert tail["text"] == "line 498\nline 499\nline 500\n"
@@ -303,13 +307,16 @@ def attempt_with_log(
 ) -> RunAttempt:
     log = directory / f"{run.name}-{number}.log"
     log.write_bytes(content)
-    return RunAttempt.objects.create(
+    attempt, _ = RunAttempt.objects.for_workspace(run.workspace_id).update_or_create(
         run=run,
         number=number,
-        log_path=str(log),
-        log_size=len(content),
-        finished_at=timezone.now() if finished else None,
+        defaults={
+            "log_path": str(log),
+            "log_size": len(content),
+            "finished_at": timezone.now() if finished else None,
+        },
     )
+    return attempt
 
 
 def test_the_whole_log_as_a_text_download(world: Any, settings: Any, tmp_path: Path) -> None:
@@ -330,7 +337,7 @@ def test_the_whole_log_as_a_text_download(world: Any, settings: Any, tmp_path: P
     assert response.streaming  # never read whole into memory
     pieces = list(response.streaming_content)
     assert len(pieces) > 1
-    assert max(len(piece) for piece in pieces) <= selectors.LOG_STREAM_BLOCK
+    assert max(len(piece) for piece in pieces) <= LOG_STREAM_BLOCK
     assert b"".join(pieces) == newest
 
     # Accept: text/plain is the same, here for the older attempt.
@@ -369,14 +376,16 @@ def test_a_live_log_as_text_stops_before_a_half_written_character(
     assert response["Content-Length"] == "5"
 
 
-def test_a_run_without_attempts_has_an_empty_text_log(world: Any) -> None:
-    run = make_run(world)
+def test_a_run_whose_attempt_has_not_started_has_an_empty_text_log(world: Any) -> None:
+    run = make_run(world)  # handed over with its first attempt, which waits
     response = world.api_client_for("viewer").get(
         run_url(run.name, "run-logs"), HTTP_ACCEPT="text/plain"
     )
     assert response.status_code == 200
-    assert response["Content-Disposition"] == f'attachment; filename="{run.name}.log"'
+    assert response["Content-Disposition"] == f'attachment; filename="{run.name}-attempt-1.log"'
     assert b"".join(response.streaming_content) == b""
+    chunk = world.api_client_for("viewer").get(run_url(run.name, "run-logs")).json()
+    assert (chunk["attempt"], chunk["text"], chunk["complete"]) == (1, "", False)
 
 
 def test_the_schema_documents_the_text_log(world: Any) -> None:
@@ -393,14 +402,13 @@ def test_the_schema_documents_the_text_log(world: Any) -> None:
 
 
 def run_token(world: Any, run: Run) -> str:
-    issued = tokens.issue_token(
-        user=world.users["researcher"],
-        name=f"run {run.name}",
-        kind=ApiToken.Kind.RUN,
-        workspace=world.alpha,
+    """The token of the run's newest attempt, as the local agent issues it."""
+    attempt = (
+        RunAttempt.objects.for_workspace(run.workspace_id).filter(run=run).order_by("-number")[0]
     )
-    ApiToken.objects.filter(pk=issued.token.pk).update(run=run)
-    return issued.plaintext
+    token = run_tokens.issue_run_token(run=run, attempt=attempt, max_runtime_seconds=None)
+    assert token is not None
+    return token
 
 
 def bearer(plaintext: str) -> APIClient:
@@ -430,7 +438,7 @@ def test_a_workload_reports_with_its_run_token(world: Any, settings: Any, tmp_pa
     assert MetricPoint.objects.for_workspace(world.alpha).filter(run=run).count() == 3
     checkpoint = client.post(
         run_url(run.name, "run-report-checkpoints"),
-        {"step": 2, "path": str(services.local_checkpoint_dir(run) / "step-2")},
+        {"step": 2, "path": str(local_backend.checkpoint_dir(run) / "step-2")},
         format="json",
     )
     assert checkpoint.status_code == 201
@@ -445,7 +453,7 @@ def test_a_workload_reports_with_its_run_token(world: Any, settings: Any, tmp_pa
     assert event.status_code == 201
     assert event.json()["kind"] == "workload.epoch"
     run.refresh_from_db()
-    assert services.verify_event_chain(run)
+    assert verify_event_chain(run)
 
 
 def test_a_run_token_reaches_nothing_else(world: Any) -> None:
@@ -499,7 +507,10 @@ def test_following_a_log_never_splits_a_character(world: Any, tmp_path: Path) ->
     encoded = text.encode()
     cut = encoded.index("↓".encode()) + 1  # the writer is in the middle of "↓"
     log.write_bytes(encoded[:cut])
-    RunAttempt.objects.create(run=run, number=1, log_path=str(log))
+    # The run's first attempt, handed over with it at submission, wrote this log.
+    RunAttempt.objects.for_workspace(world.alpha).filter(run=run, number=1).update(
+        log_path=str(log)
+    )
     client = world.api_client_for("viewer")
     first = client.get(run_url(run.name, "run-logs"), {"offset": 0}).json()
     assert first["text"] == "loss "
@@ -529,8 +540,9 @@ def test_a_submission_costs_a_fixed_number_of_queries(
     # The caller's workspace and role (1); its quotas, for the policy (1); the bundle, kept
     # once per content, looked up in its own transaction (3: a savepoint in a test); the run,
     # in a transaction (2) with its own savepoint for the name-clash retry (3), its first
-    # event (1) and its delivery (1); the answer's attempts (1).
-    with django_assert_num_queries(13):
+    # event (1), its first attempt (1) and the delivery that hands it over (1); the answer's
+    # attempts (1).
+    with django_assert_num_queries(14):
         response = submit(client, TINY_SPEC, zip_bytes(TINY_FILES))
     assert response.status_code == 201
 

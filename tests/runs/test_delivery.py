@@ -13,7 +13,8 @@ import requests
 from kombu import Connection
 
 from portal.identity import tokens
-from runs import services
+from runs import lifecycle
+from runs.events import verify_event_chain
 from runs.models import Delivery, Run, RunEvent, RunState
 from runs.tasks import deliver
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
@@ -69,14 +70,14 @@ def test_submitted_while_the_broker_is_down_is_delivered_once_it_is_back(
     assert len(deliveries) == 1
     assert deliveries[0].delivered_at is not None
     assert queued_events(run) == 1
-    assert services.verify_event_chain(run)
+    assert verify_event_chain(run)
 
 
 def test_the_same_delivery_twice_has_one_effect(
     world: Any, redis: PrivateRedis, portal: Portal
 ) -> None:
     portal.start(web=False, beat=False)
-    run = services.create_run(
+    run = lifecycle.create_run(
         workspace=world.alpha,
         user=world.users["researcher"],
         submission=_submission(world),
@@ -96,11 +97,11 @@ def test_the_same_delivery_twice_has_one_effect(
     assert queued_events(run) == 1
 
 
-def _submission(world: Any) -> services.Submission:
+def _submission(world: Any) -> lifecycle.Submission:
     from runs.submission import check_spec
 
     placement = check_spec(TINY_SPEC, workspace=world.alpha)
-    return services.Submission(
+    return lifecycle.Submission(
         spec=placement.spec,
         source=TINY_SPEC.decode(),
         bundle=None,

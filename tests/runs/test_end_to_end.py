@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from portal.identity import tokens
-from runs import services
+from runs.events import verify_event_chain
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt
 from tests.runs.agent_harness import Agent, local_quota
 from tests.runs.processes import Portal, get_json, portal_processes, submit_example
@@ -48,6 +48,6 @@ def test_the_cpu_example_submitted_over_http_succeeds(
     assert Path(attempt.log_path).read_text().count("step") > 10
     assert MetricPoint.objects.unscoped().filter(run=run, key="loss").count() >= 50
     assert Checkpoint.objects.unscoped().filter(run=run, complete=True).exists()
-    assert services.verify_event_chain(run)
+    assert verify_event_chain(run)
     logs = get_json(f"{portal.url}{created['url']}logs/?tail=3", token)
     assert "done: step" in logs["text"]

@@ -144,7 +144,7 @@ def test_the_47_character_rule() -> None:
 
 
 def test_every_run_name_the_platform_makes_fits() -> None:
-    from runs.services import new_run_name
+    from runs.lifecycle import new_run_name
 
     assert MAX_NAME_LENGTH + 1 + RUN_NAME_SUFFIX_MAX_LENGTH == RAYJOB_NAME_MAX_LENGTH
     longest_spec_name = "a" * MAX_NAME_LENGTH

@@ -15,15 +15,14 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from runs import selectors, services
-from runs.agent.collect import (
-    MAX_KEYS_PER_RUN,
-    MAX_VALUES_PER_ROW,
-    MetricsReader,
-    metric_key_problem,
-)
+from runs import metrics, selectors
+from runs.agent.collect import MetricsReader
 from runs.api import views as api_views
 from runs.api.serializers import MAX_EVENT_BYTES, MAX_EVENT_DEPTH
+from runs.backends import local as local_backend
+from runs.checkpoints import checkpoint_exists, newest_checkpoint
+from runs.events import verify_event_chain
+from runs.metric_rules import MAX_KEYS_PER_RUN, MAX_VALUES_PER_ROW, metric_key_problem
 from runs.models import Checkpoint, MetricPoint, Run, RunEvent, RunState
 from tests.runs.factories import make_run
 from tests.runs.test_api import bearer, run_token, run_url
@@ -33,6 +32,24 @@ pytestmark = pytest.mark.django_db
 
 def report_metrics(client: Any, run: Run, rows: list[dict[str, Any]]) -> Any:
     return client.post(run_url(run.name, "run-report-metrics"), {"rows": rows}, format="json")
+
+
+def from_file(run: Run, path: Path) -> tuple[MetricsReader, metrics.MetricsRecorded]:
+    """Read a metrics file as the local agent does, and keep what it holds as the agent does
+    (through the same service as the API's reports, leniently)."""
+    reader = MetricsReader(path)
+    batch = reader.read()
+    recorded = metrics.record_metrics(run=run, attempt=1, rows=batch.rows, all_or_nothing=False)
+    reader.skipped(recorded.rows_skipped, recorded.problems[0] if recorded.problems else None)
+    return reader, recorded
+
+
+def points_of(run: Run) -> list[tuple[str, int, float]]:
+    return sorted(
+        MetricPoint.objects.for_workspace(run.workspace_id)
+        .filter(run=run)
+        .values_list("key", "step", "value")
+    )
 
 
 def names_of(run: Run) -> set[str]:
@@ -86,10 +103,14 @@ def test_a_row_holds_at_most_the_same_number_of_values_as_a_metrics_file_line(
     refused = report_metrics(client, run, [too_many])
     assert refused.status_code == 400
     assert f"at most {MAX_VALUES_PER_ROW} values" in refused.json()["problems"][0]
-    # The file reader takes the same number from a line (one constant for both roads).
+    # A line of the metrics file gives the same number (one rule, one service, both roads),
+    # and the line counts as not wholly read.
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps(too_many) + "\n")
-    assert len(MetricsReader(path).read().points) == MAX_VALUES_PER_ROW
+    reader, recorded = from_file(run, path)
+    assert recorded.recorded == MAX_VALUES_PER_ROW
+    assert reader.bad_lines == 1
+    assert f"at most {MAX_VALUES_PER_ROW} values" in reader.first_problem
 
 
 @pytest.mark.parametrize(
@@ -112,12 +133,12 @@ def test_metric_names_must_be_printable_text(world: Any, tmp_path: Path, name: s
     refused = report_metrics(client, run, [{"step": 1, name: 1.0, "loss": 0.5}])
     assert refused.status_code == 400
     assert names_of(run) == set()
-    # The agent's file reader skips the name, keeps the rest of the line and says why.
+    # From the agent's metrics file the name is skipped, the rest of the line kept, and why
+    # is said.
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"step": 1, name: 1.0, "loss": 0.5}) + "\n")
-    reader = MetricsReader(path)
-    batch = reader.read()
-    assert batch.points == [("loss", 1, 0.5)]
+    reader, _ = from_file(run, path)
+    assert points_of(run) == [("loss", 1, 0.5)]
     assert reader.bad_lines == 1
     assert "skipped" in reader.first_problem
 
@@ -132,7 +153,8 @@ def test_printable_names_in_any_script_are_fine(world: Any) -> None:
     assert names_of(run) == set(names)
 
 
-def test_the_file_reader_takes_at_most_the_cap_of_names(tmp_path: Path) -> None:
+def test_the_metrics_file_takes_at_most_the_cap_of_names(world: Any, tmp_path: Path) -> None:
+    run = make_run(world)
     path = tmp_path / "metrics.jsonl"
     lines = [
         json.dumps({"step": 1, **{f"m{start + i}": 1.0 for i in range(MAX_VALUES_PER_ROW)}})
@@ -140,12 +162,33 @@ def test_the_file_reader_takes_at_most_the_cap_of_names(tmp_path: Path) -> None:
     ]
     lines.append(json.dumps({"step": 2, "m0": 2.0, "brand-new": 1.0}))
     path.write_text("\n".join(lines) + "\n")
-    reader = MetricsReader(path)
-    points = reader.read().points
+    reader, _ = from_file(run, path)
+    points = points_of(run)
     assert len({key for key, _, _ in points}) == MAX_KEYS_PER_RUN
     assert ("m0", 2, 2.0) in points  # a name it has keeps its values
     assert all(key != "brand-new" for key, _, _ in points)
     assert f"at most {MAX_KEYS_PER_RUN} metric names" in reader.first_problem
+
+
+def test_the_cap_of_names_is_the_runs_whichever_road_they_came_by(
+    world: Any, tmp_path: Path
+) -> None:
+    """One writer for metric points: names reported over the API and names in the metrics
+    file count against the same cap, decided under the run's lock."""
+    run = make_run(world)
+    client = bearer(run_token(world, run))
+    first = {f"api{index}": 1.0 for index in range(MAX_KEYS_PER_RUN - 10)}
+    assert report_metrics(client, run, [{"step": 1, **first}]).status_code == 202
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 2, **{f"file{index}": 1.0 for index in range(20)}}) + "\n")
+    reader, recorded = from_file(run, path)
+    assert recorded.recorded == 10
+    assert len(names_of(run)) == MAX_KEYS_PER_RUN
+    assert reader.bad_lines == 1
+    # And the other way round: the API now refuses any new name.
+    refused = report_metrics(client, run, [{"step": 3, "late": 1.0}])
+    assert refused.status_code == 400
+    assert f"at most {MAX_KEYS_PER_RUN} metric names" in refused.json()["problems"][0]
 
 
 def test_huge_values_and_steps_are_refused_not_a_server_error(world: Any, tmp_path: Path) -> None:
@@ -288,7 +331,7 @@ def test_an_event_is_bounded_in_size_and_depth(world: Any) -> None:
     assert fine.status_code == 201
     assert RunEvent.objects.for_workspace(world.alpha).filter(run=run).count() == 2
     run.refresh_from_db()
-    assert services.verify_event_chain(run)
+    assert verify_event_chain(run)
 
 
 def test_a_json_body_is_refused_by_its_declared_size_unread(world: Any, settings: Any) -> None:
@@ -366,11 +409,11 @@ def test_a_checkpoint_must_lie_in_the_runs_own_folder(world: Any, runs_dir: Path
     run = make_run(world)
     other = make_run(world)
     client = bearer(run_token(world, run))
-    folder = services.local_checkpoint_dir(run)
+    folder = local_backend.checkpoint_dir(run)
     folder.mkdir(parents=True)
     secret = runs_dir.parent / "secret_key"
     secret.write_text("s3cr3t")
-    (services.local_checkpoint_dir(other)).mkdir(parents=True)
+    (local_backend.checkpoint_dir(other)).mkdir(parents=True)
     (folder / "escape").symlink_to(runs_dir.parent)
     (folder / "step-9").symlink_to(secret)
     for attack in (
@@ -378,7 +421,7 @@ def test_a_checkpoint_must_lie_in_the_runs_own_folder(world: Any, runs_dir: Path
         "/etc/passwd",
         str(folder / ".." / ".." / ".." / "secret_key"),
         "../../../secret_key",
-        str(services.local_checkpoint_dir(other) / "step-1"),  # another run's folder
+        str(local_backend.checkpoint_dir(other) / "step-1"),  # another run's folder
         str(folder / "escape" / "secret_key"),  # through a link
         str(folder / "step-9"),  # a link itself
         str(folder),  # the folder, not a checkpoint in it
@@ -401,7 +444,7 @@ def test_a_checkpoint_must_lie_in_the_runs_own_folder(world: Any, runs_dir: Path
 def test_a_checkpoint_folder_replaced_by_a_link_is_refused(world: Any, runs_dir: Path) -> None:
     run = make_run(world)
     client = bearer(run_token(world, run))
-    folder = services.local_checkpoint_dir(run)
+    folder = local_backend.checkpoint_dir(run)
     folder.parent.mkdir(parents=True)
     folder.symlink_to("/")
     response = report_checkpoint(client, run, str(folder / "etc" / "passwd"))
@@ -418,7 +461,7 @@ def test_whether_a_host_file_exists_is_never_asked(
     secret = runs_dir.parent / "secret_key"
     secret.write_text("s3cr3t")
     legacy = Checkpoint.objects.create(run=run, attempt=1, step=5, path=str(secret))
-    folder = services.local_checkpoint_dir(run)
+    folder = local_backend.checkpoint_dir(run)
     (folder / "step-7").mkdir(parents=True)
     real = Checkpoint.objects.create(run=run, attempt=1, step=7, path=str(folder / "step-7"))
     looked_at: list[str] = []
@@ -430,9 +473,9 @@ def test_whether_a_host_file_exists_is_never_asked(
             return _original(path, *args, **kwargs)
 
         monkeypatch.setattr(os, name, spy)
-    assert services.checkpoint_exists(run, legacy) is False
-    assert services.checkpoint_exists(run, real) is True
-    assert services.newest_checkpoint(run) == real
+    assert checkpoint_exists(run, legacy) is False
+    assert checkpoint_exists(run, real) is True
+    assert newest_checkpoint(run) == real
     page = world.client_for("researcher").get(
         reverse("run-page", kwargs={"workspace_slug": "alpha", "run_name": run.name})
     )

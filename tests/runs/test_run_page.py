@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
+from rest_framework.test import APIClient
 
 from runs.models import FailureClass, Run, RunState
 from tests.runs.factories import make_run
 from tests.runs.histories import storied_run
+from workspaces.models import Membership, Role
 
 pytestmark = pytest.mark.django_db
 
@@ -105,11 +108,12 @@ def test_the_log_shows_the_newest_attempt_or_the_one_asked_for(
     assert f"{logs}?format=text&amp;attempt=3" in unknown
 
 
-def test_a_run_without_attempts_waits_with_no_picker(world: Any) -> None:
-    run = make_run(world)
+def test_a_run_whose_first_attempt_waits_says_so(world: Any) -> None:
+    run = make_run(world)  # handed over with its first attempt, which waits to be admitted
     html = world.client_for("viewer").get(f"/w/alpha/runs/{run.name}/").content.decode()
-    assert 'id="log-attempt-form" hidden' in html
     assert "Waiting for the first attempt to start" in html
+    attempts = seen(html.split('id="attempts-heading"')[1].split("</ol>")[0])
+    assert "Attempt 1 Waiting" in attempts
 
 
 @pytest.mark.parametrize("state", list(RunState), ids=str)
@@ -132,3 +136,71 @@ def test_lists_and_queues_show_state_words(world: Any, state: RunState) -> None:
             assert badge[:1].isupper(), f"{name}: badge {badge!r}"
             assert "_" not in badge
         assert "oom_killed" not in visible_text(html)
+
+
+def test_preempted_and_evicted_runs_wait_on_the_queue_pages_with_their_reason(
+    world: Any,
+) -> None:
+    """Under Kueue these states last: such a run waits to be admitted again, and the queue
+    pages list it with the waiting runs, saying why."""
+    waiting = {}
+    for state in (RunState.PREEMPTED, RunState.EVICTED):
+        run = make_run(world, state=state)
+        Run.objects.for_workspace(world.alpha).filter(pk=run.pk).update(
+            state_reason=f"{state.label} by the cluster; waiting to be admitted again."
+        )
+        waiting[state] = run
+    running = make_run(world, state=RunState.RUNNING)
+
+    def section(html: str, start: str, end: str) -> str:
+        return html.split(start)[1].split(end)[0]
+
+    html = world.client_for("viewer").get("/w/alpha/queue/").content.decode()
+    listed = section(html, 'id="pending-heading"', 'id="running-heading"')
+    assert "Waiting (2)" in seen(listed)
+    for state, run in waiting.items():
+        assert run.name in listed
+        assert f"{state.label} by the cluster; waiting to be admitted again." in listed
+    assert running.name not in listed
+    assert running.name in html.split('id="running-heading"')[1]
+
+    html = world.client_for("platform_admin").get("/queue/").content.decode()
+    listed = section(html, '<h3 class="small">Waiting</h3>', "</ol>")
+    for state, run in waiting.items():
+        assert run.name in listed
+        assert f"{state.label} by the cluster" in listed
+    assert running.name not in listed
+    assert "2 waiting and 1 running" in seen(html)
+
+
+def test_only_the_submitter_or_a_workspace_admin_may_act_on_a_run(
+    world: Any, django_user_model: Any
+) -> None:
+    """One rule for the page's buttons, its form posts and the API's actions: another
+    researcher of the workspace may read the run, not cancel or resume it."""
+    colleague = django_user_model.objects.create_user(username="carla", password=None)
+    Membership.objects.create(workspace=world.alpha, user=colleague, role=Role.RESEARCHER)
+    run = make_run(world)  # rob's
+    page = f"/w/alpha/runs/{run.name}/"
+    api = f"/api/v1/workspaces/alpha/runs/{run.name}/"
+    cases = [
+        (colleague, False),
+        (world.users["researcher"], True),
+        (world.users["workspace_admin"], True),
+    ]
+    for user, allowed in cases:
+        browser = Client()
+        browser.force_login(user)
+        html = browser.get(page).content.decode()
+        assert ("Cancel run</button>" in html) is allowed, user
+        api_client = APIClient()
+        api_client.force_authenticate(user)
+        if not allowed:
+            assert browser.post(f"{page}cancel/").status_code == 403
+            assert api_client.post(f"{api}cancel/").status_code == 403
+            assert api_client.post(f"{api}resume/", {}, format="json").status_code == 403
+    admin = APIClient()
+    admin.force_authenticate(world.users["workspace_admin"])
+    assert admin.post(f"{api}cancel/").status_code == 200
+    run.refresh_from_db()
+    assert run.state == RunState.CANCELLED

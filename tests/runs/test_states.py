@@ -8,8 +8,22 @@ from typing import Any
 
 import pytest
 
-from runs import services
-from runs.models import TRANSITIONS, Run, RunEvent, RunState
+from runs import attempts, lifecycle
+from runs.events import GENESIS_HASH, verify_event_chain
+from runs.models import (
+    LIVE_STATES,
+    RUNNING_STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    WAITING_STATES,
+    Delivery,
+    FailureClass,
+    Run,
+    RunAttempt,
+    RunEvent,
+    RunState,
+)
+from runs.state import IllegalTransition, transition
 from tests.runs.factories import make_run
 
 pytestmark = pytest.mark.django_db
@@ -22,14 +36,14 @@ def test_transition_table(world: Any, old: RunState, new: RunState) -> None:
     run = make_run(world, state=old)
     events_before = RunEvent.objects.for_workspace(world.alpha).filter(run=run).count()
     if new in TRANSITIONS[old]:
-        moved = services.transition(run, new, reason="test")
+        moved = transition(run, new, reason="test")
         assert moved.state == new
         assert (
             RunEvent.objects.for_workspace(world.alpha).filter(run=run).count() == events_before + 1
         )
     else:
-        with pytest.raises(services.IllegalTransition):
-            services.transition(run, new, reason="test")
+        with pytest.raises(IllegalTransition):
+            transition(run, new, reason="test")
         run.refresh_from_db()
         assert run.state == old
         assert RunEvent.objects.for_workspace(world.alpha).filter(run=run).count() == events_before
@@ -42,32 +56,32 @@ def test_every_state_has_a_row_in_the_table() -> None:
 def test_a_lifecycle_leaves_a_verifiable_chain(world: Any) -> None:
     run = make_run(world)
     for state in (RunState.QUEUED, RunState.ADMITTED, RunState.RUNNING, RunState.SUCCEEDED):
-        run = services.transition(run, state, reason=f"to {state}")
+        run = transition(run, state, reason=f"to {state}")
     assert run.finished_at is not None
     events = list(RunEvent.objects.for_workspace(world.alpha).filter(run=run).order_by("seq"))
     assert [e.seq for e in events] == [1, 2, 3, 4, 5]
-    assert events[0].prev_hash == services.GENESIS_HASH
+    assert events[0].prev_hash == GENESIS_HASH
     assert all(later.prev_hash == earlier.hash for earlier, later in pairwise(events))
-    assert services.verify_event_chain(run)
+    assert verify_event_chain(run)
 
 
 @pytest.mark.parametrize("field", ["message", "new_state", "data"])
 def test_tampering_breaks_the_chain(world: Any, field: str) -> None:
     run = make_run(world)
-    run = services.transition(run, RunState.QUEUED, reason="queued")
-    services.transition(run, RunState.CANCELLED, reason="cancelled")
+    run = transition(run, RunState.QUEUED, reason="queued")
+    transition(run, RunState.CANCELLED, reason="cancelled")
     first = RunEvent.objects.for_workspace(world.alpha).get(run=run, seq=2)
     value = {"message": "nothing to see", "new_state": "succeeded", "data": {"forged": True}}[field]
     RunEvent.objects.for_workspace(world.alpha).filter(pk=first.pk).update(**{field: value})
-    assert not services.verify_event_chain(Run.objects.for_workspace(world.alpha).get(pk=run.pk))
+    assert not verify_event_chain(Run.objects.for_workspace(world.alpha).get(pk=run.pk))
 
 
 def test_a_deleted_event_breaks_the_chain(world: Any) -> None:
     run = make_run(world)
-    run = services.transition(run, RunState.QUEUED, reason="queued")
-    services.transition(run, RunState.CANCELLED, reason="cancelled")
+    run = transition(run, RunState.QUEUED, reason="queued")
+    transition(run, RunState.CANCELLED, reason="cancelled")
     RunEvent.objects.for_workspace(world.alpha).filter(run=run, seq=2).delete()
-    assert not services.verify_event_chain(run)
+    assert not verify_event_chain(run)
 
 
 def test_finishing_an_attempt_retries_per_policy(world: Any) -> None:
@@ -85,41 +99,41 @@ resilience:
   backoff: {initial: 5s, max: 1m}
 """
     run = make_run(world, spec=spec)
-    run = services.transition(run, RunState.QUEUED)
-    attempt = services.start_attempt(run=run)
-    services.attempt_running(attempt=attempt, pid=None)
-    run = services.finish_attempt(
+    run = transition(run, RunState.QUEUED)
+    attempt = attempts.admit_attempt(run=run)
+    attempts.attempt_running(attempt=attempt, pid=None)
+    run = attempts.finish_attempt(
         attempt=attempt,
-        outcome=services.AttemptOutcome(succeeded=False, exit_code=-9, failure_class="oom_killed"),
+        outcome=attempts.AttemptOutcome(succeeded=False, exit_code=-9, failure_class="oom_killed"),
     )
     assert run.state == RunState.QUEUED
     assert run.retry_reason == "oom_killed"
     assert run.not_before is not None
-    second = services.start_attempt(run=run)
-    services.attempt_running(attempt=second)
-    run = services.finish_attempt(
+    second = attempts.admit_attempt(run=run)
+    attempts.attempt_running(attempt=second)
+    run = attempts.finish_attempt(
         attempt=second,
-        outcome=services.AttemptOutcome(succeeded=False, exit_code=-9, failure_class="oom_killed"),
+        outcome=attempts.AttemptOutcome(succeeded=False, exit_code=-9, failure_class="oom_killed"),
     )
     assert run.state == RunState.FAILED  # one retry only
     assert run.failure_class == "oom_killed"
     third = make_run(world, spec=spec)
-    third = services.transition(third, RunState.QUEUED)
-    attempt = services.start_attempt(run=third)
-    services.attempt_running(attempt=attempt)
-    third = services.finish_attempt(
+    third = transition(third, RunState.QUEUED)
+    attempt = attempts.admit_attempt(run=third)
+    attempts.attempt_running(attempt=attempt)
+    third = attempts.finish_attempt(
         attempt=attempt,
-        outcome=services.AttemptOutcome(succeeded=False, exit_code=1, failure_class="user_error"),
+        outcome=attempts.AttemptOutcome(succeeded=False, exit_code=1, failure_class="user_error"),
     )
     assert third.state == RunState.FAILED  # user errors are not in retry_on
-    assert services.verify_event_chain(third)
+    assert verify_event_chain(third)
 
 
 def _fail(run: Run, **outcome: Any) -> Run:
-    attempt = services.start_attempt(run=run)
-    services.attempt_running(attempt=attempt)
-    return services.finish_attempt(
-        attempt=attempt, outcome=services.AttemptOutcome(succeeded=False, **outcome)
+    attempt = attempts.admit_attempt(run=run)
+    attempts.attempt_running(attempt=attempt)
+    return attempts.finish_attempt(
+        attempt=attempt, outcome=attempts.AttemptOutcome(succeeded=False, **outcome)
     )
 
 
@@ -135,7 +149,7 @@ resilience:
 
 
 def test_platform_interruptions_use_no_retry(world: Any) -> None:
-    run = services.transition(make_run(world, spec=NO_RETRIES), RunState.QUEUED)
+    run = transition(make_run(world, spec=NO_RETRIES), RunState.QUEUED)
     # infrastructure is not in retry_on, yet an interruption always comes back, uncounted.
     for _ in range(3):
         run = _fail(
@@ -147,16 +161,56 @@ def test_platform_interruptions_use_no_retry(world: Any) -> None:
     assert run.state == RunState.QUEUED  # the one retry the policy allows
     run = _fail(run, exit_code=1, failure_class="user_error")
     assert run.state == RunState.FAILED
-    assert services.verify_event_chain(run)
+    assert verify_event_chain(run)
 
 
 def test_a_manual_resume_restores_the_retry_budget(world: Any) -> None:
-    run = services.transition(make_run(world, spec=NO_RETRIES), RunState.QUEUED)
+    run = transition(make_run(world, spec=NO_RETRIES), RunState.QUEUED)
     run = _fail(run, exit_code=1, failure_class="user_error")
     run = _fail(run, exit_code=1, failure_class="user_error")
     assert run.state == RunState.FAILED
-    run = services.resume_run(run=run, user=world.users["researcher"])
+    run = lifecycle.resume_run(run=run, user=world.users["researcher"])
     run = _fail(run, exit_code=1, failure_class="user_error")
     assert run.state == RunState.QUEUED  # a retry again, counted from the resume
     run = _fail(run, exit_code=1, failure_class="user_error")
     assert run.state == RunState.FAILED
+
+
+def test_the_named_sets_of_states_divide_every_state_once() -> None:
+    assert set(RunState) == WAITING_STATES | RUNNING_STATES | TERMINAL_STATES
+    assert not WAITING_STATES & RUNNING_STATES
+    assert not (WAITING_STATES | RUNNING_STATES) & TERMINAL_STATES
+    assert LIVE_STATES == WAITING_STATES | RUNNING_STATES
+    # Under Kueue a preempted or evicted workload waits to be admitted again.
+    assert {RunState.PREEMPTED, RunState.EVICTED} <= WAITING_STATES
+
+
+@pytest.mark.parametrize("end", [RunState.CANCELLED, RunState.FAILED], ids=str)
+def test_a_run_that_ends_ends_its_waiting_attempt(world: Any, end: RunState) -> None:
+    run = transition(make_run(world), RunState.QUEUED)
+    Run.objects.for_workspace(world.alpha).filter(pk=run.pk).update(
+        failure_class=FailureClass.INFRASTRUCTURE
+    )
+    run = transition(run, end, reason="the backend said no")
+    (attempt,) = RunAttempt.objects.for_workspace(world.alpha).filter(run=run)
+    assert attempt.finished_at is not None
+    if end == RunState.FAILED:
+        assert attempt.state == RunAttempt.State.FAILED
+        assert attempt.failure_class == FailureClass.INFRASTRUCTURE
+        assert attempt.failure_message == "the backend said no"
+    else:
+        assert attempt.state == RunAttempt.State.CANCELLED
+
+
+def test_an_interrupted_attempt_keeps_the_runs_place_in_the_queue(world: Any) -> None:
+    run = transition(make_run(world, spec=NO_RETRIES), RunState.QUEUED)
+    queued_at = run.queued_at
+    run = _fail(run, failure_class="infrastructure", message="agent restarted", interrupted=True)
+    assert run.state == RunState.QUEUED
+    assert run.queued_at == queued_at
+    run.refresh_from_db()
+    assert run.queued_at == queued_at
+    # ... and is handed over again as its next attempt.
+    newest = RunAttempt.objects.for_workspace(world.alpha).filter(run=run).latest("number")
+    assert (newest.number, newest.state) == (2, RunAttempt.State.WAITING)
+    assert Delivery.objects.for_workspace(world.alpha).filter(run=run, attempt=newest).exists()

@@ -1,42 +1,60 @@
-"""Words for people: every state, every event kind the code writes and every retry reason
-has words that are not the code; failure hints fit what happened; a finished cancel says who
-cancelled, not that it is still stopping."""
+"""Words for people: every state, every event kind and every retry reason has words that are
+not the code; failure hints fit what happened; a finished cancel says who cancelled, not that
+it is still stopping."""
 
 from __future__ import annotations
 
 import ast
-import inspect
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runs import services, wording
-from runs.models import FAILURE_HINTS, FailureClass, RunAttempt, RunEvent, RunState
+from runs import attempts, lifecycle, wording
+from runs.events import verify_event_chain
+from runs.models import (
+    FAILURE_HINTS,
+    WORKLOAD_EVENT_PREFIX,
+    EventKind,
+    FailureClass,
+    RunAttempt,
+    RunEvent,
+    RunState,
+)
+from runs.state import transition
+from runs.templatetags.run_words import event_words, retry_reason_words
 from tests.runs.factories import make_run
 
 RUNS = Path(__file__).resolve().parents[2] / "runs"
 
 
 def _written_by_code() -> tuple[set[str], set[str], set[str]]:
-    """Event kinds, event kind prefixes (``f"workload.{kind}"``) and retry reasons that the
-    code under runs/ writes as literals: ``append_event(run, "<kind>")``,
-    ``transition(..., kind="<kind>")``, ``retry_reason = "<reason>"`` and the like."""
+    """What the code under runs/ hands to the event chain and as retry reasons: the event
+    kinds named in ``append_event(run, <kind>)`` and ``transition(..., kind=<kind>)`` (which
+    must be ``EventKind`` members, never free strings), the prefixes of kinds built from text
+    (``append_workload_event``'s ``workload.``), and the retry reasons written as literals."""
     kinds: set[str] = set()
-    prefixes: set[str] = set()
+    prefixes: set[str] = {WORKLOAD_EVENT_PREFIX}
     reasons: set[str] = set()
 
-    def literal(node: ast.AST, into: set[str], prefixes_into: set[str] | None = None) -> None:
+    def kind_of(node: ast.AST, where: str) -> None:
+        if isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "EventKind":
+            kinds.add(EventKind[node.attr].value)
+        elif isinstance(node, ast.Name) and node.id == "kind":
+            pass  # a function handing on its own ``kind``: its callers' kinds are seen
+        else:
+            raise AssertionError(
+                f"{where}: an event kind must be an EventKind member, not {ast.unparse(node)}"
+            )
+
+    def literal(node: ast.AST, into: set[str]) -> None:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             into.add(node.value)
-        elif isinstance(node, ast.Name) and node.id == "kind":
-            pass  # transition() handing on its own ``kind``: its callers' literals are seen
-        elif isinstance(node, ast.JoinedStr) and prefixes_into is not None:
-            head = node.values[0]
-            assert isinstance(head, ast.Constant), ast.unparse(node)
-            prefixes_into.add(str(head.value))
-        else:
-            raise AssertionError(f"not a literal, so its words cannot be checked: {ast.dump(node)}")
+        elif isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "wording":
+            into.add(getattr(wording, node.attr))
+        elif isinstance(node, ast.Name) and node.id.isupper():
+            into.add(getattr(wording, node.id))
+        # Anything else is a copy of a field (``run.retry_reason``, ``failure.value``).
 
     for path in RUNS.rglob("*.py"):
         if "migrations" in path.parts:
@@ -45,19 +63,17 @@ def _written_by_code() -> tuple[set[str], set[str], set[str]]:
             if isinstance(node, ast.Call):
                 name = getattr(node.func, "attr", getattr(node.func, "id", ""))
                 keywords = {k.arg: k.value for k in node.keywords}
+                where = f"{path.relative_to(RUNS.parent)}:{node.lineno}"
                 if name == "append_event" and len(node.args) >= 2:
-                    literal(node.args[1], kinds, prefixes)
+                    kind_of(node.args[1], where)
                 if name in {"append_event", "transition"} and "kind" in keywords:
-                    literal(keywords["kind"], kinds, prefixes)
-                # retry_reason="..." in a query or a create (copies of a field are skipped).
-                if isinstance(keywords.get("retry_reason"), ast.Constant):
+                    kind_of(keywords["kind"], where)
+                if "retry_reason" in keywords:
                     literal(keywords["retry_reason"], reasons)
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            if isinstance(node, ast.Assign):
                 for target in node.targets:
                     if getattr(target, "attr", None) == "retry_reason":
                         literal(node.value, reasons)
-    # transition()'s own default kind is written too, for every plain change of state.
-    kinds.add(inspect.signature(services.transition).parameters["kind"].default)
     return kinds, prefixes, reasons
 
 
@@ -65,10 +81,21 @@ KINDS, PREFIXES, REASONS = _written_by_code()
 
 
 def test_the_scan_finds_what_the_code_writes() -> None:
-    # The scanner must see the code it guards: these are written in runs/services.py.
-    assert {"submitted", "cancelled", "cancel-requested", "resumed", "retry", "state"} <= KINDS
-    assert wording.WORKLOAD_EVENT_PREFIX in PREFIXES
+    # The scanner must see the code it guards: these are written by the run services.
+    assert {
+        EventKind.SUBMITTED,
+        EventKind.CANCELLED,
+        EventKind.CANCEL_REQUESTED,
+        EventKind.RESUMED,
+        EventKind.RETRY,
+        EventKind.METRICS_SKIPPED,
+        EventKind.DELIVERY_FAILED,
+    } <= KINDS
     assert wording.MANUAL_RESUME in REASONS
+
+
+def test_every_event_kind_the_code_writes_is_an_event_kind() -> None:
+    assert set(EventKind) >= KINDS
 
 
 def assert_for_people(phrase: str, code: str) -> None:
@@ -84,7 +111,9 @@ def test_every_state_has_words(state: RunState) -> None:
     assert state.value in wording.STATE_WORDS
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS | {p + "eval_done" for p in PREFIXES}))
+@pytest.mark.parametrize(
+    "kind", sorted({kind.value for kind in EventKind} | {p + "eval_done" for p in PREFIXES})
+)
 @pytest.mark.parametrize("new_state", ["", *RunState], ids=lambda s: s or "no-state")
 def test_every_event_kind_has_words(kind: str, new_state: str) -> None:
     if not any(kind.startswith(prefix) for prefix in PREFIXES):
@@ -118,7 +147,9 @@ def test_every_retry_reason_has_words(reason: str) -> None:
 
 def test_no_reason_means_no_words() -> None:
     assert wording.retry_reason_words("") == ""
-    assert RunAttempt(retry_reason="manual_resume").retry_reason_words == "resumed on request"
+    assert retry_reason_words(RunAttempt(retry_reason="manual_resume").retry_reason) == (
+        "resumed on request"
+    )
 
 
 # --- Failure hints ---------------------------------------------------------------------------
@@ -199,33 +230,33 @@ def test_no_failure_no_hint() -> None:
 
 @pytest.mark.django_db
 def test_a_finished_cancel_says_who_cancelled_it(world: Any) -> None:
-    run = services.transition(make_run(world), RunState.QUEUED)
-    attempt = services.start_attempt(run=run)
-    services.attempt_running(attempt=attempt)
-    run = services.cancel_run(run=run, user=world.users["workspace_admin"])
+    run = transition(make_run(world), RunState.QUEUED)
+    attempt = attempts.admit_attempt(run=run)
+    attempts.attempt_running(attempt=attempt)
+    run = lifecycle.cancel_run(run=run, user=world.users["workspace_admin"])
     assert run.state == RunState.CANCELLING
     assert run.state_reason == "Cancel requested by alice; stopping its processes."
-    run = services.finish_attempt(
-        attempt=attempt, outcome=services.AttemptOutcome(succeeded=False, cancelled=True)
+    run = attempts.finish_attempt(
+        attempt=attempt, outcome=attempts.AttemptOutcome(succeeded=False, cancelled=True)
     )
     assert run.state == RunState.CANCELLED
     assert run.state_reason == "Cancelled by alice."
     last = RunEvent.objects.for_workspace(world.alpha).filter(run=run).order_by("-seq").first()
     assert last is not None
     assert last.message == "Cancelled by alice."
-    assert last.words == wording.EventWords(headline="Cancelled", state="")
-    assert services.verify_event_chain(run)
+    assert event_words(last) == wording.EventWords(headline="Cancelled", state="")
+    assert verify_event_chain(run)
 
 
 @pytest.mark.django_db
 def test_a_process_ending_while_it_is_cancelled_still_reads_as_cancelled(world: Any) -> None:
-    run = services.transition(make_run(world), RunState.QUEUED)
-    attempt = services.start_attempt(run=run)
-    services.attempt_running(attempt=attempt)
-    services.cancel_run(run=run, user=world.users["researcher"])
-    run = services.finish_attempt(
+    run = transition(make_run(world), RunState.QUEUED)
+    attempt = attempts.admit_attempt(run=run)
+    attempts.attempt_running(attempt=attempt)
+    lifecycle.cancel_run(run=run, user=world.users["researcher"])
+    run = attempts.finish_attempt(
         attempt=attempt,
-        outcome=services.AttemptOutcome(succeeded=False, exit_code=143, failure_class="user_error"),
+        outcome=attempts.AttemptOutcome(succeeded=False, exit_code=143, failure_class="user_error"),
     )
     assert run.state == RunState.CANCELLED
     assert run.state_reason == "Cancelled by rob."
@@ -234,6 +265,6 @@ def test_a_process_ending_while_it_is_cancelled_still_reads_as_cancelled(world: 
 @pytest.mark.django_db
 def test_a_cancel_before_anything_runs_says_who(world: Any) -> None:
     run = make_run(world)
-    run = services.cancel_run(run=run, user=world.users["researcher"])
+    run = lifecycle.cancel_run(run=run, user=world.users["researcher"])
     assert run.state == RunState.CANCELLED
     assert run.state_reason == "Cancelled by rob."

@@ -1,0 +1,58 @@
+"""The rules for metric points, whichever way they arrive (the API's ``report/metrics/``, the
+local agent's metrics file): one definition, applied by ``runs.metrics.record_metrics``.
+
+Nothing here touches the database; the agent's file reader and the API hand over
+:class:`MetricRow` values and the service decides what is kept.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+#: Steps are stored as 64-bit integers.
+MAX_STEP = 2**63 - 1
+MAX_KEY_LENGTH = 100  # MetricPoint.key
+#: Values taken from one row (a line of the metrics file, a row of a report).
+MAX_VALUES_PER_ROW = 200
+#: Distinct metric names one run may have. Each is a chart on the run page, redrawn while it
+#: runs, and a series the metrics route reads; 200 is far more than any real run plots.
+MAX_KEYS_PER_RUN = 200
+#: Unicode categories a name may not contain: control characters (Cc), invisible format
+#: characters such as the bidi overrides and zero-width joiners (Cf), lone surrogates (Cs,
+#: which no database text column can store) and the line and paragraph separators (Zl, Zp).
+#: A name is shown as text; these would hide, reorder or break it.
+_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def metric_key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a metric name, or None when it can."""
+    if not key:
+        return "a metric name cannot be empty"
+    if len(key) > MAX_KEY_LENGTH:
+        return f"metric names are at most {MAX_KEY_LENGTH} characters"
+    for character in key:
+        if unicodedata.category(character) in _UNPRINTABLE_CATEGORIES:
+            return (
+                f"metric names must be printable text; U+{ord(character):04X} is an "
+                "invisible or control character"
+            )
+    return None
+
+
+def step_problem(step: Any) -> str | None:
+    """Why ``step`` cannot be a step, or None when it can."""
+    if isinstance(step, bool) or not isinstance(step, int) or abs(step) > MAX_STEP:
+        return "'step' must be a whole number below 2^63"
+    return None
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One row as it arrived: a step and its named values, with where it came from ("row
+    3" of a report, "line 12" of the metrics file) for the messages about it."""
+
+    step: Any
+    values: list[tuple[str, Any]]
+    where: str
