@@ -76,12 +76,16 @@ def quota_ceilings(workspace: Workspace) -> dict[str, dict[str, Decimal | None]]
     Borrowing limits outside a cohort mean nothing. Resources without quota rows are absent."""
     in_cohort = workspace.cohort_id is not None
     ceilings: dict[str, dict[str, Decimal | None]] = {}
-    for quota in WorkspaceQuota.objects.for_workspace(workspace).select_related("flavor"):
-        ceiling: Decimal | None = quota.nominal
+    # The four values, not quota and flavor objects (each loaded one is audit-snapshotted):
+    # every submission asks.
+    rows = WorkspaceQuota.objects.for_workspace(workspace).values_list(
+        "resource", "flavor__name", "nominal", "borrowing_limit"
+    )
+    for resource, flavor, nominal, borrowing in rows:
+        ceiling: Decimal | None = nominal
         if in_cohort:
-            borrowing = quota.borrowing_limit
-            ceiling = None if borrowing is None else quota.nominal + borrowing
-        ceilings.setdefault(quota.resource, {})[quota.flavor.name] = ceiling
+            ceiling = None if borrowing is None else nominal + borrowing
+        ceilings.setdefault(resource, {})[flavor] = ceiling
     return ceilings
 
 

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+import re
+from collections.abc import Mapping
+from datetime import datetime, tzinfo
+from functools import cached_property
 from typing import Any
 from urllib.parse import quote
 
+from django.conf import settings
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import RFC3986_SUBDELIMS
 from drf_spectacular.utils import extend_schema_field
-from rest_framework import serializers
+from rest_framework import ISO_8601, serializers
+from rest_framework.settings import api_settings
 
 from runs.models import Checkpoint, Run, RunAttempt, RunEvent
 
@@ -84,43 +90,101 @@ class RunSummarySerializer(serializers.ModelSerializer[Run]):
         # Read-only fields lose DRF's allow_blank, which the schema's enum needs ("" = none).
         extra_kwargs = {"failure_class": {"allow_blank": True}}
 
-    def to_representation(self, instance: Run) -> dict[str, Any]:
-        """The fields above, read straight off the run: a list page holds 50 of them, and
+    def to_representation(self, instance: Run | Mapping[str, Any]) -> dict[str, Any]:
+        """The fields above, read straight off the run, or off a row of its columns
+        (:data:`SUMMARY_COLUMNS`, as the runs list reads them): a list page holds 50, and
         DRF's generic walk over the fields cost more than the rest of the request together
         (tests/runs/test_api.py checks that both give the same answer)."""
+        row = instance if isinstance(instance, Mapping) else instance.__dict__
+        zone = self._time_zone
         return {
-            "name": instance.name,
-            "spec_name": instance.spec_name,
-            "state": instance.state,
-            "state_reason": instance.state_reason,
-            "queue_position": instance.queue_position,
-            "priority": instance.priority,
-            "backend": instance.backend,
-            "attempt_count": instance.attempt_count,
-            "failure_class": instance.failure_class,
-            "submitted_by": instance.submitted_by_username,
-            "created_at": _time(instance.created_at),
-            "started_at": _time(instance.started_at),
-            "finished_at": _time(instance.finished_at),
-            "url": self.get_url(instance),
+            "name": row["name"],
+            "spec_name": row["spec_name"],
+            "state": row["state"],
+            "state_reason": row["state_reason"],
+            "queue_position": row["queue_position"],
+            "priority": row["priority"],
+            "backend": row["backend"],
+            "attempt_count": row["attempt_count"],
+            "failure_class": row["failure_class"],
+            "submitted_by": row["submitted_by_username"],
+            "created_at": _time(row["created_at"], zone),
+            "started_at": _time(row["started_at"], zone),
+            "finished_at": _time(row["finished_at"], zone),
+            "url": self._url(row["workspace_id"], row["name"], instance),
         }
 
     def get_url(self, run: Run) -> str:
+        return self._url(run.workspace_id, run.name, run)
+
+    @cached_property
+    def _time_zone(self) -> tzinfo | None:
+        """:func:`_zone`, once per serializer (a list page has 50 runs)."""
+        return _zone()
+
+    @cached_property
+    def _runs_urls(self) -> dict[int, str]:
+        """Each workspace's runs list address, reversed once per serializer."""
+        return {}
+
+    def _url(self, workspace_id: int, name: str, run: Run | Mapping[str, Any]) -> str:
         """The run's API address: its workspace's runs list plus its name (``runs/api/urls.py``
-        spells the detail route so), with the list's address reversed once per serializer."""
-        workspace = self.context.get("workspace")
-        if workspace is None or workspace.pk != run.workspace_id:
-            workspace = run.workspace
-        prefixes: dict[int, str] = self.__dict__.setdefault("_runs_urls", {})
-        prefix = prefixes.get(workspace.pk)
+        spells the detail route so), the list's address reversed once per serializer."""
+        prefixes = self._runs_urls
+        prefix = prefixes.get(workspace_id)
         if prefix is None:
+            workspace = self.context.get("workspace")
+            if workspace is None or workspace.pk != workspace_id:
+                assert isinstance(run, Run), "a row needs its workspace in the context"
+                workspace = run.workspace
             prefix = reverse("api:run-list", kwargs={"workspace_slug": workspace.slug})
-            prefixes[workspace.pk] = prefix
-        return f"{prefix}{quote(run.name, safe=RFC3986_SUBDELIMS + '~:@')}/"
+            prefixes[workspace_id] = prefix
+        if not _PLAIN_NAME.fullmatch(name):
+            name = quote(name, safe=RFC3986_SUBDELIMS + "~:@")
+        return f"{prefix}{name}/"
 
 
-def _time(value: datetime | None) -> str | None:
-    return None if value is None else _TIME.to_representation(value)
+#: Run names as tau.yaml allows them, which need no quoting in a URL.
+_PLAIN_NAME = re.compile(r"[a-z0-9-]+")
+
+#: The columns a summary is made of (with the id and creation time the runs list pages by).
+SUMMARY_COLUMNS = (
+    "id",
+    "workspace_id",
+    "name",
+    "spec_name",
+    "state",
+    "state_reason",
+    "queue_position",
+    "priority",
+    "backend",
+    "attempt_count",
+    "failure_class",
+    "submitted_by_username",
+    "created_at",
+    "started_at",
+    "finished_at",
+)
+
+
+def _zone() -> tzinfo | None:
+    """The time zone times are written in, when DRF would write them the common way (ISO
+    8601, aware): looked up once per run rather than once per time (the lookup is not free)."""
+    if settings.USE_TZ and api_settings.DATETIME_FORMAT == ISO_8601:
+        return timezone.get_current_timezone()
+    return None
+
+
+def _time(value: datetime | None, zone: tzinfo | None) -> str | None:
+    """What DRF's DateTimeField gives, without its generic path when the answer is the
+    common one (an aware time, ISO 8601, ``zone`` from :func:`_zone`)."""
+    if value is None:
+        return None
+    if zone is not None and value.tzinfo is not None:
+        text = value.astimezone(zone).isoformat()
+        return text[:-6] + "Z" if text.endswith("+00:00") else text
+    represented: str | None = _TIME.to_representation(value)
+    return represented
 
 
 #: A run's code bundle, or null. Written out rather than a nullable reference to a component:
@@ -165,9 +229,23 @@ class RunDetailSerializer(RunSummarySerializer):
             return None
         return {"sha256": bundle.sha256, "size": bundle.size, "files": bundle.file_count}
 
-    def to_representation(self, instance: Run) -> dict[str, Any]:
-        # Every field, the generic way (one run at a time: no need for the list's shortcut).
-        data: dict[str, Any] = serializers.ModelSerializer.to_representation(self, instance)
+    def to_representation(self, instance: Run | Mapping[str, Any]) -> dict[str, Any]:
+        """The summary's fields and the rest, read straight off the run (every submission
+        answers with this; DRF would build a dozen field objects for it each time)."""
+        assert isinstance(instance, Run), "a run's detail is made from the run itself"
+        data = super().to_representation(instance)
+        zone = _zone()
+        data.update(
+            {
+                "spec_hash": instance.spec_hash,
+                "spec": instance.spec,
+                "bundle": self.get_bundle(instance),
+                "queued_at": _time(instance.queued_at, zone),
+                "admitted_at": _time(instance.admitted_at, zone),
+                "cancel_requested_at": _time(instance.cancel_requested_at, zone),
+                "attempts": AttemptSerializer(instance.attempts.all(), many=True).data,
+            }
+        )
         return data
 
 

@@ -35,6 +35,7 @@ from portal.models import ApiToken
 from runs import bundles, checkpoints, lifecycle, metrics, run_tokens, selectors, state, submission
 from runs.access import REFUSAL, may_act_on
 from runs.api.serializers import (
+    SUMMARY_COLUMNS,
     CheckpointSerializer,
     EventSerializer,
     LogChunkSerializer,
@@ -174,8 +175,8 @@ class RunViewSet(WorkspaceScopedViewSet):
         responses={200: RunSummarySerializer(many=True), **refusals(400)},
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        # A summary needs none of the spec: leave its two large columns in the database.
-        page = self.paginate_queryset(self._filtered().defer("spec", "spec_source"))
+        # Rows of the summary's columns, not runs: no spec read, no model built per row.
+        page = self.paginate_queryset(self._filtered().values(*SUMMARY_COLUMNS))
         summaries = RunSummarySerializer(page, many=True, context={"workspace": self.workspace})
         return self.get_paginated_response(summaries.data)
 
@@ -218,16 +219,17 @@ class RunViewSet(WorkspaceScopedViewSet):
                 status=status.HTTP_400_BAD_REQUEST,
             )
         # The run as just written, in the detail's shape: the run, its bundle and its
-        # workspace are in memory, so only its attempts are read (one query).
-        prefetch_related_objects([run], self._attempts())
+        # workspace are in memory; its attempts are read only if submission wrote any.
+        prefetch_related_objects([run], self._attempts(none=run.attempt_count == 0))
         return Response(RunDetailSerializer(run).data, status=status.HTTP_201_CREATED)
 
-    def _attempts(self) -> Prefetch[Any]:
+    def _attempts(self, *, none: bool = False) -> Prefetch[Any]:
+        attempts = RunAttempt.objects.for_workspace(self.workspace)
         return Prefetch(
             "attempts",
-            queryset=RunAttempt.objects.for_workspace(self.workspace)
-            .select_related("resume_from")
-            .order_by("number"),
+            queryset=attempts.none()
+            if none
+            else attempts.select_related("resume_from").order_by("number"),
         )
 
     def _detail(self, run: Run) -> dict[str, Any]:

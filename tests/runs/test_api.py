@@ -562,3 +562,22 @@ def test_the_runs_list_reads_each_run_once(world: Any) -> None:
     generic = [ModelSerializer.to_representation(RunSummarySerializer(), run) for run in fresh]
     assert page == generic
     assert [r["url"] for r in page] == [run_url(run.name) for run in fresh]
+
+
+def test_a_run_in_full_is_what_the_generic_serializer_gives(world: Any, tmp_path: Path) -> None:
+    run = make_run(world, state=RunState.FAILED)
+    attempt_with_log(run, 1, b"log\n", tmp_path)
+    Run.objects.for_workspace(world.alpha).filter(pk=run.pk).update(
+        queued_at=timezone.now(), cancel_requested_at=timezone.now(), attempt_count=1
+    )
+    fresh = (
+        Run.objects.for_workspace(world.alpha)
+        .select_related("workspace", "bundle")
+        .prefetch_related("attempts__resume_from")
+        .get(pk=run.pk)
+    )
+    generic = ModelSerializer.to_representation(RunDetailSerializer(), fresh)
+    assert RunDetailSerializer(fresh).data == generic
+    assert list(RunDetailSerializer(fresh).data) == list(generic)  # the same order too
+    assert generic["attempts"][0]["number"] == 1
+    assert generic["bundle"]["files"] == 1
