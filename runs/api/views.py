@@ -220,17 +220,18 @@ class RunViewSet(WorkspaceScopedViewSet):
             )
         # The run as just written, in the detail's shape: the run, its bundle and its
         # workspace are in memory; its attempts are read only if submission wrote any.
-        prefetch_related_objects([run], self._attempts(none=run.attempt_count == 0))
+        prefetch_related_objects([run], self._attempts(new_run=run))
         return Response(RunDetailSerializer(run).data, status=status.HTTP_201_CREATED)
 
-    def _attempts(self, *, none: bool = False) -> Prefetch[Any]:
-        attempts = RunAttempt.objects.for_workspace(self.workspace)
-        return Prefetch(
-            "attempts",
-            queryset=attempts.none()
-            if none
-            else attempts.select_related("resume_from").order_by("number"),
-        )
+    def _attempts(self, *, new_run: Run | None = None) -> Prefetch[Any]:
+        """A run's attempts with the checkpoints they resume from; for a ``new_run``, what
+        submission wrote (no attempt of a new run resumes from a checkpoint)."""
+        attempts = RunAttempt.objects.for_workspace(self.workspace).order_by("number")
+        if new_run is None:
+            attempts = attempts.select_related("resume_from")
+        elif new_run.attempt_count == 0:
+            attempts = attempts.none()
+        return Prefetch("attempts", queryset=attempts)
 
     def _detail(self, run: Run) -> dict[str, Any]:
         fresh = (

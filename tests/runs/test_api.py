@@ -16,7 +16,7 @@ from rest_framework.serializers import ModelSerializer
 from rest_framework.test import APIClient
 
 from runs import run_tokens
-from runs.api.serializers import RunDetailSerializer, RunSummarySerializer
+from runs.api.serializers import AttemptSerializer, RunDetailSerializer, RunSummarySerializer
 from runs.backends import local as local_backend
 from runs.events import verify_event_chain
 from runs.logs import LOG_STREAM_BLOCK
@@ -581,3 +581,26 @@ def test_a_run_in_full_is_what_the_generic_serializer_gives(world: Any, tmp_path
     assert list(RunDetailSerializer(fresh).data) == list(generic)  # the same order too
     assert generic["attempts"][0]["number"] == 1
     assert generic["bundle"]["files"] == 1
+
+
+def test_an_attempt_is_what_the_generic_serializer_gives(world: Any, tmp_path: Path) -> None:
+    run = make_run(world, state=RunState.FAILED)
+    checkpoint = Checkpoint.objects.create(run=run, attempt=1, step=40, path="/ckpt/step-40")
+    failed = attempt_with_log(run, 7, b"Killed\n", tmp_path)
+    RunAttempt.objects.for_workspace(world.alpha).filter(pk=failed.pk).update(
+        state=RunAttempt.State.FAILED,
+        exit_code=137,
+        failure_class="oom_killed",
+        failure_message="out of memory",
+        retry_reason="oom_killed",
+        started_at=timezone.now(),
+        resume_from=checkpoint,
+    )
+    for attempt in RunAttempt.objects.for_workspace(world.alpha).filter(run=run):
+        generic = ModelSerializer.to_representation(AttemptSerializer(), attempt)
+        assert AttemptSerializer(attempt).data == generic
+        assert list(AttemptSerializer(attempt).data) == list(generic)
+    failed.refresh_from_db()
+    shown = AttemptSerializer(failed).data
+    assert (shown["resume_from_step"], shown["exit_code"]) == (40, 137)
+    assert shown["failure_hint"]
