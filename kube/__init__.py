@@ -1,0 +1,76 @@
+"""TauGrid's one adapter for the Kubernetes API: the only module that imports ``kubernetes``.
+
+Everything else (the workspace sync, the run backend, ``cluster_check``) calls this package
+with plain dicts and catches its errors, so the client library, its version quirks, timeouts
+and credentials stay in one place::
+
+    from kube import client, NotFound
+
+    queue = client().get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "team-a")
+    client().apply(cluster_queue_body)          # server-side apply, field manager "taugrid"
+
+- :mod:`kube.config` — ``TAU_KUBECONFIG`` or in-cluster configuration, one ``ApiClient`` per
+  process;
+- :mod:`kube.api` — :class:`KubeClient`: get/list/apply/create/delete for any kind,
+  ``can_i`` (SelfSubjectAccessReview), ``served_versions`` (of a CRD), with a timeout on
+  every request and ``spec.suspend`` never applied (Kueue owns it);
+- :mod:`kube.errors` — :class:`KubeError` and the kinds of failure callers act on.
+
+It imports nothing from the portal's apps (nor Django): configuration comes as arguments or
+from the environment.
+"""
+
+from kube.api import (
+    DEFAULT_TIMEOUT,
+    FIELD_MANAGER,
+    AccessReview,
+    Body,
+    KubeClient,
+    Propagation,
+    ResourceInfo,
+    Timeout,
+    client,
+    reset_client,
+)
+from kube.config import KUBECONFIG_ENV, api_client, new_api_client, reset_api_client
+from kube.errors import (
+    Cause,
+    Conflict,
+    Forbidden,
+    Invalid,
+    KubeConfigError,
+    KubeError,
+    NotFound,
+    RefusedByWebhook,
+    Unauthorized,
+    Unavailable,
+    UnknownKind,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "FIELD_MANAGER",
+    "KUBECONFIG_ENV",
+    "AccessReview",
+    "Body",
+    "Cause",
+    "Conflict",
+    "Forbidden",
+    "Invalid",
+    "KubeClient",
+    "KubeConfigError",
+    "KubeError",
+    "NotFound",
+    "Propagation",
+    "RefusedByWebhook",
+    "ResourceInfo",
+    "Timeout",
+    "Unauthorized",
+    "Unavailable",
+    "UnknownKind",
+    "api_client",
+    "client",
+    "new_api_client",
+    "reset_api_client",
+    "reset_client",
+]
