@@ -314,7 +314,7 @@ def main() -> None:
         from django.test import Client
         from rest_framework.test import APIClient
 
-        from portal.identity.tokens import issue_token
+        from identity.tokens import issue_token
         from runs.models import Run
 
         user = get_user_model().objects.create_user(username="bench")

@@ -21,7 +21,7 @@ def main() -> None:
         from rest_framework.request import Request
         from rest_framework.test import APIClient, APIRequestFactory
 
-        from portal.identity.tokens import BearerTokenAuthentication, issue_token
+        from identity.tokens import BearerTokenAuthentication, issue_token
         from workspaces.models import Membership, Workspace
 
         user = get_user_model().objects.create_user(username="bench")

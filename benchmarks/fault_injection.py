@@ -194,7 +194,7 @@ def experiment(
     """Run the experiment against the current (test) database; the figures."""
     from django.contrib.auth import get_user_model
 
-    from portal.identity.tokens import issue_token
+    from identity.tokens import issue_token
     from runs.events import verify_event_chain
     from runs.models import Run, RunAttempt, RunState
     from tests.runs.agent_harness import Agent, local_quota

@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.urls import urlpatterns as product_urlpatterns
+from web.urls import urlpatterns as product_urlpatterns
 
 
 class BareView(APIView):

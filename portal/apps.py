@@ -7,7 +7,5 @@ class PortalConfig(AppConfig):
 
     def ready(self) -> None:
         from portal import audit
-        from portal.identity import schema, signals  # noqa: F401 - schema registers itself
 
         audit.connect_signals()
-        signals.connect()

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
     from portal.models import AuditEvent
-    from workspaces.models import Workspace
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class AuditedModel(models.Model):
     audit_exclude: tuple[str, ...] = ()
     # State kept on instances between signals (not database fields).
     _audit_loaded: dict[str, Any] | None
-    _audit_workspace: Workspace | None
+    _audit_workspace: models.Model | None
     _audit_repr: str
 
     class Meta:
@@ -115,7 +114,7 @@ class AuditedModel(models.Model):
             return value.quantize(Decimal(1).scaleb(-field.decimal_places))
         return value
 
-    def audit_workspace(self) -> Workspace | None:
+    def audit_workspace(self) -> models.Model | None:
         """The workspace this object belongs to, for scoping the audit log."""
         return None
 
@@ -123,7 +122,7 @@ class AuditedModel(models.Model):
 def record(
     *,
     action: str,
-    workspace: Workspace | None = None,
+    workspace: models.Model | None = None,
     object_type: str = "",
     object_id: str = "",
     object_repr: str = "",

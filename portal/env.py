@@ -27,13 +27,6 @@ def env_str(name: str, default: str | None = None) -> str | None:
     return default if value is None else value
 
 
-def env_required(name: str, why: str) -> str:
-    value = os.environ.get(name)
-    if not value:
-        raise ImproperlyConfiguredEnv(f"{name} must be set: {why}")
-    return value
-
-
 def env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None:

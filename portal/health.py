@@ -4,14 +4,15 @@
 and the Celery broker are reachable. Failures name the component but not the error text,
 which can carry host names; the details go to the log.
 
-When the running local agent found no sandbox for local runs (no bubblewrap here), ``/readyz``
-says so in ``local_executor`` (not a failure: the portal works, with that risk); the agent
-reports what it found in ``VAR_DIR/local-executor.json``.
+Apps add what else ``/readyz`` should say with ``add_readiness_note`` (the kernel knows no
+app): e.g. the runs app says, under ``local_executor``, when the running local agent found no
+sandbox for local runs (not a failure: the portal works, with that risk).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,6 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from portal.celery import app as celery_app
-from runs.agent import processes, sandbox
 
 logger = logging.getLogger(__name__)
 _TIMEOUT_SECONDS = 2
@@ -62,28 +62,14 @@ def _check_broker() -> None:
 _CHECKS = {"database": _check_database, "broker": _check_broker}
 
 
-def local_executor_warning() -> dict[str, Any] | None:
-    """What the running local agent said about its sandbox, when it has none."""
-    if settings.TAU_BACKEND != "local" or not settings.TAU_LOCAL_EXECUTOR:
-        return None
-    status = sandbox.read_status(Path(settings.VAR_DIR) / sandbox.STATUS_FILE)
-    if not status or status.get("sandbox"):
-        return None
-    pid, ticks = status.get("pid"), status.get("start_ticks")
-    if not isinstance(pid, int) or not processes.is_same_process(
-        pid, ticks if isinstance(ticks, int) else None
-    ):
-        return None  # left by an agent that is gone
-    every = bool(status.get("unsandboxed_allowed"))
-    return {
-        "sandbox": "none",
-        "reason": str(status.get("reason", "")),
-        "runs": (
-            "every workspace's, unsandboxed (TAU_LOCAL_EXECUTOR_UNSANDBOXED=true)"
-            if every
-            else "one workspace's only"
-        ),
-    }
+#: Extra keys of ``/readyz``'s answer: a name and a function giving a value, or None for
+#: nothing to say. Notes never make the portal unready.
+_NOTES: dict[str, Callable[[], dict[str, Any] | None]] = {}
+
+
+def add_readiness_note(name: str, note: Callable[[], dict[str, Any] | None]) -> None:
+    """Have ``/readyz`` answer ``name: note()`` whenever ``note()`` has something to say."""
+    _NOTES[name] = note
 
 
 @never_cache
@@ -101,7 +87,12 @@ def readyz(request: HttpRequest) -> JsonResponse:
     down = sorted(name for name, state in checks.items() if state != "ok")
     body: dict[str, Any] = {"status": "unavailable", "down": down} if down else {"status": "ok"}
     body["checks"] = checks
-    warning = local_executor_warning()
-    if warning is not None:
-        body["local_executor"] = warning
+    for name, note in _NOTES.items():
+        try:
+            said = note()
+        except Exception:
+            logger.exception("readiness note %s failed", name)
+            continue
+        if said is not None:
+            body[name] = said
     return JsonResponse(body, status=503 if down else 200)

@@ -109,10 +109,13 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "csp",
+    # Bottom to top (README, Layout): the kernel, then the apps, then the UI shell.
     "portal",
     "workspaces",
+    "identity",
     "runs",
     "evidence",
+    "web",
 ]
 
 MIDDLEWARE = [
@@ -133,11 +136,11 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "portal.middleware.PortalCSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "portal.identity.oidc.OIDCSessionRefreshMiddleware",
+    "identity.oidc.OIDCSessionRefreshMiddleware",
     "portal.middleware.AuditContextMiddleware",
 ]
 
-ROOT_URLCONF = "portal.urls"
+ROOT_URLCONF = "web.urls"
 WSGI_APPLICATION = "portal.wsgi.application"
 
 TEMPLATES = [
@@ -150,7 +153,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "portal.context_processors.navigation",
+                "web.context_processors.navigation",
             ],
             "builtins": ["django.contrib.humanize.templatetags.humanize"],
         },
@@ -268,7 +271,7 @@ LOGOUT_REDIRECT_URL = "login"
 # OpenID Connect is configured.
 TAU_LOCAL_LOGIN = env_bool("TAU_LOCAL_LOGIN", True)
 
-# OpenID Connect (portal/identity/oidc.py). Endpoints and keys come from the provider's
+# OpenID Connect (identity/oidc.py). Endpoints and keys come from the provider's
 # discovery document at <issuer>/.well-known/openid-configuration.
 TAU_OIDC_ISSUER = (env_str("TAU_OIDC_ISSUER", "") or "").rstrip("/")
 TAU_OIDC_ENABLED = bool(TAU_OIDC_ISSUER)
@@ -307,11 +310,11 @@ if not TAU_LOCAL_LOGIN and not TAU_OIDC_ENABLED:
         "TAU_LOCAL_LOGIN=false leaves no way to log in: configure TAU_OIDC_ISSUER first"
     )
 AUTHENTICATION_BACKENDS = [
-    *(["portal.identity.oidc.OIDCBackend"] if TAU_OIDC_ENABLED else []),
+    *(["identity.oidc.OIDCBackend"] if TAU_OIDC_ENABLED else []),
     *(["django.contrib.auth.backends.ModelBackend"] if TAU_LOCAL_LOGIN else []),
 ]
 
-# API tokens (portal/identity/tokens.py): only an HMAC of the secret is stored, keyed with a
+# API tokens (identity/tokens.py): only an HMAC of the secret is stored, keyed with a
 # server-side pepper. Peppers are numbered ("2:new-pepper,1:old-pepper"); the highest number
 # signs new tokens, the others still verify old ones until they are removed.
 _peppers = env_secret("TAU_TOKEN_PEPPERS")
@@ -328,7 +331,7 @@ TAU_TOKEN_MAX_DAYS = env_int("TAU_TOKEN_MAX_DAYS", 365, minimum=1)
 TAU_AUTH_FAILURES_PER_ADDRESS = env_int("TAU_AUTH_FAILURES_PER_ADDRESS", 30, minimum=1)
 TAU_AUTH_FAILURES_PER_KEY = env_int("TAU_AUTH_FAILURES_PER_KEY", 10, minimum=1)
 TAU_AUTH_FAILURE_WINDOW_SECONDS = env_int("TAU_AUTH_FAILURE_WINDOW_SECONDS", 300, minimum=10)
-# Password login (portal/identity/views.py): this many failures within the window above, for
+# Password login (identity/views.py): this many failures within the window above, for
 # one account or from one address, pause password login for it for the lockout time.
 TAU_AUTH_LOGIN_FAILURES_PER_ACCOUNT = env_int("TAU_AUTH_LOGIN_FAILURES_PER_ACCOUNT", 10, minimum=1)
 TAU_AUTH_LOGIN_FAILURES_PER_ADDRESS = env_int("TAU_AUTH_LOGIN_FAILURES_PER_ADDRESS", 50, minimum=1)
@@ -424,12 +427,12 @@ FILE_UPLOAD_HANDLERS = [
 REST_FRAMEWORK = {
     # The token class comes first: its WWW-Authenticate header makes anonymous calls 401.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "portal.identity.tokens.BearerTokenAuthentication",
+        "identity.tokens.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAuthenticated",
-        "portal.identity.tokens.TokenScopePermission",
+        "identity.tokens.TokenScopePermission",
     ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
@@ -448,7 +451,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": [
         "rest_framework.permissions.IsAuthenticated",
-        "portal.identity.tokens.TokenScopePermission",
+        "identity.tokens.TokenScopePermission",
     ],
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "ENUM_NAME_OVERRIDES": {

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from django.db import models
 from django.db.models.expressions import Col
 from django.db.models.lookups import Exact, In
 from django.db.models.sql.where import AND, WhereNode
-
-if TYPE_CHECKING:
-    from workspaces.models import Workspace
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -72,11 +69,11 @@ def _where_is_scoped(node: WhereNode, anchors: tuple[models.Field[Any, Any], ...
 class TenantQuerySet(models.QuerySet[_M]):
     _tenant_scope_ok: bool = False
 
-    def for_workspace(self, workspace: Workspace | int) -> Self:
+    def for_workspace(self, workspace: models.Model | int) -> Self:
         path: str = getattr(self.model, "tenant_path", "workspace")
         return self.filter(**{path: workspace})
 
-    def for_workspaces(self, workspaces: Iterable[Workspace] | models.QuerySet[Any]) -> Self:
+    def for_workspaces(self, workspaces: Iterable[models.Model] | models.QuerySet[Any]) -> Self:
         path: str = getattr(self.model, "tenant_path", "workspace")
         return self.filter(**{f"{path}__in": workspaces})
 
@@ -150,11 +147,11 @@ class TenantManager(models.Manager[_M]):
     def get_queryset(self) -> TenantQuerySet[_M]:
         return TenantQuerySet(self.model, using=self._db)
 
-    def for_workspace(self, workspace: Workspace | int) -> TenantQuerySet[_M]:
+    def for_workspace(self, workspace: models.Model | int) -> TenantQuerySet[_M]:
         return self.get_queryset().for_workspace(workspace)
 
     def for_workspaces(
-        self, workspaces: Iterable[Workspace] | models.QuerySet[Any]
+        self, workspaces: Iterable[models.Model] | models.QuerySet[Any]
     ) -> TenantQuerySet[_M]:
         return self.get_queryset().for_workspaces(workspaces)
 

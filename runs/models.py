@@ -335,7 +335,7 @@ class RunAttempt(TenantModel):
     # The token the attempt's workload reports with (``TAU_RUN_TOKEN``): it reaches this run
     # only, and is revoked when the attempt ends (runs.run_tokens).
     token = models.OneToOneField(
-        "portal.ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+        "identity.ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     log_path = models.CharField(max_length=500, blank=True)
     log_size = models.PositiveBigIntegerField(default=0)

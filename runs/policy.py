@@ -13,9 +13,10 @@ from decimal import Decimal
 from django.conf import settings
 
 from runs import render
+from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import parse_quantity
 from tau.spec import Spec
-from workspaces.models import GPU_RESOURCE, Workspace, WorkspaceQuota
+from workspaces.models import Workspace, WorkspaceQuota
 
 
 @dataclass(frozen=True)
@@ -103,15 +104,6 @@ def _largest(values: Iterable[Decimal | None]) -> Decimal | None:
     if any(value is None for value in present):
         return None
     return max((value for value in present if value is not None), default=Decimal(0))
-
-
-def max_obtainable(workspace: Workspace) -> dict[str, Decimal | None]:
-    """The most of each resource the workspace could ever get, over all its flavors (None: no
-    limit on borrowing). A resource without quota rows is absent."""
-    return {
-        resource: _sum(by_flavor.values())
-        for resource, by_flavor in quota_ceilings(workspace).items()
-    }
 
 
 def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement:

@@ -138,6 +138,7 @@ import yaml
 
 from runs import labels
 from tau.k8s_names import (
+    GPU_RESOURCE,
     dns1035_label_problem,
     dns1123_label_problem,
     dns1123_subdomain_problem,
@@ -147,8 +148,6 @@ from tau.k8s_names import (
 from tau.spec import RAYJOB_NAME_MAX_LENGTH, Spec, spec_hash
 
 Manifest = dict[str, Any]
-
-GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 #: The Ray head: CPU-only and fixed, whatever ``compute`` says (that is the worker group).
 HEAD_RESOURCES: Final[Mapping[str, str]] = {"cpu": "2", "memory": "8Gi"}

@@ -13,8 +13,8 @@ import math
 from django.conf import settings
 from django.db import transaction
 
-from portal.identity.tokens import issue_token, revoke_token
-from portal.models import ApiToken
+from identity.models import ApiToken
+from identity.tokens import issue_token, revoke_token
 from runs.models import Run, RunAttempt
 
 #: A token of an attempt with no ``run.max_runtime`` lasts this long (and a day more).

@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.shortcuts import render
+from django.utils.cache import patch_vary_headers
 
 from runs import bundles, lifecycle, policy
 from runs.backends import RunBackend
@@ -287,9 +288,11 @@ class SubmissionSizeMiddleware:
                 status=413,
             )
         htmx = request.headers.get("HX-Request") == "true"
-        return render(
+        response = render(
             request,
             "runs/submit.html#validation",
             {"problems": [problem], "refused": True},
             status=400 if htmx else 413,
         )
+        patch_vary_headers(response, ["HX-Request"])
+        return response

@@ -22,9 +22,12 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.decorators import method_decorator
 from django.views import View
+from django.views.decorators.vary import vary_on_headers
 from django.views.generic import TemplateView
 
+from portal.requests import signed_in_user
 from runs import bundles, lifecycle, selectors, submission
 from runs.access import REFUSAL, may_act_on
 from runs.checkpoints import checkpoint_exists
@@ -69,6 +72,7 @@ def _fragment_response(
     return response
 
 
+@method_decorator(vary_on_headers("HX-Request"), name="dispatch")  # fragments for htmx
 class RunListView(WorkspaceViewMixin, TemplateView):
     """Runs of the workspace: filters, search, newest or oldest first, keyset pages."""
 
@@ -181,6 +185,7 @@ def _run_or_404(workspace: Any, run_name: str) -> Run:
     return selectors.resolve_run(workspace, run_name)
 
 
+@method_decorator(vary_on_headers("HX-Request"), name="dispatch")  # fragments for htmx
 class RunDetailView(WorkspaceViewMixin, TemplateView):
     """One run: state in plain words, timeline, log, charts, checkpoints, attempts, actions."""
 
@@ -271,7 +276,7 @@ class RunActionView(WorkspaceViewMixin, View):
             raise PermissionDenied(REFUSAL)
         try:
             if self.action == "cancel":
-                lifecycle.cancel_run(run=run, user=request.user)  # type: ignore[arg-type]
+                lifecycle.cancel_run(run=run, user=signed_in_user(request))
                 messages.success(request, f"Cancelling {run.name}.")
             else:
                 checkpoint = None
@@ -283,7 +288,7 @@ class RunActionView(WorkspaceViewMixin, View):
                     )
                     if checkpoint is None:
                         raise Http404("No such checkpoint of this run.")
-                lifecycle.resume_run(run=run, user=request.user, checkpoint=checkpoint)  # type: ignore[arg-type]
+                lifecycle.resume_run(run=run, user=signed_in_user(request), checkpoint=checkpoint)
                 where = f" from step {checkpoint.step}" if checkpoint else ""
                 messages.success(request, f"Resuming {run.name}{where}.")
         except RunActionRefused as exc:
@@ -295,6 +300,7 @@ class RunActionView(WorkspaceViewMixin, View):
         )
 
 
+@method_decorator(vary_on_headers("HX-Request"), name="dispatch")  # fragments for htmx
 class SubmitView(WorkspaceViewMixin, TemplateView):
     """Upload or paste a tau.yaml (and a project zip); it is checked as you type.
 
@@ -316,7 +322,7 @@ class SubmitView(WorkspaceViewMixin, TemplateView):
         try:
             run = submission.submit(
                 workspace=self.workspace,
-                user=request.user,  # type: ignore[arg-type]
+                user=signed_in_user(request),
                 spec_source=source,
                 bundle=bundle,
             )
@@ -416,6 +422,7 @@ class ValidateView(WorkspaceViewMixin, View):
         return render(request, "runs/submit.html#validation", context)
 
 
+@method_decorator(vary_on_headers("HX-Request"), name="dispatch")  # fragments for htmx
 class QueueView(WorkspaceViewMixin, TemplateView):
     """Use against quota, pending runs in order with reason and estimate, running runs."""
 

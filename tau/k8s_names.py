@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+from typing import Final
+
+#: The resource name NVIDIA's device plugin gives GPUs, in quotas, requests and node capacity.
+GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 # The checks below use ``fullmatch``: with ``match``, ``$`` also matches before a trailing
 # newline, so "name\n" would pass as a valid label.

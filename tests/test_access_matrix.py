@@ -23,8 +23,8 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
+from identity import tokens
 from portal import audit
-from portal.identity import tokens
 from portal.models import AuditEvent
 from runs.models import RunState
 from tests.conftest import CAST

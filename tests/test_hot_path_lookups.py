@@ -1,4 +1,4 @@
-"""The two lookups every API request makes, written out as SQL once (portal.identity.tokens
+"""The two lookups every API request makes, written out as SQL once (identity.tokens
 ``token_with_user``, workspaces.access for the API), give exactly what the ORM gives."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from portal.identity.tokens import issue_token, token_with_user
-from portal.models import ApiToken
+from identity.models import ApiToken
+from identity.tokens import issue_token, token_with_user
 from workspaces.access import WorkspaceNotFound, resolve_workspace_access
 from workspaces.models import Workspace
 

@@ -11,9 +11,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import format_quantity
 from workspaces.models import (
-    GPU_RESOURCE,
     Cohort,
     Membership,
     ResourceFlavor,

@@ -17,8 +17,8 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
+from portal import usernames
 from portal.audit import AuditedModel
-from portal.identity import usernames
 from portal.tenancy import TenantModel, TenantQuerySet
 from tau.k8s_names import (
     dns1123_label_problem,
@@ -33,7 +33,6 @@ from workspaces.fields import QuantityField
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
 
-GPU_RESOURCE = "nvidia.com/gpu"
 # Resources Kubernetes allows fractions of; every other (extended) resource is whole units.
 FRACTIONAL_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 BYTE_RESOURCES = frozenset({"memory", "ephemeral-storage"})
@@ -377,6 +376,14 @@ class Workspace(AuditedModel):
             raise ValidationError(errors)
 
 
+class MembershipSource(models.TextChoices):
+    """Where a membership comes from: an admin, or the identity provider's groups (kept in
+    step at each login; a manual one is never changed by a login)."""
+
+    MANUAL = "manual", "Added by an admin"
+    OIDC = "oidc", "From identity-provider groups"
+
+
 class Membership(AuditedModel, TenantModel):
     """A user's role in one workspace."""
 
@@ -387,8 +394,8 @@ class Membership(AuditedModel, TenantModel):
     role = models.CharField(max_length=20, choices=Role.choices, default=Role.RESEARCHER)
     source = models.CharField(
         max_length=10,
-        choices=[("manual", "Added by an admin"), ("oidc", "From identity-provider groups")],
-        default="manual",
+        choices=MembershipSource.choices,
+        default=MembershipSource.MANUAL,
         help_text="Memberships from provider groups are kept in step with them at each login.",
     )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
@@ -523,7 +530,7 @@ class WorkspaceQuota(AuditedModel, TenantModel):
             raise ValidationError(errors)
 
 
-# Usernames are ASCII only (portal/identity/usernames.py: no look-alikes from other scripts).
+# Usernames are ASCII only (portal/usernames.py: no look-alikes from other scripts).
 # Installed here because every process, commands included, loads this module once the user
 # model exists; PortalConfig.ready() would be the natural home.
 usernames.install()

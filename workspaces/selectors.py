@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
+from django.http import HttpRequest
 
-from workspaces.models import GPU_RESOURCE, Membership, Workspace, WorkspaceQuerySet, WorkspaceQuota
+from tau.k8s_names import GPU_RESOURCE
+from workspaces.models import Membership, Workspace, WorkspaceQuerySet, WorkspaceQuota
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
@@ -47,32 +47,10 @@ def workspaces_for_user(user: User | AnonymousUser) -> WorkspaceQuerySet:
     )
 
 
-@dataclass(frozen=True)
-class QuotaLine:
-    flavor: str
-    gpu_model: str
-    resource: str
-    nominal: str
-    borrowing_limit: str
-    lending_limit: str
-    nominal_value: Decimal
-
-
-def quota_lines(workspace: Workspace) -> list[QuotaLine]:
-    rows = (
-        WorkspaceQuota.objects.for_workspace(workspace)
-        .select_related("flavor")
-        .order_by("flavor__name", "resource")
-    )
-    return [
-        QuotaLine(
-            flavor=row.flavor.name,
-            gpu_model=row.flavor.gpu_model,
-            resource=row.resource,
-            nominal=row.display_amount(row.nominal),
-            borrowing_limit=row.display_amount(row.borrowing_limit),
-            lending_limit=row.display_amount(row.lending_limit),
-            nominal_value=row.nominal,
-        )
-        for row in rows
-    ]
+def user_workspaces(request: HttpRequest) -> list[Any]:
+    """The caller's workspaces, read once per request however many parts of a page ask."""
+    cached: list[Any] | None = getattr(request, "_tau_user_workspaces", None)
+    if cached is None:
+        cached = list(workspaces_for_user(request.user))
+        request._tau_user_workspaces = cached  # type: ignore[attr-defined]
+    return cached

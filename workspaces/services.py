@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 
-from portal.identity import usernames
+from portal import usernames
 from workspaces.models import Membership, Role, Workspace
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from decimal import Decimal
 
 from django.conf import settings
 
+from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import format_quantity, parse_quantity
-from workspaces.models import GPU_RESOURCE
 
 CPU = "cpu"
 MEMORY = "memory"

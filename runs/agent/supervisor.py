@@ -80,8 +80,9 @@ from runs.models import (
 )
 from runs.policy import requested_totals
 from runs.state import IllegalTransition
+from tau.k8s_names import GPU_RESOURCE
 from tau.spec import Spec
-from workspaces.models import GPU_RESOURCE, WorkspaceQuota
+from workspaces.models import WorkspaceQuota
 
 logger = logging.getLogger("runs.agent")
 

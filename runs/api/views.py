@@ -29,9 +29,10 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from identity.models import ApiToken
+from identity.tokens import token_of
 from portal.api import BoundedJSONParser, refusals
-from portal.identity.tokens import token_of
-from portal.models import ApiToken
+from portal.requests import signed_in_user
 from runs import bundles, checkpoints, lifecycle, metrics, run_tokens, selectors, state, submission
 from runs.access import REFUSAL, may_act_on
 from runs.api.serializers import (
@@ -206,7 +207,7 @@ class RunViewSet(WorkspaceScopedViewSet):
         try:
             run = submission.submit(
                 workspace=self.workspace,
-                user=request.user,  # type: ignore[arg-type]
+                user=signed_in_user(request),
                 spec_source=spec_file.read(),
                 bundle=request.FILES.get("bundle"),
             )
@@ -220,17 +221,15 @@ class RunViewSet(WorkspaceScopedViewSet):
             )
         # The run as just written, in the detail's shape: the run, its bundle and its
         # workspace are in memory; its attempts are read only if submission wrote any.
-        prefetch_related_objects([run], self._attempts(new_run=run))
+        prefetch_related_objects([run], self._attempts(new=True))
         return Response(RunDetailSerializer(run).data, status=status.HTTP_201_CREATED)
 
-    def _attempts(self, *, new_run: Run | None = None) -> Prefetch[Any]:
-        """A run's attempts with the checkpoints they resume from; for a ``new_run``, what
-        submission wrote (no attempt of a new run resumes from a checkpoint)."""
+    def _attempts(self, *, new: bool = False) -> Prefetch[Any]:
+        """A run's attempts with the checkpoints they resume from; for a ``new`` run, the one
+        attempt submission wrote, read alone (the first attempt resumes from nothing)."""
         attempts = RunAttempt.objects.for_workspace(self.workspace).order_by("number")
-        if new_run is None:
+        if not new:
             attempts = attempts.select_related("resume_from")
-        elif new_run.attempt_count == 0:
-            attempts = attempts.none()
         return Prefetch("attempts", queryset=attempts)
 
     def _detail(self, run: Run) -> dict[str, Any]:
@@ -256,7 +255,7 @@ class RunViewSet(WorkspaceScopedViewSet):
         run = self.get_object()
         self._check_owner_or_admin(run)
         try:
-            lifecycle.cancel_run(run=run, user=request.user)  # type: ignore[arg-type]
+            lifecycle.cancel_run(run=run, user=signed_in_user(request))
         except state.RunActionRefused as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(self._detail(run))
@@ -283,7 +282,7 @@ class RunViewSet(WorkspaceScopedViewSet):
                     {"checkpoint": ["No such checkpoint of this run."]}
                 )
         try:
-            lifecycle.resume_run(run=run, user=request.user, checkpoint=checkpoint)  # type: ignore[arg-type]
+            lifecycle.resume_run(run=run, user=signed_in_user(request), checkpoint=checkpoint)
         except state.RunActionRefused as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(self._detail(run))

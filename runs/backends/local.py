@@ -26,9 +26,9 @@ from runs.logs import LogChunk, WholeLog, open_log_file, read_log_file
 from runs.models import RUNNING_STATES, Backend, Checkpoint, Run, RunAttempt, RunState
 from runs.policy import requested_totals
 from runs.state import lock_run, transition
+from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError
 from tau.spec import Spec
-from workspaces.models import GPU_RESOURCE
 
 #: The tau.yaml field each resource of the machine is asked for in.
 FIELD_OF = {

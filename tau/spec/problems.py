@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -146,12 +146,3 @@ def quote(text: str, limit: int = 60) -> str:
     shown = text if len(text) <= limit else text[: limit - 1] + "…"
     shown = shown.encode("unicode_escape").decode("ascii") if not shown.isprintable() else shown
     return f"`{shown}`"
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def first_lines(problems: Iterable[SpecProblem], limit: int = 5) -> str:
-    """A short multi-line rendering for exception messages and logs."""
-    return "\n".join(problem.format() for _, problem in zip(range(limit), problems, strict=False))

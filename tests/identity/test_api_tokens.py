@@ -16,8 +16,9 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from portal.identity import tokens
-from portal.models import ApiToken, AuditEvent
+from identity import tokens
+from identity.models import ApiToken
+from portal.models import AuditEvent
 from workspaces.models import Membership
 
 pytestmark = pytest.mark.django_db
@@ -341,7 +342,7 @@ def test_every_api_view_checks_token_scope() -> None:
     the default permission classes must keep it."""
     from django.urls import get_resolver
 
-    from portal.identity.tokens import TokenScopePermission
+    from identity.tokens import TokenScopePermission
 
     def views(patterns: list[Any]) -> list[Any]:
         found = []

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from portal.models import AuditEvent, OIDCIdentity
+from identity.models import OIDCIdentity
+from portal.models import AuditEvent
 from tests.browser import screenshot
 from tests.identity.openid_provider import OpenIDProvider, start_provider
 from workspaces.models import Membership, Role
@@ -31,7 +32,7 @@ def openid_provider(live_server: Any, settings: Any) -> Iterator[OpenIDProvider]
         settings.OIDC_RP_SCOPES = "openid email profile groups"
         settings.TAU_OIDC_WORKSPACE_ROLES = ["alpha-researchers=alpha:researcher"]
         settings.AUTHENTICATION_BACKENDS = [
-            "portal.identity.oidc.OIDCBackend",
+            "identity.oidc.OIDCBackend",
             "django.contrib.auth.backends.ModelBackend",
         ]
         yield provider

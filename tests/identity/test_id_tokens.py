@@ -13,7 +13,7 @@ import jwt
 import pytest
 from django.test import override_settings
 
-from portal.identity.oidc import OIDCError, ProviderClient, verify_id_token
+from identity.oidc import OIDCError, ProviderClient, verify_id_token
 from tests.identity.issuer import CLIENT_ID, Issuer, Key
 
 

@@ -15,14 +15,15 @@ from django.contrib.auth import BACKEND_SESSION_KEY
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from portal.identity.oidc import OIDCBackend, apply_group_mapping
-from portal.models import AuditEvent, OIDCIdentity
+from identity.models import OIDCIdentity
+from identity.oidc import OIDCBackend, apply_group_mapping
+from portal.models import AuditEvent
 from tests.identity.issuer import CLIENT_ID, CLIENT_SECRET, Issuer
 from workspaces.models import Membership, Role
 
 pytestmark = pytest.mark.django_db
 
-OIDC_BACKEND = "portal.identity.oidc.OIDCBackend"
+OIDC_BACKEND = "identity.oidc.OIDCBackend"
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from portal.identity import usernames
+from portal import usernames
 
 pytestmark = pytest.mark.django_db
 

@@ -67,3 +67,19 @@ def test_page_query_counts_are_pinned(world: Any, page: str) -> None:
     many, sql = count(client, path, **headers)
     assert few == many, sql
     assert many == PINNED[page], sql
+
+
+@pytest.mark.parametrize(
+    "page", ["/w/alpha/runs/", "{run}", "/w/alpha/queue/", "/w/alpha/runs/new/"]
+)
+def test_pages_that_answer_htmx_with_fragments_say_they_vary_on_it(world: Any, page: str) -> None:
+    """A cache (the browser's included) must not give the fragment for the page or the page
+    for the fragment: both answers name ``HX-Request`` in ``Vary``."""
+    client = world.client_for("researcher")
+    run = grow(world, runs=1)
+    path = f"/w/alpha/runs/{run.name}/" if page == "{run}" else page
+    for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
+        response = client.get(path, **headers)
+        assert response.status_code == 200
+        vary = {part.strip().lower() for part in response.get("Vary", "").split(",")}
+        assert "hx-request" in vary, (path, headers, response.get("Vary"))

@@ -16,7 +16,7 @@ from unittest import mock
 import pytest
 from django.test import Client
 
-from portal import views
+from web import views
 
 pytestmark = pytest.mark.django_db
 

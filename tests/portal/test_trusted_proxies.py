@@ -14,9 +14,9 @@ from django.urls import reverse
 from gunicorn.config import Config  # type: ignore[import-untyped]
 from rest_framework.test import APIClient
 
-from portal.management.commands.runportal import Command
 from portal.middleware import client_address, trusted_networks
 from portal.models import AuditEvent
+from web.management.commands.runportal import Command
 
 ROOT = Path(__file__).resolve().parents[2]
 PROXIES = ["10.1.0.0/16", "2001:db8:1::/48"]

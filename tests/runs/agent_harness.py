@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
-from portal.models import ApiToken
+from identity.models import ApiToken
 from runs import delivery, submission
 from runs.models import Delivery, Run, RunAttempt, RunState
 from tests.runs.factories import zip_bytes

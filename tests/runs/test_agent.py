@@ -17,7 +17,8 @@ from django.conf import settings
 from django.db import transaction
 from django.test import Client
 
-from portal.models import ApiToken, AuditEvent
+from identity.models import ApiToken
+from portal.models import AuditEvent
 from runs import delivery, lifecycle
 from runs.agent import environments
 from runs.agent.supervisor import UNSANDBOXED_REFUSAL
@@ -547,7 +548,7 @@ NEXT_RUN = """\
 def portal_secrets(var_dir: Path) -> dict[str, Path]:
     """The embedded default's secrets, where `make run` keeps them: written here the way the
     settings and bootstrap_demo write them."""
-    from portal.management.commands import bootstrap_demo
+    from web.management.commands import bootstrap_demo
 
     paths = {}
     for name in ("secret_key", "token_pepper"):

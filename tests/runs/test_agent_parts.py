@@ -705,7 +705,7 @@ def test_a_changed_environment_is_noticed_even_with_its_times_put_back(tmp_path:
 
 
 def test_demo_passwords_are_readable_by_the_portal_only(tmp_path: Path, settings: Any) -> None:
-    from portal.management.commands import bootstrap_demo
+    from web.management.commands import bootstrap_demo
 
     settings.VAR_DIR = tmp_path
     passwords = bootstrap_demo.load_or_create_passwords()

@@ -12,7 +12,7 @@ import pytest
 import requests
 from kombu import Connection
 
-from portal.identity import tokens
+from identity import tokens
 from runs import lifecycle
 from runs.events import verify_event_chain
 from runs.models import Delivery, Run, RunEvent, RunState

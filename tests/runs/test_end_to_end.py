@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from portal.identity import tokens
+from identity import tokens
 from runs.events import verify_event_chain
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt
 from tests.runs.agent_harness import Agent, local_quota

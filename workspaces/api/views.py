@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal.api import refusals
+from portal.requests import signed_in_user
 from workspaces import services
 from workspaces.access import WorkspaceScopedViewSet, token_workspace_id
 from workspaces.api.serializers import (
@@ -120,7 +121,7 @@ class MemberViewSet(WorkspaceScopedViewSet):
                 workspace=self.workspace,
                 username=payload.validated_data["username"],
                 role=Role(payload.validated_data["role"]),
-                by=request.user,  # type: ignore[arg-type]
+                by=signed_in_user(request),
             )
         except DjangoValidationError as exc:
             raise _as_api_error(exc) from None

@@ -8,7 +8,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
-    target_class = "portal.identity.tokens.BearerTokenAuthentication"
+    target_class = "identity.tokens.BearerTokenAuthentication"
     name = "tauToken"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:

@@ -6,8 +6,6 @@ import hashlib
 import math
 import time as clock
 import unicodedata
-from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
@@ -30,20 +28,16 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django.views.generic import TemplateView
 
+from identity import oidc, tokens
+from identity.models import ApiToken, OIDCIdentity
 from portal import audit
-from portal.identity import oidc, tokens
-from portal.models import ApiToken, AuditEvent
-from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
-from workspaces.models import Role, Workspace
+from portal.requests import signed_in_user
+from workspaces.models import Workspace
+from workspaces.selectors import user_workspaces
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
-AUDIT_PAGE_SIZE = 50
-# The dates the audit filters take: any real entry lies between them, and the day after the
-# last still exists (9999-12-31 has none).
-AUDIT_EARLIEST = date(1900, 1, 1)
-AUDIT_LATEST = date(9998, 12, 31)
 OIDC_PROBLEMS = {
     "failed": "Single sign-on did not log you in. Try again, or ask your platform team.",
     "unavailable": "The identity provider cannot be reached right now. Try again in a minute.",
@@ -245,10 +239,8 @@ class ProfileView(LoginRequiredMixin, TemplateView):
     template_name = "identity/profile.html"
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
-        from portal.context_processors import user_workspaces
-
         context = super().get_context_data(**kwargs)
-        context["identities"] = list(self.request.user.oidc_identities.all())  # type: ignore[union-attr]
+        context["identities"] = list(OIDCIdentity.objects.filter(user=signed_in_user(self.request)))
         context["workspaces"] = user_workspaces(self.request)
         return context
 
@@ -320,7 +312,7 @@ class TokensView(LoginRequiredMixin, View):
         if not form.is_valid():
             return self._render(request, form, status=400)
         issued = tokens.issue_token(
-            user=request.user,  # type: ignore[arg-type]
+            user=signed_in_user(request),
             name=form.cleaned_data["name"],
             workspace=form.cleaned_data["workspace"],
             read_only=form.cleaned_data["read_only"],
@@ -337,149 +329,3 @@ class TokenRevokeView(LoginRequiredMixin, View):
         tokens.revoke_token(token=token)
         messages.success(request, f"Revoked “{token.name}”. Anything using it stops working now.")
         return HttpResponseRedirect(reverse("tokens"))
-
-
-class AuditFilterForm(forms.Form):
-    action = forms.CharField(required=False, max_length=40)
-    actor = forms.CharField(required=False, max_length=150, label="User")
-    workspace = forms.SlugField(required=False, max_length=40)
-    object_type = forms.CharField(required=False, max_length=100, label="Object type")
-    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    before = forms.IntegerField(required=False, widget=forms.HiddenInput, min_value=1)
-
-    def _date_in_range(self, name: str) -> date | None:
-        value: date | None = self.cleaned_data.get(name)
-        if value is not None and not AUDIT_EARLIEST <= value <= AUDIT_LATEST:
-            raise forms.ValidationError(f"Give a date between {AUDIT_EARLIEST} and {AUDIT_LATEST}.")
-        return value
-
-    def clean_since(self) -> date | None:
-        return self._date_in_range("since")
-
-    def clean_until(self) -> date | None:
-        return self._date_in_range("until")
-
-
-def filtered_audit_events(
-    queryset: QuerySet[AuditEvent], data: dict[str, Any]
-) -> tuple[list[AuditEvent], int | None]:
-    """One page of events matching the filters, newest first, and the cursor for the next."""
-    if data.get("action"):
-        queryset = queryset.filter(action=data["action"])
-    if data.get("actor"):
-        queryset = queryset.filter(actor_username=data["actor"])
-    if data.get("workspace"):
-        queryset = queryset.filter(workspace_slug=data["workspace"])
-    if data.get("object_type"):
-        queryset = queryset.filter(object_type=data["object_type"])
-    if data.get("since"):
-        queryset = queryset.filter(
-            time__gte=timezone.make_aware(datetime.combine(data["since"], time.min))
-        )
-    if data.get("until"):
-        end = timezone.make_aware(datetime.combine(data["until"], time.min)) + timedelta(days=1)
-        queryset = queryset.filter(time__lt=end)
-    if data.get("before"):
-        queryset = queryset.filter(id__lt=data["before"])
-    # Keyset pagination on the id: stays fast however long the log grows.
-    rows = list(queryset.order_by("-id")[: AUDIT_PAGE_SIZE + 1])
-    next_cursor = rows[AUDIT_PAGE_SIZE - 1].id if len(rows) > AUDIT_PAGE_SIZE else None
-    return rows[:AUDIT_PAGE_SIZE], next_cursor
-
-
-@dataclass(frozen=True)
-class AuditEntry:
-    """One row of the audit page: the event and its change as people read it."""
-
-    event: AuditEvent
-    changes: list[audit.FieldChange]
-
-    @property
-    def is_update(self) -> bool:
-        """Both sides recorded: the change itself is short, so it is shown as it is."""
-        return self.event.before is not None and self.event.after is not None
-
-    @property
-    def summary(self) -> str:
-        count = len(self.changes)
-        return f"show {count} field{'' if count == 1 else 's'}"
-
-
-def _audit_context(
-    request: HttpRequest, queryset: QuerySet[AuditEvent], *, show_workspace: bool
-) -> dict[str, Any]:
-    form = AuditFilterForm(request.GET or None)
-    valid = form.is_valid()
-    refused = form.is_bound and not valid
-    for name, errors in form.errors.items() if refused else ():
-        field = form.fields.get(name)
-        label = (field.label if field is not None else None) or name.replace("_", " ")
-        said = " ".join(str(error) for error in errors)
-        messages.error(request, f"{str(label).capitalize()}: {said}")
-    data = form.cleaned_data if valid else {}
-    events, next_cursor = filtered_audit_events(queryset, data)
-    entries = [AuditEntry(event, audit.describe_changes(event)) for event in events]
-    next_query = None
-    if next_cursor is not None:
-        params: dict[str, str] = {
-            key: str(value) for key, value in request.GET.items() if key != "before" and value
-        }
-        params["before"] = str(next_cursor)
-        next_query = urlencode(params)
-    return {
-        "form": form,
-        "entries": entries,
-        "next_query": next_query,
-        "show_workspace": show_workspace,
-        "filtered": any(value for key, value in data.items() if key != "before"),
-        "refused": refused,
-    }
-
-
-class AuditFiltersRefusedMixin:
-    """A filter that cannot be applied (a date out of range, say) shows the unfiltered log
-    with what was wrong, as a 400."""
-
-    def render_to_response(self, context: dict[str, Any], **response_kwargs: Any) -> HttpResponse:
-        if context.get("refused"):
-            response_kwargs.setdefault("status", 400)
-        response: HttpResponse = super().render_to_response(  # type: ignore[misc]
-            context, **response_kwargs
-        )
-        return response
-
-
-class PlatformAuditView(AuditFiltersRefusedMixin, StaffRequiredMixin, TemplateView):
-    """Every audit event, for platform staff."""
-
-    template_name = "identity/audit.html"
-
-    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
-        context = super().get_context_data(**kwargs)
-        context.update(
-            _audit_context(self.request, AuditEvent.objects.unscoped(), show_workspace=True)
-        )
-        return context
-
-
-class WorkspaceAuditView(AuditFiltersRefusedMixin, WorkspaceViewMixin, TemplateView):
-    """A workspace's own audit events, for its admins and (read-only) for platform staff."""
-
-    template_name = "identity/audit.html"
-    write_role = Role.ADMIN
-
-    @property
-    def read_role(self) -> Role:  # type: ignore[override]
-        # Platform staff read every workspace's pages (as viewers) to help its members, and
-        # its audit log is one of them; among members, only admins read it.
-        return Role.VIEWER if self.request.user.is_staff else Role.ADMIN
-
-    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
-        context = super().get_context_data(**kwargs)
-        context.update(
-            _audit_context(
-                self.request, AuditEvent.objects.for_workspace(self.workspace), show_workspace=False
-            )
-        )
-        return context

@@ -1,4 +1,5 @@
-"""Workspace pages."""
+"""A workspace's home page: it shows runs, quota use and members, so it lives in the shell
+above both apps."""
 
 from __future__ import annotations
 
@@ -7,18 +8,10 @@ from typing import Any
 from django.db.models import Count, Q
 from django.views.generic import TemplateView
 
-from runs.models import Run, RunState
+from runs.models import LIVE_STATES, RUNNING_STATES, WAITING_STATES, Run
 from runs.usage import usage_lines
 from workspaces.access import WorkspaceViewMixin
 from workspaces.models import Membership
-
-ACTIVE = [
-    RunState.QUEUED,
-    RunState.ADMITTED,
-    RunState.RUNNING,
-    RunState.CANCELLING,
-    RunState.PENDING,
-]
 
 
 class WorkspaceHomeView(WorkspaceViewMixin, TemplateView):
@@ -30,10 +23,8 @@ class WorkspaceHomeView(WorkspaceViewMixin, TemplateView):
         context = super().get_context_data(**kwargs)
         runs = Run.objects.for_workspace(self.workspace)
         counts = runs.aggregate(
-            queued=Count("id", filter=Q(state__in=[RunState.PENDING, RunState.QUEUED])),
-            running=Count(
-                "id", filter=Q(state__in=[RunState.ADMITTED, RunState.RUNNING, RunState.CANCELLING])
-            ),
+            queued=Count("id", filter=Q(state__in=WAITING_STATES)),
+            running=Count("id", filter=Q(state__in=RUNNING_STATES)),
         )
         context.update(
             {
@@ -44,7 +35,7 @@ class WorkspaceHomeView(WorkspaceViewMixin, TemplateView):
                     ]
                 ),
                 "active_runs": list(
-                    runs.filter(state__in=ACTIVE).order_by("-created_at", "-id")[:10]
+                    runs.filter(state__in=LIVE_STATES).order_by("-created_at", "-id")[:10]
                 ),
                 "counts": counts,
                 "members": list(

@@ -7,16 +7,7 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject
 
-from workspaces.selectors import workspaces_for_user
-
-
-def user_workspaces(request: HttpRequest) -> list[Any]:
-    """The caller's workspaces, read once per request however many parts of a page ask."""
-    cached: list[Any] | None = getattr(request, "_tau_user_workspaces", None)
-    if cached is None:
-        cached = list(workspaces_for_user(request.user))
-        request._tau_user_workspaces = cached  # type: ignore[attr-defined]
-    return cached
+from workspaces.selectors import user_workspaces
 
 
 def navigation(request: HttpRequest) -> dict[str, Any]:

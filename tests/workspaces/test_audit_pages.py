@@ -11,8 +11,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from portal import audit
-from portal.identity.views import AUDIT_PAGE_SIZE
 from portal.models import AuditEvent
+from workspaces.audit_views import AUDIT_PAGE_SIZE
 from workspaces.models import WorkspaceQuota
 
 pytestmark = pytest.mark.django_db

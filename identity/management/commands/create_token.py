@@ -15,8 +15,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from identity import tokens
 from portal import audit
-from portal.identity import tokens
 from workspaces.access import resolve_workspace_access
 
 

@@ -27,7 +27,7 @@ from typing import IO, Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
-from portal.management.commands.bootstrap_demo import (
+from web.management.commands.bootstrap_demo import (
     credentials_path,
     login_lines,
     stored_passwords,

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.views.generic import TemplateView
 
-from portal.context_processors import user_workspaces
+from workspaces.selectors import user_workspaces
 
 
 class HomeView(LoginRequiredMixin, TemplateView):

@@ -10,7 +10,7 @@ Built on mozilla-django-oidc, with what it leaves to the application done here:
   is accepted once only;
 - users are identified by (issuer, subject), never by e-mail; e-mail and name follow the
   provider's claims at each login; a new user's username is ASCII, never a look-alike of
-  another (portal/identity/usernames.py);
+  another (portal/usernames.py);
 - optional mapping of a groups claim to platform staff and workspace roles, applied at each
   login and audited;
 - a session refresh that answers HTMX requests with ``HX-Redirect``;
@@ -49,9 +49,9 @@ from mozilla_django_oidc.utils import (
 )
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, get_next_url
 
-from portal import audit
-from portal.identity import usernames
-from portal.models import OIDCIdentity
+from identity.models import OIDCIdentity
+from portal import audit, usernames
+from workspaces.models import Membership, MembershipSource, Role, Workspace
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -205,8 +205,6 @@ class RoleGrant:
 
 def workspace_role_mapping() -> dict[str, list[RoleGrant]]:
     """``TAU_OIDC_WORKSPACE_ROLES`` as group → grants."""
-    from workspaces.models import Role
-
     mapping: dict[str, list[RoleGrant]] = {}
     for item in settings.TAU_OIDC_WORKSPACE_ROLES:
         group, _, target = item.partition("=")
@@ -222,8 +220,6 @@ def workspace_role_mapping() -> dict[str, list[RoleGrant]]:
 
 def apply_group_mapping(user: User, groups: list[str]) -> None:
     """Bring staff flags and group-sourced memberships in line with the user's groups."""
-    from workspaces.models import Membership, Role, Workspace
-
     group_set = set(groups)
     with audit.acting_as(None, source="oidc"):
         for flag, configured in (
@@ -267,14 +263,14 @@ def apply_group_mapping(user: User, groups: list[str]) -> None:
         for slug, workspace in workspaces.items():
             membership = existing.get(slug)
             wanted_role = wanted_roles.get(slug)
-            if membership is not None and membership.source != "oidc":
+            if membership is not None and membership.source != MembershipSource.OIDC:
                 continue  # added by an admin: the admin's decision stands
             if wanted_role is None:
                 if membership is not None:
                     membership.delete()
             elif membership is None:
                 Membership.objects.create(
-                    workspace=workspace, user=user, role=wanted_role, source="oidc"
+                    workspace=workspace, user=user, role=wanted_role, source=MembershipSource.OIDC
                 )
             elif membership.role != wanted_role:
                 membership.role = wanted_role
@@ -493,7 +489,7 @@ class OIDCSessionRefreshMiddleware:
             return False
         if not request.user.is_authenticated:
             return False
-        if request.session.get(auth.BACKEND_SESSION_KEY) != "portal.identity.oidc.OIDCBackend":
+        if request.session.get(auth.BACKEND_SESSION_KEY) != "identity.oidc.OIDCBackend":
             return False
         expires = float(request.session.get("oidc_id_token_expiration", 0))
         return expires <= time.time()

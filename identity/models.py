@@ -1,0 +1,93 @@
+"""Identity's models: OpenID Connect identities and API tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class OIDCIdentity(models.Model):
+    """Links a user to an identity at an OpenID provider: the (issuer, subject) pair.
+
+    Users are matched by this pair only, never by e-mail or username, so a changed e-mail at
+    the provider, or a look-alike account elsewhere, cannot take over someone's account.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identities"
+    )
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_login_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "portal_oidcidentity"  # created by the portal app, before identity had its own
+        verbose_name = "OpenID Connect identity"
+        verbose_name_plural = "OpenID Connect identities"
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="oidc_identity_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"
+
+
+class ApiToken(models.Model):
+    """A credential for scripts and the CLI: ``tau_<key>_<secret>``.
+
+    Only an HMAC-SHA256 of the secret, keyed with a numbered server-side pepper, is stored;
+    the secret itself is shown once. A token is limited to one workspace or all of its user's
+    workspaces, may be read-only, always expires, and can never do more than its user can do
+    at the moment it is used. ``kind`` says what it is: a person's token, or a machine token
+    such as a run token (which the attempt it was issued for holds: ``runs.RunAttempt.token``,
+    so it may only report on that run).
+    """
+
+    class Kind(models.TextChoices):
+        USER = "user", "User token"
+        RUN = "run", "Run token"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100, help_text="What it is for, e.g. 'laptop CLI'.")
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.USER)
+    key = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    pepper_id = models.PositiveSmallIntegerField(editable=False)
+    workspace = models.ForeignKey(
+        "workspaces.Workspace",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="Empty: every workspace the user belongs to.",
+    )
+    read_only = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    expires_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        db_table = "portal_apitoken"  # created by the portal app, before identity had its own
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["user", "-created_at"], name="apitoken_user_created")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (tau_{self.key}_…)"
+
+    @property
+    def display_prefix(self) -> str:
+        return f"tau_{self.key}_…"
+
+    def is_expired(self, now: datetime | None = None) -> bool:
+        return self.expires_at <= (now or timezone.now())
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None and not self.is_expired()

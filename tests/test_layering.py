@@ -1,0 +1,164 @@
+"""The layering in the README's Layout section, checked from the source: every import of one
+top-level package by another points down, and the run core has no import cycle.
+
+Every import counts: at module level, inside functions, and under ``TYPE_CHECKING`` (an
+import that only a type checker follows is still a dependency a reader has to hold in mind).
+Migrations are left out: they name other apps' migrations, not their code. Tests, benchmarks
+and deployment scripts sit outside the layering and may import anything; nothing imports them.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Bottom to top. A package may import packages of a lower rank only.
+LAYERS: dict[str, int] = {
+    "tau": 0,  # the tau.yaml contract: no Django
+    "portal": 1,  # the kernel: settings, tenancy, audit, middleware, API plumbing, health
+    "kube": 2,  # the one Kubernetes adapter
+    "workspaces": 3,  # workspaces, members, quotas, flavors, cohorts; the audit pages
+    "identity": 4,  # OpenID Connect, login, API tokens
+    "runs": 5,  # the run core, backends, the local agent
+    "evidence": 6,  # sealed records of runs
+    "web": 7,  # the UI shell: root URLconf, home pages, commands that start everything
+}
+#: Not part of the product's layering: they may import any package, and none imports them.
+OUTSIDE = {"tests", "benchmarks", "deploy", "examples", "docs", "var", "static", "templates"}
+
+
+def python_files(package: str) -> Iterator[Path]:
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if "migrations" not in path.relative_to(ROOT).parts:
+            yield path
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, module: str | None = None) -> Iterator[tuple[int, str]]:
+    """Every module the file imports, absolute, with its line (``module``: the file's module
+    name, when it is not in the tree)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module or module_name(path)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            yield node.lineno, target
+            # ``from runs import delivery`` imports the module runs.delivery.
+            for alias in node.names:
+                yield node.lineno, f"{target}.{alias.name}"
+
+
+def project_packages() -> set[str]:
+    return {
+        child.name
+        for child in ROOT.iterdir()
+        if child.is_dir() and (child / "__init__.py").is_file() and child.name not in OUTSIDE
+    }
+
+
+def test_every_package_has_a_place_in_the_layering() -> None:
+    unplaced = project_packages() - set(LAYERS)
+    assert not unplaced, f"add {sorted(unplaced)} to LAYERS (and to the README's Layout)"
+
+
+def upward_imports() -> list[str]:
+    found = []
+    for package, rank in LAYERS.items():
+        for path in python_files(package):
+            for line, target in imported_modules(path):
+                top = target.split(".")[0]
+                if top == package:
+                    continue
+                if top in OUTSIDE and (ROOT / top / "__init__.py").is_file():
+                    found.append(f"{path.relative_to(ROOT)}:{line} imports {target} (outside)")
+                elif top in LAYERS and LAYERS[top] >= rank:
+                    found.append(f"{path.relative_to(ROOT)}:{line} imports {target} (up)")
+    return found
+
+
+def test_no_package_imports_one_above_it_or_beside_it() -> None:
+    assert upward_imports() == []
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Module → the modules of the same package it imports."""
+    modules = {module_name(path): path for path in python_files(package)}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for _, target in imported_modules(path):
+            if target in modules and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as a path that returns to its start, or None."""
+    done: set[str] = set()
+    trail: list[str] = []
+    on_trail: set[str] = set()
+
+    def visit(node: str) -> list[str] | None:
+        trail.append(node)
+        on_trail.add(node)
+        for child in sorted(graph[node]):
+            if child in on_trail:
+                return [*trail[trail.index(child) :], child]
+            if child not in done:
+                cycle = visit(child)
+                if cycle:
+                    return cycle
+        trail.pop()
+        on_trail.discard(node)
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        if start not in done:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+@pytest.mark.parametrize("package", ["runs", "workspaces", "identity", "portal"])
+def test_no_import_cycle_inside_a_package(package: str) -> None:
+    # A package's __init__ importing its own modules is how a package re-exports; a module
+    # importing its package's __init__ back is the cycle that matters, and is caught.
+    assert find_cycle(module_graph(package)) is None
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
+    """The cycle finder and the import reader, on cases with a known answer."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from runs.models import Run\n"
+        "def later():\n    import web.urls\n"
+        "from .. import audit\n",
+        encoding="utf-8",
+    )
+    targets = {target for _, target in imported_modules(source, "portal.sub.mod")}
+    assert {"runs.models", "runs.models.Run", "web.urls", "portal.audit"} <= targets

@@ -1,0 +1,45 @@
+"""The root URLconf: the shell assembles each app's own URLs (``/w/<slug>/`` from the
+workspace and run apps, the API under ``/api/v1/``)."""
+
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponseRedirect
+from django.templatetags.static import static
+from django.urls import URLPattern, URLResolver, include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from portal import health
+from runs.urls import platform_urlpatterns as run_platform_urls
+from web import views, workspace_home
+from workspaces.audit_views import PlatformAuditView
+
+
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """Browsers ask for /favicon.ico whatever a page links: send them to the icon itself
+    (its hashed name in production, so a temporary redirect)."""
+    return HttpResponseRedirect(static("img/favicon.svg"))
+
+
+api_patterns: list[URLPattern | URLResolver] = [
+    path("", include("workspaces.api.urls")),
+    path("", include("runs.api.urls")),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+]
+
+workspace_patterns: list[URLPattern | URLResolver] = [
+    path("", workspace_home.WorkspaceHomeView.as_view(), name="workspace-home"),
+    path("", include("workspaces.urls")),
+    path("", include("runs.urls")),
+]
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("", views.HomeView.as_view(), name="home"),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("favicon.ico", favicon, name="favicon"),
+    path("", include("identity.urls")),
+    path("audit/", PlatformAuditView.as_view(), name="audit"),
+    path("", include(run_platform_urls)),
+    path("w/<slug:workspace_slug>/", include(workspace_patterns)),
+    path("api/v1/", include((api_patterns, "api"))),
+    path("admin/", admin.site.urls),
+]
