@@ -29,7 +29,14 @@ from portal.models import AuditEvent
 from runs.models import RunState
 from tests.conftest import CAST
 from tests.runs.factories import TINY_FILES, TINY_SPEC, make_run, zip_bytes
-from workspaces.models import Cohort, Membership, ResourceFlavor, Workspace, WorkspaceQuota
+from workspaces.models import (
+    Cohort,
+    Membership,
+    PriorityClass,
+    ResourceFlavor,
+    Workspace,
+    WorkspaceQuota,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -101,6 +108,15 @@ def API_ADMIN_WRITE(ok: int) -> dict[str, int]:
     return codes(403, ok, 403, 403, 404, 401)
 
 
+def STAFF_API(ok: int) -> dict[str, int]:
+    """Platform staff only, whoever else asks (no workspace to hide)."""
+    return codes(ok, 403, 403, 403, 403, 401)
+
+
+def NAMED(name: str) -> Kwargs:
+    return lambda world: {"name": name}
+
+
 MATRIX: dict[str, Route] = {
     "home": Route({"GET": same(200, anon=302)}),
     "healthz": Route({"GET": same(200)}),
@@ -113,12 +129,34 @@ MATRIX: dict[str, Route] = {
         {"GET": PAGE_READ, "POST": codes(403, 405, 405, 403, 404, 302)},
         ALPHA,
     ),
+    # Creating workspaces, flavors and cohorts is the platform team's (tokens: unscoped).
     "api:workspace-list": Route(
-        {"GET": same(200, anon=401), "POST": same(405, anon=401)}, api=True
+        {"GET": same(200, anon=401), "POST": STAFF_API(201)},
+        data={"slug": "made-by-matrix", "name": "Matrix"},
+        api=True,
     ),
     "api:workspace-detail": Route(
-        {"GET": API_READ, "PATCH": API_ADMIN_WRITE(200)},
+        # Staff change any workspace (its cohort and quotas too); its admins their details.
+        {"GET": API_READ, "PATCH": codes(200, 200, 403, 403, 404, 401)},
         ALPHA,
+        data={"description": "Updated by the matrix"},
+        api=True,
+    ),
+    "api:flavor-list": Route(
+        {"GET": STAFF_API(200), "POST": STAFF_API(201)}, data={"name": "matrix"}, api=True
+    ),
+    "api:flavor-detail": Route(
+        {"GET": STAFF_API(200), "PATCH": STAFF_API(200)},
+        NAMED("h100"),
+        data={"description": "Updated by the matrix"},
+        api=True,
+    ),
+    "api:cohort-list": Route(
+        {"GET": STAFF_API(200), "POST": STAFF_API(201)}, data={"name": "matrix"}, api=True
+    ),
+    "api:cohort-detail": Route(
+        {"GET": STAFF_API(200), "PATCH": STAFF_API(200)},
+        NAMED("research"),
         data={"description": "Updated by the matrix"},
         api=True,
     ),
@@ -228,6 +266,7 @@ ADMIN_OBJECTS: dict[type, Callable[[Any], Any]] = {
     WorkspaceQuota: lambda world: WorkspaceQuota.objects.for_workspace(world.alpha).first(),
     ResourceFlavor: lambda world: world.gpu_flavor,
     Cohort: lambda world: world.cohort,
+    PriorityClass: lambda world: PriorityClass.objects.get(name="normal"),
     AuditEvent: lambda world: AuditEvent.objects.unscoped().first(),
     get_user_model(): lambda world: world.users["researcher"],
     Group: lambda world: Group.objects.create(name="matrix"),

@@ -214,6 +214,136 @@ def workspace_change_too_large(world: Any, tmp: Path, settings: Any) -> HttpResp
     )
 
 
+def staff(world: Any) -> APIClient:
+    return client(world, "platform_admin")
+
+
+NEW_WORKSPACE = {
+    "slug": "gamma",
+    "name": "Gamma",
+    "cohort": "research",
+    "members": [{"username": "alice", "role": "admin"}],
+    "quotas": [
+        {"flavor": "h100", "resource": "nvidia.com/gpu", "nominal": "4", "lending_limit": "2"}
+    ],
+}
+
+
+@call("POST", f"{API}/", 201)
+def workspace_create(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).post(f"{API}/", NEW_WORKSPACE, format="json")
+
+
+@call("POST", f"{API}/", 400)
+def workspace_create_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    wrong = {**NEW_WORKSPACE, "quotas": [{"flavor": "nope", "resource": "cpu", "nominal": "1"}]}
+    return staff(world).post(f"{API}/", wrong, format="json")
+
+
+@call("POST", f"{API}/", 401)
+def workspace_create_anonymous(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "anonymous").post(f"{API}/", NEW_WORKSPACE, format="json")
+
+
+@call("POST", f"{API}/", 403)
+def workspace_create_by_a_researcher(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(f"{API}/", NEW_WORKSPACE, format="json")
+
+
+@call("POST", f"{API}/", 413)
+def workspace_create_too_large(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).generic(
+        "POST", f"{API}/", "{}", content_type="application/json", CONTENT_LENGTH=str(50 * 2**20)
+    )
+
+
+@call("PATCH", f"{WS}/", 200)
+def workspace_quotas_replaced_by_staff(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    quotas = [{"flavor": "h100", "resource": "nvidia.com/gpu", "nominal": "16"}]
+    return staff(world).patch(f"{API}/alpha/", {"quotas": quotas}, format="json")
+
+
+FLAVORS = "/api/v1/flavors"
+COHORTS = "/api/v1/cohorts"
+
+
+@call("GET", f"{FLAVORS}/", 200)
+def flavors(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).get(f"{FLAVORS}/")
+
+
+@call("GET", f"{FLAVORS}/", 401)
+def flavors_anonymous(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "anonymous").get(f"{FLAVORS}/")
+
+
+@call("GET", f"{FLAVORS}/", 403)
+def flavors_for_a_researcher(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).get(f"{FLAVORS}/")
+
+
+@call("POST", f"{FLAVORS}/", 201)
+def flavor_create(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    body = {"name": "cpu", "node_labels": {"pool": "cpu"}, "tolerations": []}
+    return staff(world).post(f"{FLAVORS}/", body, format="json")
+
+
+@call("POST", f"{FLAVORS}/", 400)
+def flavor_create_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).post(f"{FLAVORS}/", {"name": "h100"}, format="json")
+
+
+@call("GET", f"{FLAVORS}/{{name}}/", 200)
+def flavor(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).get(f"{FLAVORS}/h100/")
+
+
+@call("GET", f"{FLAVORS}/{{name}}/", 404)
+def flavor_missing(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).get(f"{FLAVORS}/nope/")
+
+
+@call("PATCH", f"{FLAVORS}/{{name}}/", 200)
+def flavor_change(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).patch(f"{FLAVORS}/h100/", {"gpu_model": "H100"}, format="json")
+
+
+@call("PATCH", f"{FLAVORS}/{{name}}/", 400)
+def flavor_change_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    wrong = {"tolerations": [{"operator": "Sometimes"}]}
+    return staff(world).patch(f"{FLAVORS}/h100/", wrong, format="json")
+
+
+@call("GET", f"{COHORTS}/", 200)
+def cohorts(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).get(f"{COHORTS}/")
+
+
+@call("POST", f"{COHORTS}/", 201)
+def cohort_create(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).post(f"{COHORTS}/", {"name": "vision"}, format="json")
+
+
+@call("POST", f"{COHORTS}/", 403)
+def cohort_create_by_a_researcher(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(f"{COHORTS}/", {"name": "vision"}, format="json")
+
+
+@call("GET", f"{COHORTS}/{{name}}/", 200)
+def cohort(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).get(f"{COHORTS}/research/")
+
+
+@call("PATCH", f"{COHORTS}/{{name}}/", 200)
+def cohort_change(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).patch(f"{COHORTS}/research/", {"description": "All labs"}, format="json")
+
+
+@call("PATCH", f"{COHORTS}/{{name}}/", 400)
+def cohort_change_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).patch(f"{COHORTS}/research/", {"name": "Not A Name"}, format="json")
+
+
 @call("GET", f"{WS}/quota/", 200)
 def quota(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world, "viewer").get(f"{API}/alpha/quota/")

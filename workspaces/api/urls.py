@@ -1,6 +1,6 @@
 from django.urls import path
 
-from workspaces.api import views
+from workspaces.api import platform, views
 
 urlpatterns = [
     path("workspaces/", views.WorkspaceListView.as_view(), name="workspace-list"),
@@ -26,4 +26,8 @@ urlpatterns = [
         ),
         name="member-detail",
     ),
+    path("flavors/", platform.FlavorListView.as_view(), name="flavor-list"),
+    path("flavors/<str:name>/", platform.FlavorDetailView.as_view(), name="flavor-detail"),
+    path("cohorts/", platform.CohortListView.as_view(), name="cohort-list"),
+    path("cohorts/<str:name>/", platform.CohortDetailView.as_view(), name="cohort-detail"),
 ]

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -15,6 +15,7 @@ from portal.api import refusals
 from portal.requests import signed_in_user
 from workspaces import services
 from workspaces.access import WorkspaceScopedViewSet, token_workspace_id
+from workspaces.api import platform
 from workspaces.api.serializers import (
     MemberCreateSerializer,
     MemberSerializer,
@@ -24,6 +25,11 @@ from workspaces.api.serializers import (
 )
 from workspaces.models import Membership, Role, WorkspaceQuota
 from workspaces.selectors import workspaces_for_user
+
+#: What a workspace's own admins cannot change through the API: the platform team's part.
+STAFF_ONLY_FIELDS = frozenset(
+    {"cohort", "quotas", "namespace", "local_queue", "allowed_priorities", "default_priority"}
+)
 
 
 def _as_api_error(exc: DjangoValidationError) -> ValidationError:
@@ -35,13 +41,29 @@ def _as_api_error(exc: DjangoValidationError) -> ValidationError:
 @extend_schema_view(
     get=extend_schema(
         responses={200: WorkspaceSerializer(many=True), **refusals(in_workspace=False)}
-    )
+    ),
+    post=extend_schema(
+        request=platform.WorkspaceInputSerializer,
+        responses={
+            201: platform.PlatformWorkspaceSerializer,
+            **refusals(400, 413, in_workspace=False, words={403: "Platform staff only."}),
+        },
+    ),
 )
 class WorkspaceListView(generics.ListAPIView):  # type: ignore[type-arg]
-    """The workspaces you can open, with your role in each."""
+    """The workspaces you can open, with your role in each. Platform staff create
+    workspaces here, with their members and quotas."""
 
     serializer_class = WorkspaceSerializer
     pagination_class = None  # a person belongs to a handful of workspaces
+
+    def get_permissions(self) -> Any:
+        if self.request.method == "POST":
+            return [*super().get_permissions(), platform.IsPlatformStaff()]
+        return super().get_permissions()
+
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return platform.create_workspace(request)
 
     def get_queryset(self) -> Any:
         workspaces = workspaces_for_user(self.request.user)
@@ -50,10 +72,16 @@ class WorkspaceListView(generics.ListAPIView):  # type: ignore[type-arg]
 
 
 class WorkspaceDetailViewSet(WorkspaceScopedViewSet):
-    """One workspace. Its admins may change its name, description and default image."""
+    """One workspace. Its admins may change its name, description and default image;
+    platform staff may change everything else too (cohort, priorities, and ``quotas``, which
+    replaces the whole list)."""
 
     serializer_class = WorkspaceSerializer
     write_role = Role.ADMIN
+
+    def write_role_for(self, request: Request) -> Role:
+        # Staff reach every workspace as viewers; what they may change is checked below.
+        return Role.VIEWER if request.user.is_staff else self.write_role
 
     def _annotated_workspace(self) -> Any:
         return workspaces_for_user(self.request.user).get(pk=self.workspace.pk)
@@ -62,8 +90,20 @@ class WorkspaceDetailViewSet(WorkspaceScopedViewSet):
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(WorkspaceSerializer(self._annotated_workspace()).data)
 
-    @extend_schema(responses={200: WorkspaceSerializer, **refusals(400, 413)})
+    @extend_schema(
+        request=platform.WorkspaceInputSerializer,
+        responses={200: platform.PlatformWorkspaceSerializer, **refusals(400, 413)},
+    )
     def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        if request.user.is_staff and token_workspace_id(request) is None:
+            return platform.update_workspace(request, self.workspace)
+        if not self.access.allows(self.write_role):
+            raise PermissionDenied(f"This needs the {self.write_role.label.lower()} role here.")
+        staff_only = sorted(set(request.data) & STAFF_ONLY_FIELDS)
+        if staff_only:
+            raise PermissionDenied(
+                f"Only platform staff change {', '.join(staff_only)}; ask your platform team."
+            )
         serializer = WorkspaceSerializer(self.workspace, data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
         try:
@@ -75,7 +115,7 @@ class WorkspaceDetailViewSet(WorkspaceScopedViewSet):
             )
         except DjangoValidationError as exc:
             raise _as_api_error(exc) from None
-        return Response(WorkspaceSerializer(self._annotated_workspace()).data)
+        return Response(platform.platform_answer(request, self.workspace))
 
 
 class QuotaViewSet(WorkspaceScopedViewSet):

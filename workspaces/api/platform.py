@@ -1,0 +1,281 @@
+"""The platform API for staff: create workspaces with their members and quotas, replace a
+workspace's quotas, and manage flavors and cohorts (``workspaces.provisioning`` does the
+work, with the admin's rules). Everyone else gets 403, as does a token limited to one
+workspace: the platform is not inside a workspace."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.api import refusals
+from workspaces import provisioning
+from workspaces.access import token_workspace_id
+from workspaces.api.serializers import QuotaSerializer, WorkspaceSerializer
+from workspaces.models import Cohort, ResourceFlavor, Role, Workspace, WorkspaceQuota
+from workspaces.selectors import workspaces_for_user
+
+QUANTITY_HELP = "A Kubernetes quantity: 8 (GPUs), 64 or 500m (CPUs), 512Gi (memory)."
+
+
+class IsPlatformStaff(BasePermission):
+    message = "This is for platform staff, with a token not limited to one workspace."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        return bool(user and user.is_authenticated and user.is_staff) and (
+            token_workspace_id(request) is None
+        )
+
+
+def refused(error: provisioning.Refused) -> ValidationError:
+    return ValidationError(error.problems)
+
+
+class QuotaInputSerializer(serializers.Serializer[Any]):
+    flavor = serializers.CharField(max_length=63)
+    resource = serializers.CharField(max_length=253)
+    nominal = serializers.CharField(max_length=40, help_text=QUANTITY_HELP)
+    borrowing_limit = serializers.CharField(
+        max_length=40, allow_null=True, required=False, default=None, help_text="null: no limit"
+    )
+    lending_limit = serializers.CharField(
+        max_length=40,
+        allow_null=True,
+        required=False,
+        default=None,
+        help_text="null: all of the nominal quota",
+    )
+
+    def rows(self) -> list[provisioning.QuotaRow]:
+        return [provisioning.QuotaRow(**item) for item in self.validated_data]
+
+
+class MemberInputSerializer(serializers.Serializer[Any]):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.RESEARCHER)
+
+
+class WorkspaceInputSerializer(serializers.Serializer[Any]):
+    """A workspace as staff give it; on PATCH every field is optional and ``quotas``, when
+    given, replaces the whole list."""
+
+    slug = serializers.CharField(max_length=40)
+    name = serializers.CharField(max_length=100)
+    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+    namespace = serializers.CharField(required=False, allow_blank=True, max_length=63)
+    local_queue = serializers.CharField(required=False, allow_blank=True, max_length=63)
+    default_image = serializers.CharField(required=False, allow_blank=True, max_length=255)
+    allowed_priorities = serializers.ListField(
+        child=serializers.CharField(max_length=253), required=False, max_length=50
+    )
+    default_priority = serializers.CharField(required=False, allow_blank=True, max_length=253)
+    cohort = serializers.CharField(
+        required=False, allow_null=True, max_length=63, help_text="A cohort's name; null: none."
+    )
+    members = MemberInputSerializer(many=True, required=False, max_length=1000)  # type: ignore[call-arg]
+    quotas = QuotaInputSerializer(many=True, required=False, max_length=500)  # type: ignore[call-arg]
+
+
+class PlatformWorkspaceSerializer(WorkspaceSerializer):
+    quotas = serializers.SerializerMethodField()
+
+    class Meta(WorkspaceSerializer.Meta):
+        fields = [*WorkspaceSerializer.Meta.fields, "quotas"]
+
+    @extend_schema_field(QuotaSerializer(many=True))
+    def get_quotas(self, workspace: Workspace) -> list[dict[str, Any]]:
+        rows = (
+            WorkspaceQuota.objects.for_workspace(workspace)
+            .select_related("flavor")
+            .order_by("flavor__name", "resource")
+        )
+        return list(QuotaSerializer(rows, many=True).data)
+
+
+def platform_answer(request: Request, workspace: Workspace) -> dict[str, Any]:
+    annotated = workspaces_for_user(request.user).get(pk=workspace.pk)
+    return dict(PlatformWorkspaceSerializer(annotated).data)
+
+
+def create_workspace(request: Request) -> Response:
+    payload = WorkspaceInputSerializer(data=request.data)
+    payload.is_valid(raise_exception=True)
+    data = dict(payload.validated_data)
+    try:
+        workspace = provisioning.create_workspace(
+            slug=data.pop("slug"),
+            cohort=data.pop("cohort", None),
+            members=[provisioning.MemberRow(**item) for item in data.pop("members", [])],
+            quotas=[provisioning.QuotaRow(**item) for item in data.pop("quotas", [])],
+            fields=data,
+        )
+    except provisioning.Refused as error:
+        raise refused(error) from None
+    return Response(platform_answer(request, workspace), status=status.HTTP_201_CREATED)
+
+
+def update_workspace(request: Request, workspace: Workspace) -> Response:
+    payload = WorkspaceInputSerializer(data=request.data, partial=True)
+    payload.is_valid(raise_exception=True)
+    data = dict(payload.validated_data)
+    if "slug" in data and data.pop("slug") != workspace.slug:
+        raise ValidationError({"slug": ["A workspace keeps its slug (URLs and objects use it)."]})
+    if "members" in data:
+        raise ValidationError(
+            {"members": ["Change members with /api/v1/workspaces/{slug}/members/."]}
+        )
+    quotas = data.pop("quotas", None)
+    changes: dict[str, Any] = {}
+    if "cohort" in data:
+        changes["cohort"] = data.pop("cohort")
+    try:
+        provisioning.update_workspace(
+            workspace,
+            fields=data,
+            quotas=None if quotas is None else [provisioning.QuotaRow(**q) for q in quotas],
+            **changes,
+        )
+    except provisioning.Refused as error:
+        raise refused(error) from None
+    return Response(platform_answer(request, workspace))
+
+
+class FlavorSerializer(serializers.ModelSerializer[ResourceFlavor]):
+    node_labels = serializers.DictField(child=serializers.CharField(max_length=63), required=False)
+    tolerations = serializers.ListField(
+        child=serializers.DictField(), required=False, max_length=50
+    )
+
+    class Meta:
+        model = ResourceFlavor
+        fields = ["name", "gpu_model", "node_labels", "tolerations", "description"]
+        # Uniqueness is the model's check (provisioning), with the admin's words.
+        extra_kwargs: ClassVar[dict[str, Any]] = {"name": {"validators": []}}
+
+
+class CohortSerializer(serializers.ModelSerializer[Cohort]):
+    class Meta:
+        model = Cohort
+        fields = ["name", "description"]
+        extra_kwargs: ClassVar[dict[str, Any]] = {"name": {"validators": []}}
+
+
+def staff_collection_schema(serializer: type[serializers.Serializer[Any]]) -> Any:
+    """The schema of a collection's GET and POST (the views are generic over the kind)."""
+    return extend_schema_view(
+        get=extend_schema(responses={200: serializer(many=True), **refusals(in_workspace=False)}),
+        post=extend_schema(
+            request=serializer,
+            responses={201: serializer, **refusals(400, 413, in_workspace=False)},
+        ),
+    )
+
+
+def staff_item_schema(serializer: type[serializers.Serializer[Any]]) -> Any:
+    return extend_schema_view(
+        get=extend_schema(responses={200: serializer, **refusals(404, in_workspace=False)}),
+        patch=extend_schema(
+            request=serializer,
+            responses={200: serializer, **refusals(400, 404, 413, in_workspace=False)},
+        ),
+    )
+
+
+class _StaffCollection(APIView):
+    """List (GET) and create (POST) for a platform-wide kind, by its ``name``."""
+
+    permission_classes = [IsPlatformStaff]
+    model: type[Any]
+    serializer_class: type[serializers.ModelSerializer[Any]]
+
+    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def get(self, request: Request) -> Response:
+        rows = self.model.objects.order_by("name")
+        return Response(self.serializer_class(rows, many=True).data)
+
+    def post(self, request: Request) -> Response:
+        payload = self.serializer_class(data=request.data)
+        payload.is_valid(raise_exception=True)
+        try:
+            created = self.save(None, dict(payload.validated_data))
+        except provisioning.Refused as error:
+            raise refused(error) from None
+        return Response(self.serializer_class(created).data, status=status.HTTP_201_CREATED)
+
+
+class _StaffItem(APIView):
+    permission_classes = [IsPlatformStaff]
+    model: type[Any]
+    serializer_class: type[serializers.ModelSerializer[Any]]
+
+    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _get(self, name: str) -> Any:
+        found = self.model.objects.filter(name=name).first()
+        if found is None:
+            raise NotFound(f"No {self.model._meta.verbose_name} named {name!r}.")
+        return found
+
+    def get(self, request: Request, name: str) -> Response:
+        return Response(self.serializer_class(self._get(name)).data)
+
+    def patch(self, request: Request, name: str) -> Response:
+        instance = self._get(name)
+        payload = self.serializer_class(instance, data=request.data, partial=True)
+        payload.is_valid(raise_exception=True)
+        try:
+            saved = self.save(instance, dict(payload.validated_data))
+        except provisioning.Refused as error:
+            raise refused(error) from None
+        return Response(self.serializer_class(saved).data)
+
+
+@staff_collection_schema(FlavorSerializer)
+class FlavorListView(_StaffCollection):
+    """ResourceFlavors: node labels that select the nodes, tolerations for their taints."""
+
+    model = ResourceFlavor
+    serializer_class = FlavorSerializer
+
+    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
+        return provisioning.save_flavor(instance, fields)
+
+
+@staff_item_schema(FlavorSerializer)
+class FlavorDetailView(_StaffItem):
+    model = ResourceFlavor
+    serializer_class = FlavorSerializer
+
+    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
+        return provisioning.save_flavor(instance, fields)
+
+
+@staff_collection_schema(CohortSerializer)
+class CohortListView(_StaffCollection):
+    """Cohorts: workspaces in one borrow each other's unused quota."""
+
+    model = Cohort
+    serializer_class = CohortSerializer
+
+    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
+        return provisioning.save_cohort(instance, fields)
+
+
+@staff_item_schema(CohortSerializer)
+class CohortDetailView(_StaffItem):
+    model = Cohort
+    serializer_class = CohortSerializer
+
+    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
+        return provisioning.save_cohort(instance, fields)
