@@ -12,7 +12,8 @@ and credentials stay in one place::
 - :mod:`kube.config` — ``TAU_KUBECONFIG`` or in-cluster configuration, one ``ApiClient`` per
   process;
 - :mod:`kube.api` — :class:`KubeClient`: get/list/apply/create/delete for any kind,
-  ``can_i`` (SelfSubjectAccessReview), ``served_versions`` (of a CRD), with a timeout on
+  ``whoami`` (SelfSubjectReview), ``can_i`` (SelfSubjectAccessReview), ``served_versions``
+  (of a CRD), with a timeout on
   every request and ``spec.suspend`` never applied (Kueue owns it);
 - :mod:`kube.errors` — :class:`KubeError` and the kinds of failure callers act on.
 
@@ -25,6 +26,7 @@ from kube.api import (
     FIELD_MANAGER,
     AccessReview,
     Body,
+    Identity,
     KubeClient,
     Propagation,
     ResourceInfo,
@@ -56,6 +58,7 @@ __all__ = [
     "Cause",
     "Conflict",
     "Forbidden",
+    "Identity",
     "Invalid",
     "KubeClient",
     "KubeConfigError",

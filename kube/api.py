@@ -1,5 +1,5 @@
 """Objects of any kind as plain dicts: get, list, server-side apply, create, delete, plus the
-two questions ``cluster_check`` asks (may I? which versions are served?).
+questions ``cluster_check`` asks (who am I? may I? which versions are served?).
 
 Why not ``kubernetes.dynamic.DynamicClient``: it discovers the whole API when it is built,
 without a timeout, and caches what it found in a file under /tmp shared by every process of
@@ -72,6 +72,7 @@ __all__ = [
     "FIELD_MANAGER",
     "AccessReview",
     "Body",
+    "Identity",
     "KubeClient",
     "Propagation",
     "ResourceInfo",
@@ -130,6 +131,14 @@ class AccessReview:
 
     allowed: bool
     reason: str
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A ``SelfSubjectReview``'s answer: the user name and groups requests are authorized as."""
+
+    username: str
+    groups: tuple[str, ...]
 
 
 class KubeClient:
@@ -335,6 +344,21 @@ class KubeClient:
         status = review.get("status") or {}
         reason = str(status.get("reason") or status.get("evaluationError") or "")
         return AccessReview(allowed=bool(status.get("allowed")), reason=reason)
+
+    def whoami(self, *, timeout: Timeout | None = None) -> Identity:
+        """Who the API server takes this client for (a ``SelfSubjectReview``; an
+        impersonating client gets the impersonated user and its groups)."""
+        review = self._call(
+            "POST",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+            timeout=timeout,
+        )
+        user = (review.get("status") or {}).get("userInfo") or {}
+        return Identity(
+            username=str(user.get("username") or ""),
+            groups=tuple(str(group) for group in user.get("groups") or ()),
+        )
 
     def served_versions(self, crd_name: str, *, timeout: Timeout | None = None) -> Names:
         """The versions a CustomResourceDefinition (``<plural>.<group>``, e.g.
