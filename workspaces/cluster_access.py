@@ -15,12 +15,16 @@ Decisions (least privilege; no wildcards):
   namespaced Role would have to be bound by the portal in each new namespace, which needs the
   ``bind`` verb (an escalation path of its own). The price: reads of Secrets by name in every
   namespace. Secrets are therefore get/create/patch/delete by name only, never list or watch:
-  the portal cannot enumerate them.
-- **Namespaces are never deleted.** RBAC cannot limit ``delete`` to the namespaces TauGrid
-  created (no label selectors in RBAC, and their names are not known in advance), so the
-  verb would let the portal delete ``kube-system``. Archiving a workspace removes its queues;
-  its namespace is the platform team's to delete
-  (``kubectl delete namespace -l taugrid.io/workspace=<slug>``).
+  the portal cannot enumerate them. Likewise Jobs and RayJobs may be created in any namespace,
+  not only workspaces' (an admission policy limiting the portal's writes to namespaces
+  labelled ``taugrid.io/workspace`` would narrow that, like namespace-guard.yaml below).
+- **Namespaces: deleted only if TauGrid created them**, enforced by the cluster. The workspace
+  sync deletes a namespace it created (annotation ``taugrid.io/created-by: taugrid``) when its
+  workspace goes, so ``delete`` is granted; RBAC cannot limit it to those (no label or
+  annotation conditions, names unknown in advance), and on its own it would let the portal
+  delete ``kube-system``. deploy/rbac/namespace-guard.yaml (a ValidatingAdmissionPolicy)
+  closes that: the portal's ServiceAccount may delete only a namespace carrying the
+  annotation, and may set the annotation only when it creates the namespace.
 - **Pods are never deleted directly.** Cancelling deletes the Job or RayJob with propagation;
   the garbage collector removes the pods.
 - **The leader Lease by name.** Anyone may ``create`` a Lease (RBAC cannot name an object
@@ -132,9 +136,10 @@ REQUIRED: Final[tuple[Permission, ...]] = (
     Permission(
         "",
         "namespaces",
-        (*READ, "create", "patch", "update"),
+        (*READ, "create", "patch", "update", "delete"),
         "each workspace's namespace: created if missing and labelled taugrid.io/workspace; "
-        "never deleted (a namespace is the platform team's to delete)",
+        "deleted with its workspace only if TauGrid created it (namespace-guard.yaml "
+        "enforces that)",
     ),
     Permission(
         KUEUE,

@@ -70,9 +70,8 @@ def test_each_permission_says_why_and_appears_once() -> None:
 
 
 def test_the_decisions_hold() -> None:
-    # Namespaces: never deleted (RBAC cannot limit delete to the ones TauGrid created).
-    assert "delete" not in granted("", "namespaces")
-    assert {"create", "patch"} <= granted("", "namespaces")
+    # Namespaces: deleted, but only those TauGrid created (namespace-guard.yaml, below).
+    assert {"create", "patch", "delete"} <= granted("", "namespaces")
     # Secrets by name only: the portal cannot enumerate them.
     assert granted("", "secrets") == {"get", "create", "patch", "delete"}
     # Pods are read, never deleted (cancel deletes the job; the garbage collector, the pods).
@@ -136,3 +135,21 @@ def test_install_versions_named_in_fixes_are_the_ones_the_suite_runs() -> None:
     )
     assert pinned["KUEUE_VERSION"] == cluster_check.KUEUE_VERSION
     assert pinned["KUBERAY_VERSION"] == cluster_check.KUBERAY_VERSION
+
+
+def test_the_namespace_guard_applies_to_the_portal_serviceaccount_only() -> None:
+    policy, binding = yaml.safe_load_all((RBAC / "namespace-guard.yaml").read_text())
+    assert policy["kind"] == "ValidatingAdmissionPolicy"
+    assert binding["kind"] == "ValidatingAdmissionPolicyBinding"
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], rule["operations"]) == (["namespaces"], ["UPDATE", "DELETE"])
+    (condition,) = policy["spec"]["matchConditions"]
+    user = f"system:serviceaccount:{PORTAL_NAMESPACE}:{PORTAL_SERVICE_ACCOUNT}"
+    assert condition["expression"] == f"request.userInfo.username == '{user}'"
+    # The workspace sync's record of a namespace it created (workspaces/kueue.py).
+    assert "'taugrid.io/created-by'" in policy["spec"]["variables"][0]["expression"]

@@ -19,7 +19,8 @@ On the test cluster (``cluster``; real kube-apiserver RBAC, Kueue, KubeRay, KWOK
   visibility API, a Secret, pods and their log, Events, a cordon on a fake node, the leader
   Lease, the CRDs, the two self reviews — and the test fails if the list names an operation
   it did not perform: the list is proven sufficient, not only self-consistent. What it must
-  not do (delete a namespace, list Secrets, touch another Lease) is refused.
+  not do (list Secrets, touch another Lease; delete or mark as its own a namespace it did not
+  create — refused by deploy/rbac/namespace-guard.yaml) is refused.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ from workspaces.models import ResourceFlavor
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_ROLE = REPO / "deploy" / "rbac" / "clusterrole.yaml"
+NAMESPACE_GUARD = REPO / "deploy" / "rbac" / "namespace-guard.yaml"
+# The workspace sync's mark on a namespace it created (workspaces/kueue.py).
+CREATED_BY = {"taugrid.io/created-by": "taugrid"}
 GPU = "nvidia.com/gpu"
 T = TypeVar("T")
 H100_MODEL = H100_LABELS["nvidia.com/gpu.product"]
@@ -562,6 +566,16 @@ def portal_sa(kube: Kube, kube_cluster: KubeCluster) -> Iterator[PortalIdentity]
         }
     )
     user = f"system:serviceaccount:{namespace}:taugrid"
+    # The namespace guard too, for this ServiceAccount (the shipped one names taugrid:taugrid).
+    policy, policy_binding = yaml.safe_load_all(NAMESPACE_GUARD.read_text())
+    condition = policy["spec"]["matchConditions"][0]
+    condition["expression"] = condition["expression"].replace(
+        "system:serviceaccount:taugrid:taugrid", user
+    )
+    policy["metadata"]["name"] = policy_binding["metadata"]["name"] = role["metadata"]["name"]
+    policy_binding["spec"]["policyName"] = policy["metadata"]["name"]
+    kube.create(policy)
+    kube.create(policy_binding)
     client = KubeClient(new_api_client(kube_cluster.kubeconfig, impersonate_user=user))
     wait_until(
         "the new binding to be in force",
@@ -857,8 +871,14 @@ def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
     prefix = kube.unique("cc")
     cleanup: list[tuple[str, str, str, str | None]] = [("v1", "Namespace", workspace, None)]
     try:
-        # -- the namespace, as the workspace sync makes it ----------------------------------
-        sa.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": workspace}})
+        # -- the namespace, as the workspace sync makes it: created with its mark -------------
+        sa.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": workspace, "annotations": CREATED_BY},
+            }
+        )
         as_portal.did("", "namespaces", "create")
         sa.apply(
             {
@@ -867,6 +887,7 @@ def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
                 "metadata": {
                     "name": workspace,
                     "labels": {**MANAGED, "taugrid.io/workspace": workspace},
+                    "annotations": CREATED_BY,
                 },
             }
         )
@@ -882,8 +903,35 @@ def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
             resource="namespaces",
         )
         assert updated["metadata"]["labels"]["taugrid.io/checked"] == "yes"
-        with pytest.raises(adapter.Forbidden):  # never deleted by the portal
-            sa.delete("v1", "Namespace", workspace)
+
+        # -- the guard: a namespace TauGrid did not create is neither deleted nor marked -------
+        bystander = kube.namespace("cc-bystander")
+        wait_until(
+            "the namespace guard to be in force (a dry-run deletion refused)",
+            lambda: (
+                True
+                if as_portal.request(
+                    "DELETE", f"/api/v1/namespaces/{bystander}", query={"dryRun": "All"}
+                ).status
+                == 403
+                else None
+            ),
+            timeout=30,
+            interval=0.2,
+        )
+        with pytest.raises(adapter.Forbidden) as refused:
+            sa.delete("v1", "Namespace", bystander)
+        assert "TauGrid deletes only namespaces it created" in refused.value.message
+        with pytest.raises(adapter.Forbidden) as refused:
+            sa.apply(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": bystander, "annotations": CREATED_BY},
+                }
+            )
+        assert "only when creating it" in refused.value.message
+        assert kube.get("v1", "Namespace", bystander) is not None
 
         # -- Kueue's objects: full management -------------------------------------------------
         objects = kueue_objects(prefix, workspace)
@@ -1122,6 +1170,9 @@ def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
                 KUEUE, body["kind"], body["metadata"]["name"], body["metadata"].get("namespace")
             )
             as_portal.did(KUEUE_GROUP, plural, "delete")
+        # ... and the namespace it created, with its workspace.
+        sa.delete("v1", "Namespace", workspace)
+        as_portal.did("", "namespaces", "delete")
     finally:
         for api_version, kind, name, namespace in reversed(cleanup):
             kube.delete(api_version, kind, name, namespace)
