@@ -10,7 +10,15 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from workspaces.models import Cohort, Membership, ResourceFlavor, Role, Workspace, WorkspaceQuota
+from workspaces.models import (
+    Cohort,
+    Membership,
+    PriorityClass,
+    ResourceFlavor,
+    Role,
+    Workspace,
+    WorkspaceQuota,
+)
 
 pytest_plugins = ["tests.browser", "tests.cluster.plugin"]
 
@@ -67,6 +75,8 @@ def world(django_user_model: Any) -> World:
         gpu_model="NVIDIA-H100-80GB-HBM3",
         node_labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
     )
+    # A workspace's allowed priorities name priority classes (one value cluster-wide).
+    PriorityClass.objects.create(name="normal", value=1000)
     alpha = make_workspace("alpha", cohort=cohort, allowed_priorities=["normal"])
     beta = make_workspace("beta")
     users: dict[str, Any] = {

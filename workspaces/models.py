@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.urls import reverse
@@ -82,6 +83,17 @@ class Cohort(AuditedModel):
         validators=[validate_dns1123_label],
         help_text="Kueue cohort name; lower-case letters, digits and '-'.",
     )
+    parent = models.ForeignKey(
+        "self",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="children",
+        help_text=(
+            "A cohort inside another one (Kueue's nested cohorts): its workspaces may also "
+            "borrow what the parent's other members leave unused."
+        ),
+    )
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -90,6 +102,62 @@ class Cohort(AuditedModel):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        # Kueue refuses a cycle of parents (the whole tree stops admitting): refuse it here.
+        seen = {self.pk} if self.pk is not None else set()
+        ancestor = self.parent
+        while ancestor is not None:
+            if ancestor.pk in seen or ancestor.name == self.name:
+                raise ValidationError(
+                    {"parent": "A cohort cannot be inside itself, directly or through others."}
+                )
+            seen.add(ancestor.pk)
+            ancestor = ancestor.parent
+
+
+class PriorityClass(AuditedModel):
+    """A priority runs may ask for (a Kueue WorkloadPriorityClass), with one value everywhere.
+
+    Kueue orders and preempts by a number that is the same for a class name in every
+    workspace; workspaces choose which classes their members may use
+    (``Workspace.allowed_priorities`` names rows of this table).
+    """
+
+    name = models.CharField(
+        max_length=253,
+        unique=True,
+        help_text="WorkloadPriorityClass name, e.g. low, normal, high.",
+    )
+    value = models.IntegerField(
+        validators=[MinValueValidator(-(2**31)), MaxValueValidator(1_000_000_000)],
+        help_text="Higher values are admitted first and may preempt lower ones.",
+    )
+    description = models.CharField(max_length=2048, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["-value", "name"]
+        verbose_name = "priority class"
+        verbose_name_plural = "priority classes"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.value})"
+
+    def clean(self) -> None:
+        problem = dns1123_subdomain_problem(self.name) if self.name else None
+        if problem:
+            raise ValidationError({"name": f"{self.name!r} {problem}."})
+
+    def workspaces_using(self) -> list[str]:
+        """Slugs of the workspaces whose allowed priorities name this class."""
+        return [
+            slug
+            for slug, allowed in Workspace.unscoped_objects.values_list(
+                "slug", "allowed_priorities"
+            )
+            if isinstance(allowed, list) and self.name in allowed
+        ]
 
 
 class ResourceFlavor(AuditedModel):
@@ -195,9 +263,35 @@ def default_namespace(slug: str) -> str:
     return f"tau-{slug}"
 
 
+def cluster_queue_name(slug: str) -> str:
+    """The Kueue ClusterQueue of the workspace ``slug``: ``tau-<slug>``."""
+    return f"tau-{slug}"
+
+
 def default_local_queue(slug: str) -> str:
     """The LocalQueue a workspace gets when the platform team names none."""
     return slug
+
+
+class WithinClusterQueue(models.TextChoices):
+    """Kueue's ``preemption.withinClusterQueue``: may a waiting run of this workspace
+    preempt the workspace's own admitted runs?"""
+
+    NEVER = "Never", "Never"
+    LOWER_PRIORITY = "LowerPriority", "Runs of lower priority"
+    LOWER_OR_NEWER_EQUAL_PRIORITY = (
+        "LowerOrNewerEqualPriority",
+        "Runs of lower priority, or of equal priority that started later",
+    )
+
+
+class ReclaimWithinCohort(models.TextChoices):
+    """Kueue's ``preemption.reclaimWithinCohort``: may a waiting run of this workspace take
+    back its lent quota by preempting the borrowers' runs in its cohort?"""
+
+    NEVER = "Never", "Never"
+    LOWER_PRIORITY = "LowerPriority", "Borrowers' runs of lower priority"
+    ANY = "Any", "Any borrower's run"
 
 
 class WorkspaceQuerySet(TenantQuerySet["Workspace"]):
@@ -280,8 +374,35 @@ class Workspace(AuditedModel):
         blank=True,
         help_text="Priority for runs that name none; must be one of the allowed priorities.",
     )
+    # Blank in a form means TauGrid's default (the field's default): see clean().
+    preemption_within_queue = models.CharField(
+        "preempt within the workspace",
+        max_length=32,
+        choices=WithinClusterQueue.choices,
+        default=WithinClusterQueue.LOWER_PRIORITY,
+        blank=True,
+        help_text=(
+            "Kueue withinClusterQueue: which of the workspace's own admitted runs a waiting "
+            "run may preempt. Empty: runs of lower priority."
+        ),
+    )
+    preemption_reclaim_in_cohort = models.CharField(
+        "reclaim lent quota",
+        max_length=32,
+        choices=ReclaimWithinCohort.choices,
+        default=ReclaimWithinCohort.ANY,
+        blank=True,
+        help_text=(
+            "Kueue reclaimWithinCohort: whose runs a waiting run may preempt to take back "
+            "quota lent to its cohort. Empty: any borrower's."
+        ),
+    )
     active = models.BooleanField(
-        default=True, help_text="Inactive workspaces are hidden and accept no runs."
+        default=True,
+        help_text=(
+            "Inactive workspaces are hidden and accept no runs; on Kubernetes their Kueue "
+            "queues are removed once no run is live."
+        ),
     )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -353,8 +474,27 @@ class Workspace(AuditedModel):
                     )
         return errors
 
+    @property
+    def cluster_queue(self) -> str:
+        """The name of the workspace's Kueue ClusterQueue: ``tau-<slug>`` (cluster-wide, so
+        the prefix keeps it apart from ClusterQueues the platform team made by hand)."""
+        return cluster_queue_name(self.slug)
+
     def clean(self) -> None:
         errors: dict[str, str] = self._cluster_name_errors()
+        if not self.preemption_within_queue:
+            self.preemption_within_queue = WithinClusterQueue.LOWER_PRIORITY
+        if not self.preemption_reclaim_in_cohort:
+            self.preemption_reclaim_in_cohort = ReclaimWithinCohort.ANY
+        if isinstance(self.allowed_priorities, list):
+            names = [name for name in self.allowed_priorities if isinstance(name, str)]
+            known = set(PriorityClass.objects.filter(name__in=names).values_list("name", flat=True))
+            unknown = [name for name in names if name not in known]
+            if unknown:
+                errors["allowed_priorities"] = (
+                    f"No priority class called {', '.join(repr(name) for name in unknown)}; "
+                    "add it under Priority classes first (each name has one value everywhere)."
+                )
         if self.default_priority and self.default_priority not in (self.allowed_priorities or []):
             errors["default_priority"] = (
                 f"{self.default_priority!r} is not one of the allowed priorities; "
@@ -528,6 +668,63 @@ class WorkspaceQuota(AuditedModel, TenantModel):
             )
         if errors:
             raise ValidationError(errors)
+
+
+class KueueSync(models.Model):
+    """Outbox: the cluster's Kueue objects must be brought in step with these rows
+    (``workspaces.kueue_sync``).
+
+    A change to a workspace, its quotas, a flavor, a cohort or a priority class writes one in
+    the transaction of the change, for one workspace (``scope`` workspace, by slug: the row
+    outlives a deleted workspace, whose objects must then be removed) or for the cluster-wide
+    objects (``scope`` cluster: flavors, cohorts, priority classes). A worker *claims* it
+    (``claimed_at``) for one sync, made outside any database transaction, and records how it
+    ended: ``synced`` (in step, ``synced_at``), ``waiting`` (an archived workspace's queues
+    wait for its live runs; tried again later), or an error (``last_error``, in Kubernetes'
+    words), tried again with backoff while ``state`` stays ``pending``, and ``failed`` after
+    the last try or at once when retrying cannot help (Kueue refused the object).
+    """
+
+    class Scope(models.TextChoices):
+        WORKSPACE = "workspace", "Workspace"
+        CLUSTER = "cluster", "Cluster-wide objects"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        WAITING = "waiting", "Waiting for live runs"
+        SYNCED = "synced", "In step"
+        FAILED = "failed", "Failed"
+
+    scope = models.CharField(max_length=20, choices=Scope.choices)
+    workspace_slug = models.CharField(max_length=40, blank=True)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    reason = models.CharField(max_length=200, blank=True, help_text="What asked for it.")
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    next_try_at = models.DateTimeField(default=timezone.now)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    synced_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    detail = models.TextField(blank=True, help_text="What the last try did, or waits for.")
+
+    class Meta:
+        verbose_name = "Kueue sync"
+        indexes = [
+            models.Index(fields=["scope", "workspace_slug", "-id"], name="kueuesync_latest"),
+            models.Index(
+                fields=["next_try_at"],
+                name="kueuesync_due",
+                condition=Q(state__in=["pending", "waiting"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        target = self.workspace_slug if self.scope == self.Scope.WORKSPACE else "cluster"
+        return f"Kueue sync {self.pk} of {target} ({self.state})"
+
+    @property
+    def unfinished(self) -> bool:
+        return self.state in (self.State.PENDING, self.State.WAITING)
 
 
 # Usernames are ASCII only (portal/usernames.py: no look-alikes from other scripts).
