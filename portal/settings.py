@@ -511,6 +511,29 @@ if TAU_BACKEND not in {"local", "kubernetes"}:
 TAU_DELIVERY_RETRY_SECONDS = env_int("TAU_DELIVERY_RETRY_SECONDS", 10, minimum=1)
 TAU_DELIVERY_RETRY_MAX_SECONDS = env_int("TAU_DELIVERY_RETRY_MAX_SECONDS", 300, minimum=1)
 TAU_DELIVERY_MAX_TRIES = env_int("TAU_DELIVERY_MAX_TRIES", 10, minimum=1)
+# Keeping Kueue in step with the workspaces (workspaces/kueue_sync.py, Kubernetes backend
+# only): a failed sync is tried again after TAU_KUEUE_SYNC_RETRY_SECONDS, doubling up to
+# TAU_KUEUE_SYNC_RETRY_MAX_SECONDS, at most TAU_KUEUE_SYNC_MAX_TRIES times; every
+# TAU_KUEUE_DRIFT_SECONDS the live objects are compared with TauGrid's and put back.
+TAU_KUEUE_SYNC_RETRY_SECONDS = env_int("TAU_KUEUE_SYNC_RETRY_SECONDS", 10, minimum=1)
+TAU_KUEUE_SYNC_RETRY_MAX_SECONDS = env_int("TAU_KUEUE_SYNC_RETRY_MAX_SECONDS", 300, minimum=1)
+TAU_KUEUE_SYNC_MAX_TRIES = env_int("TAU_KUEUE_SYNC_MAX_TRIES", 10, minimum=1)
+TAU_KUEUE_DRIFT_SECONDS = env_int("TAU_KUEUE_DRIFT_SECONDS", 60, minimum=5)
+if TAU_BACKEND == "kubernetes":
+    CELERY_BEAT_SCHEDULE.update(
+        {
+            # The Kueue outbox's relay: syncs a lost task, a broker outage or a killed worker
+            # left behind, and archived workspaces waiting for their runs.
+            "reconcile-kueue-syncs": {
+                "task": "workspaces.tasks.reconcile_kueue_syncs",
+                "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
+            },
+            "check-kueue-drift": {
+                "task": "workspaces.tasks.check_kueue_drift",
+                "schedule": float(TAU_KUEUE_DRIFT_SECONDS),
+            },
+        }
+    )
 # The local executor runs submitted code as the portal's own user: on by default on one
 # machine, and only when explicitly enabled in production.
 TAU_LOCAL_EXECUTOR = env_bool("TAU_LOCAL_EXECUTOR", not PRODUCTION)

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.text import Truncator
 
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import format_quantity
+from workspaces import kueue_sync
 from workspaces.models import (
     Cohort,
+    KueueSync,
     Membership,
+    PriorityClass,
     ResourceFlavor,
     Workspace,
     WorkspaceQuota,
@@ -56,6 +61,37 @@ def _quota_total(resource: str) -> Subquery:
     )
 
 
+def _latest_sync(field: str) -> Subquery:
+    return Subquery(
+        KueueSync.objects.filter(scope=KueueSync.Scope.WORKSPACE, workspace_slug=OuterRef("slug"))
+        .order_by("-pk")
+        .values(field)[:1]
+    )
+
+
+def _when(moment: Any) -> str:
+    local = timezone.localtime(moment)
+    return local.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def sync_state_text(
+    state: str | None, synced_at: Any, last_error: str, next_try_at: Any, detail: str
+) -> str:
+    """The latest Kueue sync of a workspace in words: in step (when), syncing, waiting for
+    live runs, or the error in Kubernetes' own words."""
+    if state is None:
+        return "Not synced yet."
+    if state == KueueSync.State.SYNCED:
+        return f"In step since {_when(synced_at)}."
+    if state == KueueSync.State.WAITING:
+        return detail or "Waiting for live runs."
+    if state == KueueSync.State.FAILED:
+        return f"Not in step: {last_error}"
+    if last_error:
+        return f"Not in step (trying again at {_when(next_try_at)}): {last_error}"
+    return "Syncing…"
+
+
 @admin.register(Workspace)
 class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = [
@@ -73,16 +109,86 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ["slug", "name", "namespace", "description"]
     list_select_related = ["cohort"]
     inlines = [MembershipInline, QuotaInline]
-    readonly_fields = ["created_at"]
+    readonly_fields = ["created_at", "kueue_sync"]
+    actions = ["sync_now"]
     fieldsets = [
         (None, {"fields": ["slug", "name", "description", "active"]}),
-        ("Cluster", {"fields": ["namespace", "local_queue", "cohort"]}),
+        (
+            "Cluster",
+            {
+                "fields": [
+                    "namespace",
+                    "local_queue",
+                    "cohort",
+                    "preemption_within_queue",
+                    "preemption_reclaim_in_cohort",
+                ]
+            },
+        ),
         (
             "Run defaults and policy",
             {"fields": ["default_image", "allowed_priorities", "default_priority"]},
         ),
         ("History", {"fields": ["created_at"]}),
     ]
+    # Shown on the Kubernetes backend only (TAU_BACKEND=kubernetes).
+    kueue_fieldset = (
+        "Kueue",
+        {
+            "fields": ["kueue_sync"],
+            "description": (
+                "The workspace's Namespace, LocalQueue and ClusterQueue (tau- and the slug) "
+                "follow what is saved here within seconds, and a drift check puts back what "
+                "someone changes by hand. A change Kueue refuses is not applied at all: the "
+                "objects stay as they were and the error below says why, in Kueue's words."
+            ),
+        },
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Workspace | None = None) -> Any:
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is not None and kueue_sync.enabled():
+            fieldsets.insert(-1, self.kueue_fieldset)  # type: ignore[arg-type]
+        return fieldsets
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        columns = list(super().get_list_display(request))
+        if kueue_sync.enabled():
+            columns.insert(columns.index("active"), "kueue_state")
+        return columns
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        if not kueue_sync.enabled():
+            actions.pop("sync_now", None)
+        return actions
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), "kueue_sync_enabled": kueue_sync.enabled()}
+        return super().change_view(request, object_id, form_url, extra_context=context)
+
+    @admin.action(description="Sync with Kueue now")
+    def sync_now(
+        self, request: HttpRequest, queryset: QuerySet[Workspace]
+    ) -> HttpResponseRedirect | None:
+        workspaces = list(queryset)
+        for workspace in workspaces:
+            kueue_sync.request_sync_now(workspace=workspace, by=request.user)
+        names = ", ".join(workspace.slug for workspace in workspaces)
+        self.message_user(
+            request, f"Kueue sync requested for {names}; it runs in seconds.", messages.SUCCESS
+        )
+        if len(workspaces) == 1 and request.POST.get("_from_change_page"):
+            return HttpResponseRedirect(
+                reverse("admin:workspaces_workspace_change", args=[workspaces[0].pk])
+            )
+        return None
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Workspace]:
         member_count = (
@@ -92,10 +198,42 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             .values("total")
         )
         queryset: QuerySet[Workspace] = super().get_queryset(request)
-        return queryset.annotate(
+        queryset = queryset.annotate(
             member_count=Coalesce(Subquery(member_count), 0),
             gpu_total=_quota_total(GPU_RESOURCE),
         )
+        if kueue_sync.enabled():
+            queryset = queryset.annotate(
+                **{
+                    f"kueue_{field}": _latest_sync(field)
+                    for field in ("state", "synced_at", "last_error", "next_try_at", "detail")
+                }
+            )
+        return queryset
+
+    def _sync_text(self, workspace: Workspace) -> str:
+        values = {
+            field: getattr(workspace, f"kueue_{field}", None)
+            for field in ("state", "synced_at", "last_error", "next_try_at", "detail")
+        }
+        if "kueue_state" not in workspace.__dict__:  # not from this admin's queryset
+            latest = kueue_sync.latest_sync(KueueSync.Scope.WORKSPACE, workspace.slug)
+            values = {field: getattr(latest, field) if latest else None for field in values}
+        return sync_state_text(
+            values["state"],
+            values["synced_at"],
+            values["last_error"] or "",
+            values["next_try_at"],
+            values["detail"] or "",
+        )
+
+    @admin.display(description="Kueue")
+    def kueue_state(self, workspace: Workspace) -> str:
+        return Truncator(self._sync_text(workspace)).chars(90)
+
+    @admin.display(description="Kueue sync")
+    def kueue_sync(self, workspace: Workspace) -> str:
+        return self._sync_text(workspace)
 
     @admin.display(description="Members", ordering="member_count")
     def members(self, workspace: Workspace) -> int:
@@ -162,8 +300,9 @@ class ResourceFlavorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(Cohort)
 class CohortAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "workspace_list", "description"]
+    list_display = ["name", "parent", "workspace_list", "description"]
     search_fields = ["name", "description"]
+    list_select_related = ["parent"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Cohort]:
         return super().get_queryset(request).prefetch_related("workspaces")
@@ -179,3 +318,21 @@ class CohortAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             for workspace in cohort.workspaces.all()
         ]
         return format_html(", ".join(["{}"] * len(links)), *links) if links else "—"
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["name", "value", "description", "allowed_in"]
+    search_fields = ["name", "description"]
+
+    @admin.display(description="Allowed in")
+    def allowed_in(self, priority_class: PriorityClass) -> str:
+        return ", ".join(priority_class.workspaces_using()) or "—"
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        # Workspaces name priority classes in a list, not a foreign key: protect them here.
+        for priority_class in objs:
+            for slug in priority_class.workspaces_using():
+                protected.append(f"Workspace {slug} allows priority {priority_class.name}")
+        return deleted, counts, perms_needed, protected
