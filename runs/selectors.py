@@ -14,7 +14,7 @@ from runs.backends import BackendUnavailable
 from runs.backends.registry import backend_for_run
 from runs.logs import LogChunk, WholeLog
 from runs.metric_rules import MAX_KEYS_PER_RUN
-from runs.models import EventKind, MetricPoint, Run, RunAttempt, RunEvent
+from runs.models import LIVE_STATES, EventKind, MetricPoint, Run, RunAttempt, RunEvent
 from workspaces.models import Workspace
 
 
@@ -211,3 +211,8 @@ def _extremes_by_step_range(
         .values_list("step", "value")
     )
     return [[float(step), float(value)] for step, value in extremes]
+
+
+def live_run_count(workspace: Workspace) -> int:
+    """How many of the workspace's runs are not finished (waiting or running)."""
+    return Run.objects.for_workspace(workspace).filter(state__in=LIVE_STATES).count()

@@ -38,7 +38,7 @@ WORKSPACE_FIELDS = (
     "default_priority",
 )
 FLAVOR_FIELDS = ("name", "gpu_model", "node_labels", "tolerations", "description")
-COHORT_FIELDS = ("name", "description")
+COHORT_FIELDS = ("name", "parent", "description")
 
 
 class Refused(Exception):

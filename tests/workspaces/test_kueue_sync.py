@@ -31,6 +31,7 @@ and every cluster-scoped object a test makes is deleted after it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,7 @@ from django.utils import timezone
 
 import kube as adapter
 from portal.models import AuditEvent
+from runs.usage import usage_lines
 from tests.cluster.kueue_objects import (
     GPU,
     GPU_TOLERATION,
@@ -69,7 +71,9 @@ from workspaces.kueue import CREATED_BY_ANNOTATION, MANAGED_BY_LABEL, WORKSPACE_
 from workspaces.models import (
     Cohort,
     KueueSync,
+    Membership,
     ResourceFlavor,
+    Role,
     Workspace,
     WorkspaceQuota,
 )
@@ -849,3 +853,46 @@ def test_sync_now_on_the_change_page_is_audited_and_shown_on_kubernetes_only(
     pending = KueueSync.objects.filter(state="pending").values_list("scope", "workspace_slug")
     assert set(pending) == {("workspace", "alpha"), ("cluster", "")}
     assert "Syncing…" in staff_client.get(page).content.decode()
+
+
+# -- on the real cluster: the pages show what Kueue has reserved ----------------------------------
+
+
+@cluster
+def test_quota_in_use_on_the_pages_is_what_kueue_reserved(
+    kueue_backend: list[int], cleanup: None, kube: Kube, uid: str, django_user_model: Any
+) -> None:
+    flavor = gpu_flavor(uid)
+    workspace = make_workspace(f"use-{uid}", flavor, gpus=8)
+    run_published(kueue_backend)
+    line = {(u.flavor, u.resource): u for u in usage_lines(workspace)}[(flavor.name, GPU)]
+    assert (line.used, line.nominal) == (Decimal(0), Decimal(8))
+
+    job = kube.create(
+        batch_job(
+            f"held-{uid}",
+            workspace.namespace,
+            workspace.local_queue,
+            gpus=6,
+            pod_annotations=KEEP_RUNNING,
+        )
+    )
+    wait_until("the job admitted", admitted(kube, job), timeout=KUEUE_TIMEOUT)
+
+    def reserved() -> Decimal | None:
+        lines = {(u.flavor, u.resource): u for u in usage_lines(workspace)}
+        used = lines[(flavor.name, GPU)].used
+        return used if used else None
+
+    assert wait_until("Kueue's reservation shown", reserved, timeout=KUEUE_TIMEOUT) == Decimal(6)
+
+    member = django_user_model.objects.create_user(username=f"m-{uid}", password=None)
+    Membership.objects.create(workspace=workspace, user=member, role=Role.VIEWER)
+    client = Client()
+    client.force_login(member)
+    home = client.get(f"/w/{workspace.slug}/").content.decode()
+    row = re.search(rf"{re.escape(GPU)}</td><td class=\"num\">([^<]+)</td>", home)
+    assert row is not None, home[:3000]
+    assert row.group(1) == "6"
+    queue = client.get(f"/w/{workspace.slug}/queue/").content.decode()
+    assert "6 of 8" in queue, queue[:3000]

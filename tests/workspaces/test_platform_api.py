@@ -176,9 +176,7 @@ def test_a_wrong_workspace_is_refused_where_it_is_wrong_and_nothing_is_written(
 ) -> None:
     client = with_token(world, "platform_admin")
     before = (Workspace.unscoped_objects.count(), AuditEvent.objects.unscoped().count())
-    response = client.post(
-        f"{API}/workspaces/", gamma(**change), format="json"
-    )
+    response = client.post(f"{API}/workspaces/", gamma(**change), format="json")
     assert response.status_code == 400, response.content
     said: Any = response.json()
     for step in where:
@@ -299,3 +297,18 @@ def test_flavors_and_cohorts_through_the_api_with_the_admins_checks(world: Any) 
             == 403
         )
     assert not Cohort.objects.filter(name="mine").exists()
+
+
+def test_cohorts_nest_through_the_api_and_a_circle_is_refused(world: Any) -> None:
+    client = with_token(world, "platform_admin")
+    made = client.post(f"{API}/cohorts/", {"name": "lab-a", "parent": "research"}, format="json")
+    assert made.status_code == 201, made.content
+    assert made.json() == {"name": "lab-a", "parent": "research", "description": ""}
+    assert Cohort.objects.get(name="lab-a").parent == world.cohort
+    circle = client.patch(f"{API}/cohorts/research/", {"parent": "lab-a"}, format="json")
+    assert circle.status_code == 400
+    assert "cannot be inside itself" in circle.json()["parent"][0]
+    assert Cohort.objects.get(name="research").parent is None
+    unknown = client.post(f"{API}/cohorts/", {"name": "lab-b", "parent": "nowhere"}, format="json")
+    assert unknown.status_code == 400
+    assert "parent" in unknown.json()

@@ -162,9 +162,18 @@ class FlavorSerializer(serializers.ModelSerializer[ResourceFlavor]):
 
 
 class CohortSerializer(serializers.ModelSerializer[Cohort]):
+    # (DRF takes declared fields off the class: no clash with Serializer.parent at run time.)
+    parent = serializers.SlugRelatedField(  # type: ignore[assignment]
+        slug_field="name",
+        queryset=Cohort.objects.all(),
+        allow_null=True,
+        required=False,
+        help_text="The cohort this one is nested in (Kueue's spec.parentName); null: none.",
+    )
+
     class Meta:
         model = Cohort
-        fields = ["name", "description"]
+        fields = ["name", "parent", "description"]
         extra_kwargs: ClassVar[dict[str, Any]] = {"name": {"validators": []}}
 
 
