@@ -30,6 +30,7 @@ import json
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from io import StringIO
 from pathlib import Path
 from types import SimpleNamespace
@@ -1183,3 +1184,94 @@ def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
     }
     assert listed - as_portal.done == set(), "named in the list but never exercised"
     assert as_portal.done - listed == set(), "exercised but not in the list"
+
+
+@pytest.mark.cluster
+@pytest.mark.django_db(transaction=True)
+def test_the_workspace_sync_works_as_the_serviceaccount_bound_to_the_shipped_role(
+    portal_sa: PortalIdentity,
+    kube: Kube,
+    kube_cluster: KubeCluster,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not only each listed verb: the portal's own code — a workspace in a cohort with a
+    priority class, a quota change, a hand edit put back, archiving, deletion — runs as the
+    ServiceAccount with nothing but the shipped ClusterRole (and the namespace guard)."""
+    from tests.workspaces.test_kueue_sync import gpu_flavor, make_workspace, run_published
+    from workspaces import kueue_sync
+    from workspaces.kueue import KUEUE_API
+    from workspaces.models import Cohort, KueueSync, PriorityClass, Workspace
+    from workspaces.tasks import check_kueue_drift
+
+    uid = kube.unique("sa")[-6:]
+    settings.TAU_BACKEND = "kubernetes"
+    published: list[int] = []
+    monkeypatch.setattr(kueue_sync, "publish", published.append)
+    # The portal's shared client is the ServiceAccount's.
+    monkeypatch.setattr("kube.api._client", portal_sa.client)
+    assert adapter.client().whoami().username == portal_sa.user
+    admin = KubeClient(new_api_client(kube_cluster.kubeconfig))
+    slug = f"sa-{uid}"
+    try:
+        cohort = Cohort.objects.create(name=f"cohort-{uid}")
+        PriorityClass.objects.create(name=f"high-{uid}", value=5000)
+        flavor = gpu_flavor(uid)
+        workspace = make_workspace(
+            slug, flavor, 8, cohort=cohort, allowed_priorities=[f"high-{uid}"]
+        )
+        run_published(published)
+        rows = list(KueueSync.objects.order_by("pk"))
+        assert [(row.state, row.last_error) for row in rows] == [("synced", "")] * len(rows)
+        queue = admin.get(KUEUE_API, "ClusterQueue", f"tau-{slug}")
+        assert queue["spec"]["cohortName"] == cohort.name
+        assert admin.get(KUEUE_API, "WorkloadPriorityClass", f"high-{uid}")["value"] == 5000
+
+        quota = workspace.quotas.get(resource="nvidia.com/gpu")
+        quota.nominal = Decimal(4)
+        quota.save()
+        run_published(published)
+        assert kueue_sync.latest_sync("workspace", slug).state == "synced"  # type: ignore[union-attr]
+
+        # A hand edit, as `kubectl apply --server-side --force-conflicts` would make it.
+        by_hand = KubeClient(new_api_client(kube_cluster.kubeconfig), field_manager="kubectl")
+        spec = {**queue["spec"], "preemption": {"withinClusterQueue": "Never"}}
+        by_hand.apply(
+            {"apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": {"name": f"tau-{slug}"},
+             "spec": spec}
+        )  # fmt: skip
+        by_hand.close()
+        edited = admin.get(KUEUE_API, "ClusterQueue", f"tau-{slug}")
+        assert edited["spec"]["preemption"]["withinClusterQueue"] == "Never"
+        assert check_kueue_drift() >= 1
+        repaired = admin.get(KUEUE_API, "ClusterQueue", f"tau-{slug}")
+        assert repaired["spec"]["preemption"]["withinClusterQueue"] == "LowerPriority"
+
+        workspace.active = False
+        workspace.save()
+        run_published(published)
+        assert kueue_sync.latest_sync("workspace", slug).state == "synced"  # type: ignore[union-attr]
+        with pytest.raises(adapter.NotFound):
+            admin.get(KUEUE_API, "ClusterQueue", f"tau-{slug}")
+
+        namespace = workspace.namespace
+        Workspace.unscoped_objects.filter(pk=workspace.pk).delete()
+        run_published(published)
+        failed = list(KueueSync.objects.exclude(state="synced").values_list("state", "last_error"))
+        assert failed == []
+
+        def namespace_gone() -> bool | None:
+            try:
+                found = admin.get("v1", "Namespace", namespace)
+            except adapter.NotFound:
+                return True
+            # Deleting: the API server finishes once the namespace's contents are gone.
+            return True if found["metadata"].get("deletionTimestamp") else None
+
+        wait_until("the namespace TauGrid created deleted", namespace_gone, timeout=60)
+    finally:
+        for kind in ("ClusterQueue", "Cohort", "ResourceFlavor", "WorkloadPriorityClass"):
+            for obj in admin.list(KUEUE_API, kind):
+                if uid in obj["metadata"]["name"]:
+                    admin.delete(KUEUE_API, kind, obj["metadata"]["name"], missing_ok=True)
+        admin.close()
