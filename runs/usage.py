@@ -54,7 +54,13 @@ class UsageLine:
 
     @property
     def borrowed(self) -> Decimal:
+        """Use above the nominal quota: borrowed from the cohort, or (outside a cohort) held
+        since the quota was lowered — Kueue lets admitted runs finish; new ones wait."""
         return max(Decimal(0), self.used - self.nominal)
+
+    @property
+    def over_quota(self) -> bool:
+        return not self.in_cohort and self.used > self.nominal
 
     @property
     def borrowed_display(self) -> str:

@@ -896,3 +896,43 @@ def test_quota_in_use_on_the_pages_is_what_kueue_reserved(
     assert row.group(1) == "6"
     queue = client.get(f"/w/{workspace.slug}/queue/").content.decode()
     assert "6 of 8" in queue, queue[:3000]
+
+
+@cluster
+def test_lowering_a_quota_below_use_evicts_nothing_and_the_pages_say_so(
+    kueue_backend: list[int], cleanup: None, kube: Kube, uid: str, django_user_model: Any
+) -> None:
+    flavor = gpu_flavor(uid)
+    workspace = make_workspace(f"lower-{uid}", flavor, gpus=8)
+    run_published(kueue_backend)
+    job = kube.create(
+        batch_job(
+            f"big-{uid}", workspace.namespace, workspace.local_queue, gpus=8,
+            pod_annotations=KEEP_RUNNING,
+        )
+    )  # fmt: skip
+    wait_until("the job admitted", admitted(kube, job), timeout=KUEUE_TIMEOUT)
+
+    quota = WorkspaceQuota.objects.for_workspace(workspace).get(resource=GPU)
+    quota.nominal = Decimal(4)
+    quota.save()
+    run_published(kueue_backend)
+    assert latest(workspace.slug).state == "synced"
+    assert gpu_quota(get(kube, "ClusterQueue", f"tau-{workspace.slug}") or {}) == "4"
+
+    # Kueue keeps the admitted workload: it is not evicted (give it a few seconds to try).
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        workload = workload_of(kube, job)
+        assert is_true(workload, "Admitted"), conditions(workload)
+        assert not is_true(workload, "Evicted"), conditions(workload)
+        time.sleep(0.5)
+
+    member = django_user_model.objects.create_user(username=f"l-{uid}", password=None)
+    Membership.objects.create(workspace=workspace, user=member, role=Role.VIEWER)
+    client = Client()
+    client.force_login(member)
+    queue_page = client.get(f"/w/{workspace.slug}/queue/").content.decode()
+    assert "8 of 4" in queue_page
+    assert "over the quota by 4" in queue_page
+    assert "over quota" in client.get(f"/w/{workspace.slug}/").content.decode()
