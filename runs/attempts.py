@@ -124,6 +124,34 @@ def note_placement(*, attempt: RunAttempt, backend_name: str, log_path: str) -> 
     )
 
 
+def note_admission(*, attempt_id: int, cluster_queue: str, flavors: dict[str, str]) -> bool:
+    """What Kueue admitted the attempt to (its ClusterQueue, a flavor per resource). Saying
+    the same twice writes nothing; returns whether anything changed."""
+    attempt = (
+        RunAttempt.objects.unscoped().filter(pk=attempt_id).only("cluster_queue", "flavors").first()
+    )
+    if attempt is None or (attempt.cluster_queue, attempt.flavors) == (cluster_queue, flavors):
+        return False
+    RunAttempt.objects.unscoped().filter(pk=attempt_id).update(
+        cluster_queue=cluster_queue, flavors=flavors
+    )
+    return True
+
+
+def note_nodes(*, attempt_id: int, node_names: list[str]) -> bool:
+    """The nodes the attempt's pods were bound to (sorted, each once), added to those seen
+    before; returns whether any was new."""
+    attempt = RunAttempt.objects.unscoped().filter(pk=attempt_id).only("node_names").first()
+    if attempt is None:
+        return False
+    known = list(attempt.node_names or [])
+    merged = sorted(set(known) | set(node_names))
+    if merged == sorted(known):
+        return False
+    RunAttempt.objects.unscoped().filter(pk=attempt_id).update(node_names=merged)
+    return True
+
+
 def note_progress(
     *, attempt_id: int, log_size: int | None = None, metrics_offset: int | None = None
 ) -> None:

@@ -342,6 +342,13 @@ class RunAttempt(TenantModel):
     metrics_offset = models.PositiveBigIntegerField(
         default=0, help_text="Bytes of the metrics file read."
     )
+    # Where a cluster placed the attempt (empty on the local backend): what Kueue admitted
+    # it to and the nodes its pods ran on, as the watcher saw them.
+    cluster_queue = models.CharField(max_length=253, blank=True)
+    flavors = models.JSONField(
+        default=dict, blank=True, help_text='Flavor per resource, e.g. {"nvidia.com/gpu": "h100"}.'
+    )
+    node_names = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
