@@ -36,7 +36,7 @@ TARGET = RunTarget(
     local_queue="alpha",
     attempt=1,
     portal_url="https://taugrid.example.org",
-    token_secret=run_token_secret_name("aks-gpu-quickstart-k3x9q2"),
+    token_secret=run_token_secret_name("aks-gpu-quickstart-k3x9q2", 1),
     bundle_sha256="3f" * 32,
 )
 RUN_TOKEN = "tau_run_benchmark"  # noqa: S105 - a stand-in; any text renders the same way

@@ -19,7 +19,8 @@ PREFIX: Final = "taugrid.io"
 
 #: Label: the workspace's slug (``alpha``).
 WORKSPACE: Final = f"{PREFIX}/workspace"
-#: Label: the run's name, which is also the workload object's name (``train-k3x9q2``).
+#: Label: the run's name (``train-k3x9q2``); its objects are named after it and the attempt
+#: (``train-k3x9q2-a1``, ``runs.render.workload_name``).
 RUN: Final = f"{PREFIX}/run"
 #: Label: the run's primary key in the portal's database (``42``).
 RUN_ID: Final = f"{PREFIX}/run-id"

@@ -6,16 +6,22 @@ tested against golden files and the real API server (tests/runs/test_render*.py)
 Inputs: the validated ``Spec`` (with workspace policy applied, so ``runtime.image`` is set)
 and a :class:`RunTarget` naming the run, its attempt, its workspace's namespace and
 LocalQueue, the flavor ``compute.gpu_type`` names, the portal URL, the bundle digest and the
-per-run Secret. Label and annotation keys come from ``runs.labels``.
+attempt's run-token Secret. Label and annotation keys come from ``runs.labels``.
 
 What gets rendered, and why
 ===========================
 
-**Names.** The workload object is named exactly like the run (``<spec name>-<suffix>``): a
-DNS-1035 label of at most 47 characters (KubeRay's RayJob limit; checked here, not assumed),
-so it is deterministic and findable from the run alone. Every attempt reuses the name: the
-backend deletes the previous attempt's object (foreground deletion, which also waits for the
-dependents below) before creating the next one.
+**Names.** Each attempt gets its own objects: the workload object is named after the run
+and the attempt, ``<run name>-a<attempt>`` (:func:`workload_name`), a DNS-1035 label of at
+most 47 characters (KubeRay's RayJob limit; checked here, not assumed), so it is
+deterministic and findable from the run and the attempt number alone. A run name too long
+for that (spec names may be 38 characters, run names 45) keeps its first characters and
+ends with a hash of the whole run name before the attempt number, so names stay unique per
+run and attempt; the labels (``taugrid.io/run``, ``run-id``, ``attempt``) always carry the
+exact values. A retry or resume therefore never waits for the previous attempt's object to
+disappear, and the previous attempt's objects (and logs) can be looked at while the next
+one queues; the backend deletes them (with their dependents) when it hands over the next
+attempt. Data on the storage (outputs, checkpoints) stays under the *run's* name.
 
 **Kueue.** The workload carries ``kueue.x-k8s.io/queue-name`` (the workspace's LocalQueue),
 ``kueue.x-k8s.io/priority-class`` when the spec has a priority, and, with
@@ -66,7 +72,7 @@ environment reaches the driver and every Ray worker exactly (Ray processes inher
 **Environment.** Every container gets ``TAU_RUN_ID``, ``TAU_RUN_NAME``, ``TAU_WORKSPACE``,
 ``TAU_ATTEMPT``, ``TAU_OUTPUT_DIR``, ``TAU_CHECKPOINT_DIR``, ``TAU_RESUME_FROM`` (only when
 resuming), ``TAU_RETRY_REASON``, ``TAU_API_URL`` (the portal's base URL; the API is under
-``/api/v1/``) and ``TAU_RUN_TOKEN`` (``secretKeyRef`` into the per-run Secret); the
+``/api/v1/``) and ``TAU_RUN_TOKEN`` (``secretKeyRef`` into the attempt's Secret); the
 containers that run user code also get the spec's ``env`` and ``secrets`` (``secretKeyRef``).
 A multi-worker Job adds torchrun's rendezvous settings (below).
 
@@ -108,18 +114,20 @@ attempt and TauGrid decides about a retry (no ``podFailurePolicy``: with no retr
 the Job there is nothing for it to steer). ``ttlSecondsAfterFinished`` is a backstop
 against leaks; the backend deletes the Job once it has recorded the outcome.
 
-**Dependents and create order.** The per-run Secret (``TAU_RUN_TOKEN``) and, for a
-multi-worker Job, the headless Service are owned by the workload object (an
-``ownerReferences`` entry with ``blockOwnerDeletion``), so the garbage collector deletes
-them with it and a foreground delete of the workload waits for them. An owner reference
-needs the owner's uid, which exists only after the owner is created, so the order is:
+**Dependents and create order.** The attempt's Secret (``TAU_RUN_TOKEN``, named
+:func:`run_token_secret_name`: each attempt has its own token) and, for a multi-worker Job,
+the headless Service are owned by the workload object (an ``ownerReferences`` entry with
+``blockOwnerDeletion``), so the garbage collector deletes them with it and a foreground
+delete of the workload waits for them. An owner reference needs the owner's uid, which
+exists only after the owner is created, so the order is:
 
 1. create the workload (:func:`render_workload`); Kueue's webhook suspends it;
-2. create :func:`render_dependents` with ``Owner.of(created_workload)``; if that fails,
-   delete the workload.
+2. create :func:`render_dependents` with ``Owner.of(created_workload)``.
 
 Nothing runs before admission, and a pod whose Secret is still missing waits: the kubelet
-does not start a container whose ``secretKeyRef`` cannot be resolved, and retries.
+does not start a container whose ``secretKeyRef`` cannot be resolved, and retries. The
+Kubernetes backend (``runs.backends.kubernetes``) makes both steps idempotent: an object
+that already exists with this run's and this attempt's labels counts as created.
 (``blockOwnerDeletion`` needs permission to update the owner's finalizers when the
 OwnerReferencesPermissionEnforcement admission plugin is on: give the backend's service
 account ``update`` on ``rayjobs/finalizers`` and ``jobs/finalizers``.)
@@ -128,6 +136,7 @@ account ``update`` on ``rayjobs/finalizers`` and ``jobs/finalizers``.)
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -177,7 +186,7 @@ OUTPUT_DIR: Final = "/tau/outputs"
 CHECKPOINT_DIR: Final = "/tau/checkpoints"
 SHM_DIR: Final = "/dev/shm"  # noqa: S108 - the shared-memory mount point, not a temp file
 
-#: The key of the run token in the per-run Secret.
+#: The key of the run token in the run-token Secret.
 RUN_TOKEN_KEY: Final = "token"  # noqa: S105 - a key name, not a secret
 RAY_WORKER_GROUP: Final = "workers"
 
@@ -293,7 +302,7 @@ class RunTarget:
     """Everything about one attempt of a run that is not in its spec."""
 
     run_id: int
-    #: The run's name; the workload object gets exactly this name.
+    #: The run's name (its objects are named after it and the attempt: :func:`workload_name`).
     run_name: str
     #: The workspace's slug.
     workspace: str
@@ -303,7 +312,7 @@ class RunTarget:
     attempt: int
     #: The portal as workloads reach it, e.g. ``https://taugrid.example.org``.
     portal_url: str
-    #: Name of the per-run Secret holding the run token (see :func:`run_token_secret_name`).
+    #: Name of the attempt's Secret holding the run token (see :func:`run_token_secret_name`).
     token_secret: str
     #: SHA-256 of the run's code bundle; None = no bundle (the code is in the image).
     bundle_sha256: str | None = None
@@ -317,6 +326,11 @@ class RunTarget:
     #: ``{"persistentVolumeClaim": {"claimName": "tau-data"}}``; None = ``emptyDir``.
     data_volume: Mapping[str, Any] | None = None
     fetcher_image: str = DEFAULT_FETCHER_IMAGE
+
+    @property
+    def workload_name(self) -> str:
+        """The name of this attempt's RayJob or Job (and of its rendezvous Service)."""
+        return workload_name(self.run_name, self.attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,17 +368,35 @@ class Owner:
 # ---------------------------------------------------------------------------------------------
 
 
-def workload_name(run_name: str) -> str:
-    """The RayJob's or Job's name: the run's name, checked against KubeRay's limit."""
+#: ``<run name>-a<attempt>``: what follows the run's name in its objects' names.
+ATTEMPT_NAME_INFIX: Final = "-a"
+#: Hex digits of the run name's hash in a shortened workload name.
+_NAME_HASH_LENGTH = 6
+#: Attempt numbers a name can carry (far more than any run makes).
+MAX_ATTEMPT: Final = 10**9
+
+
+def workload_name(run_name: str, attempt: int) -> str:
+    """The name of attempt ``attempt``'s RayJob or Job: ``<run name>-a<attempt>``, or, when
+    that is longer than KubeRay's 47 characters, the run name's first characters, ``-``, six
+    hex digits of its SHA-256 and ``-a<attempt>`` (deterministic, and unique per run name and
+    attempt). The run name itself must be a DNS-1035 label of at most 47 characters."""
     problem = dns1035_label_problem(run_name, max_length=RAYJOB_NAME_MAX_LENGTH)
     if problem:
         raise RenderError(f"run name {run_name!r} cannot name a workload: it {problem}")
-    return run_name
+    if not 1 <= attempt <= MAX_ATTEMPT:
+        raise RenderError(f"attempt {attempt} is not between 1 and {MAX_ATTEMPT}")
+    tail = f"{ATTEMPT_NAME_INFIX}{attempt}"
+    if len(run_name) + len(tail) <= RAYJOB_NAME_MAX_LENGTH:
+        return f"{run_name}{tail}"
+    digest = hashlib.sha256(run_name.encode("utf-8")).hexdigest()[:_NAME_HASH_LENGTH]
+    keep = RAYJOB_NAME_MAX_LENGTH - len(tail) - 1 - _NAME_HASH_LENGTH
+    return f"{run_name[:keep].rstrip('-')}-{digest}{tail}"
 
 
-def run_token_secret_name(run_name: str) -> str:
-    """The conventional name of a run's token Secret."""
-    return f"{workload_name(run_name)}-run-token"
+def run_token_secret_name(run_name: str, attempt: int) -> str:
+    """The conventional name of an attempt's run-token Secret."""
+    return f"{workload_name(run_name, attempt)}-run-token"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,8 +509,11 @@ _URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
 
 
 def _check_target(spec: Spec, target: RunTarget) -> None:
-    workload_name(target.run_name)
     problems = []
+    try:
+        target.workload_name  # noqa: B018 - checks the run name and the attempt
+    except RenderError as exc:
+        problems.append(str(exc))
     for what, value, check in (
         ("namespace", target.namespace, dns1123_label_problem),
         ("LocalQueue name", target.local_queue, dns1123_label_problem),
@@ -539,7 +574,7 @@ def _workload_metadata(spec: Spec, target: RunTarget) -> Manifest:
     if target.bundle_sha256 is not None:
         annotations[labels.BUNDLE_SHA256] = target.bundle_sha256
     return {
-        "name": workload_name(target.run_name),
+        "name": target.workload_name,
         "namespace": target.namespace,
         "labels": object_labels,
         "annotations": annotations,
@@ -847,7 +882,7 @@ def render_job(spec: Spec, target: RunTarget) -> Manifest:
     _check_target(spec, target)
     if spec.run.workload_kind != "job":
         raise RenderError(f"workload_kind is {spec.run.workload_kind!r}, not 'job'")
-    name = workload_name(target.run_name)
+    name = target.workload_name
     workers = spec.compute.workers
     indexed = workers > 1
 
@@ -923,7 +958,7 @@ def render_workload(spec: Spec, target: RunTarget) -> Manifest:
 
 
 def render_run_secret(spec: Spec, target: RunTarget, *, token: str, owner: Owner) -> Manifest:
-    """The per-run Secret holding the run token, owned by (and deleted with) the workload."""
+    """The attempt's Secret holding its run token, owned by (and deleted with) the workload."""
     _check_target(spec, target)
     if not token or not token.isprintable():
         raise RenderError("the run token must be non-empty printable text")
@@ -937,7 +972,7 @@ def render_run_secret(spec: Spec, target: RunTarget, *, token: str, owner: Owner
             "ownerReferences": [owner.reference()],
         },
         "type": "Opaque",
-        # The token never changes for a run; immutable Secrets also spare the kubelet a watch.
+        # An attempt's token never changes; immutable Secrets also spare the kubelet a watch.
         "immutable": True,
         "data": {RUN_TOKEN_KEY: base64.b64encode(token.encode("utf-8")).decode("ascii")},
     }
@@ -947,7 +982,7 @@ def render_rendezvous_service(spec: Spec, target: RunTarget, *, owner: Owner) ->
     """The headless Service that gives each pod of a multi-worker Job a DNS name
     (``<job>-<index>.<job>``), owned by the Job."""
     _check_target(spec, target)
-    name = workload_name(target.run_name)
+    name = target.workload_name
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -57,7 +57,7 @@ def target_for(spec: Spec, **changes: Any) -> RunTarget:
         local_queue="alpha",
         attempt=1,
         portal_url=PORTAL_URL,
-        token_secret=run_token_secret_name(run_name),
+        token_secret=run_token_secret_name(run_name, max(1, changes.get("attempt", 1))),
         bundle_sha256=BUNDLE_SHA256,
     )
     return dataclasses.replace(target, **changes)

@@ -27,8 +27,10 @@ from runs.render import (
     render_job,
     render_rayjob,
     render_workload,
+    run_token_secret_name,
     workload_name,
 )
+from tau.k8s_names import dns1035_label_problem
 from tau.spec import MAX_NAME_LENGTH, RAYJOB_NAME_MAX_LENGTH, RUN_NAME_SUFFIX_MAX_LENGTH, spec_hash
 from tests.cluster.kueue_objects import H100_LABELS
 
@@ -135,29 +137,49 @@ def test_rendering_is_deterministic() -> None:
 def test_the_47_character_rule() -> None:
     longest = "a" + "b" * (RAYJOB_NAME_MAX_LENGTH - 2) + "c"
     assert len(longest) == 47
-    assert workload_name(longest) == longest
+    assert len(workload_name(longest, 1)) == 47
     with pytest.raises(RenderError, match="at most 47 characters"):
-        workload_name(longest + "d")
+        workload_name(longest + "d", 1)
     for bad in ("1-starts-with-a-digit", "Upper-case", "ends-with-", "has_underscore", "a.b"):
         with pytest.raises(RenderError, match="cannot name a workload"):
-            workload_name(bad)
+            workload_name(bad, 1)
+    for bad_attempt in (0, -1, 10**9 + 1):
+        with pytest.raises(RenderError, match="attempt"):
+            workload_name("train-k3x9q2", bad_attempt)
 
 
-def test_every_run_name_the_platform_makes_fits() -> None:
+def test_every_run_name_the_platform_makes_fits_with_any_attempt() -> None:
     from runs.lifecycle import new_run_name
 
     assert MAX_NAME_LENGTH + 1 + RUN_NAME_SUFFIX_MAX_LENGTH == RAYJOB_NAME_MAX_LENGTH
     longest_spec_name = "a" * MAX_NAME_LENGTH
     for _ in range(20):
         name = new_run_name(longest_spec_name)
-        assert workload_name(name) == name
+        names = {workload_name(name, attempt) for attempt in (1, 2, 9, 10, 99, 10**6, 10**9)}
+        assert len(names) == 7
+        for found in names:
+            assert dns1035_label_problem(found, max_length=RAYJOB_NAME_MAX_LENGTH) is None
+            assert len(run_token_secret_name(name, 1)) <= 63
 
 
-def test_the_workload_is_named_after_the_run_and_nothing_else() -> None:
+def test_each_attempt_has_its_own_workload_name() -> None:
     spec = example_spec("gpu-quickstart")
     first = render_workload(spec, target_for(spec))
     retry = render_workload(spec, target_for(spec, attempt=2, retry_reason="preempted"))
-    assert first["metadata"]["name"] == retry["metadata"]["name"] == "aks-gpu-quickstart-k3x9q2"
+    assert first["metadata"]["name"] == "aks-gpu-quickstart-k3x9q2-a1"
+    assert retry["metadata"]["name"] == "aks-gpu-quickstart-k3x9q2-a2"
+    assert retry["metadata"]["labels"][labels.RUN] == "aks-gpu-quickstart-k3x9q2"
+    assert retry["metadata"]["labels"][labels.ATTEMPT] == "2"
+
+
+def test_a_long_run_name_is_shortened_with_its_hash_and_stays_unique() -> None:
+    one, two = "a" * 38 + "-k3x9q2", "a" * 38 + "-k3x9q3"
+    assert workload_name(one, 1) != workload_name(two, 1)
+    assert workload_name(one, 1).endswith("-a1")
+    assert workload_name(one, 12).endswith("-a12")
+    assert workload_name(one, 1) == workload_name(one, 1)
+    # Short names stay readable.
+    assert workload_name("train-k3x9q2", 3) == "train-k3x9q2-a3"
 
 
 def test_a_run_name_over_47_characters_is_refused() -> None:
@@ -434,7 +456,7 @@ def _submitter(workload: dict[str, Any]) -> dict[str, Any]:
 def test_a_multi_worker_job_gets_rendezvous_settings_and_a_headless_service() -> None:
     spec, target = _case("multi-node-torchrun")
     job, secret, service = render_case(spec, target)
-    name = target.run_name
+    name = target.workload_name
     pod = job["spec"]["template"]["spec"]
     assert job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
@@ -583,12 +605,12 @@ def test_the_fetch_script_is_safe_from_the_kubelet_and_matches_the_upload_limit(
 def test_the_run_secret_is_owned_by_the_workload() -> None:
     spec, target = _case("gpu-quickstart")
     secret = render_case(spec, target)[1]
-    assert secret["metadata"]["name"] == "aks-gpu-quickstart-k3x9q2-run-token"
+    assert secret["metadata"]["name"] == "aks-gpu-quickstart-k3x9q2-a1-run-token"
     assert secret["metadata"]["ownerReferences"] == [
         {
             "apiVersion": "ray.io/v1",
             "kind": "RayJob",
-            "name": "aks-gpu-quickstart-k3x9q2",
+            "name": "aks-gpu-quickstart-k3x9q2-a1",
             "uid": OWNER_UID,
             "blockOwnerDeletion": True,
         }

@@ -183,7 +183,7 @@ def test_the_gpu_quickstart_rayjob_is_suspended_then_admitted(kube: Kube) -> Non
     case = next(case for case in cases() if case.name == "gpu-quickstart")
     spec, target = placed(case.spec, case.target, queue)
     spec = with_changes(spec, queue={"priority": queue.priority})
-    name = target.run_name
+    name = target.workload_name
 
     rayjob = kube.create(render_workload(spec, target))
     assert rayjob["spec"]["suspend"] is True, "Kueue's webhook did not suspend the RayJob"
@@ -241,7 +241,7 @@ def test_the_run_secret_goes_away_with_its_rayjob(kube: Kube) -> None:
     reference = secret["metadata"]["ownerReferences"][0]
     assert (reference["kind"], reference["uid"]) == ("RayJob", rayjob["metadata"]["uid"])
 
-    kube.delete(RAY, "RayJob", target.run_name, queue.namespace)
+    kube.delete(RAY, "RayJob", target.workload_name, queue.namespace)
     wait_until(
         "the garbage collector to delete the run Secret",
         lambda: (
@@ -260,7 +260,8 @@ def test_the_multi_node_job_runs_its_pods_under_stable_names(kube: Kube) -> None
     queue = queue_setup(kube, "render-job")
     case = next(case for case in cases() if case.name == "multi-node-torchrun")
     spec, target = placed(case.spec, case.target, queue)
-    name = target.run_name
+    name = target.workload_name
+    run_label = f"{labels.RUN}={target.run_name}"
 
     job = kube.create(render_workload(spec, target))
     assert job["spec"]["suspend"] is True
@@ -274,7 +275,7 @@ def test_the_multi_node_job_runs_its_pods_under_stable_names(kube: Kube) -> None
     pods = wait_until(
         "both pods of the Indexed Job",
         lambda: (lambda found: found if len(found) == 2 else None)(
-            kube.list("v1", "Pod", queue.namespace, f"{labels.RUN}={name}")
+            kube.list("v1", "Pod", queue.namespace, run_label)
         ),
         timeout=60,
     )
