@@ -297,6 +297,13 @@ def test_flavors_and_cohorts_through_the_api_with_the_admins_checks(world: Any) 
             == 403
         )
     assert not Cohort.objects.filter(name="mine").exists()
+    read_only = with_token(world, "platform_admin", read_only=True)
+    assert read_only.get(f"{API}/flavors/").status_code == 200
+    assert read_only.post(f"{API}/cohorts/", {"name": "ro"}, format="json").status_code == 403
+    assert (
+        read_only.patch(f"{API}/flavors/h100/", {"description": "x"}, format="json").status_code
+        == 403
+    )
 
 
 def test_cohorts_nest_through_the_api_and_a_circle_is_refused(world: Any) -> None:

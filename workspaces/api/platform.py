@@ -201,7 +201,8 @@ def staff_item_schema(serializer: type[serializers.Serializer[Any]]) -> Any:
 class _StaffCollection(APIView):
     """List (GET) and create (POST) for a platform-wide kind, by its ``name``."""
 
-    permission_classes = [IsPlatformStaff]
+    # The API's own checks (authenticated; token scope: read-only and run tokens) first.
+    permission_classes = [*APIView.permission_classes, IsPlatformStaff]
     model: type[Any]
     serializer_class: type[serializers.ModelSerializer[Any]]
 
@@ -223,7 +224,8 @@ class _StaffCollection(APIView):
 
 
 class _StaffItem(APIView):
-    permission_classes = [IsPlatformStaff]
+    # The API's own checks (authenticated; token scope: read-only and run tokens) first.
+    permission_classes = [*APIView.permission_classes, IsPlatformStaff]
     model: type[Any]
     serializer_class: type[serializers.ModelSerializer[Any]]
 
