@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
@@ -244,27 +244,25 @@ def update_workspace(
     return workspace
 
 
-def save_flavor(flavor: ResourceFlavor | None, fields: Mapping[str, Any]) -> ResourceFlavor:
-    """Create a flavor (``flavor`` None) or change one."""
-    flavor = flavor or ResourceFlavor()
-    for key in FLAVOR_FIELDS:
+_M = TypeVar("_M", ResourceFlavor, Cohort)
+
+
+def _save(instance: _M, fields: Mapping[str, Any], allowed: Sequence[str]) -> _M:
+    for key in allowed:
         if key in fields:
-            setattr(flavor, key, fields[key])
-    problems = _checked(flavor)
+            setattr(instance, key, fields[key])
+    problems = _checked(instance)
     if problems:
         raise Refused(problems)
-    flavor.save()
-    return flavor
+    instance.save()
+    return instance
+
+
+def save_flavor(flavor: ResourceFlavor | None, fields: Mapping[str, Any]) -> ResourceFlavor:
+    """Create a flavor (``flavor`` None) or change one."""
+    return _save(flavor or ResourceFlavor(), fields, FLAVOR_FIELDS)
 
 
 def save_cohort(cohort: Cohort | None, fields: Mapping[str, Any]) -> Cohort:
     """Create a cohort (``cohort`` None) or change one."""
-    cohort = cohort or Cohort()
-    for key in COHORT_FIELDS:
-        if key in fields:
-            setattr(cohort, key, fields[key])
-    problems = _checked(cohort)
-    if problems:
-        raise Refused(problems)
-    cohort.save()
-    return cohort
+    return _save(cohort or Cohort(), fields, COHORT_FIELDS)

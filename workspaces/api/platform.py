@@ -5,6 +5,7 @@ workspace: the platform is not inside a workspace."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
@@ -198,39 +199,38 @@ def staff_item_schema(serializer: type[serializers.Serializer[Any]]) -> Any:
     )
 
 
-class _StaffCollection(APIView):
-    """List (GET) and create (POST) for a platform-wide kind, by its ``name``."""
+class _StaffKind(APIView):
+    """A platform-wide kind addressed by its ``name``: the model, its JSON shape, and the
+    provisioning function that creates (instance None) or changes one."""
 
     # The API's own checks (authenticated; token scope: read-only and run tokens) first.
     permission_classes = [*APIView.permission_classes, IsPlatformStaff]
     model: type[Any]
     serializer_class: type[serializers.ModelSerializer[Any]]
+    saver: ClassVar[Callable[..., Any]]  # (instance or None, fields) -> the saved row
 
-    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
-        raise NotImplementedError
+    def _saved(self, payload: serializers.ModelSerializer[Any], instance: Any) -> Any:
+        payload.is_valid(raise_exception=True)
+        try:
+            return self.saver(instance, dict(payload.validated_data))
+        except provisioning.Refused as error:
+            raise refused(error) from None
+
+
+class _StaffCollection(_StaffKind):
+    """List (GET) and create (POST)."""
 
     def get(self, request: Request) -> Response:
         rows = self.model.objects.order_by("name")
         return Response(self.serializer_class(rows, many=True).data)
 
     def post(self, request: Request) -> Response:
-        payload = self.serializer_class(data=request.data)
-        payload.is_valid(raise_exception=True)
-        try:
-            created = self.save(None, dict(payload.validated_data))
-        except provisioning.Refused as error:
-            raise refused(error) from None
+        created = self._saved(self.serializer_class(data=request.data), None)
         return Response(self.serializer_class(created).data, status=status.HTTP_201_CREATED)
 
 
-class _StaffItem(APIView):
-    # The API's own checks (authenticated; token scope: read-only and run tokens) first.
-    permission_classes = [*APIView.permission_classes, IsPlatformStaff]
-    model: type[Any]
-    serializer_class: type[serializers.ModelSerializer[Any]]
-
-    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
-        raise NotImplementedError
+class _StaffItem(_StaffKind):
+    """Read (GET) and change (PATCH) one, by name."""
 
     def _get(self, name: str) -> Any:
         found = self.model.objects.filter(name=name).first()
@@ -244,12 +244,7 @@ class _StaffItem(APIView):
     def patch(self, request: Request, name: str) -> Response:
         instance = self._get(name)
         payload = self.serializer_class(instance, data=request.data, partial=True)
-        payload.is_valid(raise_exception=True)
-        try:
-            saved = self.save(instance, dict(payload.validated_data))
-        except provisioning.Refused as error:
-            raise refused(error) from None
-        return Response(self.serializer_class(saved).data)
+        return Response(self.serializer_class(self._saved(payload, instance)).data)
 
 
 @staff_collection_schema(FlavorSerializer)
@@ -258,18 +253,14 @@ class FlavorListView(_StaffCollection):
 
     model = ResourceFlavor
     serializer_class = FlavorSerializer
-
-    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
-        return provisioning.save_flavor(instance, fields)
+    saver = staticmethod(provisioning.save_flavor)
 
 
 @staff_item_schema(FlavorSerializer)
 class FlavorDetailView(_StaffItem):
     model = ResourceFlavor
     serializer_class = FlavorSerializer
-
-    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
-        return provisioning.save_flavor(instance, fields)
+    saver = staticmethod(provisioning.save_flavor)
 
 
 @staff_collection_schema(CohortSerializer)
@@ -278,15 +269,11 @@ class CohortListView(_StaffCollection):
 
     model = Cohort
     serializer_class = CohortSerializer
-
-    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
-        return provisioning.save_cohort(instance, fields)
+    saver = staticmethod(provisioning.save_cohort)
 
 
 @staff_item_schema(CohortSerializer)
 class CohortDetailView(_StaffItem):
     model = Cohort
     serializer_class = CohortSerializer
-
-    def save(self, instance: Any, fields: dict[str, Any]) -> Any:
-        return provisioning.save_cohort(instance, fields)
+    saver = staticmethod(provisioning.save_cohort)
