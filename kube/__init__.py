@@ -11,7 +11,8 @@ and credentials stay in one place::
 
 - :mod:`kube.config` — ``TAU_KUBECONFIG`` or in-cluster configuration, one ``ApiClient`` per
   process;
-- :mod:`kube.api` — :class:`KubeClient`: get/list/apply/create/delete for any kind,
+- :mod:`kube.api` — :class:`KubeClient`: get/list/apply/create/update/delete for any kind,
+  ``list_with_version`` + ``watch`` (a :class:`Watch` of :class:`WatchEvent` s),
   ``whoami`` (SelfSubjectReview), ``can_i`` (SelfSubjectAccessReview), ``served_versions``
   (of a CRD), with a timeout on
   every request and ``spec.suspend`` never applied (Kueue owns it);
@@ -28,9 +29,12 @@ from kube.api import (
     Body,
     Identity,
     KubeClient,
+    Listing,
     Propagation,
     ResourceInfo,
     Timeout,
+    Watch,
+    WatchEvent,
     client,
     reset_client,
 )
@@ -39,6 +43,7 @@ from kube.errors import (
     Cause,
     Conflict,
     Forbidden,
+    Gone,
     Invalid,
     KubeConfigError,
     KubeError,
@@ -58,11 +63,13 @@ __all__ = [
     "Cause",
     "Conflict",
     "Forbidden",
+    "Gone",
     "Identity",
     "Invalid",
     "KubeClient",
     "KubeConfigError",
     "KubeError",
+    "Listing",
     "NotFound",
     "Propagation",
     "RefusedByWebhook",
@@ -71,6 +78,8 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "UnknownKind",
+    "Watch",
+    "WatchEvent",
     "api_client",
     "client",
     "new_api_client",

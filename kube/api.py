@@ -39,6 +39,19 @@ exist suspended even where Kueue's webhook does not act can be created with
 not ``Apply``) owns the value until Kueue's first change takes it over. No other kind's
 ``spec.suspend`` (a CronJob's) can be applied through this module.
 
+Watches
+=======
+
+:meth:`KubeClient.list_with_version` gives the items and the list's ``resourceVersion``;
+:meth:`KubeClient.watch` streams what changes after it (``ADDED``, ``MODIFIED``, ``DELETED``,
+and ``BOOKMARK`` events that only move the version on). A watch ends by itself after its
+server-side ``timeout_seconds``; the client's read timeout is a little longer, so a connection
+that died silently (no FIN from a vanished apiserver) ends it too, as :class:`~kube.errors.
+Unavailable`. A version the API server no longer keeps is :class:`~kube.errors.Gone` (410),
+whether the server says so in the response status or, as it usually does once the stream has
+started, in an ``ERROR`` event: the caller lists again. :meth:`Watch.close` ends a watch from
+another thread.
+
 Bodies are never logged: a Secret's data must not end up in a log.
 """
 
@@ -47,7 +60,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 from urllib.parse import quote
@@ -74,9 +87,12 @@ __all__ = [
     "Body",
     "Identity",
     "KubeClient",
+    "Listing",
     "Propagation",
     "ResourceInfo",
     "Timeout",
+    "Watch",
+    "WatchEvent",
     "client",
     "reset_client",
 ]
@@ -98,6 +114,9 @@ DEFAULT_TIMEOUT: Final[tuple[float, float]] = (5.0, 30.0)
 APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
 #: Items per page when listing (the API server's continue tokens do the rest).
 LIST_PAGE_SIZE: Final = 500
+#: A watch's read timeout is its server-side timeout plus this: the server ends a healthy
+#: watch first, so only a dead connection reaches the client's limit.
+WATCH_READ_MARGIN_SECONDS: Final = 15.0
 
 # Names for the annotations of methods called `list`/`get` (a method named `list` hides the
 # built-in inside the class body).
@@ -139,6 +158,109 @@ class Identity:
 
     username: str
     groups: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A list's items (each with ``apiVersion`` and ``kind``) and the ``resourceVersion`` the
+    list was read at: where a watch of the same objects starts."""
+
+    items: list[Body]
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change a watch reports: ``type`` is ``ADDED``, ``MODIFIED``, ``DELETED`` or
+    ``BOOKMARK`` (only ``object.metadata.resourceVersion`` is meaningful then)."""
+
+    type: str
+    object: Body
+
+    @property
+    def resource_version(self) -> str:
+        return str((self.object.get("metadata") or {}).get("resourceVersion") or "")
+
+
+class Watch:
+    """A running watch: iterate over its :class:`WatchEvent` s until the server ends it
+    (its ``timeout_seconds``) or :meth:`close` is called (from any thread). Errors while
+    reading: :class:`~kube.errors.Gone` for an expired version, :class:`~kube.errors.
+    Unavailable` for a lost connection, another :class:`~kube.errors.KubeError` for an
+    ``ERROR`` event the server sent."""
+
+    def __init__(
+        self, response: Any, *, api_version: str, kind: str, describe: str, read_timeout: float
+    ) -> None:
+        self._response = response
+        self._api_version = api_version
+        self._kind = kind
+        self._describe = describe
+        self._read_timeout = read_timeout
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        """End the watch: a reader blocked in :meth:`__iter__` returns (without an error)."""
+        self._closed.set()
+        shutdown: Callable[[], None] | None = getattr(self._response, "shutdown", None)
+        try:
+            if shutdown is not None:
+                shutdown()  # urllib3 >= 2.3: unblocks a read in another thread
+            self._response.release_conn()
+        except Exception:  # noqa: S110 - closing what may already be closed
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        buffer = b""
+        try:
+            for chunk in self._response.stream(amt=None, decode_content=True):
+                if self._closed.is_set():
+                    return
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield self._event(line)
+            if buffer.strip() and not self._closed.is_set():
+                yield self._event(buffer)
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:
+            if self._closed.is_set():
+                return
+            if isinstance(error, urllib3.exceptions.ReadTimeoutError):
+                why = f"no event or bookmark within {self._read_timeout:g} s"
+            else:
+                why = f"connection lost ({type(error).__name__}: {error})"
+            raise Unavailable(f"the watch of {self._describe} ended: {why}") from None
+        finally:
+            self.close()
+
+    def _event(self, line: bytes) -> WatchEvent:
+        try:
+            decoded = json.loads(line)
+        except ValueError:
+            raise KubeError(
+                f"the watch of {self._describe} sent something other than JSON"
+            ) from None
+        event_type = str(decoded.get("type") or "") if isinstance(decoded, dict) else ""
+        obj = decoded.get("object") if isinstance(decoded, dict) else None
+        if not event_type or not isinstance(obj, dict):
+            raise KubeError(f"the watch of {self._describe} sent an event without type or object")
+        if event_type == "ERROR":
+            code = int(obj.get("code") or 0)
+            raise error_from_response(code or 500, json.dumps(obj))
+        obj.setdefault("apiVersion", self._api_version)
+        obj.setdefault("kind", self._kind)
+        return WatchEvent(type=event_type, object=obj)
 
 
 class KubeClient:
@@ -219,6 +341,110 @@ class KubeClient:
             if not token:
                 return items
 
+    def list_with_version(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout: Timeout | None = None,
+    ) -> Listing:
+        """Like :meth:`list`, with the ``resourceVersion`` the list was read at (what a
+        :meth:`watch` of the same objects starts from). Pages are read at one version (the
+        first page's), so the items are one consistent snapshot; :class:`~kube.errors.Gone`
+        if that version expired between pages."""
+        info = self.resource(api_version, kind, timeout=timeout)
+        if namespace is not None and not info.namespaced:
+            raise ValueError(f"{kind} ({api_version}) is cluster-scoped: no namespace")
+        path = info.path(namespace=namespace)
+        query: list[tuple[str, str | int]] = [("limit", LIST_PAGE_SIZE)]
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        items: Bodies = []
+        token = ""
+        version = ""
+        while True:
+            page = self._call(
+                "GET",
+                path,
+                query=[*query, ("continue", token)] if token else query,
+                timeout=timeout,
+            )
+            for item in page.get("items") or []:
+                items.append({"apiVersion": api_version, "kind": kind, **item})
+            metadata = page.get("metadata") or {}
+            version = version or str(metadata.get("resourceVersion") or "")
+            token = str(metadata.get("continue") or "")
+            if not token:
+                return Listing(items=items, resource_version=version)
+
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+        bookmarks: bool = True,
+    ) -> Watch:
+        """Watch ``kind`` (all namespaces without ``namespace``) from ``resource_version``
+        for at most ``timeout_seconds`` (the server ends it then). Returns once the server
+        has accepted the watch; iterate over the :class:`Watch` for its events.
+        :class:`~kube.errors.Gone` when the version expired, whether now or in its first
+        event."""
+        info = self.resource(api_version, kind)
+        if namespace is not None and not info.namespaced:
+            raise ValueError(f"{kind} ({api_version}) is cluster-scoped: no namespace")
+        query: list[tuple[str, str | int]] = [
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", int(timeout_seconds)),
+        ]
+        if bookmarks:
+            query.append(("allowWatchBookmarks", "true"))
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        path = info.path(namespace=namespace)
+        request = self.api.param_serialize(
+            "GET",
+            path,
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        connect = self.timeout if isinstance(self.timeout, int | float) else self.timeout[0]
+        read = float(timeout_seconds) + WATCH_READ_MARGIN_SECONDS
+        limit = (float(connect), read)
+        try:
+            response = self.api.call_api(*request, _request_timeout=limit)
+        except urllib3.exceptions.HTTPError as error:
+            raise self._unreachable(error, limit) from None
+        except ApiException as error:
+            if error.status:
+                raise error_from_response(int(error.status), error.body) from None
+            raise self._unreachable(error, limit) from None
+        status = int(response.status)
+        if not 200 <= status <= 299:
+            read_body: Callable[[], bytes | None] = response.read
+            raise error_from_response(status, read_body(), http_reason=str(response.reason or ""))
+        where = f" in {namespace}" if namespace else ""
+        return Watch(
+            response.response,
+            api_version=api_version,
+            kind=kind,
+            describe=f"{kind} ({api_version}){where}",
+            read_timeout=read,
+        )
+
     def get_path(
         self,
         path: str,
@@ -275,6 +501,21 @@ class KubeClient:
         logger.debug("create %s %s/%s", info.kind, namespace or "-", name)
         return self._call(
             "POST", info.path(namespace=namespace), query=query, body=dict(body), timeout=timeout
+        )
+
+    def update(self, body: Mapping[str, Any], *, timeout: Timeout | None = None) -> Body:
+        """Replace the object with ``body`` (a PUT). With ``metadata.resourceVersion`` it is
+        a compare-and-swap: :class:`~kube.errors.Conflict` if the object changed since that
+        version (how a Lease is renewed without overwriting another holder's renewal). The
+        body is sent unchanged, ``spec.suspend`` included: for objects other than jobs."""
+        info, name, namespace = self._target(body, timeout)
+        logger.debug("update %s %s/%s", info.kind, namespace or "-", name)
+        return self._call(
+            "PUT",
+            info.path(name, namespace),
+            query=[("fieldManager", self.field_manager)],
+            body=dict(body),
+            timeout=timeout,
         )
 
     def delete(

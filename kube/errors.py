@@ -16,6 +16,8 @@ the admin and a failed delivery show). The subclasses are what callers decide on
   webhook's name and its own message;
 - :class:`Unavailable` — no answer (refused, reset, timed out), 429 or 5xx, including a
   webhook that could not be called: worth retrying later;
+- :class:`Gone` (410) — a watch or list asked for a ``resourceVersion`` the API server no
+  longer keeps (``Expired``): list again and watch from the new version;
 - :class:`UnknownKind` — the cluster does not serve that apiVersion/kind (Kueue or KubeRay
   missing, or the wrong version);
 - :class:`KubeConfigError` — TauGrid has no usable configuration to reach a cluster.
@@ -41,6 +43,7 @@ __all__ = [
     "Cause",
     "Conflict",
     "Forbidden",
+    "Gone",
     "Invalid",
     "KubeConfigError",
     "KubeError",
@@ -139,6 +142,12 @@ class RefusedByWebhook(Invalid):
         super().__init__(message, status=status, reason=reason, causes=causes)
         self.webhook = webhook
         self.webhook_message = webhook_message
+
+
+class Gone(KubeError):
+    """410: the ``resourceVersion`` a watch (or a paged list) started from is older than what
+    the API server keeps (reason ``Expired``, or ``Gone``). Not a failure of the cluster: list
+    again, then watch from the list's version."""
 
 
 class Unavailable(KubeError):
@@ -249,6 +258,8 @@ def error_from_response(
         kind = Forbidden
     elif status == 401:
         kind = Unauthorized
+    elif status == 410:
+        kind = Gone
     elif status in (400, 422):
         kind = Invalid
     elif status == 429 or status >= 500 or status == 0:

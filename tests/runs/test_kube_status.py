@@ -1,0 +1,549 @@
+"""The mapping from Kubernetes status to run state (runs/kube_status.py), as a table.
+
+The objects in tests/runs/kube_objects/ were captured from the test cluster (kube-apiserver
+v1.35.4, Kueue v0.17.0, KubeRay v1.6.0, KWOK fake nodes; each file's ``note`` says how the
+situation was made): Kueue's own messages, the Job controller's conditions, the pods KWOK
+ended, the RayJobs the real KubeRay operator moved. One was written in part by hand, and its
+note says so: ``image_pull`` (KWOK does not pull images, so the ``ErrImagePull`` container
+status went through the pods/status subresource, as a kubelet writes it). The rows below that
+change a captured object (``edit``) stand for what the test cluster cannot produce (a node
+failure, a crash loop, a RayJob that succeeds: no Ray runs on KWOK) and are marked "by hand"
+with the fields they set, in the shape the API reference gives.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runs.kube_status import (
+    IMAGE_HINT,
+    AttemptObjects,
+    Observation,
+    amount_words,
+    observe,
+    waiting_reason,
+)
+from runs.models import FailureClass
+
+OBJECTS = Path(__file__).parent / "kube_objects"
+Body = dict[str, Any]
+
+
+def captured(name: str) -> Body:
+    data: Body = json.loads((OBJECTS / f"{name}.json").read_text())
+    return data
+
+
+def objects_of(data: Body, *, created: bool = True) -> AttemptObjects:
+    return AttemptObjects(
+        workload_object=data["job"],
+        kueue_workload=data["workload"],
+        pods=data["pods"],
+        events=data["events"],
+        cluster_queue=data["cluster_queue"],
+        created=created,
+    )
+
+
+def when(data: Body, seconds: float = 0) -> datetime:
+    return datetime.fromisoformat(data["captured_at"]) + timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class Row:
+    case: str  # a file in kube_objects/
+    state: str
+    failure_class: FailureClass | None = None
+    exit_code: int | None = None
+    reason: str | None = None  # the whole reason, when given
+    reason_has: tuple[str, ...] = ()  # or parts of it
+    edit: Callable[[Body], None] | None = None  # "by hand": what the row changes
+    later: float = 0  # seconds after the capture
+    created: bool = True
+    placed: dict[str, Any] = field(default_factory=dict)  # cluster_queue/node_names/…
+
+
+def _condition(obj: Body, kind: str) -> Body:
+    for condition in obj["status"]["conditions"]:
+        if condition["type"] == kind:
+            result: Body = condition
+            return result
+    raise AssertionError(f"no {kind} condition")
+
+
+def evict(reason: str, message: str) -> Callable[[Body], None]:
+    """By hand: Kueue's eviction of an admitted Workload, as Kueue writes it (Evicted=True
+    with the reason, Admitted=False NoReservation), for reasons the test cluster cannot make."""
+
+    def edit(data: Body) -> None:
+        data["job"]["spec"]["suspend"] = True
+        workload = data["workload"]
+        workload["status"].pop("admission", None)
+        _condition(workload, "Admitted").update(status="False", reason="NoReservation")
+        workload["status"]["conditions"].append(
+            {"type": "Evicted", "status": "True", "reason": reason, "message": message}
+        )
+        data["pods"] = []
+
+    return edit
+
+
+def container_state(**state: Any) -> Callable[[Body], None]:
+    """By hand: the first pod's main container in this state (a kubelet's report)."""
+
+    def edit(data: Body) -> None:
+        data["pods"][0]["status"]["containerStatuses"][0].update(state)
+
+    return edit
+
+
+def set_status(**fields: Any) -> Callable[[Body], None]:
+    def edit(data: Body) -> None:
+        data["job"]["status"].update(fields)
+
+    return edit
+
+
+def no_job(data: Body) -> None:
+    data["job"] = None
+
+
+def being_deleted(data: Body) -> None:
+    data["job"]["metadata"]["deletionTimestamp"] = "2026-12-01T02:40:00Z"
+
+
+def init_container_failed(data: Body) -> None:
+    """By hand: the bundle fetcher (an init container) exited 1 and the pod failed."""
+    pod = data["pods"][0]
+    pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
+    pod["status"]["initContainerStatuses"] = [
+        {
+            "name": "tau-fetch-bundle",
+            "image": "python:3.11-slim",
+            "ready": False,
+            "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "reason": "Error"}},
+        }
+    ]
+
+
+def taint_manager(data: Body) -> None:
+    """By hand: the pod was deleted by the taint manager after its node went NotReady."""
+    pod = data["pods"][0]
+    pod["status"]["conditions"].append(
+        {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "DeletionByTaintManager",
+            "message": "Taint manager: deleting due to NoExecute taint",
+        }
+    )
+    pod["status"]["containerStatuses"][0]["state"] = {
+        "terminated": {"exitCode": 137, "reason": "Error"}
+    }
+
+
+def node_not_ready(data: Body) -> None:
+    """By hand: the node lifecycle controller's warning about the pod, then its exit 137."""
+    pod = data["pods"][0]
+    pod["status"]["containerStatuses"][0]["state"] = {
+        "terminated": {"exitCode": 137, "reason": "Error"}
+    }
+    data["events"].append(
+        {
+            "type": "Warning",
+            "reason": "NodeNotReady",
+            "message": "Node is not ready",
+            "involvedObject": {
+                "kind": "Pod",
+                "name": pod["metadata"]["name"],
+                "namespace": pod["metadata"]["namespace"],
+            },
+        }
+    )
+
+
+def pending_message(message: str) -> Callable[[Body], None]:
+    def edit(data: Body) -> None:
+        _condition(data["workload"], "QuotaReserved")["message"] = message
+
+    return edit
+
+
+def no_workload_yet(data: Body) -> None:
+    data["workload"] = None
+
+
+WAITING_H100 = (
+    "Waiting for 4 GPUs (nvidia.com/gpu) on flavor h100: the workspace uses 8 of its 8, "
+    "and its cohort has none to lend."
+)
+
+TABLE: list[Row] = [
+    # -- queued: Kueue's message in plain words ---------------------------------------------
+    Row("queued_cohort_has_none", "queued", reason=WAITING_H100),
+    Row(
+        "queued_cohort_lends_some",
+        "queued",
+        reason="Waiting for 4 GPUs (nvidia.com/gpu) on flavor h100: the workspace uses 8 of its "
+        "8, and its cohort can lend only 2.",
+    ),
+    Row(
+        "queued_never_fits",
+        "queued",
+        reason="It asks for 24 GPUs (nvidia.com/gpu) on flavor h100, more than the workspace "
+        "can ever get there (at most 12, borrowing included): it will wait until the quota "
+        "is raised.",
+    ),
+    Row(
+        "queued_cohort_has_none",
+        "queued",
+        reason_has=("Waiting: the workspace's queue alpha does not exist",),
+        edit=pending_message("LocalQueue alpha doesn't exist"),
+    ),
+    Row(
+        "queued_cohort_has_none",
+        "queued",
+        reason_has=("Flavor h100's nodes carry a taint the run does not tolerate",),
+        edit=pending_message(
+            "couldn't assign flavors to pod set main: untolerated taint "
+            "{nvidia.com/gpu present NoSchedule <nil>} in flavor h100"
+        ),
+    ),
+    Row(
+        "queued_cohort_has_none",
+        "queued",
+        reason="Waiting: the workspace's ClusterQueue does not admit runs from its namespace; "
+        "the platform team can fix that.",
+        edit=pending_message("Workload namespace doesn't match ClusterQueue selector"),
+    ),
+    Row(
+        "queued_cohort_has_none",
+        "queued",
+        reason="Waiting for Kueue: something new",
+        edit=pending_message("something new"),
+    ),
+    Row(
+        "queued_cohort_has_none",
+        "queued",
+        reason="Handed to Kueue; waiting for it to consider the run.",
+        edit=no_workload_yet,
+    ),
+    # -- admitted, running, succeeded ----------------------------------------------------------
+    Row(
+        "admitted_unschedulable",
+        "admitted",
+        reason_has=(
+            "Admitted by Kueue, but no node has taken pod nosched-",
+            "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector.",
+        ),
+        placed={"node_names": ()},
+    ),
+    Row("admitted_unschedulable", "admitted", reason="", later=-30),  # not long yet
+    Row(
+        "running",
+        "running",
+        reason="Running.",
+        placed={
+            "node_names": ("gpu-h100-1",),
+            "flavors": {"cpu": "h100", "memory": "h100", "nvidia.com/gpu": "h100"},
+        },
+    ),
+    Row("succeeded", "succeeded", exit_code=0, reason="Finished successfully."),
+    Row("requeued_readmitted", "running"),  # preempted earlier, admitted again: runs on
+    Row("rayjob_running", "running", placed={"node_names": ("cpu-1", "cpu-2")}),
+    Row(
+        "rayjob_running",
+        "succeeded",
+        exit_code=0,
+        # By hand: what KubeRay writes once the Ray dashboard reports success (no Ray runs on
+        # KWOK, so the test cluster's operator never gets there).
+        edit=set_status(jobDeploymentStatus="Complete", jobStatus="SUCCEEDED"),
+    ),
+    # -- failures, each with its class and hint ------------------------------------------------
+    Row(
+        "failed_oom",
+        "failed",
+        FailureClass.OOM_KILLED,
+        137,
+        reason_has=("ran out of memory and was killed (OOMKilled) (its limit is 1Gi)",),
+    ),
+    Row(
+        "failed_exit_code",
+        "failed",
+        FailureClass.USER_ERROR,
+        3,
+        reason_has=("Container main of pod exit3-", "exited with code 3."),
+    ),
+    Row(
+        "failed_deadline",
+        "failed",
+        FailureClass.DEADLINE_EXCEEDED,
+        reason="Stopped by Kubernetes: it ran longer than its 3 s (run.max_runtime).",
+    ),
+    Row(
+        "image_pull",
+        "failed",
+        FailureClass.USER_ERROR,
+        reason_has=("image registry.example.org/team/trainer:v9: ErrImagePull", IMAGE_HINT),
+    ),
+    Row("image_pull", "admitted", later=-179),  # 1 s into the pull: the kubelet tries again
+    Row(
+        "image_pull",
+        "failed",
+        FailureClass.USER_ERROR,
+        reason_has=(IMAGE_HINT,),
+        later=-179,
+        edit=container_state(
+            state={"waiting": {"reason": "InvalidImageName", "message": "bad name"}}
+        ),
+    ),
+    Row(
+        "running",
+        "failed",
+        FailureClass.OOM_KILLED,
+        137,
+        reason_has=("keeps running out of memory",),
+        edit=container_state(  # by hand: a restarting container, as a kubelet reports it
+            state={"waiting": {"reason": "CrashLoopBackOff"}},
+            lastState={"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+            restartCount=3,
+        ),
+    ),
+    Row(
+        "running",
+        "failed",
+        FailureClass.USER_ERROR,
+        2,
+        reason_has=("keeps crashing (exit code 2; restarted 4 times)",),
+        edit=container_state(
+            state={"waiting": {"reason": "CrashLoopBackOff"}},
+            lastState={"terminated": {"exitCode": 2, "reason": "Error"}},
+            restartCount=4,
+        ),
+    ),
+    Row(
+        "failed_exit_code",
+        "failed",
+        FailureClass.INFRASTRUCTURE,
+        reason_has=("init container tau-fetch-bundle", "exited with code 1"),
+        edit=init_container_failed,
+    ),
+    Row(
+        "failed_exit_code",
+        "failed",
+        FailureClass.NODE_FAILURE,
+        reason_has=("its node became unavailable",),
+        edit=taint_manager,
+    ),
+    Row(
+        "failed_exit_code",
+        "failed",
+        FailureClass.NODE_FAILURE,
+        reason_has=("(Node is not ready)",),
+        edit=node_not_ready,
+    ),
+    Row(
+        "rayjob_submitter_failed",
+        "failed",
+        FailureClass.USER_ERROR,
+        1,
+        reason_has=("Container ray-job-submitter of pod rj-subfail-", "exited with code 1"),
+    ),
+    Row(
+        "rayjob_grace_failed",
+        "failed",
+        FailureClass.INFRASTRUCTURE,
+        reason_has=("KubeRay could not learn how the Ray job ended",),
+    ),
+    Row(
+        "rayjob_running",
+        "failed",
+        FailureClass.DEADLINE_EXCEEDED,
+        reason_has=("Stopped by KubeRay",),
+        edit=set_status(jobDeploymentStatus="Failed", reason="DeadlineExceeded"),
+    ),
+    Row(
+        "rayjob_running",
+        "failed",
+        FailureClass.USER_ERROR,
+        edit=lambda data: (
+            set_status(jobDeploymentStatus="Complete", jobStatus="FAILED", reason="AppFailed")(
+                data
+            ),
+            data.update(pods=[p for p in data["pods"] if "submitter" not in str(p)]),
+        ),
+        reason_has=("The Ray job failed.",),
+    ),
+    # -- Kueue's evictions ---------------------------------------------------------------------
+    Row(
+        "preempted",
+        "preempted",
+        FailureClass.PREEMPTED,
+        reason="Kueue preempted it to make room for higher-priority work (prioritization in "
+        "the ClusterQueue).",
+    ),
+    Row(
+        "running",
+        "failed",
+        FailureClass.NODE_FAILURE,
+        reason_has=("a node it ran on failed",),
+        edit=evict("NodeFailures", "Workload was evicted due to node failures"),
+    ),
+    Row(
+        "running",
+        "failed",
+        FailureClass.DEADLINE_EXCEEDED,
+        reason_has=("maximum execution time",),
+        edit=evict("DeactivatedDueToMaximumExecutionTimeExceeded", "exceeding the maximum"),
+    ),
+    Row(
+        "running",
+        "evicted",
+        FailureClass.EVICTED,
+        reason_has=("deactivated",),
+        edit=evict("InactiveWorkload", "The workload is deactivated"),
+    ),
+    Row(
+        "running",
+        "evicted",
+        FailureClass.EVICTED,
+        reason_has=("pods were not ready in time",),
+        edit=evict("PodsReadyTimeout", "Exceeded the PodsReady timeout"),
+    ),
+    # -- objects TauGrid did not delete ---------------------------------------------------------
+    Row(
+        "running",
+        "failed",
+        FailureClass.INFRASTRUCTURE,
+        reason_has=("Its Job or RayJob is gone, deleted outside TauGrid",),
+        edit=no_job,
+    ),
+    Row("running", "nothing", edit=no_job, created=False),  # not created yet: nothing to say
+    Row(
+        "running",
+        "failed",
+        FailureClass.INFRASTRUCTURE,
+        reason_has=("Its Job is being deleted",),
+        edit=being_deleted,
+    ),
+]
+
+
+def _id(row: Row) -> str:
+    edited = f"+{row.edit.__name__}" if row.edit is not None else ""
+    return f"{row.case}{edited}->{row.state}{':' + row.failure_class if row.failure_class else ''}"
+
+
+@pytest.mark.parametrize("row", TABLE, ids=[_id(row) for row in TABLE])
+def test_kubernetes_status_maps_to_run_state(row: Row) -> None:
+    data = copy.deepcopy(captured(row.case))
+    if row.edit is not None:
+        row.edit(data)
+    seen = observe(objects_of(data, created=row.created), now=when(data, row.later))
+    assert (seen.state, seen.failure_class, seen.exit_code) == (
+        row.state,
+        row.failure_class,
+        row.exit_code,
+    ), seen.reason
+    if row.reason is not None:
+        assert seen.reason == row.reason
+    for part in row.reason_has:
+        assert part in seen.reason
+    for name, value in row.placed.items():
+        assert getattr(seen, name) == value
+
+
+def test_every_captured_object_is_in_the_table() -> None:
+    assert {path.stem for path in OBJECTS.glob("*.json")} <= {row.case for row in TABLE}
+
+
+def test_where_kueue_placed_it() -> None:
+    seen = observe(objects_of(captured("running")), now=when(captured("running")))
+    assert seen.cluster_queue.startswith("ws-")
+    assert seen.flavors == {"cpu": "h100", "memory": "h100", "nvidia.com/gpu": "h100"}
+    assert seen.ran
+    assert seen.admitted
+    assert not seen.object_active
+
+
+def test_an_attempt_taugrid_must_clean_up_after() -> None:
+    """Preempted (Kueue suspended the Job and would admit it again) and stuck on an image:
+    the Job is still active; a Job that failed by itself is not."""
+    assert observe(objects_of(captured("preempted")), now=when(captured("preempted"))).object_active
+    assert observe(
+        objects_of(captured("image_pull")), now=when(captured("image_pull"))
+    ).object_active
+    oom = captured("failed_oom")
+    assert not observe(objects_of(oom), now=when(oom)).object_active
+
+
+def test_the_same_objects_give_the_same_observation() -> None:
+    """What the watcher compares to skip work: equal objects, equal observations."""
+    data = captured("running")
+    first = observe(objects_of(data), now=when(data))
+    again = observe(objects_of(copy.deepcopy(data)), now=when(data, 5))
+    assert first == again
+    assert isinstance(first, Observation)
+
+
+def test_waiting_reason_without_the_cluster_queue() -> None:
+    """The ClusterQueue not (yet) in the watcher's cache: Kueue's numbers only."""
+    data = captured("queued_cohort_has_none")
+    assert waiting_reason(data["workload"], None) == (
+        "Waiting for 4 GPUs (nvidia.com/gpu) on flavor h100: 4 more than is free now."
+    )
+
+
+def test_waiting_reason_outside_a_cohort() -> None:
+    data = captured("queued_cohort_has_none")
+    data["cluster_queue"]["spec"].pop("cohortName")
+    assert waiting_reason(data["workload"], data["cluster_queue"]) == (
+        "Waiting for 4 GPUs (nvidia.com/gpu) on flavor h100: the workspace uses 8 of its 8."
+    )
+
+
+def test_waiting_reason_for_two_pod_sets() -> None:
+    """Kueue joins pod sets with "; " and one pod set's reasons with ", " (which also occurs
+    inside a reason): each is found by its pattern."""
+    workload = copy.deepcopy(captured("queued_cohort_has_none")["workload"])
+    _condition(workload, "QuotaReserved")["message"] = (
+        "couldn't assign flavors to pod set head: insufficient unused quota for cpu in flavor "
+        "cpu, 2 more needed; couldn't assign flavors to pod set workers: insufficient unused "
+        "quota for memory in flavor cpu, 16Gi more needed, insufficient unused quota for "
+        "nvidia.com/gpu in flavor h100, 1 more needed"
+    )
+    workload["status"]["resourceRequests"] = [
+        {"name": "head", "resources": {"cpu": "2"}},
+        {"name": "workers", "resources": {"memory": "64Gi", "nvidia.com/gpu": "8"}},
+    ]
+    assert waiting_reason(workload, None) == (
+        "Waiting for 2 CPUs on flavor cpu: 2 more than is free now. "
+        "Waiting for 64Gi of memory on flavor cpu: 16Gi more than is free now. "
+        "Waiting for 8 GPUs (nvidia.com/gpu) on flavor h100: 1 more than is free now."
+    )
+
+
+@pytest.mark.parametrize(
+    ("resource", "amount", "words"),
+    [
+        ("nvidia.com/gpu", "1", "1 GPU (nvidia.com/gpu)"),
+        ("amd.com/gpu", "2", "2 GPUs (amd.com/gpu)"),
+        ("cpu", "500m", "0.5 CPUs"),
+        ("cpu", "1", "1 CPU"),
+        ("memory", "17179869184", "16Gi of memory"),
+        ("example.com/fpga", "3", "3 example.com/fpga"),
+    ],
+)
+def test_amounts_in_words(resource: str, amount: str, words: str) -> None:
+    from tau.quantity import parse_quantity
+
+    assert amount_words(resource, parse_quantity(amount)) == words
