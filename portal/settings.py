@@ -534,6 +534,16 @@ if TAU_BACKEND == "kubernetes":
             },
         }
     )
+# The Kubernetes watcher (runs/kube_watcher.py, `manage.py run_kube_watcher`): one replica acts
+# at a time, holding the Lease taugrid-kube-watcher in TAU_KUBE_WATCHER_LEASE_NAMESPACE (the
+# portal's namespace, workspaces.cluster_access.PORTAL_NAMESPACE, unless set), renewed every
+# fifth of TAU_KUBE_WATCHER_LEASE_SECONDS; a standby takes over once it lapses. Every
+# TAU_KUBE_WATCHER_RESYNC_SECONDS each watch is replaced by a full list.
+TAU_KUBE_WATCHER_LEASE_NAMESPACE = (
+    env_str("TAU_KUBE_WATCHER_LEASE_NAMESPACE", "taugrid") or "taugrid"
+)
+TAU_KUBE_WATCHER_LEASE_SECONDS = env_int("TAU_KUBE_WATCHER_LEASE_SECONDS", 15, minimum=2)
+TAU_KUBE_WATCHER_RESYNC_SECONDS = env_int("TAU_KUBE_WATCHER_RESYNC_SECONDS", 300, minimum=10)
 # The local executor runs submitted code as the portal's own user: on by default on one
 # machine, and only when explicitly enabled in production.
 TAU_LOCAL_EXECUTOR = env_bool("TAU_LOCAL_EXECUTOR", not PRODUCTION)

@@ -1,5 +1,6 @@
 """Run the whole portal on this machine in the foreground: web server, Celery worker and beat,
-and, when runs execute on this machine (``TAU_BACKEND=local``), the local agent.
+and, when runs execute on this machine (``TAU_BACKEND=local``), the local agent, or, when
+they run on Kubernetes (``TAU_BACKEND=kubernetes``), the Kubernetes watcher.
 
 Ctrl-C (or SIGTERM) stops all of them; if one of them dies, the others are stopped too and
 the command exits non-zero, so nothing is left half-running.
@@ -172,9 +173,13 @@ class Command(BaseCommand):
                 os.path.join(var_dir, "celerybeat.pid"),
             ],
         }
+        manage = os.path.join(settings.BASE_DIR, "manage.py")
         if settings.TAU_BACKEND == "local":
             # Executes queued local runs as process groups on this machine (runs.agent).
-            commands["agent"] = [python, os.path.join(settings.BASE_DIR, "manage.py"), "run_agent"]
+            commands["agent"] = [python, manage, "run_agent"]
+        elif settings.TAU_BACKEND == "kubernetes":
+            # Follows the runs' objects on the cluster to the end (runs.kube_watcher).
+            commands["watcher"] = [python, manage, "run_kube_watcher"]
         return commands
 
     def _print_login(self, console: _Console, url: str) -> None:
@@ -287,6 +292,7 @@ def _names(names: list[str]) -> str:
         "worker": "a Celery worker",
         "beat": "Celery beat",
         "agent": "the local agent",
+        "watcher": "the Kubernetes watcher",
     }
     spelled = [words.get(name, name) for name in names]
     return spelled[0] if len(spelled) == 1 else f"{', '.join(spelled[:-1])} and {spelled[-1]}"

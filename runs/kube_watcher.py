@@ -1,0 +1,1182 @@
+"""The Kubernetes watcher: follows every run's objects on the cluster to the end, and tells the
+run services what happened (``manage.py run_kube_watcher``; ``make run`` starts it when
+``TAU_BACKEND=kubernetes``). The Kubernetes backend's counterpart of the local agent.
+
+A loop over small steps, each tested on its own:
+
+1. **Informers** (:class:`Informer`, one thread per kind) list, then watch, Workloads
+   (``kueue.x-k8s.io/v1beta2``), Jobs, RayJobs (``ray.io/v1``) and Pods with TauGrid's labels,
+   warning Events, ClusterQueues and LocalQueues, in all namespaces. Each watch resumes from
+   the last ``resourceVersion`` it saw (bookmarks keep it fresh); a ``410 Gone`` means list
+   again; a connection lost or an API server that does not answer (restarting) means wait
+   (doubling, up to :data:`MAX_BACKOFF_SECONDS`) and list again; every
+   ``TAU_KUBE_WATCHER_RESYNC_SECONDS`` the watch is replaced by a full list anyway. Informers
+   touch no database: they put what they read on one queue.
+2. **The cache** (:class:`ClusterCache`, the main thread's only) keeps the objects and indexes
+   them by attempt (the labels ``taugrid.io/run-id`` + ``taugrid.io/attempt``, never names:
+   names change with the attempt number), a Workload by its job's uid (Kueue's
+   ``kueue.x-k8s.io/job-uid`` label: Kueue copies no other label), an Event by the object it
+   is about. Each change marks the attempts it concerns *dirty*.
+3. **Reconcile** one dirty attempt: read its run, gather its objects from the cache (only from
+   the run's workspace namespace: an object elsewhere with a run's labels is not believed),
+   ask :func:`runs.kube_status.observe` what they mean, and :func:`apply_observation`.
+4. **Apply** through the run services only, as the local agent does (``admit_attempt``,
+   ``attempt_running``, ``finish_attempt`` — whose retry policy hands a new attempt to the
+   backend through the outbox — ``note_reason``, ``note_admission``, ``note_nodes``, and the
+   run tokens revoked when an attempt ends). Every step is guarded by the state the database
+   holds, under the run's lock, so seeing the same status twice, or two watchers acting for a
+   moment, changes nothing the second time: no event is recorded twice. The attempt's Job or
+   RayJob is deleted when TauGrid ended an attempt Kubernetes had not (preempted and
+   suspended by Kueue, which would admit it again; stuck on an image).
+5. **Sweep**, once every informer has listed and then at each resync: every live Kubernetes
+   run's current attempt is reconciled whatever the watches said, which catches what happened
+   while no watcher ran: objects deleted behind TauGrid's back, a cancel whose pods are gone.
+6. **One active replica** (:class:`LeaderElection`): a ``coordination.k8s.io/v1`` Lease named
+   ``taugrid-kube-watcher`` in ``TAU_KUBE_WATCHER_LEASE_NAMESPACE``, created if missing,
+   renewed every fifth of ``TAU_KUBE_WATCHER_LEASE_SECONDS``. The holder acts only while its
+   last renewal is younger than two thirds of the lease; a standby takes the Lease once it has
+   seen it unchanged for a whole lease (its own clock, as client-go does, so clock skew does
+   not matter) and only then starts its informers. A replica that stops gracefully gives the
+   Lease up at once.
+
+What the watcher decides about an attempt, and why, is in ``runs.kube_status``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import FrameType
+from typing import Any, Final
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, transaction
+from django.utils import timezone
+
+import kube
+from kube import KubeClient, KubeError
+from runs import labels, run_tokens, selectors, wording
+from runs.attempts import (
+    AttemptOutcome,
+    admit_attempt,
+    attempt_running,
+    finish_attempt,
+    note_admission,
+    note_nodes,
+)
+from runs.kube_status import AttemptObjects, Observation, ObservedState, observe
+from runs.models import (
+    LIVE_STATES,
+    TERMINAL_STATES,
+    Backend,
+    Delivery,
+    EventKind,
+    FailureClass,
+    Run,
+    RunAttempt,
+    RunState,
+)
+from runs.state import lock_run, note_reason, transition
+from workspaces.cluster_access import LEADER_LEASE
+
+logger = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+
+KUEUE: Final = "kueue.x-k8s.io/v1beta2"
+COORDINATION: Final = "coordination.k8s.io/v1"
+#: TauGrid's objects: its own label, and the run id present.
+TAUGRID_SELECTOR: Final = f"{labels.MANAGED_BY}={labels.MANAGED_BY_TAUGRID},{labels.RUN_ID}"
+#: The longest wait between two tries of a list or watch that failed.
+MAX_BACKOFF_SECONDS: Final = 10.0
+#: How long a watch runs before it is replaced (the server ends it; a resync may come first).
+WATCH_SECONDS: Final = 300
+#: A Job or RayJob TauGrid created and the cache does not hold is "deleted" only once its
+#: creation is this old: a watch event can lag the backend's write by a moment.
+ABSENCE_GRACE: Final = timedelta(seconds=30)
+#: A reconcile that could not be completed (a run still pending, a database error) is tried
+#: again after this long.
+RETRY_SECONDS: Final = 2.0
+#: An admitted attempt whose pods have not started is looked at again this often, whether or
+#: not anything changes: what it says depends on how long they have waited (a pod the
+#: scheduler cannot place, an image that cannot be pulled; ``runs.kube_status``).
+RECHECK_SECONDS: Final = 10.0
+#: The most warning Events kept (the oldest are dropped first).
+MAX_EVENTS: Final = 10_000
+
+FINISHED_ATTEMPT_STATES: Final = frozenset(
+    {RunAttempt.State.SUCCEEDED, RunAttempt.State.FAILED, RunAttempt.State.CANCELLED}
+)
+
+
+@dataclass(frozen=True)
+class WatchedKind:
+    api_version: str
+    kind: str
+    label_selector: str | None = None
+    field_selector: str | None = None
+
+
+JOB: Final = WatchedKind("batch/v1", "Job", label_selector=TAUGRID_SELECTOR)
+RAYJOB: Final = WatchedKind("ray.io/v1", "RayJob", label_selector=TAUGRID_SELECTOR)
+POD: Final = WatchedKind("v1", "Pod", label_selector=TAUGRID_SELECTOR)
+WORKLOAD: Final = WatchedKind(KUEUE, "Workload", label_selector=labels.KUEUE_JOB_UID)
+EVENT: Final = WatchedKind("v1", "Event", field_selector="type=Warning")
+CLUSTER_QUEUE: Final = WatchedKind(KUEUE, "ClusterQueue")
+LOCAL_QUEUE: Final = WatchedKind(KUEUE, "LocalQueue")
+WATCHED: Final = (WORKLOAD, JOB, RAYJOB, POD, EVENT, CLUSTER_QUEUE, LOCAL_QUEUE)
+WORKLOAD_OBJECT_KINDS: Final = frozenset({JOB.kind, RAYJOB.kind})
+
+
+@dataclass(frozen=True, order=True)
+class AttemptKey:
+    run_id: int
+    attempt: int
+
+
+def attempt_key(obj: Mapping[str, Any]) -> AttemptKey | None:
+    """The attempt an object of TauGrid's belongs to, from its labels."""
+    found = (obj.get("metadata") or {}).get("labels") or {}
+    try:
+        return AttemptKey(int(found[labels.RUN_ID]), int(found[labels.ATTEMPT]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    meta = _meta(obj)
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+
+def _owned_by_rayjob(obj: Mapping[str, Any]) -> bool:
+    return any(ref.get("kind") == "RayJob" for ref in _meta(obj).get("ownerReferences") or [])
+
+
+# --- informers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A full list of one kind: the cache replaces what it held of that kind."""
+
+    generation: int
+    kind: str
+    items: list[Body]
+
+
+@dataclass(frozen=True)
+class Changed:
+    generation: int
+    kind: str
+    type: str  # ADDED, MODIFIED, DELETED
+    object: Body
+
+
+Message = Listed | Changed
+
+
+class Informer:
+    """List, then watch, one kind, forever (until ``stop``): see the module docstring, step 1.
+    Runs in a thread of its own; everything it reads goes to ``sink``."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        watched: WatchedKind,
+        sink: Callable[[Message], None],
+        *,
+        generation: int,
+        stop: threading.Event,
+        resync_seconds: float,
+        watch_seconds: int = WATCH_SECONDS,
+    ) -> None:
+        self.client = client
+        self.watched = watched
+        self.sink = sink
+        self.generation = generation
+        self.stop = stop
+        self.resync_seconds = resync_seconds
+        self.watch_seconds = watch_seconds
+        self.lists = 0  # how many full lists it made (tests read it)
+        self._watch: kube.Watch | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.run, name=f"informer-{self.watched.kind}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """End the current watch at once (``stop`` must be set first)."""
+        current = self._watch
+        if current is not None:
+            current.close()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        backoff = 0.0
+        kind = self.watched.kind
+        while not self.stop.is_set():
+            if backoff:
+                self.stop.wait(backoff)
+                if self.stop.is_set():
+                    return
+            try:
+                version = self._list()
+                backoff = 0.0
+                self._watch_until_resync(version)
+            except kube.Gone as error:
+                logger.info("the watch of %s expired (%s); listing again", kind, error)
+            except kube.UnknownKind as error:
+                # RayJob without KubeRay: nothing of that kind can exist; look again later.
+                logger.warning("%s cannot be watched: %s", kind, error)
+                self.sink(Listed(self.generation, kind, []))
+                backoff = 60.0
+            except KubeError as error:
+                backoff = min(MAX_BACKOFF_SECONDS, max(0.5, backoff * 2))
+                logger.warning(
+                    "watching %s failed (%s); listing again in %.1f s", kind, error, backoff
+                )
+            except Exception:
+                backoff = MAX_BACKOFF_SECONDS
+                logger.exception("the %s informer failed; listing again in %.0f s", kind, backoff)
+
+    def _list(self) -> str:
+        watched = self.watched
+        listing = self.client.list_with_version(
+            watched.api_version,
+            watched.kind,
+            label_selector=watched.label_selector,
+            field_selector=watched.field_selector,
+        )
+        self.lists += 1
+        self.sink(Listed(self.generation, watched.kind, listing.items))
+        return listing.resource_version
+
+    def _watch_until_resync(self, version: str) -> None:
+        watched = self.watched
+        resync_at = time.monotonic() + self.resync_seconds
+        while not self.stop.is_set():
+            left = resync_at - time.monotonic()
+            if left <= 0:
+                return  # a full list: the periodic resync
+            self._watch = self.client.watch(
+                watched.api_version,
+                watched.kind,
+                resource_version=version,
+                label_selector=watched.label_selector,
+                field_selector=watched.field_selector,
+                timeout_seconds=max(1, min(self.watch_seconds, int(left) + 1)),
+            )
+            try:
+                for event in self._watch:
+                    if self.stop.is_set():
+                        return
+                    version = event.resource_version or version
+                    if event.type == "BOOKMARK":
+                        continue
+                    self.sink(Changed(self.generation, watched.kind, event.type, event.object))
+            finally:
+                self._watch.close()
+                self._watch = None
+
+
+# --- the cache --------------------------------------------------------------------------------
+
+
+class ClusterCache:
+    """The objects the informers read, indexed for :meth:`objects_for` (main thread only)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Body]] = {w.kind: {} for w in WATCHED}
+        self.members: dict[AttemptKey, set[tuple[str, str]]] = {}
+        self.workload_by_job_uid: dict[str, str] = {}
+        self.events: OrderedDict[str, Body] = OrderedDict()
+        self.events_about: dict[tuple[str, str, str], set[str]] = {}
+        self.listed: set[str] = set()
+        #: Attempts whose Job or RayJob this process has seen (so its absence is a deletion).
+        self.seen: set[AttemptKey] = set()
+
+    # -- updates, each returning the attempts it concerns --
+
+    def replace(self, kind: str, items: Iterable[Body]) -> set[AttemptKey]:
+        fresh = {_uid(item): item for item in items}
+        dirty: set[AttemptKey] = set()
+        for uid, old in list(self.objects[kind].items()):
+            if uid not in fresh:
+                dirty |= self._remove(kind, old)
+        for uid, item in fresh.items():
+            known = self.objects[kind].get(uid)
+            if known is None or _meta(known).get("resourceVersion") != _meta(item).get(
+                "resourceVersion"
+            ):
+                dirty |= self._put(kind, item)
+        self.listed.add(kind)
+        return dirty
+
+    def change(self, kind: str, change_type: str, obj: Body) -> set[AttemptKey]:
+        if change_type == "DELETED":
+            old = self.objects[kind].get(_uid(obj), obj)
+            return self._remove(kind, old)
+        return self._put(kind, obj)
+
+    def _put(self, kind: str, obj: Body) -> set[AttemptKey]:
+        uid = _uid(obj)
+        self.objects[kind][uid] = obj
+        if kind == EVENT.kind:
+            return self._put_event(uid, obj)
+        if kind == WORKLOAD.kind:
+            job_uid = str((_meta(obj).get("labels") or {}).get(labels.KUEUE_JOB_UID) or "")
+            if job_uid:
+                self.workload_by_job_uid[job_uid] = uid
+            return self._keys_of_job_uid(job_uid)
+        if kind in {CLUSTER_QUEUE.kind, LOCAL_QUEUE.kind}:
+            return self._waiting_keys()
+        key = attempt_key(obj)
+        if key is None:
+            return set()
+        self.members.setdefault(key, set()).add((kind, uid))
+        if kind in WORKLOAD_OBJECT_KINDS and not _owned_by_rayjob(obj):
+            self.seen.add(key)
+        return {key}
+
+    def _remove(self, kind: str, obj: Body) -> set[AttemptKey]:
+        uid = _uid(obj)
+        stored = self.objects[kind].pop(uid, None) or obj
+        if kind == EVENT.kind:
+            return self._drop_event(uid, stored)
+        if kind == WORKLOAD.kind:
+            job_uid = str((_meta(stored).get("labels") or {}).get(labels.KUEUE_JOB_UID) or "")
+            if self.workload_by_job_uid.get(job_uid) == uid:
+                del self.workload_by_job_uid[job_uid]
+            return self._keys_of_job_uid(job_uid)
+        if kind in {CLUSTER_QUEUE.kind, LOCAL_QUEUE.kind}:
+            return self._waiting_keys()
+        key = attempt_key(stored)
+        if key is None:
+            return set()
+        members = self.members.get(key)
+        if members is not None:
+            members.discard((kind, uid))
+            if not members:
+                del self.members[key]
+        return {key}
+
+    def _put_event(self, uid: str, event: Body) -> set[AttemptKey]:
+        about = self._about(event)
+        self.events[uid] = event
+        self.events.move_to_end(uid)
+        self.events_about.setdefault(about, set()).add(uid)
+        while len(self.events) > MAX_EVENTS:
+            oldest, dropped = self.events.popitem(last=False)
+            self.objects[EVENT.kind].pop(oldest, None)
+            self.events_about.get(self._about(dropped), set()).discard(oldest)
+        return self._keys_named(about)
+
+    def _drop_event(self, uid: str, event: Body) -> set[AttemptKey]:
+        self.events.pop(uid, None)
+        about = self._about(event)
+        self.events_about.get(about, set()).discard(uid)
+        return self._keys_named(about)
+
+    @staticmethod
+    def _about(event: Mapping[str, Any]) -> tuple[str, str, str]:
+        involved = event.get("involvedObject") or {}
+        return (
+            str(involved.get("namespace") or _meta(event).get("namespace") or ""),
+            str(involved.get("kind") or ""),
+            str(involved.get("name") or ""),
+        )
+
+    def _keys_named(self, about: tuple[str, str, str]) -> set[AttemptKey]:
+        namespace, kind, name = about
+        if kind == WORKLOAD.kind:
+            for workload in self.objects[WORKLOAD.kind].values():
+                meta = _meta(workload)
+                if meta.get("namespace") == namespace and meta.get("name") == name:
+                    job_uid = str((meta.get("labels") or {}).get(labels.KUEUE_JOB_UID) or "")
+                    return self._keys_of_job_uid(job_uid)
+            return set()
+        if kind not in self.objects:
+            return set()
+        for obj in self.objects[kind].values():
+            meta = _meta(obj)
+            if meta.get("namespace") == namespace and meta.get("name") == name:
+                key = attempt_key(obj)
+                return {key} if key is not None else set()
+        return set()
+
+    def _keys_of_job_uid(self, job_uid: str) -> set[AttemptKey]:
+        for kind in WORKLOAD_OBJECT_KINDS:
+            job = self.objects[kind].get(job_uid)
+            if job is not None:
+                key = attempt_key(job)
+                return {key} if key is not None else set()
+        return set()
+
+    def _waiting_keys(self) -> set[AttemptKey]:
+        """Attempts whose Kueue Workload is not admitted (their waiting reason quotes the
+        ClusterQueue's numbers)."""
+        keys: set[AttemptKey] = set()
+        for key, members in self.members.items():
+            for kind, uid in members:
+                if kind in WORKLOAD_OBJECT_KINDS:
+                    workload = self.objects[WORKLOAD.kind].get(
+                        self.workload_by_job_uid.get(uid, "")
+                    )
+                    if workload is None or not (workload.get("status") or {}).get("admission"):
+                        keys.add(key)
+        return keys
+
+    # -- reads --
+
+    def ready(self) -> bool:
+        return all(w.kind in self.listed for w in WATCHED)
+
+    def keys(self) -> set[AttemptKey]:
+        return set(self.members)
+
+    def objects_for(self, key: AttemptKey, *, namespace: str, created: bool) -> AttemptObjects:
+        """The attempt's objects in ``namespace`` (objects elsewhere are not believed)."""
+        found: dict[str, list[Body]] = {}
+        for kind, uid in sorted(self.members.get(key, set())):
+            obj = self.objects[kind].get(uid)
+            if obj is not None and _meta(obj).get("namespace") == namespace:
+                found.setdefault(kind, []).append(obj)
+        # The RayJob if there is one (its submitter Job is one of its parts), else the Job.
+        candidates = [
+            obj
+            for kind in (RAYJOB.kind, JOB.kind)
+            for obj in found.get(kind, [])
+            if not _owned_by_rayjob(obj)
+        ]
+        workload_object = candidates[0] if candidates else None
+        kueue_workload = None
+        if workload_object is not None:
+            workload_uid = self.workload_by_job_uid.get(_uid(workload_object))
+            if workload_uid is not None:
+                kueue_workload = self.objects[WORKLOAD.kind].get(workload_uid)
+        pods = found.get(POD.kind, [])
+        return AttemptObjects(
+            workload_object=workload_object,
+            kueue_workload=kueue_workload,
+            pods=tuple(pods),
+            events=tuple(self._events_about(namespace, workload_object, kueue_workload, pods)),
+            cluster_queue=self._cluster_queue(workload_object, kueue_workload),
+            created=created,
+        )
+
+    def _events_about(
+        self,
+        namespace: str,
+        workload_object: Body | None,
+        kueue_workload: Body | None,
+        pods: list[Body],
+    ) -> list[Body]:
+        wanted = [(POD.kind, str(_meta(p).get("name"))) for p in pods]
+        if workload_object is not None:
+            wanted.append((str(workload_object.get("kind")), str(_meta(workload_object)["name"])))
+        if kueue_workload is not None:
+            wanted.append((WORKLOAD.kind, str(_meta(kueue_workload).get("name"))))
+        found: list[Body] = []
+        for kind, name in wanted:
+            for uid in sorted(self.events_about.get((namespace, kind, name), set())):
+                event = self.events.get(uid)
+                if event is not None:
+                    found.append(event)
+        return found
+
+    def _cluster_queue(
+        self, workload_object: Body | None, kueue_workload: Body | None
+    ) -> Body | None:
+        admission = ((kueue_workload or {}).get("status") or {}).get("admission") or {}
+        name = admission.get("clusterQueue")
+        if not name and workload_object is not None:
+            meta = _meta(workload_object)
+            queue_name = (meta.get("labels") or {}).get(labels.KUEUE_QUEUE_NAME)
+            for local in self.objects[LOCAL_QUEUE.kind].values():
+                local_meta = _meta(local)
+                if (
+                    local_meta.get("namespace") == meta.get("namespace")
+                    and local_meta.get("name") == queue_name
+                ):
+                    name = (local.get("spec") or {}).get("clusterQueue")
+        if not name:
+            return None
+        for cluster_queue in self.objects[CLUSTER_QUEUE.kind].values():
+            if _meta(cluster_queue).get("name") == name:
+                return cluster_queue
+        return None
+
+
+# --- applying an observation -------------------------------------------------------------------
+
+
+@dataclass
+class Applied:
+    """What :func:`apply_observation` did (for the log and the tests), and what is left."""
+
+    actions: list[str] = field(default_factory=list)
+    #: The run is not ready for it yet (still pending): reconcile again soon.
+    retry: bool = False
+    #: The attempt is over but its Job or RayJob still holds (or may regain) quota.
+    delete_object: bool = False
+    #: The attempt ended: its run token is revoked.
+    ended_attempt: int | None = None
+
+
+def apply_observation(
+    *,
+    run_id: int,
+    attempt_number: int,
+    observation: Observation,
+    pods_remain: bool,
+    object_remains: bool,
+) -> Applied:
+    """Bring the run up to what Kubernetes says about its attempt ``attempt_number``,
+    through the run services, in one transaction under the run's lock. Whatever the
+    database already shows is not done again."""
+    applied = Applied()
+    with transaction.atomic():
+        run = lock_run(run_id)
+        attempt = (
+            RunAttempt.objects.unscoped()
+            .filter(run_id=run_id, number=attempt_number)
+            .select_related("run")
+            .first()
+        )
+        if attempt is None:
+            return applied
+        state = RunState(run.state)
+        if (
+            attempt.number != run.attempt_count
+            or attempt.state in FINISHED_ATTEMPT_STATES
+            or state in TERMINAL_STATES
+        ):
+            # An attempt TauGrid is done with: only its leftovers matter.
+            applied.delete_object = observation.object_active and object_remains
+            return applied
+        if observation.state == ObservedState.NOTHING:
+            return applied
+        if state == RunState.PENDING:
+            # The backend writes "queued" once it has created the objects; not yet.
+            applied.retry = True
+            return applied
+        if state == RunState.CANCELLING:
+            _apply_cancelling(run, attempt, observation, pods_remain, object_remains, applied)
+        else:
+            _apply(run, attempt, observation, applied)
+    return applied
+
+
+def _apply(run: Run, attempt: RunAttempt, observation: Observation, applied: Applied) -> None:
+    kind = observation.state
+    if kind == ObservedState.QUEUED:
+        if attempt.state == RunAttempt.State.WAITING and run.state == RunState.QUEUED:
+            _note(run, RunState.QUEUED, observation.reason, applied)
+        return
+    if kind == ObservedState.ADMITTED:
+        _catch_up(run, attempt, observation, applied, running=False)
+        if observation.reason:
+            _note(run, RunState.ADMITTED, observation.reason, applied)
+        return
+    if kind == ObservedState.RUNNING:
+        _catch_up(run, attempt, observation, applied, running=True)
+        return
+    # The attempt is over.
+    if observation.admitted or observation.ran or attempt.state != RunAttempt.State.WAITING:
+        _catch_up(run, attempt, observation, applied, running=observation.ran)
+        _finish(attempt, observation, applied)
+        return
+    # It ended before Kueue ever admitted it (its objects were deleted while it waited):
+    # there is no started attempt to retry; the run fails with the attempt.
+    locked = lock_run(run.pk)
+    locked.failure_class = observation.failure_class or FailureClass.UNKNOWN
+    locked.save(update_fields=["failure_class"])
+    transition(
+        locked,
+        RunState.FAILED,
+        reason=f"Attempt {attempt.number} failed before it started: {observation.reason}",
+        data={"attempt": attempt.number, "failure_class": locked.failure_class},
+    )
+    applied.actions.append(f"failed:{locked.failure_class}")
+    applied.ended_attempt = attempt.number
+    applied.delete_object = observation.object_active
+
+
+def _apply_cancelling(
+    run: Run,
+    attempt: RunAttempt,
+    observation: Observation,
+    pods_remain: bool,
+    object_remains: bool,
+    applied: Applied,
+) -> None:
+    """A cancel in progress: it ends cancelled once nothing of the attempt runs any more,
+    unless the attempt reached its own end first (succeeded stays succeeded)."""
+    live = attempt.state in {RunAttempt.State.STARTING, RunAttempt.State.RUNNING}
+    if observation.ended and not observation.deleted and live:
+        _catch_up(run, attempt, observation, applied, running=observation.ran)
+        _finish(attempt, observation, applied)  # finish_attempt: cancelled unless succeeded
+        return
+    if pods_remain or (object_remains and not observation.deleted):
+        return  # still stopping
+    if live:
+        attempt.refresh_from_db()
+        finish_attempt(
+            attempt=attempt,
+            outcome=AttemptOutcome(
+                succeeded=False, cancelled=True, exit_code=observation.exit_code, message=""
+            ),
+        )
+    else:
+        transition(
+            run,
+            RunState.CANCELLED,
+            reason=wording.cancelled_reason(selectors.cancel_requested_by(run)),
+            kind=EventKind.CANCELLED,
+        )
+    applied.actions.append("cancelled")
+    applied.ended_attempt = attempt.number
+
+
+def _catch_up(
+    run: Run,
+    attempt: RunAttempt,
+    observation: Observation,
+    applied: Applied,
+    *,
+    running: bool,
+) -> None:
+    """Admitted (and running), as the backend's supervisor says, if not recorded yet; and
+    where Kueue and the scheduler put it."""
+    if attempt.state == RunAttempt.State.WAITING:
+        if run.state != RunState.QUEUED:
+            return
+        started = admit_attempt(run=run)
+        attempt.state = started.state
+        applied.actions.append("admitted")
+    if running and attempt.state == RunAttempt.State.STARTING:
+        attempt_running(attempt=attempt)
+        applied.actions.append("running")
+    if observation.cluster_queue and note_admission(
+        attempt_id=attempt.pk,
+        cluster_queue=observation.cluster_queue,
+        flavors=dict(observation.flavors),
+    ):
+        applied.actions.append("placed")
+    if observation.node_names and note_nodes(
+        attempt_id=attempt.pk, node_names=list(observation.node_names)
+    ):
+        applied.actions.append("nodes")
+
+
+def _finish(attempt: RunAttempt, observation: Observation, applied: Applied) -> None:
+    failure = observation.failure_class
+    # finish_attempt saves the whole row: what note_admission and note_nodes wrote (and the
+    # run token) must be in it.
+    attempt.refresh_from_db()
+    finish_attempt(
+        attempt=attempt,
+        outcome=AttemptOutcome(
+            succeeded=observation.succeeded,
+            exit_code=observation.exit_code,
+            failure_class="" if failure is None else str(failure.value),
+            message="" if observation.succeeded else observation.reason,
+        ),
+    )
+    applied.actions.append(
+        "succeeded" if observation.succeeded else f"ended:{failure or 'unknown'}"
+    )
+    applied.ended_attempt = attempt.number
+    applied.delete_object = observation.object_active
+
+
+def _note(run: Run, state: RunState, reason: str, applied: Applied) -> None:
+    run.refresh_from_db(fields=["state", "state_reason"])
+    if run.state_reason != reason and note_reason(run_id=run.pk, state=state, reason=reason):
+        run.state_reason = reason
+        applied.actions.append("reason")
+
+
+# --- the watcher --------------------------------------------------------------------------------
+
+
+class KubeWatcher:
+    """Informers, the cache, reconciling and sweeping (module docstring, steps 1 to 5). The
+    caller drives it: :meth:`start`, then :meth:`step` in a loop while it leads, :meth:`stop`."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        resync_seconds: float,
+        acting: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.client = client
+        self.resync_seconds = resync_seconds
+        self.acting = acting
+        self.messages: queue.Queue[Message] = queue.Queue()
+        self.cache = ClusterCache()
+        self.generation = 0
+        self.informers: list[Informer] = []
+        self._stop_informers = threading.Event()
+        self.dirty: set[AttemptKey] = set()
+        self.retry_at: dict[AttemptKey, float] = {}
+        self.applied: dict[AttemptKey, Observation] = {}
+        self.swept_at: float | None = None
+        self.started_at = 0.0
+
+    @property
+    def running(self) -> bool:
+        return bool(self.informers)
+
+    def start(self) -> None:
+        """Start fresh informers (an empty cache: each lists first)."""
+        self.stop()
+        self.generation += 1
+        self.cache = ClusterCache()
+        self.dirty.clear()
+        self.retry_at.clear()
+        self.applied.clear()
+        self.swept_at = None
+        self.started_at = time.monotonic()
+        self._stop_informers = threading.Event()
+        self.informers = [
+            Informer(
+                self.client,
+                watched,
+                self.messages.put,
+                generation=self.generation,
+                stop=self._stop_informers,
+                resync_seconds=self.resync_seconds,
+            )
+            for watched in WATCHED
+        ]
+        for informer in self.informers:
+            informer.start()
+
+    def stop(self) -> None:
+        if not self.informers:
+            return
+        self._stop_informers.set()
+        for informer in self.informers:
+            informer.close()
+        for informer in self.informers:
+            informer.join(timeout=5)
+        self.informers = []
+
+    # -- one step --
+
+    def step(self, timeout: float = 0.5) -> int:
+        """Take in what the informers read (waiting up to ``timeout`` for the first of it),
+        then reconcile every attempt it concerns; sweep when due. How many were reconciled."""
+        self._take_messages(timeout)
+        if not self.cache.ready():
+            return 0
+        now = time.monotonic()
+        if self.swept_at is None or now - self.swept_at >= self.resync_seconds:
+            self.sweep()
+        due = {key for key, at in self.retry_at.items() if at <= now}
+        for key in due:
+            del self.retry_at[key]
+        todo = sorted(self.dirty | due)
+        self.dirty.clear()
+        done = 0
+        for index, key in enumerate(todo):
+            if not self.acting():
+                self.dirty.update(todo[index:])  # not ours to act on any more
+                break
+            self.reconcile(key)
+            done += 1
+        return done
+
+    def _take_messages(self, timeout: float) -> None:
+        try:
+            message = self.messages.get(timeout=timeout)
+        except queue.Empty:
+            return
+        taken = 0
+        while True:
+            self._take(message)
+            taken += 1
+            if taken >= 5000:
+                return
+            try:
+                message = self.messages.get_nowait()
+            except queue.Empty:
+                return
+
+    def _take(self, message: Message) -> None:
+        if message.generation != self.generation:
+            return  # from informers of an earlier leadership
+        if isinstance(message, Listed):
+            self.dirty |= self.cache.replace(message.kind, message.items)
+        else:
+            self.dirty |= self.cache.change(message.kind, message.type, message.object)
+
+    def sweep(self) -> None:
+        """Reconcile every live Kubernetes run's current attempt, and every attempt that has
+        objects, whatever the watches said (module docstring, step 5)."""
+        self.swept_at = time.monotonic()
+        live = Run.objects.unscoped().filter(backend=Backend.KUBERNETES, state__in=LIVE_STATES)
+        for run_id, number in live.values_list("pk", "attempt_count"):
+            if number:
+                self.dirty.add(AttemptKey(run_id, number))
+        self.dirty |= self.cache.keys()
+        self.applied.clear()
+
+    # -- one attempt --
+
+    def reconcile(self, key: AttemptKey) -> Applied | None:
+        """Reconcile one attempt; None when there was nothing to do. Failures are logged and
+        the attempt is tried again later: one bad attempt never stops the others."""
+        try:
+            return self._reconcile(key)
+        except DatabaseError:
+            logger.warning(
+                "database error reconciling run %s attempt %s",
+                key.run_id,
+                key.attempt,
+                exc_info=True,
+            )
+            close_old_connections()
+        except KubeError as error:
+            logger.warning("run %s attempt %s: Kubernetes said %s", key.run_id, key.attempt, error)
+        except Exception:
+            logger.exception("could not reconcile run %s attempt %s", key.run_id, key.attempt)
+        self.applied.pop(key, None)
+        self.retry_at[key] = time.monotonic() + RETRY_SECONDS * 5
+        return None
+
+    def _reconcile(self, key: AttemptKey) -> Applied | None:
+        run = (
+            Run.objects.unscoped()
+            .select_related("workspace")
+            .filter(pk=key.run_id, backend=Backend.KUBERNETES)
+            .first()
+        )
+        if run is None:
+            return None  # not one of this installation's Kubernetes runs
+        created = self._created(key)
+        objects = self.cache.objects_for(key, namespace=run.workspace.namespace, created=created)
+        observation = observe(objects, now=timezone.now())
+        if self.applied.get(key) == observation:
+            return None  # nothing new since the last time
+        object_remains = objects.workload_object is not None
+        applied = apply_observation(
+            run_id=key.run_id,
+            attempt_number=key.attempt,
+            observation=observation,
+            pods_remain=bool(objects.pods),
+            object_remains=object_remains,
+        )
+        if applied.actions:
+            logger.info(
+                "run %s (%s) attempt %d: %s — %s",
+                run.name,
+                run.pk,
+                key.attempt,
+                ", ".join(applied.actions),
+                observation.reason or observation.state,
+            )
+        if applied.ended_attempt is not None:
+            self._revoke_token(key)
+        if applied.delete_object and objects.workload_object is not None:
+            self._delete(objects.workload_object, run.name)
+        if applied.retry:
+            self.retry_at[key] = time.monotonic() + RETRY_SECONDS
+            self.applied.pop(key, None)
+        else:
+            self.applied[key] = observation
+            if observation.state == ObservedState.ADMITTED and not observation.ran:
+                self.retry_at.setdefault(key, time.monotonic() + RECHECK_SECONDS)
+        return applied
+
+    def _created(self, key: AttemptKey) -> bool:
+        """Whether the attempt's Job or RayJob was made: seen by this process, or its submit
+        delivered long enough ago (:data:`ABSENCE_GRACE`) that the informers, which have all
+        listed, would hold it if it still existed."""
+        if key in self.cache.seen:
+            return True
+        return (
+            Delivery.objects.unscoped()
+            .filter(
+                run_id=key.run_id,
+                attempt__number=key.attempt,
+                action=Delivery.Action.SUBMIT,
+                delivered_at__lt=timezone.now() - ABSENCE_GRACE,
+            )
+            .exists()
+        )
+
+    def _revoke_token(self, key: AttemptKey) -> None:
+        attempt = (
+            RunAttempt.objects.unscoped().filter(run_id=key.run_id, number=key.attempt).first()
+        )
+        if attempt is None:
+            return
+        try:
+            run_tokens.revoke_run_tokens(run_id=key.run_id, attempt=attempt)
+        except DatabaseError:
+            # The next sweep of a finished run does not retry this; the token expires.
+            logger.warning("could not revoke the run token of run %s", key.run_id)
+
+    def _delete(self, obj: Mapping[str, Any], run_name: str) -> None:
+        meta = _meta(obj)
+        logger.info(
+            "deleting %s %s/%s of run %s: TauGrid ended that attempt",
+            obj.get("kind"),
+            meta.get("namespace"),
+            meta.get("name"),
+            run_name,
+        )
+        self.client.delete(
+            str(obj.get("apiVersion")),
+            str(obj.get("kind")),
+            str(meta.get("name")),
+            str(meta.get("namespace")),
+            propagation="Background",
+            missing_ok=True,
+        )
+
+
+# --- leader election ---------------------------------------------------------------------------
+
+
+def _micro_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class LeaderElection:
+    """Hold the Lease (module docstring, step 6). :meth:`try_acquire_or_renew` is one round;
+    :meth:`run` repeats it in a thread of its own; :attr:`leading` is read by the loop."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        namespace: str,
+        lease_seconds: int,
+        name: str = LEADER_LEASE,
+        identity: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity or default_identity()
+        self.lease_seconds = lease_seconds
+        self.renew_deadline = lease_seconds * 2 / 3
+        self.retry_period = max(0.5, lease_seconds / 5)
+        self.clock = clock
+        self._leading_until = 0.0
+        self._observed: tuple[str, str, str] | None = None
+        self._observed_at = 0.0
+        self._was_leading = False
+
+    @property
+    def leading(self) -> bool:
+        return self.clock() < self._leading_until
+
+    def try_acquire_or_renew(self) -> bool:
+        now = self.clock()
+        try:
+            lease = self.client.get(COORDINATION, "Lease", self.name, self.namespace)
+        except kube.NotFound:
+            return self._create(now)
+        except KubeError as error:
+            logger.warning("cannot read the Lease %s/%s: %s", self.namespace, self.name, error)
+            return False
+        spec = lease.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        version = str(_meta(lease).get("resourceVersion") or "")
+        record = (holder, str(spec.get("renewTime") or ""), version)
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
+        if holder and holder != self.identity and now < self._observed_at + duration:
+            self._leading_until = 0.0
+            return False
+        moment = _micro_time(datetime.now(UTC))
+        ours = holder == self.identity
+        body = {
+            "apiVersion": COORDINATION,
+            "kind": "Lease",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "resourceVersion": version,
+            },
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": self.lease_seconds,
+                "acquireTime": spec.get("acquireTime") if ours else moment,
+                "renewTime": moment,
+                "leaseTransitions": int(spec.get("leaseTransitions") or 0) + (0 if ours else 1),
+            },
+        }
+        try:
+            stored = self.client.update(body)
+        except kube.Conflict:
+            return False  # someone else wrote it first: look again next round
+        except KubeError as error:
+            logger.warning("cannot renew the Lease %s/%s: %s", self.namespace, self.name, error)
+            return False
+        self._held(stored, now)
+        if not ours:
+            logger.info(
+                "took the Lease %s/%s (%s)",
+                self.namespace,
+                self.name,
+                f"from {holder}, whose lease ran out" if holder else "it was free",
+            )
+        return True
+
+    def _create(self, now: float) -> bool:
+        moment = _micro_time(datetime.now(UTC))
+        try:
+            stored = self.client.create(
+                {
+                    "apiVersion": COORDINATION,
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": {
+                        "holderIdentity": self.identity,
+                        "leaseDurationSeconds": self.lease_seconds,
+                        "acquireTime": moment,
+                        "renewTime": moment,
+                        "leaseTransitions": 0,
+                    },
+                }
+            )
+        except kube.Conflict:
+            return False
+        except KubeError as error:
+            logger.warning("cannot create the Lease %s/%s: %s", self.namespace, self.name, error)
+            return False
+        logger.info("created the Lease %s/%s", self.namespace, self.name)
+        self._held(stored, now)
+        return True
+
+    def _held(self, stored: Body, now: float) -> None:
+        spec = stored.get("spec") or {}
+        self._observed = (
+            self.identity,
+            str(spec.get("renewTime") or ""),
+            str(_meta(stored).get("resourceVersion") or ""),
+        )
+        self._observed_at = now
+        self._leading_until = now + self.renew_deadline
+
+    def release(self) -> None:
+        """Give the Lease up (a graceful stop): a standby takes over at its next round."""
+        if not self.leading:
+            return
+        self._leading_until = 0.0
+        try:
+            lease = self.client.get(COORDINATION, "Lease", self.name, self.namespace)
+            spec = dict(lease.get("spec") or {})
+            if spec.get("holderIdentity") != self.identity:
+                return
+            spec.pop("holderIdentity", None)
+            spec["leaseDurationSeconds"] = 1
+            spec["renewTime"] = _micro_time(datetime.now(UTC))
+            self.client.update({**lease, "spec": spec})
+            logger.info("gave up the Lease %s/%s", self.namespace, self.name)
+        except KubeError as error:
+            logger.warning("could not give up the Lease (it lapses by itself): %s", error)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            leading = self.try_acquire_or_renew()
+            if leading != self._was_leading:
+                self._was_leading = leading
+                if not leading:
+                    logger.warning("lost the Lease %s/%s", self.namespace, self.name)
+            stop.wait(self.retry_period)
+
+
+# --- the process ---------------------------------------------------------------------------------
+
+
+def serve(
+    *,
+    client: KubeClient | None = None,
+    identity: str | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """The long-running process: elect, watch, reconcile, until SIGTERM/SIGINT (or ``stop``)."""
+    client = client or kube.client()
+    stop = stop or threading.Event()
+    election = LeaderElection(
+        client,
+        namespace=settings.TAU_KUBE_WATCHER_LEASE_NAMESPACE,
+        lease_seconds=settings.TAU_KUBE_WATCHER_LEASE_SECONDS,
+        identity=identity,
+    )
+    watcher = KubeWatcher(
+        client,
+        resync_seconds=settings.TAU_KUBE_WATCHER_RESYNC_SECONDS,
+        acting=lambda: election.leading,
+    )
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+    elector = threading.Thread(target=election.run, args=(stop,), name="lease", daemon=True)
+    elector.start()
+    logger.info(
+        "Kubernetes watcher %s started; one replica acts at a time (Lease %s/%s)",
+        election.identity,
+        election.namespace,
+        election.name,
+    )
+    try:
+        while not stop.is_set():
+            if not election.leading:
+                if watcher.running:
+                    logger.warning("not the active watcher any more: stopped watching")
+                    watcher.stop()
+                stop.wait(0.2)
+                continue
+            if not watcher.running:
+                logger.info("the active watcher: listing and watching the cluster")
+                watcher.start()
+            try:
+                watcher.step(timeout=0.5)
+            except DatabaseError:
+                logger.warning("database error; trying again", exc_info=True)
+                close_old_connections()
+                stop.wait(RETRY_SECONDS)
+    finally:
+        stop.set()
+        watcher.stop()
+        elector.join(timeout=30)  # no renewal may follow the release
+        election.release()
+        logger.info("Kubernetes watcher %s stopped", election.identity)

@@ -1,0 +1,1026 @@
+"""The Kubernetes watcher (runs/kube_watcher.py).
+
+Without a cluster: how an observation is applied through the run services (each step once,
+whatever the order and however often it is seen), the cache's indexes, the 410 mapping, and
+``make run``'s command list.
+
+On the test cluster (``cluster``; kube-apiserver, Kueue, kube-scheduler, KWOK nodes): the
+runs are made with the factories and handed over as the Kubernetes backend would (queued,
+submit delivered); the tests create the labelled Jobs themselves (labels run-id + attempt and
+the LocalQueue, as the backend does) and let the real watcher follow them:
+
+* over quota → queued with Kueue's reason in plain words → admitted → running (node noted) →
+  succeeded, then a full resync: no new event;
+* OOMKilled, a non-zero exit, a bad image (``ErrImagePull`` written through the pods/status
+  subresource: KWOK pulls no images), a deadline (``activeDeadlineSeconds``): each failed with
+  its class and hint; a Job deleted behind TauGrid's back → infrastructure; a cancel → the
+  Job deleted → pods gone → cancelled;
+* a higher WorkloadPriorityClass in the same ClusterQueue preempts a running run: preempted,
+  then queued again with a new attempt, its old Job deleted (Kueue would admit it again);
+* a watch from an expired resourceVersion (410) → the informer lists again;
+* leader election through a real Lease; two ``manage.py run_kube_watcher`` processes against
+  the test database during 50 concurrent short Jobs: one acts, the other waits; the active one
+  is killed (SIGKILL) and the other takes over; a restarted one waits; every run reaches its
+  right state with no event twice;
+* kube-apiserver alone restarted under a running watcher: it lists again and follows on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+import kube as adapter
+from runs import delivery, labels
+from runs.events import verify_event_chain
+from runs.kube_status import AttemptObjects, Observation, ObservedState, observe
+from runs.kube_watcher import (
+    JOB,
+    ClusterCache,
+    Informer,
+    KubeWatcher,
+    LeaderElection,
+    Listed,
+    Message,
+    apply_observation,
+)
+from runs.lifecycle import cancel_run
+from runs.models import (
+    Backend,
+    Delivery,
+    FailureClass,
+    Run,
+    RunAttempt,
+    RunEvent,
+    RunState,
+)
+from runs.state import lock_run, transition
+from tests.cluster.kueue_objects import (
+    GPU,
+    GPU_TOLERATION,
+    KUEUE,
+    TEST_DURATION,
+    TEST_EXIT_CODE,
+    TEST_OOM,
+    batch_job,
+    cluster_queue,
+    local_queue,
+    resource_flavor,
+)
+from tests.cluster.plugin import Kube, KubeCluster, load_controlplane, wait_until
+from tests.runs.factories import TINY_SPEC, make_run
+
+REPO = Path(__file__).resolve().parents[2]
+OBJECTS = Path(__file__).parent / "kube_objects"
+cluster = pytest.mark.cluster
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+NO_RETRIES = TINY_SPEC + b"resilience:\n  max_retries: 0\n"
+
+
+@pytest.fixture(autouse=True)
+def no_broker(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Deliveries a retry writes are recorded, not sent to a broker (the backend is not the
+    subject here)."""
+    published: list[int] = []
+    monkeypatch.setattr(delivery, "publish", published.append)
+    return published
+
+
+def kube_run(world: Any, spec: bytes = TINY_SPEC) -> Run:
+    """A run on the Kubernetes backend, handed over: queued, its first attempt waiting, its
+    submit delivered (as the backend leaves it once the objects exist)."""
+    run = make_run(world, spec=spec)
+    Run.objects.unscoped().filter(pk=run.pk).update(backend=Backend.KUBERNETES)
+    with transaction.atomic():
+        transition(lock_run(run.pk), RunState.QUEUED, reason="Handed to Kueue.")
+    Delivery.objects.unscoped().filter(run_id=run.pk, action=Delivery.Action.SUBMIT).update(
+        delivered_at=timezone.now()
+    )
+    return Run.objects.unscoped().get(pk=run.pk)
+
+
+def states(run: Run) -> list[str]:
+    """The run's history as the states it entered, in order."""
+    return list(
+        RunEvent.objects.unscoped()
+        .filter(run=run)
+        .exclude(new_state="")
+        .order_by("seq")
+        .values_list("new_state", flat=True)
+    )
+
+
+def event_count(run: Run) -> int:
+    return RunEvent.objects.unscoped().filter(run=run).count()
+
+
+def fresh(run: Run) -> Run:
+    return Run.objects.unscoped().get(pk=run.pk)
+
+
+def attempt_of(run: Run, number: int = 1) -> RunAttempt:
+    return RunAttempt.objects.unscoped().get(run_id=run.pk, number=number)
+
+
+def apply(run: Run, observation: Observation, **remains: bool) -> list[str]:
+    applied = apply_observation(
+        run_id=run.pk,
+        attempt_number=fresh(run).attempt_count,
+        observation=observation,
+        pods_remain=remains.get("pods_remain", True),
+        object_remains=remains.get("object_remains", True),
+    )
+    return applied.actions
+
+
+QUEUED = Observation(state=ObservedState.QUEUED, reason="Waiting for 4 GPUs (nvidia.com/gpu).")
+ADMITTED = Observation(
+    state=ObservedState.ADMITTED,
+    cluster_queue="tau-alpha",
+    flavors={"nvidia.com/gpu": "h100"},
+    admitted=True,
+)
+RUNNING = Observation(
+    state=ObservedState.RUNNING,
+    reason="Running.",
+    cluster_queue="tau-alpha",
+    flavors={"nvidia.com/gpu": "h100"},
+    node_names=("gpu-h100-1",),
+    ran=True,
+    admitted=True,
+)
+SUCCEEDED = Observation(
+    state=ObservedState.SUCCEEDED,
+    reason="Finished successfully.",
+    exit_code=0,
+    cluster_queue="tau-alpha",
+    flavors={"nvidia.com/gpu": "h100"},
+    node_names=("gpu-h100-1",),
+    ran=True,
+    admitted=True,
+)
+PREEMPTED = Observation(
+    state=ObservedState.PREEMPTED,
+    failure_class=FailureClass.PREEMPTED,
+    reason="Kueue preempted it to make room for higher-priority work.",
+    admitted=True,
+    object_active=True,
+)
+
+
+# -- applying observations, without a cluster ---------------------------------------------------
+
+
+def test_each_step_is_recorded_once_however_often_it_is_seen(world: Any) -> None:
+    run = kube_run(world)
+    for observation, did in (
+        (QUEUED, ["reason"]),
+        (ADMITTED, ["admitted", "placed"]),
+        (RUNNING, ["running", "nodes"]),
+        (SUCCEEDED, ["succeeded"]),
+    ):
+        assert apply(run, observation) == did
+        before = event_count(run)
+        assert apply(run, observation) == []  # the same status again: nothing
+        assert event_count(run) == before
+    run = fresh(run)
+    assert states(run) == ["pending", "queued", "admitted", "running", "succeeded"]
+    attempt = attempt_of(run)
+    assert (attempt.state, attempt.exit_code) == (RunAttempt.State.SUCCEEDED, 0)
+    assert (attempt.cluster_queue, attempt.flavors, attempt.node_names) == (
+        "tau-alpha",
+        {"nvidia.com/gpu": "h100"},
+        ["gpu-h100-1"],
+    )
+
+
+def test_a_watcher_that_missed_steps_catches_up_in_order(world: Any) -> None:
+    """Seen for the first time finished (the watcher was down): admitted, running and
+    succeeded are each recorded, in order, once."""
+    run = kube_run(world)
+    assert apply(run, SUCCEEDED) == ["admitted", "running", "placed", "nodes", "succeeded"]
+    assert states(fresh(run)) == ["pending", "queued", "admitted", "running", "succeeded"]
+    assert apply(run, RUNNING) == []  # a late, older status changes nothing
+
+
+def test_the_queued_reason_follows_kueue(world: Any) -> None:
+    run = kube_run(world)
+    apply(run, QUEUED)
+    assert fresh(run).state_reason == QUEUED.reason
+    later = Observation(state=ObservedState.QUEUED, reason="Waiting: the quota is lower.")
+    assert apply(run, later) == ["reason"]
+    assert fresh(run).state_reason == later.reason
+    assert states(fresh(run)) == ["pending", "queued"]  # a reason is not an event
+
+
+def test_a_failure_ends_the_run_with_its_class_exit_code_and_hint(world: Any) -> None:
+    run = kube_run(world, NO_RETRIES)
+    apply(run, RUNNING)
+    failed = Observation(
+        state=ObservedState.FAILED,
+        failure_class=FailureClass.USER_ERROR,
+        exit_code=3,
+        reason="Container main of pod tiny-x exited with code 3.",
+        ran=True,
+        admitted=True,
+    )
+    assert apply(run, failed) == ["ended:user_error"]
+    assert apply(run, failed) == []
+    run, attempt = fresh(run), attempt_of(run)
+    assert (run.state, run.failure_class) == (RunState.FAILED, FailureClass.USER_ERROR)
+    assert "Attempt 1 failed: exited with an error." in run.state_reason
+    assert (attempt.exit_code, attempt.failure_message) == (3, failed.reason)
+    assert attempt.failure_hint.startswith("It exited with code 3")
+    assert attempt.node_names == ["gpu-h100-1"]  # finish_attempt kept what the watcher noted
+
+
+def test_preempted_then_queued_again_with_a_new_attempt(world: Any, no_broker: list[int]) -> None:
+    run = kube_run(world)
+    apply(run, RUNNING)
+    applied = apply_observation(
+        run_id=run.pk,
+        attempt_number=1,
+        observation=PREEMPTED,
+        pods_remain=False,
+        object_remains=True,
+    )
+    assert applied.actions == ["ended:preempted"]
+    assert applied.delete_object  # Kueue would admit the suspended Job again
+    run = fresh(run)
+    assert states(run)[-2:] == ["preempted", "queued"]
+    assert (run.state, run.attempt_count, run.retry_reason) == (RunState.QUEUED, 2, "preempted")
+    assert attempt_of(run, 2).state == RunAttempt.State.WAITING
+    # The new attempt's submit, through the outbox (published after commit, like the first).
+    handed = Delivery.objects.unscoped().get(run_id=run.pk, attempt__number=2)
+    assert (handed.action, no_broker[-1]) == (Delivery.Action.SUBMIT, handed.pk)
+    # Attempt 1 seen preempted again: TauGrid is done with it; only its Job is left to delete.
+    again = apply_observation(
+        run_id=run.pk,
+        attempt_number=1,
+        observation=PREEMPTED,
+        pods_remain=False,
+        object_remains=True,
+    )
+    assert (again.actions, again.delete_object) == ([], True)
+    assert fresh(run).attempt_count == 2
+
+
+def test_objects_deleted_while_queued_fail_the_run(world: Any) -> None:
+    run = kube_run(world)
+    gone = Observation(
+        state=ObservedState.FAILED,
+        failure_class=FailureClass.INFRASTRUCTURE,
+        reason="Its Job or RayJob is gone, deleted outside TauGrid.",
+        deleted=True,
+    )
+    assert apply(run, gone, object_remains=False) == ["failed:infrastructure"]
+    run = fresh(run)
+    assert (run.state, run.failure_class) == (RunState.FAILED, FailureClass.INFRASTRUCTURE)
+    assert attempt_of(run).state == RunAttempt.State.FAILED
+
+
+def test_a_cancel_ends_once_the_pods_are_gone(world: Any) -> None:
+    run = kube_run(world)
+    apply(run, RUNNING)
+    cancel_run(run=fresh(run), user=world.users["researcher"])
+    deleted = Observation(
+        state=ObservedState.FAILED,
+        failure_class=FailureClass.INFRASTRUCTURE,
+        reason="Its Job is being deleted.",
+        deleted=True,
+    )
+    assert apply(run, RUNNING) == []  # not stopped yet
+    assert apply(run, deleted, pods_remain=True) == []  # pods still terminating
+    assert apply(run, deleted, pods_remain=False, object_remains=False) == ["cancelled"]
+    run = fresh(run)
+    assert run.state == RunState.CANCELLED
+    assert run.state_reason == "Cancelled by rob."
+    assert attempt_of(run).state == RunAttempt.State.CANCELLED
+    assert apply(run, deleted, pods_remain=False, object_remains=False) == []
+
+
+def test_a_cancel_racing_with_success_ends_succeeded(world: Any) -> None:
+    run = kube_run(world)
+    apply(run, RUNNING)
+    cancel_run(run=fresh(run), user=world.users["researcher"])
+    assert apply(run, SUCCEEDED) == ["succeeded"]
+    assert fresh(run).state == RunState.SUCCEEDED
+
+
+def test_a_run_still_pending_is_tried_again_later(world: Any) -> None:
+    run = make_run(world)
+    Run.objects.unscoped().filter(pk=run.pk).update(backend=Backend.KUBERNETES)
+    applied = apply_observation(
+        run_id=run.pk, attempt_number=1, observation=QUEUED, pods_remain=False, object_remains=True
+    )
+    assert (applied.actions, applied.retry) == ([], True)
+    assert fresh(run).state == RunState.PENDING
+
+
+def test_the_cache_finds_an_attempts_objects_by_labels_not_names() -> None:
+    """Captured objects, renamed as the backend will name attempts: the cache links the
+    Workload (by Kueue's job-uid label), the pods and the Events to the attempt."""
+    data = json.loads((OBJECTS / "failed_exit_code.json").read_text())
+    job = copy.deepcopy(data["job"])
+    job["metadata"]["name"] = "exit3-a1"
+    cache = ClusterCache()
+    dirty = set()
+    for kind, items in (
+        ("Event", data["events"]),
+        ("Workload", [data["workload"]]),
+        ("Pod", data["pods"]),
+        ("Job", [job]),
+        ("ClusterQueue", [data["cluster_queue"]]),
+        ("LocalQueue", []),
+        ("RayJob", []),
+    ):
+        dirty |= cache.replace(kind, items)
+    key = next(iter(dirty))
+    assert (key.run_id, key.attempt) == (9, 1)
+    namespace = job["metadata"]["namespace"]
+    found = cache.objects_for(key, namespace=namespace, created=True)
+    assert found.workload_object is job
+    assert found.kueue_workload == data["workload"]
+    assert [p["metadata"]["name"] for p in found.pods] == [
+        p["metadata"]["name"] for p in data["pods"]
+    ]
+    assert {e["reason"] for e in found.events} >= {"Failed"}
+    assert observe(found, now=timezone.now()).failure_class == FailureClass.USER_ERROR
+    # Another namespace's copy of the same labels is not believed.
+    elsewhere = cache.objects_for(key, namespace="not-the-workspaces", created=False)
+    assert elsewhere == AttemptObjects(created=False)
+    # Deleted: the attempt is dirty again, and the Job is gone from it.
+    assert cache.change("Job", "DELETED", job) == {key}
+    assert cache.objects_for(key, namespace=namespace, created=True).workload_object is None
+
+
+def test_410_is_gone() -> None:
+    error = adapter.errors.error_from_response(
+        410,
+        json.dumps(
+            {
+                "kind": "Status",
+                "code": 410,
+                "reason": "Expired",
+                "message": "too old resource version: 1 (2)",
+            }
+        ),
+    )
+    assert isinstance(error, adapter.Gone)
+
+
+def test_make_run_starts_the_watcher_on_the_kubernetes_backend(settings: Any) -> None:
+    from web.management.commands.runportal import Command
+
+    settings.TAU_BACKEND = "kubernetes"
+    commands = Command()._commands("127.0.0.1", 8000)
+    assert commands["watcher"][-1] == "run_kube_watcher"
+    assert "agent" not in commands
+    settings.TAU_BACKEND = "local"
+    commands = Command()._commands("127.0.0.1", 8000)
+    assert "watcher" not in commands
+    assert commands["agent"][-1] == "run_agent"
+
+
+def test_the_lease_namespace_defaults_to_the_portals(settings: Any) -> None:
+    from workspaces.cluster_access import PORTAL_NAMESPACE
+
+    if "TAU_KUBE_WATCHER_LEASE_NAMESPACE" not in os.environ:
+        assert settings.TAU_KUBE_WATCHER_LEASE_NAMESPACE == PORTAL_NAMESPACE
+
+
+# -- on the test cluster ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def client(kube_cluster: KubeCluster) -> Iterator[adapter.KubeClient]:
+    made = adapter.KubeClient(adapter.new_api_client(kube_cluster.kubeconfig))
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def watcher(client: adapter.KubeClient) -> Iterator[KubeWatcher]:
+    """The watcher in this process (the test drives its steps), acting always."""
+    made = KubeWatcher(client, resync_seconds=300)
+    made.start()
+    yield made
+    made.stop()
+
+
+def follow(
+    watcher: KubeWatcher,
+    what: str,
+    probe: Callable[[], Any],
+    timeout: float = 60,
+    describe: Callable[[], str] | None = None,
+) -> Any:
+    """Let the watcher work until ``probe`` is true."""
+    deadline = time.monotonic() + timeout
+    while True:
+        watcher.step(0.2)
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            detail = f"\nlast seen: {describe()}" if describe else ""
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+
+
+def in_state(run: Run, *wanted: str) -> Callable[[], bool]:
+    return lambda: fresh(run).state in wanted
+
+
+def story(run: Run) -> Callable[[], str]:
+    def told() -> str:
+        now = fresh(run)
+        return f"{now.state} ({now.state_reason}); history {states(now)}"
+
+    return told
+
+
+@pytest.fixture
+def place(kube: Kube, world: Any) -> Callable[..., str]:
+    """A namespace for alpha (the workspace's namespace from now on), a ResourceFlavor, a
+    ClusterQueue with the given quota and the LocalQueue ``team``; returns the flavor."""
+
+    def make(*, gpus: int = 0, cpus: str = "64", preemption: bool = False) -> str:
+        namespace = kube.namespace("watch")
+        type(world.alpha).unscoped_objects.filter(pk=world.alpha.pk).update(namespace=namespace)
+        world.alpha.namespace = namespace
+        suffix = namespace.rsplit("-", 1)[1]
+        if gpus:
+            flavor = kube.create(resource_flavor(f"h100-{suffix}"))["metadata"]["name"]
+        else:
+            flavor = kube.create(
+                {
+                    "apiVersion": KUEUE,
+                    "kind": "ResourceFlavor",
+                    "metadata": {"name": f"cpu-{suffix}"},
+                }
+            )["metadata"]["name"]
+        queue = cluster_queue(f"cq-{suffix}", flavor, namespace, gpus, cpu=cpus)
+        if preemption:
+            queue["spec"]["preemption"] = {"withinClusterQueue": "LowerPriority"}
+        kube.create(queue)
+        kube.create(local_queue("team", namespace, f"cq-{suffix}"))
+        return str(flavor)
+
+    return make
+
+
+def labelled_job(
+    run: Run,
+    *,
+    gpus: int = 0,
+    annotations: dict[str, str] | None = None,
+    deadline: int | None = None,
+    priority: str | None = None,
+    attempt: int | None = None,
+    queue: str | None = "team",
+) -> dict[str, Any]:
+    """The attempt's Job as the Kubernetes backend labels it (names carry the attempt)."""
+    number = attempt or run.attempt_count
+    body = batch_job(
+        f"{run.name}-a{number}",
+        run.workspace.namespace,
+        queue,
+        gpus,
+        pod_annotations=annotations or {TEST_DURATION: "2s"},
+        backoff_limit=0,
+    )
+    own = {
+        labels.MANAGED_BY: labels.MANAGED_BY_TAUGRID,
+        labels.WORKSPACE: run.workspace.slug,
+        labels.RUN: run.name,
+        labels.RUN_ID: str(run.pk),
+        labels.ATTEMPT: str(number),
+    }
+    body["metadata"]["labels"].update(own)
+    if priority:
+        body["metadata"]["labels"][labels.KUEUE_PRIORITY_CLASS] = priority
+    template = body["spec"]["template"]
+    template["metadata"]["labels"] = {**own, labels.COMPONENT: labels.COMPONENT_WORKER}
+    small = {"cpu": "100m", "memory": "64Mi", **({GPU: str(gpus)} if gpus else {})}
+    template["spec"]["containers"][0]["resources"] = {"requests": small, "limits": small}
+    if gpus:
+        template["spec"]["tolerations"] = [dict(GPU_TOLERATION)]
+    if deadline is not None:
+        body["spec"]["activeDeadlineSeconds"] = deadline
+    return body
+
+
+@cluster
+def test_a_run_goes_from_queued_over_quota_to_succeeded(
+    world: Any, kube: Kube, place: Callable[..., str], watcher: KubeWatcher
+) -> None:
+    flavor = place(gpus=2)
+    # Someone else's Job holds the workspace's 2 GPUs for a few seconds.
+    blocker = batch_job(
+        "blocker", world.alpha.namespace, "team", 2, pod_annotations={TEST_DURATION: "5s"}
+    )
+    blocker["spec"]["template"]["spec"]["tolerations"] = [dict(GPU_TOLERATION)]
+    kube.create(blocker)
+    run = kube_run(world)
+    kube.create(labelled_job(run, gpus=1, annotations={TEST_DURATION: "2s"}))
+
+    waiting = (
+        f"Waiting for 1 GPU (nvidia.com/gpu) on flavor {flavor}: the workspace uses 2 of its 2."
+    )
+    follow(
+        watcher,
+        "the plain waiting reason",
+        lambda: fresh(run).state_reason == waiting,
+        30,
+        story(run),
+    )
+    assert fresh(run).state == RunState.QUEUED
+    follow(watcher, "the run to succeed", in_state(run, RunState.SUCCEEDED), 60, story(run))
+
+    run = fresh(run)
+    assert states(run) == ["pending", "queued", "admitted", "running", "succeeded"]
+    attempt = attempt_of(run)
+    assert attempt.cluster_queue == f"cq-{flavor.removeprefix('h100-')}"
+    assert attempt.flavors == {"cpu": flavor, "memory": flavor, GPU: flavor}
+    assert attempt.node_names
+    assert attempt.node_names[0].startswith("gpu-h100-")
+    assert (attempt.state, attempt.exit_code) == (RunAttempt.State.SUCCEEDED, 0)
+
+    # The same status again, in full: a resync lists everything and reconciles every attempt.
+    before = event_count(run)
+    watcher.sweep()
+    watcher.step(0.2)
+    for informer in watcher.informers:
+        informer.stop.set()
+    assert event_count(run) == before
+
+
+@cluster
+def test_failures_deletion_and_cancel_on_the_cluster(
+    world: Any,
+    kube: Kube,
+    place: Callable[..., str],
+    watcher: KubeWatcher,
+    client: adapter.KubeClient,
+) -> None:
+    place(cpus="8")
+    runs = {
+        what: kube_run(world, NO_RETRIES)
+        for what in ("oom", "exit", "deadline", "image", "gone", "cancel")
+    }
+    kube.create(labelled_job(runs["oom"], annotations={TEST_OOM: "true", TEST_DURATION: "1s"}))
+    kube.create(labelled_job(runs["exit"], annotations={TEST_EXIT_CODE: "3", TEST_DURATION: "1s"}))
+    kube.create(labelled_job(runs["deadline"], annotations={TEST_DURATION: "60s"}, deadline=2))
+    for what in ("image", "gone", "cancel"):
+        kube.create(labelled_job(runs[what], annotations={TEST_DURATION: "10m"}))
+    for what in ("image", "gone", "cancel"):
+        follow(
+            watcher,
+            f"{what} running",
+            in_state(runs[what], RunState.RUNNING),
+            30,
+            story(runs[what]),
+        )
+
+    # KWOK pulls no images: the kubelet's report of a failed pull is written through the
+    # pods/status subresource, three minutes into the pod's life.
+    namespace = world.alpha.namespace
+    pod = client.list("v1", "Pod", namespace, label_selector=f"{labels.RUN_ID}={runs['image'].pk}")[
+        0
+    ]
+    status = pod["status"]
+    status["phase"] = "Pending"
+    status["startTime"] = (timezone.now() - timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status["containerStatuses"] = [
+        {
+            "name": "main",
+            "image": "registry.example.org/team/trainer:v9",
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "started": False,
+            "state": {"waiting": {"reason": "ErrImagePull", "message": "manifest unknown"}},
+            "lastState": {},
+        }
+    ]
+    pod["metadata"].pop("managedFields", None)
+    client._call(  # the status subresource has no method of its own
+        "PUT", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/status", body=pod
+    )
+    # Deleted behind TauGrid's back; and a cancel, carried out as the backend does it.
+    gone = runs["gone"]
+    client.delete("batch/v1", "Job", f"{gone.name}-a1", namespace, propagation="Background")
+    cancel_run(run=fresh(runs["cancel"]), user=world.users["researcher"])
+    client.delete(
+        "batch/v1", "Job", f"{runs['cancel'].name}-a1", namespace, propagation="Background"
+    )
+
+    expected = {
+        "oom": (RunState.FAILED, FailureClass.OOM_KILLED, 137, "It used more memory"),
+        "exit": (RunState.FAILED, FailureClass.USER_ERROR, 3, "It exited with code 3"),
+        "deadline": (RunState.FAILED, FailureClass.DEADLINE_EXCEEDED, None, "`run.max_runtime`"),
+        "image": (RunState.FAILED, FailureClass.USER_ERROR, None, ""),
+        "gone": (RunState.FAILED, FailureClass.INFRASTRUCTURE, None, "could not start"),
+        "cancel": (RunState.CANCELLED, "", None, ""),
+    }
+    for what, run in runs.items():
+        follow(watcher, f"{what} to end", in_state(run, expected[what][0]), 60, story(run))
+    for what, (state, failure_class, exit_code, hint) in expected.items():
+        run, attempt = fresh(runs[what]), attempt_of(runs[what])
+        assert (run.state, run.failure_class, attempt.exit_code) == (
+            state,
+            failure_class,
+            exit_code,
+        ), what
+        assert hint.lower() in attempt.failure_hint.lower(), (what, attempt.failure_hint)
+    image = attempt_of(runs["image"])
+    assert "The image cannot be pulled" in image.failure_message
+    assert "registry.example.org/team/trainer:v9" in image.failure_message
+    assert "deleted outside TauGrid" in attempt_of(gone).failure_message
+    assert fresh(runs["cancel"]).state_reason == "Cancelled by rob."
+    # The stuck Job was deleted by the watcher (it held its quota); the others ended by
+    # themselves and are kept for their logs.
+    follow(
+        watcher,
+        "the image run's Job deleted",
+        lambda: kube.get("batch/v1", "Job", f"{runs['image'].name}-a1", namespace) is None,
+        30,
+    )
+    assert kube.get("batch/v1", "Job", f"{runs['exit'].name}-a1", namespace) is not None
+    for run in runs.values():
+        history = states(fresh(run))
+        assert len(history) == len(set(history)), history
+
+
+@cluster
+def test_a_higher_priority_run_preempts_a_running_one(
+    world: Any,
+    kube: Kube,
+    place: Callable[..., str],
+    watcher: KubeWatcher,
+    client: adapter.KubeClient,
+) -> None:
+    place(gpus=1, preemption=True)
+    suffix = world.alpha.namespace.rsplit("-", 1)[1]
+    for name, value in (("low", 10), ("high", 1000)):
+        kube.create(
+            {
+                "apiVersion": KUEUE,
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": f"{name}-{suffix}"},
+                "value": value,
+            }
+        )
+    low = kube_run(world)
+    kube.create(
+        labelled_job(low, gpus=1, annotations={TEST_DURATION: "10m"}, priority=f"low-{suffix}")
+    )
+    follow(watcher, "the low run running", in_state(low, RunState.RUNNING), 30, story(low))
+    high = kube_run(world)
+    kube.create(
+        labelled_job(high, gpus=1, annotations={TEST_DURATION: "3s"}, priority=f"high-{suffix}")
+    )
+    follow(
+        watcher, "the low run queued again", lambda: fresh(low).attempt_count == 2, 30, story(low)
+    )
+    low = fresh(low)
+    assert states(low)[-3:] == ["running", "preempted", "queued"]
+    assert (low.state, low.retry_reason) == (RunState.QUEUED, "preempted")
+    first = attempt_of(low)
+    assert (first.state, first.failure_class) == (RunAttempt.State.FAILED, FailureClass.PREEMPTED)
+    assert "Kueue preempted it to make room for higher-priority work" in first.failure_message
+    assert attempt_of(low, 2).state == RunAttempt.State.WAITING
+    # Attempt 1's Job, suspended by Kueue, is deleted: Kueue would otherwise admit it again.
+    follow(
+        watcher,
+        "attempt 1's Job deleted",
+        lambda: kube.get("batch/v1", "Job", f"{low.name}-a1", world.alpha.namespace) is None,
+        30,
+    )
+    follow(watcher, "the high run to succeed", in_state(high, RunState.SUCCEEDED), 30, story(high))
+    assert states(fresh(low)) == [
+        "pending",
+        "queued",
+        "admitted",
+        "running",
+        "preempted",
+        "queued",
+    ]
+
+
+@cluster
+def test_a_watch_from_an_expired_version_lists_again(
+    client: adapter.KubeClient, kube: Kube
+) -> None:
+    with pytest.raises(adapter.Gone):
+        for _ in client.watch("batch/v1", "Job", resource_version="1", timeout_seconds=5):
+            pass
+    seen: list[Message] = []
+    stop = threading.Event()
+    listed = client.list_with_version
+    calls = Counter[str]()
+
+    def first_list_expired(*args: Any, **kwargs: Any) -> adapter.Listing:
+        listing = listed(*args, **kwargs)
+        calls["list"] += 1
+        if calls["list"] == 1:  # the first watch starts from a version long compacted
+            return adapter.Listing(items=listing.items, resource_version="1")
+        return listing
+
+    client.list_with_version = first_list_expired  # type: ignore[method-assign]
+    informer = Informer(client, JOB, seen.append, generation=1, stop=stop, resync_seconds=300)
+    informer.start()
+    try:
+        wait_until("a second list after the 410", lambda: informer.lists >= 2 or None, 20)
+        namespace = kube.namespace("gone")
+        kube.create(
+            {
+                **batch_job("after", namespace, None),
+                "metadata": {
+                    "name": "after",
+                    "namespace": namespace,
+                    "labels": {
+                        labels.MANAGED_BY: "taugrid",
+                        labels.RUN_ID: "0",
+                        labels.ATTEMPT: "1",
+                    },
+                },
+            }
+        )
+        wait_until(
+            "the watch that followed to report a new Job",
+            lambda: (
+                any(
+                    getattr(m, "object", {}).get("metadata", {}).get("name") == "after"
+                    for m in seen
+                )
+                or None
+            ),
+            20,
+        )
+    finally:
+        stop.set()
+        informer.close()
+        informer.join(5)
+    assert sum(isinstance(m, Listed) for m in seen) == 2
+
+
+@cluster
+def test_one_lease_holder_at_a_time(client: adapter.KubeClient, kube: Kube) -> None:
+    """Two electors on the real Lease, with one clock the test moves (leases of 6 s: the
+    holder acts for 4 s after a renewal; the other may take over 6 s after it last saw the
+    Lease change)."""
+    namespace = kube.namespace("lease")
+    now = [1000.0]
+    a = LeaderElection(
+        client, namespace=namespace, lease_seconds=6, identity="a", clock=lambda: now[0]
+    )
+    b = LeaderElection(
+        client, namespace=namespace, lease_seconds=6, identity="b", clock=lambda: now[0]
+    )
+    assert a.try_acquire_or_renew()  # creates the Lease
+    assert a.leading
+    assert not b.try_acquire_or_renew()
+    now[0] += 2
+    assert a.try_acquire_or_renew()  # renewed
+    assert not b.try_acquire_or_renew()  # b saw the Lease change: it waits a whole lease again
+    now[0] += 3.9
+    assert a.leading
+    assert not b.try_acquire_or_renew()
+    now[0] += 0.2  # a has not renewed for 4.1 s: it stops acting, 1.9 s before b may take over
+    assert not a.leading
+    assert not b.try_acquire_or_renew()
+    now[0] += 2
+    assert b.try_acquire_or_renew()  # a whole lease without a change: b takes over
+    assert b.leading
+    assert not a.try_acquire_or_renew()  # and a cannot take it back
+    lease = client.get("coordination.k8s.io/v1", "Lease", "taugrid-kube-watcher", namespace)
+    assert (lease["spec"]["holderIdentity"], lease["spec"]["leaseTransitions"]) == ("b", 1)
+    b.release()
+    assert a.try_acquire_or_renew()  # given up: taken at once
+
+
+# -- processes: leader election and kill -9 --------------------------------------------------
+
+
+class WatcherProcess:
+    """``manage.py run_kube_watcher`` against the test database, its output kept in a file."""
+
+    def __init__(self, name: str, env: dict[str, str], folder: Path) -> None:
+        self.name = name
+        self.log = folder / f"{name}.log"
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, str(REPO / "manage.py"), "run_kube_watcher", "--identity", name],
+                env=env,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def actions(self) -> list[str]:
+        """The lines in which it changed a run."""
+        return [line for line in self.output().splitlines() if re.search(r" attempt \d+: ", line)]
+
+    def says(self, text: str) -> bool | None:
+        return (text in self.output()) or None
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def lease_holder(client: adapter.KubeClient, namespace: str) -> str | None:
+    try:
+        lease = client.get("coordination.k8s.io/v1", "Lease", "taugrid-kube-watcher", namespace)
+    except adapter.NotFound:
+        return None
+    return str(lease["spec"].get("holderIdentity") or "") or None
+
+
+@cluster
+def test_one_watcher_acts_and_a_killed_one_is_replaced_without_losing_or_doubling_anything(
+    world: Any,
+    kube: Kube,
+    kube_cluster: KubeCluster,
+    place: Callable[..., str],
+    client: adapter.KubeClient,
+    tmp_path: Path,
+) -> None:
+    from tests.workspaces.test_kueue_sync import database_url
+
+    place(cpus="64")
+    lease_namespace = kube.namespace("lease")
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "TAU_BACKEND": "kubernetes",
+        "TAU_KUBECONFIG": str(kube_cluster.kubeconfig),
+        "TAU_VAR_DIR": str(tmp_path / "var"),
+        "TAU_KUBE_WATCHER_LEASE_NAMESPACE": lease_namespace,
+        "TAU_KUBE_WATCHER_LEASE_SECONDS": "3",
+        "TAU_LOG_LEVEL": "INFO",
+    }
+    # 50 runs: most succeed after 2 to 6 s, five exit with code 3, five run out of memory.
+    plans: dict[str, dict[str, str]] = {}
+    runs: list[Run] = []
+    for index in range(50):
+        run = kube_run(world)
+        runs.append(run)
+        if index % 10 == 3:
+            plans[run.name] = {TEST_EXIT_CODE: "3", TEST_DURATION: f"{2 + index % 4}s"}
+        elif index % 10 == 7:
+            plans[run.name] = {TEST_OOM: "true", TEST_DURATION: f"{2 + index % 4}s"}
+        else:
+            plans[run.name] = {TEST_DURATION: f"{2 + index % 5}s"}
+    first = WatcherProcess("watcher-a", env, tmp_path)
+    standby = WatcherProcess("watcher-b", env, tmp_path)
+    restarted: WatcherProcess | None = None
+    try:
+        wait_until(
+            "watcher-a to hold the Lease",
+            lambda: lease_holder(client, lease_namespace) == "watcher-a" or None,
+            60,
+            describe=first.output,
+        )
+        wait_until(
+            "watcher-b to start",
+            lambda: standby.says("Kubernetes watcher watcher-b started"),
+            60,
+            describe=standby.output,
+        )
+        for run in runs:
+            client.create(labelled_job(run, annotations=plans[run.name]))
+
+        def ended() -> int:
+            return (
+                Run.objects.unscoped()
+                .filter(
+                    pk__in=[r.pk for r in runs], state__in=[RunState.SUCCEEDED, RunState.FAILED]
+                )
+                .count()
+            )
+
+        wait_until("ten runs to end", lambda: ended() >= 10 or None, 60, describe=first.output)
+        assert first.actions()
+        assert standby.actions() == []  # only the Lease holder acts
+        first.kill()  # in the middle of it: about 40 runs are still to end
+        killed_at = ended()
+        restarted = WatcherProcess("watcher-a2", env, tmp_path)
+        wait_until(
+            "every run to end",
+            lambda: ended() == 50 or None,
+            90,
+            describe=lambda: f"{ended()} ended\n{standby.output()[-3000:]}",
+        )
+        assert killed_at < 50
+        assert lease_holder(client, lease_namespace) == "watcher-b"
+        assert standby.says("took the Lease")
+        assert standby.actions()
+        assert restarted.actions() == []  # it waits: the Lease is watcher-b's
+    finally:
+        for process in (first, standby, restarted):
+            if process is not None:
+                process.stop()
+    assert standby.says("gave up the Lease")
+
+    for run in runs:
+        run = fresh(run)
+        plan = plans[run.name]
+        expected: tuple[str, str, int]
+        if TEST_OOM in plan:
+            expected = (RunState.FAILED, FailureClass.OOM_KILLED, 137)
+        elif TEST_EXIT_CODE in plan:
+            expected = (RunState.FAILED, FailureClass.USER_ERROR, 3)
+        else:
+            expected = (RunState.SUCCEEDED, "", 0)
+        attempt = attempt_of(run)
+        assert (run.state, run.failure_class, attempt.exit_code) == expected, run.name
+        assert states(run) == ["pending", "queued", "admitted", "running", run.state], run.name
+        assert run.attempt_count == 1
+        assert attempt.node_names
+        assert attempt.cluster_queue
+        assert verify_event_chain(run)
+
+
+# -- kube-apiserver restarted under the watcher --------------------------------------------------
+
+
+def restart_apiserver(cluster_: KubeCluster) -> float:
+    """Stop kube-apiserver alone (SIGTERM), start it again with the same command line on the
+    same port and storage, and wait until it and Kueue's webhook answer. Seconds it took."""
+    controlplane = load_controlplane()
+    state = cluster_.state_dir
+    pid = controlplane.read_pid(state, "kube-apiserver")
+    assert pid, "no kube-apiserver process recorded in the state directory"
+    command = [
+        part.decode() for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if part
+    ]
+    started = time.monotonic()
+    assert controlplane.stop_pids([pid], grace=20) == []
+    controlplane.start_process(state, "kube-apiserver", command)
+    bootstrap = controlplane.Kube(cluster_.ports["apiserver"], state / "pki")
+
+    def answers() -> bool | None:
+        with contextlib.suppress(OSError, controlplane.ControlPlaneError):
+            if controlplane.apiserver_ready(bootstrap) and controlplane.kueue_webhook_probe(
+                bootstrap
+            ):
+                return True
+        return None
+
+    wait_until("kube-apiserver and Kueue's webhook to answer again", answers, 120)
+    return time.monotonic() - started
+
+
+@cluster
+def test_the_watcher_follows_on_after_kube_apiserver_restarts(
+    world: Any,
+    kube: Kube,
+    kube_cluster: KubeCluster,
+    place: Callable[..., str],
+    watcher: KubeWatcher,
+) -> None:
+    place(cpus="8")
+    run = kube_run(world)
+    kube.create(labelled_job(run, annotations={TEST_DURATION: "6s"}))
+    follow(watcher, "the run running", in_state(run, RunState.RUNNING), 30, story(run))
+    lists = {informer.watched.kind: informer.lists for informer in watcher.informers}
+
+    took = restart_apiserver(kube_cluster)
+    follow(watcher, "the run to succeed", in_state(run, RunState.SUCCEEDED), 60, story(run))
+
+    # Each informer lost its watch, waited, and listed again.
+    for informer in watcher.informers:
+        assert informer.lists > lists[informer.watched.kind], informer.watched.kind
+    assert states(fresh(run)) == ["pending", "queued", "admitted", "running", "succeeded"]
+    assert took < 60
