@@ -3,12 +3,14 @@ follow (:class:`LogChunk`, by byte offset or as the last lines) and the whole of
 stream (:class:`WholeLog`).
 
 A backend that keeps a log as a file on this machine (the local executor's ``run.log``)
-reads it with :func:`read_log_file` and :func:`open_log_file`; another backend builds the
-same shapes from wherever its logs are.
+reads it with :func:`read_log_file` and :func:`open_log_file`; one that gets a log as bytes
+(the Kubernetes backend, from ``pods/log``) cuts it with :func:`read_log_bytes` and
+:func:`whole_log_bytes`, the same way.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,13 @@ class LogChunk:
     next_offset: int
     size: int
     complete: bool  # the attempt is over: nothing more will be appended
+    #: Where an attempt runs as several processes (a cluster's pods), which one this is
+    #: the log of, and all of them; empty for a backend with one log per attempt.
+    pod: str = ""
+    pods: tuple[str, ...] = ()
+    #: Why there is no log (yet), in words, when the backend can say: a pod that never
+    #: started (scheduling, the image), a log that is gone.
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,43 @@ def read_log_file(
         size=size,
         complete=complete and start + consumed >= size,
     )
+
+
+def read_log_bytes(
+    data: bytes,
+    *,
+    attempt: int,
+    complete: bool,
+    offset: int | None,
+    tail_lines: int | None,
+    limit: int = 256 * 1024,
+) -> LogChunk:
+    """A piece of a log held in memory, cut as :func:`read_log_file` cuts a file."""
+    limit = max(1, min(limit, MAX_LOG_CHUNK))
+    size = len(data)
+    if offset is None:
+        start = _tail_start(io.BytesIO(data), size, tail_lines or 200)
+    else:
+        start = max(0, min(offset, size))
+    piece = data[start : start + limit]
+    at_end = start + len(piece) >= size
+    consumed = len(piece) if (complete and at_end) else _complete_prefix(piece)
+    return LogChunk(
+        attempt=attempt,
+        text=piece[:consumed].decode("utf-8", errors="replace"),
+        offset=start,
+        next_offset=start + consumed,
+        size=size,
+        complete=complete and start + consumed >= size,
+    )
+
+
+def whole_log_bytes(data: bytes, *, attempt: int, live: bool) -> WholeLog:
+    """A log held in memory, to stream; a live attempt's ends before any character still
+    being written."""
+    if live:
+        data = data[: _complete_prefix(data)]
+    return WholeLog(attempt=attempt, size=len(data), handle=io.BytesIO(data))
 
 
 def open_log_file(path: Path | None, *, attempt: int, live: bool) -> WholeLog:

@@ -2,8 +2,11 @@
 
 A run token belongs to the attempt it was issued for (``RunAttempt.token``): it reaches that
 run's report routes and its code bundle, nothing else, and is revoked when the attempt ends.
-Issuing and revoking go through here only, so each is audited (``token.create`` with the run
-and attempt, ``token.revoke``) like any other token.
+An attempt holds one token at a time: issuing another (the Kubernetes backend does when the
+attempt's Secret has to be made again) revokes the one before. Issuing and revoking go
+through here only, so each is audited (``token.create`` with the run and attempt,
+``token.revoke``) like any other token. The plaintext is handed to the workload (the local
+agent's child process, the attempt's Kubernetes Secret) and never logged.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ def issue_run_token(
 ) -> str | None:
     """A token that can only report on ``run``, held by ``attempt``; its plaintext, to hand
     to the workload and nowhere else. None when the run's submitter can no longer act (a
-    token never does more than its user may)."""
+    token never does more than its user may). A token the attempt held before is revoked."""
     user = run.submitted_by
     if user is None or not user.is_active:
         return None
     with transaction.atomic():
+        revoke_run_tokens(run_id=run.pk, attempt=attempt)
         issued = issue_token(
             user=user,
             name=f"run {run.name} attempt {attempt.number}",
@@ -64,6 +68,12 @@ def revoke_run_tokens(*, run_id: int, attempt: RunAttempt | None = None) -> int:
         revoke_token(token=token)
         revoked += 1
     return revoked
+
+
+def can_issue(run: Run) -> bool:
+    """Whether a run token can be issued for ``run``: its submitter can still act."""
+    user = run.submitted_by
+    return user is not None and user.is_active
 
 
 def run_id_of(token: ApiToken) -> int | None:

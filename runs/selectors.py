@@ -61,10 +61,16 @@ def _attempt_of(run: Run, attempt_number: int | None) -> RunAttempt | None:
 
 
 def read_log(
-    run: Run, *, attempt_number: int | None, offset: int | None, tail_lines: int | None
+    run: Run,
+    *,
+    attempt_number: int | None,
+    offset: int | None,
+    tail_lines: int | None,
+    pod: str | None = None,
 ) -> LogChunk:
     """A piece of an attempt's log (the newest attempt's by default), from its backend: from
-    ``offset`` (follow), or the last ``tail_lines`` lines."""
+    ``offset`` (follow), or the last ``tail_lines`` lines; of ``pod``, where the attempt
+    runs as several."""
     attempt = _attempt_of(run, attempt_number)
     if attempt is None:
         return LogChunk(
@@ -81,10 +87,10 @@ def read_log(
             size=0,
             complete=attempt.finished_at is not None,
         )
-    return backend.read_log(run, attempt, offset=offset, tail_lines=tail_lines)
+    return backend.read_log(run, attempt, offset=offset, tail_lines=tail_lines, pod=pod)
 
 
-def open_whole_log(run: Run, *, attempt_number: int | None) -> WholeLog:
+def open_whole_log(run: Run, *, attempt_number: int | None, pod: str | None = None) -> WholeLog:
     """The log of the numbered attempt (default: the newest), opened for streaming by its
     backend. A live attempt's log ends where it was when opened."""
     attempt = _attempt_of(run, attempt_number)
@@ -94,7 +100,7 @@ def open_whole_log(run: Run, *, attempt_number: int | None) -> WholeLog:
         backend = backend_for_run(run)
     except BackendUnavailable:
         return WholeLog(attempt=attempt.number, size=0, handle=None)
-    return backend.open_log(run, attempt)
+    return backend.open_log(run, attempt, pod=pod)
 
 
 def metric_keys(run: Run, *, limit: int = MAX_KEYS_PER_RUN) -> list[str]:

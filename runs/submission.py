@@ -24,7 +24,7 @@ from django.utils.cache import patch_vary_headers
 
 from runs import bundles, lifecycle, policy
 from runs.backends import RunBackend
-from runs.backends.registry import AVAILABLE_BACKENDS, backend_named
+from runs.backends.registry import available_backend_names, backend_named
 from runs.models import Run
 from tau.spec import SpecError, load_spec, locate
 
@@ -70,7 +70,7 @@ class SubmissionRefused(ValueError):
 
 
 def _backend(name: str) -> RunBackend | None:
-    return backend_named(name) if name in AVAILABLE_BACKENDS else None
+    return backend_named(name) if name in available_backend_names() else None
 
 
 def _at(source: bytes, path: str, message: str, hint: str | None = None) -> SubmissionProblem:
@@ -112,7 +112,11 @@ def check_spec(
     try:
         placement = policy.apply_policy(spec, workspace, backend=backend)
     except policy.PolicyRefused as exc:
-        problems += [_at(source, p.path, p.message) for p in exc.problems]
+        # The backend may have said the same (what Kubernetes cannot carry): once is enough.
+        said = {(p.path, p.message) for p in problems}
+        problems += [
+            _at(source, p.path, p.message) for p in exc.problems if (p.path, p.message) not in said
+        ]
     if problems or placement is None:
         raise SubmissionRefused(problems)
     return placement
@@ -178,7 +182,7 @@ def check_bundle(
 def submit(
     *, workspace: Workspace, user: User, spec_source: bytes, bundle: IO[bytes] | None
 ) -> Run:
-    if settings.TAU_BACKEND not in AVAILABLE_BACKENDS:
+    if settings.TAU_BACKEND not in available_backend_names():
         # Refuse now rather than accept a run that no backend will ever take.
         raise SubmissionRefused(
             [

@@ -28,8 +28,9 @@ from django.views.decorators.vary import vary_on_headers
 from django.views.generic import TemplateView
 
 from portal.requests import signed_in_user
-from runs import bundles, lifecycle, selectors, submission
+from runs import bundles, kube_queue, lifecycle, selectors, submission
 from runs.access import REFUSAL, may_act_on
+from runs.backends.kubernetes import no_storage_warning
 from runs.checkpoints import checkpoint_exists
 from runs.models import (
     LIVE_STATES,
@@ -149,6 +150,9 @@ class RunListView(WorkspaceViewMixin, TemplateView):
         page = list(runs.order_by(*order)[: PAGE_SIZE + 1])
         has_more = len(page) > PAGE_SIZE
         page = page[:PAGE_SIZE]
+        # Kueue's own positions for the queued Kubernetes runs shown: one call at most.
+        reading = kube_queue.read_queue(self.workspace, page)
+        kube_queue.apply_positions(page, reading)
         next_query = None
         if has_more:
             last = page[-1]
@@ -163,6 +167,7 @@ class RunListView(WorkspaceViewMixin, TemplateView):
                 "next_query": next_query,
                 "any_live": any(run.state in LIVE_STATES for run in page),
                 "filtered": bool(filters["state"] or filters["submitter"] or filters["q"]),
+                "queue_note": reading.unavailable,
             }
         )
         return context
@@ -191,7 +196,13 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
 
     template_name = "runs/detail.html"
 
-    def _context(self, run: Run) -> dict[str, Any]:
+    def _queue(self, run: Run) -> kube_queue.QueueReading:
+        """Kueue's position of the run, when it is queued on Kubernetes (one call)."""
+        reading = kube_queue.read_queue(self.workspace, [run])
+        kube_queue.apply_positions([run], reading)
+        return reading
+
+    def _context(self, run: Run, reading: kube_queue.QueueReading) -> dict[str, Any]:
         attempts = list(
             RunAttempt.objects.for_workspace(self.workspace)
             .filter(run=run)
@@ -223,6 +234,7 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
             "latest_attempt": latest,
             "log_attempt": log_attempt,
             "log_follows_newest": log_attempt is latest,
+            "queue_note": reading.unavailable,
         }
 
     def _version(self, run: Run) -> tuple[Any, ...]:
@@ -253,14 +265,16 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
                     "run-page", kwargs={"workspace_slug": self.workspace.slug, "run_name": run.name}
                 )
             )
+        # A queued Kubernetes run's place is Kueue's to say, at this moment (one call).
+        reading = self._queue(run)
         if request.headers.get("HX-Request"):
             # The live part polls: answer "nothing changed" after one small query.
-            etag = _etag("run", *self._version(run))
+            etag = _etag("run", *self._version(run), reading.position(run.pk), reading.unavailable)
             if _not_modified(request, etag):
                 return _fragment_response(request, "runs/detail.html#live", {}, etag)
-            context = {**self.get_context_data(**kwargs), **self._context(run)}
+            context = {**self.get_context_data(**kwargs), **self._context(run, reading)}
             return _fragment_response(request, "runs/detail.html#live", context, etag)
-        context = {**self.get_context_data(**kwargs), **self._context(run)}
+        context = {**self.get_context_data(**kwargs), **self._context(run, reading)}
         return self.render_to_response(context)
 
 
@@ -341,6 +355,8 @@ class SubmitView(WorkspaceViewMixin, TemplateView):
             )
             return self.render_to_response(context, status=400)
         messages.success(request, f"Submitted {run.name}.")
+        if run.backend == Backend.KUBERNETES and no_storage_warning(self.workspace):
+            messages.warning(request, no_storage_warning(self.workspace))
         url = reverse(
             "run-page", kwargs={"workspace_slug": self.workspace.slug, "run_name": run.name}
         )
@@ -417,6 +433,11 @@ class ValidateView(WorkspaceViewMixin, View):
                 "position": position,
                 "estimate": estimate,
                 "starts_in": estimate.start_after(position - 1) if position > 1 else None,
+                "storage_warning": (
+                    no_storage_warning(self.workspace)
+                    if settings.TAU_BACKEND == Backend.KUBERNETES
+                    else ""
+                ),
             }
         )
         return render(request, "runs/submit.html#validation", context)
@@ -438,6 +459,11 @@ class QueueView(WorkspaceViewMixin, TemplateView):
                 "queue_position", "-priority_value", "queued_at", "id"
             )[:200]
         )
+        # Queued Kubernetes runs in Kueue's order (one call for the workspace's LocalQueue);
+        # the others keep TauGrid's after them.
+        reading = kube_queue.read_queue(self.workspace, pending)
+        kube_queue.apply_positions(pending, reading)
+        pending.sort(key=lambda run: (run.queue_position is None, run.queue_position or 0))
         running = list(runs.filter(state__in=RUNNING_STATES).order_by("admitted_at")[:200])
         estimate = queue_estimate(self.workspace)
         now = timezone.now()
@@ -457,6 +483,7 @@ class QueueView(WorkspaceViewMixin, TemplateView):
                 "estimate": estimate,
                 "now": now,
                 "is_live": bool(pending or running),
+                "queue_note": reading.unavailable,
             }
         )
         return context
@@ -472,6 +499,7 @@ class QueueView(WorkspaceViewMixin, TemplateView):
                 ],
                 *[(run.pk, run.state) for run in context["running"]],
                 *[(line.resource, line.used) for line in context["usage"]],
+                context["queue_note"],
             )
             return _fragment_response(request, "runs/queue.html#live", context, etag)
         return self.render_to_response(context)
@@ -496,8 +524,14 @@ class PlatformQueueView(StaffRequiredMixin, TemplateView):
         usage = platform_usage()
         workspaces = Workspace.objects.unscoped().filter(active=True).order_by("slug")
         rows: list[dict[str, Any]] = []
+        notes: list[str] = []
         for workspace in workspaces:
             mine = [run for run in live if run.workspace_id == workspace.pk]
+            # Kueue's positions: one call per LocalQueue with queued Kubernetes runs.
+            reading = kube_queue.read_queue(workspace, mine)
+            kube_queue.apply_positions(mine, reading)
+            if reading.unavailable:
+                notes.append(f"{workspace.slug}: {reading.unavailable}")
             rows.append(
                 {
                     "workspace": workspace,
@@ -511,6 +545,7 @@ class PlatformQueueView(StaffRequiredMixin, TemplateView):
                 "rows": rows,
                 "waiting_total": sum(len(row["waiting"]) for row in rows),
                 "running_total": sum(len(row["running"]) for row in rows),
+                "queue_notes": notes,
             }
         )
         return context

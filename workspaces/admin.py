@@ -119,6 +119,7 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 "fields": [
                     "namespace",
                     "local_queue",
+                    "storage_claim",
                     "cohort",
                     "preemption_within_queue",
                     "preemption_reclaim_in_cohort",

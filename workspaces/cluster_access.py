@@ -201,6 +201,13 @@ REQUIRED: Final[tuple[Permission, ...]] = (
     ),
     Permission(
         "",
+        "services",
+        ("get", "create", "delete"),
+        "a multi-worker Job's headless rendezvous Service (pod DNS names for torchrun), "
+        "created on delivery, deleted with its Job",
+    ),
+    Permission(
+        "",
         "secrets",
         ("get", "create", "patch", "delete"),
         "each run's token Secret, by name only (never list or watch: the portal cannot "

@@ -45,6 +45,12 @@ def validate_dns1123_label(value: str) -> None:
         raise ValidationError(f"{value!r} {problem}.", code="invalid")
 
 
+def validate_dns1123_subdomain(value: str) -> None:
+    problem = dns1123_subdomain_problem(value)
+    if problem:
+        raise ValidationError(f"{value!r} {problem}.", code="invalid")
+
+
 def validate_priority_class_names(value: Any) -> None:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ValidationError("Give a list of WorkloadPriorityClass names.", code="invalid")
@@ -350,6 +356,18 @@ class Workspace(AuditedModel):
         help_text=(
             "Kueue LocalQueue in that namespace that runs are submitted to. "
             "Leave empty to use the slug."
+        ),
+    )
+    storage_claim = models.CharField(
+        "storage (PersistentVolumeClaim)",
+        max_length=253,
+        blank=True,
+        validators=[validate_dns1123_subdomain],
+        help_text=(
+            "A ReadWriteMany PersistentVolumeClaim in the workspace's namespace that holds its "
+            "runs' outputs and checkpoints (each run in its own folder, runs/ and the run's "
+            "name). Without one, Kubernetes runs write to a scratch volume that is lost when an "
+            "attempt ends: they cannot resume from a checkpoint."
         ),
     )
     cohort = models.ForeignKey(

@@ -18,7 +18,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
-from runs.models import Checkpoint, Run, RunAttempt, RunEvent
+from runs.backends.kubernetes import no_storage_warning
+from runs.models import Backend, Checkpoint, Run, RunAttempt, RunEvent
 
 #: Steps and sizes are stored as 64-bit integers.
 MAX_STEP = 2**63 - 1
@@ -227,6 +228,10 @@ class RunDetailSerializer(RunSummarySerializer):
 
     attempts = AttemptSerializer(many=True, read_only=True)
     bundle = serializers.SerializerMethodField()
+    warnings = serializers.SerializerMethodField(
+        help_text="What the run should know about where it runs, e.g. that its workspace has "
+        "no storage to keep checkpoints between attempts on Kubernetes."
+    )
 
     class Meta(RunSummarySerializer.Meta):
         fields = [
@@ -238,8 +243,16 @@ class RunDetailSerializer(RunSummarySerializer):
             "admitted_at",
             "cancel_requested_at",
             "attempts",
+            "warnings",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_warnings(self, run: Run) -> list[str]:
+        if run.backend != Backend.KUBERNETES:
+            return []
+        warning = no_storage_warning(run.workspace)
+        return [warning] if warning else []
 
     @extend_schema_field(BUNDLE_SCHEMA)
     def get_bundle(self, run: Run) -> dict[str, Any] | None:
@@ -263,6 +276,7 @@ class RunDetailSerializer(RunSummarySerializer):
                 "admitted_at": _time(instance.admitted_at, zone),
                 "cancel_requested_at": _time(instance.cancel_requested_at, zone),
                 "attempts": AttemptSerializer(instance.attempts.all(), many=True).data,
+                "warnings": self.get_warnings(instance),
             }
         )
         return data
@@ -286,6 +300,17 @@ class LogChunkSerializer(serializers.Serializer[Any]):
     size = serializers.IntegerField(help_text="The file's size now (bytes).")
     complete = serializers.BooleanField(help_text="The attempt is over and all of it is read.")
     text = serializers.CharField()
+    pod = serializers.CharField(
+        help_text="On Kubernetes, the pod whose log this is; empty where an attempt has one log."
+    )
+    pods = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="On Kubernetes, the attempt's pods (pass one as `pod` to read its log).",
+    )
+    note = serializers.CharField(
+        help_text="Why there is no log (yet), when it can be said: a pod that has not started "
+        "(scheduling, its image), a log that is gone. Empty otherwise."
+    )
 
 
 class CheckpointSerializer(serializers.ModelSerializer[Checkpoint]):

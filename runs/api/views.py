@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Mapping
 from datetime import UTC
@@ -33,7 +34,17 @@ from identity.models import ApiToken
 from identity.tokens import token_of
 from portal.api import BoundedJSONParser, refusals
 from portal.requests import signed_in_user
-from runs import bundles, checkpoints, lifecycle, metrics, run_tokens, selectors, state, submission
+from runs import (
+    bundles,
+    checkpoints,
+    kube_queue,
+    lifecycle,
+    metrics,
+    run_tokens,
+    selectors,
+    state,
+    submission,
+)
 from runs.access import REFUSAL, may_act_on
 from runs.api.serializers import (
     SUMMARY_COLUMNS,
@@ -54,7 +65,7 @@ from runs.api.serializers import (
 )
 from runs.checkpoint_paths import CheckpointPathRefused
 from runs.metric_rules import MAX_KEYS_PER_RUN, MetricRow
-from runs.models import Checkpoint, Run, RunAttempt, RunEvent, RunState
+from runs.models import Backend, Checkpoint, Run, RunAttempt, RunEvent, RunState
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import Role
 
@@ -177,7 +188,12 @@ class RunViewSet(WorkspaceScopedViewSet):
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         # Rows of the summary's columns, not runs: no spec read, no model built per row.
-        page = self.paginate_queryset(self._filtered().values(*SUMMARY_COLUMNS))
+        page = self.paginate_queryset(self._filtered().values(*SUMMARY_COLUMNS)) or []
+        # A queued Kubernetes run's position is Kueue's: one call for the page, at most.
+        reading = kube_queue.read_queue(self.workspace, page)
+        for row in page:
+            if row["state"] == RunState.QUEUED and row["backend"] == Backend.KUBERNETES:
+                row["queue_position"] = reading.position(row["id"])
         summaries = RunSummarySerializer(page, many=True, context={"workspace": self.workspace})
         return self.get_paginated_response(summaries.data)
 
@@ -239,6 +255,7 @@ class RunViewSet(WorkspaceScopedViewSet):
             .prefetch_related(self._attempts())
             .get(pk=run.pk)
         )
+        kube_queue.apply_positions([fresh], kube_queue.read_queue(self.workspace, [fresh]))
         return dict(RunDetailSerializer(fresh).data)
 
     @extend_schema(responses={200: RunDetailSerializer, **refusals()})
@@ -354,6 +371,13 @@ class RunViewSet(WorkspaceScopedViewSet):
     @extend_schema(
         parameters=[
             OpenApiParameter("attempt", int, description="Attempt number; default the newest."),
+            OpenApiParameter(
+                "pod",
+                str,
+                description="On Kubernetes, which of the attempt's pods (the answer's `pods` "
+                "lists them); default a RayJob's driver log (its submitter pod), a Job's first "
+                "worker.",
+            ),
             OpenApiParameter("tail", int, description="JSON: the last N lines (default 200)."),
             OpenApiParameter("offset", int, description="JSON: bytes from this offset on."),
             OpenApiParameter(
@@ -380,13 +404,15 @@ class RunViewSet(WorkspaceScopedViewSet):
         run = self.get_object()
         params = request.query_params
         attempt_number = _int_param(params, "attempt")
+        pod = _pod_param(params)
         if request.accepted_renderer.format == PlainTextRenderer.format:
-            return _whole_log_response(run, attempt_number)
+            return _whole_log_response(run, attempt_number, pod)
         chunk = selectors.read_log(
             run,
             attempt_number=attempt_number,
             offset=_int_param(params, "offset"),
             tail_lines=min(_int_param(params, "tail") or 200, 10000),
+            pod=pod,
         )
         return Response(
             {
@@ -396,6 +422,9 @@ class RunViewSet(WorkspaceScopedViewSet):
                 "size": chunk.size,
                 "complete": chunk.complete,
                 "text": chunk.text,
+                "pod": chunk.pod,
+                "pods": list(chunk.pods),
+                "note": chunk.note,
             }
         )
 
@@ -450,6 +479,19 @@ def _text_param(params: Any, name: str) -> str:
     return value
 
 
+#: A pod's name (a DNS-1123 subdomain).
+_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def _pod_param(params: Any) -> str | None:
+    value = _text_param(params, "pod")
+    if not value:
+        return None
+    if not _POD_NAME.fullmatch(value):
+        raise exceptions.ValidationError({"pod": ["must be a pod's name"]})
+    return value
+
+
 def _int_param(params: Any, name: str) -> int | None:
     value = params.get(name)
     if value in (None, ""):
@@ -463,10 +505,14 @@ def _int_param(params: Any, name: str) -> int | None:
     return number
 
 
-def _whole_log_response(run: Run, attempt_number: int | None) -> StreamingHttpResponse:
+def _whole_log_response(
+    run: Run, attempt_number: int | None, pod: str | None = None
+) -> StreamingHttpResponse:
     """The attempt's whole log as a plain-text download, streamed (logs reach 50 MiB)."""
-    log = selectors.open_whole_log(run, attempt_number=attempt_number)  # Http404: DRF's 404
+    log = selectors.open_whole_log(run, attempt_number=attempt_number, pod=pod)  # Http404
     name = f"{run.name}-attempt-{log.attempt}.log" if log.attempt else f"{run.name}.log"
+    if pod:
+        name = f"{pod}.log"
     response = StreamingHttpResponse(log, content_type="text/plain; charset=utf-8")
     response["Content-Length"] = str(log.size)
     response["Content-Disposition"] = f'attachment; filename="{name}"'

@@ -56,14 +56,23 @@ class RunBackend(Protocol):
     def cancel(self, run: Run) -> None: ...
 
     def read_log(
-        self, run: Run, attempt: RunAttempt, *, offset: int | None, tail_lines: int | None
+        self,
+        run: Run,
+        attempt: RunAttempt,
+        *,
+        offset: int | None,
+        tail_lines: int | None,
+        pod: str | None = None,
     ) -> LogChunk:
         """A piece of the attempt's log: from byte ``offset`` on (to follow it), or its last
-        ``tail_lines`` lines."""
+        ``tail_lines`` lines. Where an attempt has several logs (a cluster's pods), ``pod``
+        chooses one (None: the one that says most: a RayJob's driver, a Job's first
+        worker)."""
         ...
 
-    def open_log(self, run: Run, attempt: RunAttempt) -> WholeLog:
-        """The attempt's whole log, to stream as a download."""
+    def open_log(self, run: Run, attempt: RunAttempt, *, pod: str | None = None) -> WholeLog:
+        """The attempt's whole log (of ``pod``, as for ``read_log``), to stream as a
+        download."""
         ...
 
     def checkpoint_path(self, run: Run, path: str) -> str:

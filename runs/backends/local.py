@@ -106,8 +106,15 @@ class LocalBackend:
         return None
 
     def read_log(
-        self, run: Run, attempt: RunAttempt, *, offset: int | None, tail_lines: int | None
+        self,
+        run: Run,
+        attempt: RunAttempt,
+        *,
+        offset: int | None,
+        tail_lines: int | None,
+        pod: str | None = None,
     ) -> LogChunk:
+        # One process group, one log: there is no pod to choose.
         return read_log_file(
             Path(attempt.log_path) if attempt.log_path else None,
             attempt=attempt.number,
@@ -116,7 +123,7 @@ class LocalBackend:
             tail_lines=tail_lines,
         )
 
-    def open_log(self, run: Run, attempt: RunAttempt) -> WholeLog:
+    def open_log(self, run: Run, attempt: RunAttempt, *, pod: str | None = None) -> WholeLog:
         return open_log_file(
             Path(attempt.log_path) if attempt.log_path else None,
             attempt=attempt.number,

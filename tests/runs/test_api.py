@@ -492,12 +492,17 @@ def test_bundle_download_for_members_and_its_own_workload(world: Any) -> None:
     assert bearer(token).get(run_url(other.name, "run-bundle")).status_code == 404
 
 
-def test_a_backend_that_cannot_take_runs_refuses_at_submission(world: Any, settings: Any) -> None:
+def test_the_kubernetes_backend_takes_submissions(world: Any, settings: Any) -> None:
+    # No cluster here: the run and its delivery are written; the delivery reaches the cluster
+    # later (tests/runs/test_kube_backend.py does that on the real one).
     settings.TAU_BACKEND = "kubernetes"
     response = submit(world.api_client_for("researcher"), TINY_SPEC)
-    assert response.status_code == 400
-    assert response.json()["problems"][0]["path"] == "backend"
-    assert Run.objects.for_workspace(world.alpha).count() == 0
+    assert response.status_code == 201, response.content
+    run = Run.objects.for_workspace(world.alpha).get()
+    assert run.backend == "kubernetes"
+    assert [d.action for d in Delivery.objects.for_workspace(world.alpha).filter(run=run)] == [
+        "submit"
+    ]
 
 
 def test_following_a_log_never_splits_a_character(world: Any, tmp_path: Path) -> None:

@@ -1093,6 +1093,20 @@ def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
         )
         as_portal.read_all("v1", "Event", "", "events", events[0]["metadata"]["name"], workspace)
 
+        # -- a multi-worker Job's headless rendezvous Service -----------------------------------
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "run-1", "namespace": workspace, "labels": MANAGED},
+            "spec": {"clusterIP": "None", "selector": {"taugrid.io/run": "run-1"}},
+        }
+        sa.create(service)
+        as_portal.did("", "services", "create")
+        assert sa.get("v1", "Service", "run-1", workspace)["spec"]["clusterIP"] == "None"
+        as_portal.did("", "services", "get")
+        sa.delete("v1", "Service", "run-1", workspace)
+        as_portal.did("", "services", "delete")
+
         # -- cancel: the jobs deleted (their pods go with them) ----------------------------------
         sa.delete("batch/v1", "Job", "run-1", workspace, propagation="Foreground")
         as_portal.did("batch", "jobs", "delete")
