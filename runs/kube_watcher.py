@@ -32,7 +32,8 @@ A loop over small steps, each tested on its own:
    run's current attempt is reconciled whatever the watches said, which catches what happened
    while no watcher ran: objects deleted behind TauGrid's back, a cancel whose pods are gone.
 6. **One active replica** (:class:`LeaderElection`): a ``coordination.k8s.io/v1`` Lease named
-   ``taugrid-kube-watcher`` in ``TAU_KUBE_WATCHER_LEASE_NAMESPACE``, created if missing,
+   ``taugrid-kube-watcher`` in ``TAU_KUBE_WATCHER_LEASE_NAMESPACE``, created if missing (and
+   its namespace with it, where the portal does not run in one: ``make run``),
    renewed every fifth of ``TAU_KUBE_WATCHER_LEASE_SECONDS``. The holder acts only while its
    last renewal is younger than two thirds of the lease; a standby takes the Lease once it has
    seen it unchanged for a whole lease (its own clock, as client-go does, so clock skew does
@@ -1057,21 +1058,26 @@ class LeaderElection:
 
     def _create(self, now: float) -> bool:
         moment = _micro_time(datetime.now(UTC))
+        lease = {
+            "apiVersion": COORDINATION,
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": self.lease_seconds,
+                "acquireTime": moment,
+                "renewTime": moment,
+                "leaseTransitions": 0,
+            },
+        }
         try:
-            stored = self.client.create(
-                {
-                    "apiVersion": COORDINATION,
-                    "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
-                    "spec": {
-                        "holderIdentity": self.identity,
-                        "leaseDurationSeconds": self.lease_seconds,
-                        "acquireTime": moment,
-                        "renewTime": moment,
-                        "leaseTransitions": 0,
-                    },
-                }
-            )
+            try:
+                stored = self.client.create(lease)
+            except kube.NotFound:
+                # Its namespace is missing (a cluster where the portal does not run in a pod:
+                # `make run` against the test cluster): made once, plain, for the Lease.
+                self._create_namespace()
+                stored = self.client.create(lease)
         except kube.Conflict:
             return False
         except KubeError as error:
@@ -1080,6 +1086,22 @@ class LeaderElection:
         logger.info("created the Lease %s/%s", self.namespace, self.name)
         self._held(stored, now)
         return True
+
+    def _create_namespace(self) -> None:
+        try:
+            self.client.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {
+                        "name": self.namespace,
+                        "labels": {labels.MANAGED_BY: labels.MANAGED_BY_TAUGRID},
+                    },
+                }
+            )
+        except kube.Conflict:
+            return
+        logger.info("created the namespace %s for the watcher's Lease", self.namespace)
 
     def _held(self, stored: Body, now: float) -> None:
         spec = stored.get("spec") or {}

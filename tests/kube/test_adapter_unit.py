@@ -86,7 +86,7 @@ MAPPING = [
         kube.Invalid,
         "Service Unav",
     ),
-    (410, status(410, "too old resource version", "Expired"), kube.KubeError, "Expired"),
+    (410, status(410, "too old resource version", "Expired"), kube.Gone, "Expired"),
 ]
 
 

@@ -112,6 +112,13 @@ def set_status(**fields: Any) -> Callable[[Body], None]:
     return edit
 
 
+def ray_app_failed(data: Body) -> None:
+    """By hand: the dashboard reported the Ray job FAILED; no pod says more (the submitter's
+    pod is gone)."""
+    set_status(jobDeploymentStatus="Complete", jobStatus="FAILED", reason="AppFailed")(data)
+    data["pods"] = [p for p in data["pods"] if "submitter" not in str(p)]
+
+
 def no_job(data: Body) -> None:
     data["job"] = None
 
@@ -375,12 +382,7 @@ TABLE: list[Row] = [
         "rayjob_running",
         "failed",
         FailureClass.USER_ERROR,
-        edit=lambda data: (
-            set_status(jobDeploymentStatus="Complete", jobStatus="FAILED", reason="AppFailed")(
-                data
-            ),
-            data.update(pods=[p for p in data["pods"] if "submitter" not in str(p)]),
-        ),
+        edit=ray_app_failed,
         reason_has=("The Ray job failed.",),
     ),
     # -- Kueue's evictions ---------------------------------------------------------------------

@@ -788,7 +788,14 @@ def test_one_lease_holder_at_a_time(client: adapter.KubeClient, kube: Kube) -> N
     """Two electors on the real Lease, with one clock the test moves (leases of 6 s: the
     holder acts for 4 s after a renewal; the other may take over 6 s after it last saw the
     Lease change)."""
-    namespace = kube.namespace("lease")
+    namespace = kube.unique("lease")  # missing: made with the Lease
+    try:
+        elect(client, namespace)
+    finally:
+        client.delete("v1", "Namespace", namespace, missing_ok=True)
+
+
+def elect(client: adapter.KubeClient, namespace: str) -> None:
     now = [1000.0]
     a = LeaderElection(
         client, namespace=namespace, lease_seconds=6, identity="a", clock=lambda: now[0]
