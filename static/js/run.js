@@ -16,6 +16,8 @@
     var picker = document.getElementById("log-attempt");
     var pickerForm = document.getElementById("log-attempt-form");
     var download = document.getElementById("log-download");
+    // Why there is no log yet (a pod that has not started, on Kubernetes), when the API says.
+    var note = document.getElementById("log-note");
     var maxChars = 500000;
     var following = true;
     // The attempt picked, or null for the newest (followed while the run is live).
@@ -143,6 +145,10 @@
             if (chosen === null) describe(chunk.attempt);
           }
           if (chunk.attempt !== null) attempt = chunk.attempt;
+          if (note) {
+            note.textContent = chunk.note || "";
+            note.hidden = !chunk.note;
+          }
           append(chunk.text);
           offset = chunk.next_offset;
           var atEnd = chunk.next_offset >= chunk.size;
