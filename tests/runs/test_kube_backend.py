@@ -927,6 +927,14 @@ def test_an_api_submission_on_kubernetes_is_accepted_and_handed_over(
     assert kube.get(*JOB, f"{run.name}-a1", place.workspace.namespace) is not None
     assert fresh(run).state == RunState.QUEUED
     assert backend_named("kubernetes").name == "kubernetes"
+    # The submit page's preview says it too, before anything is submitted.
+    preview = place.browser().post(
+        f"/w/{place.workspace.slug}/runs/validate/",
+        {"spec_text": job_spec("kb-api").decode()},
+        HTTP_HX_REQUEST="true",
+    )
+    assert preview.status_code == 200
+    assert "no storage for checkpoints" in preview.content.decode()
 
 
 # -- without a cluster: the pieces the tests above rely on ---------------------------------------
