@@ -198,15 +198,25 @@ class Watch:
         self._describe = describe
         self._read_timeout = read_timeout
         self._closed = threading.Event()
+        self._finished = False  # the server ended the stream
 
     def close(self) -> None:
-        """End the watch: a reader blocked in :meth:`__iter__` returns (without an error)."""
+        """End the watch: a reader blocked in :meth:`__iter__` returns (without an error).
+
+        A stream the server ended gives its connection back to the pool; one ended here is
+        closed instead: the rest of it would still arrive on that connection, and the next
+        request sent on it would read that instead of its answer."""
+        if self._closed.is_set():
+            return
         self._closed.set()
-        shutdown: Callable[[], None] | None = getattr(self._response, "shutdown", None)
         try:
+            if self._finished:
+                self._response.release_conn()
+                return
+            shutdown: Callable[[], None] | None = getattr(self._response, "shutdown", None)
             if shutdown is not None:
                 shutdown()  # urllib3 >= 2.3: unblocks a read in another thread
-            self._response.release_conn()
+            self._response.close()
         except Exception:  # noqa: S110 - closing what may already be closed
             pass
 
@@ -231,6 +241,7 @@ class Watch:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
                         yield self._event(line)
+            self._finished = not self._closed.is_set()
             if buffer.strip() and not self._closed.is_set():
                 yield self._event(buffer)
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:

@@ -163,6 +163,11 @@ def _uid(obj: Mapping[str, Any]) -> str:
     return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
 
 
+def _name_of(kind: str, obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    meta = _meta(obj)
+    return (str(meta.get("namespace") or ""), kind, str(meta.get("name") or ""))
+
+
 def _owned_by_rayjob(obj: Mapping[str, Any]) -> bool:
     return any(ref.get("kind") == "RayJob" for ref in _meta(obj).get("ownerReferences") or [])
 
@@ -312,6 +317,8 @@ class ClusterCache:
         self.workload_by_job_uid: dict[str, str] = {}
         self.events: OrderedDict[str, Body] = OrderedDict()
         self.events_about: dict[tuple[str, str, str], set[str]] = {}
+        #: (namespace, kind, name) → uid, for what an Event is about.
+        self.named: dict[tuple[str, str, str], str] = {}
         self.listed: set[str] = set()
         #: Attempts whose Job or RayJob this process has seen (so its absence is a deletion).
         self.seen: set[AttemptKey] = set()
@@ -344,6 +351,7 @@ class ClusterCache:
         self.objects[kind][uid] = obj
         if kind == EVENT.kind:
             return self._put_event(uid, obj)
+        self.named[_name_of(kind, obj)] = uid
         if kind == WORKLOAD.kind:
             job_uid = str((_meta(obj).get("labels") or {}).get(labels.KUEUE_JOB_UID) or "")
             if job_uid:
@@ -364,6 +372,8 @@ class ClusterCache:
         stored = self.objects[kind].pop(uid, None) or obj
         if kind == EVENT.kind:
             return self._drop_event(uid, stored)
+        if self.named.get(_name_of(kind, stored)) == uid:
+            del self.named[_name_of(kind, stored)]
         if kind == WORKLOAD.kind:
             job_uid = str((_meta(stored).get("labels") or {}).get(labels.KUEUE_JOB_UID) or "")
             if self.workload_by_job_uid.get(job_uid) == uid:
@@ -408,22 +418,15 @@ class ClusterCache:
         )
 
     def _keys_named(self, about: tuple[str, str, str]) -> set[AttemptKey]:
-        namespace, kind, name = about
+        kind = about[1]
+        obj = self.objects.get(kind, {}).get(self.named.get(about, ""))
+        if obj is None:
+            return set()
         if kind == WORKLOAD.kind:
-            for workload in self.objects[WORKLOAD.kind].values():
-                meta = _meta(workload)
-                if meta.get("namespace") == namespace and meta.get("name") == name:
-                    job_uid = str((meta.get("labels") or {}).get(labels.KUEUE_JOB_UID) or "")
-                    return self._keys_of_job_uid(job_uid)
-            return set()
-        if kind not in self.objects:
-            return set()
-        for obj in self.objects[kind].values():
-            meta = _meta(obj)
-            if meta.get("namespace") == namespace and meta.get("name") == name:
-                key = attempt_key(obj)
-                return {key} if key is not None else set()
-        return set()
+            job_uid = str((_meta(obj).get("labels") or {}).get(labels.KUEUE_JOB_UID) or "")
+            return self._keys_of_job_uid(job_uid)
+        key = attempt_key(obj)
+        return {key} if key is not None else set()
 
     def _keys_of_job_uid(self, job_uid: str) -> set[AttemptKey]:
         for kind in WORKLOAD_OBJECT_KINDS:
@@ -743,6 +746,7 @@ class KubeWatcher:
         self.dirty: set[AttemptKey] = set()
         self.retry_at: dict[AttemptKey, float] = {}
         self.applied: dict[AttemptKey, Observation] = {}
+        self.namespaces: dict[int, str | None] = {}
         self.swept_at: float | None = None
         self.started_at = 0.0
 
@@ -758,6 +762,7 @@ class KubeWatcher:
         self.dirty.clear()
         self.retry_at.clear()
         self.applied.clear()
+        self.namespaces.clear()
         self.swept_at = None
         self.started_at = time.monotonic()
         self._stop_informers = threading.Event()
@@ -844,6 +849,7 @@ class KubeWatcher:
                 self.dirty.add(AttemptKey(run_id, number))
         self.dirty |= self.cache.keys()
         self.applied.clear()
+        self.namespaces.clear()
 
     # -- one attempt --
 
@@ -868,20 +874,33 @@ class KubeWatcher:
         self.retry_at[key] = time.monotonic() + RETRY_SECONDS * 5
         return None
 
+    def _namespace(self, run_id: int) -> str | None:
+        """The run's workspace namespace; None for a run that is not one of this
+        installation's Kubernetes runs (remembered until the next sweep)."""
+        if run_id not in self.namespaces:
+            self.namespaces[run_id] = (
+                Run.objects.unscoped()
+                .filter(pk=run_id, backend=Backend.KUBERNETES)
+                .values_list("workspace__namespace", flat=True)
+                .first()
+            )
+        return self.namespaces[run_id]
+
     def _reconcile(self, key: AttemptKey) -> Applied | None:
-        run = (
-            Run.objects.unscoped()
-            .select_related("workspace")
-            .filter(pk=key.run_id, backend=Backend.KUBERNETES)
-            .first()
-        )
-        if run is None:
-            return None  # not one of this installation's Kubernetes runs
+        # Nothing but the cache until the observation differs from the last one applied: a
+        # ClusterQueue's status moves with every admission, and reaches every waiting run.
+        namespace = self._namespace(key.run_id)
+        if namespace is None:
+            return None
         created = self._created(key)
-        objects = self.cache.objects_for(key, namespace=run.workspace.namespace, created=created)
+        objects = self.cache.objects_for(key, namespace=namespace, created=created)
         observation = observe(objects, now=timezone.now())
         if self.applied.get(key) == observation:
             return None  # nothing new since the last time
+        run = Run.objects.unscoped().filter(pk=key.run_id).first()
+        if run is None:
+            self.namespaces[key.run_id] = None  # deleted meanwhile
+            return None
         object_remains = objects.workload_object is not None
         applied = apply_observation(
             run_id=key.run_id,

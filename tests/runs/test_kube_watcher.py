@@ -784,6 +784,33 @@ def test_a_watch_from_an_expired_version_lists_again(
 
 
 @cluster
+def test_a_watch_closed_from_another_thread_leaves_the_client_usable(
+    client: adapter.KubeClient, kube: Kube
+) -> None:
+    """A stopped informer's watch ends at once, from another thread, and the shared client
+    keeps answering afterwards (a half-read watch connection is closed, not pooled)."""
+    namespace = kube.namespace("closed")
+    for _ in range(3):
+        listing = client.list_with_version("v1", "ConfigMap", namespace)
+        watch = client.watch(
+            "v1", "ConfigMap", namespace, resource_version=listing.resource_version
+        )
+        threading.Timer(0.3, watch.close).start()
+        started = time.monotonic()
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": kube.unique("c"), "namespace": namespace},
+            }
+        )
+        assert [event.type for event in watch][:1] in ([], ["ADDED"])
+        assert time.monotonic() - started < 5
+        for _ in range(5):
+            client.list("v1", "ConfigMap", namespace, timeout=5)
+
+
+@cluster
 def test_one_lease_holder_at_a_time(client: adapter.KubeClient, kube: Kube) -> None:
     """Two electors on the real Lease, with one clock the test moves (leases of 6 s: the
     holder acts for 4 s after a renewal; the other may take over 6 s after it last saw the
@@ -909,16 +936,28 @@ def test_one_watcher_acts_and_a_killed_one_is_replaced_without_losing_or_doublin
             plans[run.name] = {TEST_OOM: "true", TEST_DURATION: f"{2 + index % 4}s"}
         else:
             plans[run.name] = {TEST_DURATION: f"{2 + index % 5}s"}
-    first = WatcherProcess("watcher-a", env, tmp_path)
-    standby = WatcherProcess("watcher-b", env, tmp_path)
-    restarted: WatcherProcess | None = None
+    started: list[WatcherProcess] = []
+
+    def start(name: str) -> WatcherProcess:
+        process = WatcherProcess(name, env, tmp_path)
+        started.append(process)
+        return process
+
+    def ended() -> int:
+        finished = [RunState.SUCCEEDED, RunState.FAILED]
+        return (
+            Run.objects.unscoped().filter(pk__in=[r.pk for r in runs], state__in=finished).count()
+        )
+
     try:
+        first = start("watcher-a")
         wait_until(
             "watcher-a to hold the Lease",
             lambda: lease_holder(client, lease_namespace) == "watcher-a" or None,
             60,
             describe=first.output,
         )
+        standby = start("watcher-b")
         wait_until(
             "watcher-b to start",
             lambda: standby.says("Kubernetes watcher watcher-b started"),
@@ -927,22 +966,12 @@ def test_one_watcher_acts_and_a_killed_one_is_replaced_without_losing_or_doublin
         )
         for run in runs:
             client.create(labelled_job(run, annotations=plans[run.name]))
-
-        def ended() -> int:
-            return (
-                Run.objects.unscoped()
-                .filter(
-                    pk__in=[r.pk for r in runs], state__in=[RunState.SUCCEEDED, RunState.FAILED]
-                )
-                .count()
-            )
-
         wait_until("ten runs to end", lambda: ended() >= 10 or None, 60, describe=first.output)
         assert first.actions()
         assert standby.actions() == []  # only the Lease holder acts
         first.kill()  # in the middle of it: about 40 runs are still to end
         killed_at = ended()
-        restarted = WatcherProcess("watcher-a2", env, tmp_path)
+        restarted = start("watcher-a2")
         wait_until(
             "every run to end",
             lambda: ended() == 50 or None,
@@ -955,9 +984,8 @@ def test_one_watcher_acts_and_a_killed_one_is_replaced_without_losing_or_doublin
         assert standby.actions()
         assert restarted.actions() == []  # it waits: the Lease is watcher-b's
     finally:
-        for process in (first, standby, restarted):
-            if process is not None:
-                process.stop()
+        for process in started:
+            process.stop()
     assert standby.says("gave up the Lease")
 
     for run in runs:
