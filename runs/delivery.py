@@ -68,8 +68,15 @@ def write_delivery(
     *, run: Run, action: Delivery.Action, attempt: RunAttempt | None = None
 ) -> Delivery:
     """Record that the backend must be told, in the transaction of the change that needs it;
-    publish the task that tells it once that transaction has committed."""
-    delivery = Delivery.objects.create(run=run, action=action, attempt=attempt)
+    publish the task that tells it once that transaction has committed. A retry that waits
+    out its backoff (``run.not_before``) is not due before then: the task published now
+    finds it not due, and the reconciler hands it over once it is (within
+    TAU_RECONCILE_SECONDS of the end of the backoff)."""
+    now = timezone.now()
+    due = now
+    if action == Delivery.Action.SUBMIT and run.not_before is not None and run.not_before > now:
+        due = run.not_before
+    delivery = Delivery.objects.create(run=run, action=action, attempt=attempt, next_try_at=due)
     transaction.on_commit(lambda: publish(delivery.pk))
     return delivery
 
@@ -174,7 +181,7 @@ def _claim(delivery_id: int) -> Delivery | str:
             seconds=CLAIM_SECONDS
         ):
             return "in-progress"
-        if delivery.tries and delivery.next_try_at > now:
+        if delivery.next_try_at > now:  # a retry's backoff, or a first handing-over held back
             return "not-due"
         delivery.tries += 1
         delivery.claimed_at = now

@@ -48,7 +48,7 @@ compute:
 resilience:
   max_retries: 2
   retry_on: [user_error]
-  backoff: {initial: 0s, max: 1s}
+  backoff: {initial: 30s, max: 60s}
 """
 
 
@@ -173,6 +173,16 @@ def test_an_automatic_retry_hands_the_backend_its_new_attempt(
     assert handed.attempt is not None
     assert (handed.attempt.number, handed.attempt.retry_reason) == (2, "user_error")
     assert published[-1] == handed.pk
+    # Handed over once the retry's backoff is over, not before (a cluster would start it).
+    assert run.not_before is not None
+    assert run.not_before > timezone.now() + timedelta(seconds=20)
+    assert handed.next_try_at == run.not_before
+    assert deliver_all(run, backend) == [False]
+    assert delivery.due_deliveries(grace_seconds=0) == []
+    Delivery.objects.for_workspace(world.alpha).filter(pk=handed.pk).update(
+        next_try_at=timezone.now()
+    )
+    assert delivery.due_deliveries(grace_seconds=0) == [handed.pk]
     assert deliver_all(run, backend) == [True]
     assert [(c.action, c.attempt) for c in backend.calls] == [("submit", 1), ("submit", 2)]
     assert not any(call.in_transaction for call in backend.calls)
