@@ -857,13 +857,14 @@ def _queue_amounts(
 
 def waiting_reason(workload: Body | None, cluster_queue: Body | None = None) -> str:
     """Why a queued attempt waits, in plain words, from Kueue's ``QuotaReserved=False``
-    message (module docstring) and, for the numbers, the ClusterQueue."""
+    message (module docstring) and, for the numbers, the ClusterQueue; "" while Kueue has
+    said nothing yet (the run keeps the reason the backend gave it)."""
     if workload is None:
-        return "Handed to Kueue; waiting for it to consider the run."
+        return ""  # Kueue has not made its Workload yet: nothing to add to the backend's words
     pending = conditions(workload).get("QuotaReserved")
     message = " ".join(str((pending or {}).get("message") or "").split())
     if pending is None or pending.get("status") != "False" or not message:
-        return "Waiting for Kueue to admit it."
+        return ""
     sentences: list[str] = []
     pod_sets = list(_POD_SET.finditer(message))
     for index, match in enumerate(pod_sets):

@@ -217,7 +217,8 @@ class Informer:
         self.stop = stop
         self.resync_seconds = resync_seconds
         self.watch_seconds = watch_seconds
-        self.lists = 0  # how many full lists it made (tests read it)
+        self.lists = 0  # how many full lists it made
+        self.watches = 0  # how many watches it started (a clean end resumes from the version)
         self._watch: kube.Watch | None = None
         self._thread: threading.Thread | None = None
 
@@ -284,6 +285,7 @@ class Informer:
             left = resync_at - time.monotonic()
             if left <= 0:
                 return  # a full list: the periodic resync
+            self.watches += 1
             self._watch = self.client.watch(
                 watched.api_version,
                 watched.kind,
@@ -594,7 +596,8 @@ def apply_observation(
 def _apply(run: Run, attempt: RunAttempt, observation: Observation, applied: Applied) -> None:
     kind = observation.state
     if kind == ObservedState.QUEUED:
-        if attempt.state == RunAttempt.State.WAITING and run.state == RunState.QUEUED:
+        waiting = attempt.state == RunAttempt.State.WAITING and run.state == RunState.QUEUED
+        if waiting and observation.reason:
             _note(run, RunState.QUEUED, observation.reason, applied)
         return
     if kind == ObservedState.ADMITTED:
@@ -842,11 +845,11 @@ class KubeWatcher:
     def sweep(self) -> None:
         """Reconcile every live Kubernetes run's current attempt, and every attempt that has
         objects, whatever the watches said (module docstring, step 5)."""
-        self.swept_at = time.monotonic()
         live = Run.objects.unscoped().filter(backend=Backend.KUBERNETES, state__in=LIVE_STATES)
-        for run_id, number in live.values_list("pk", "attempt_count"):
+        for run_id, number in list(live.values_list("pk", "attempt_count")):
             if number:
                 self.dirty.add(AttemptKey(run_id, number))
+        self.swept_at = time.monotonic()  # only once read: a database error means "again"
         self.dirty |= self.cache.keys()
         self.applied.clear()
         self.namespaces.clear()

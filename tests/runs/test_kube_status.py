@@ -241,7 +241,7 @@ TABLE: list[Row] = [
     Row(
         "queued_cohort_has_none",
         "queued",
-        reason="Handed to Kueue; waiting for it to consider the run.",
+        reason="",  # Kueue has said nothing yet: the backend's reason stays
         edit=no_workload_yet,
     ),
     # -- admitted, running, succeeded ----------------------------------------------------------
