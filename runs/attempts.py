@@ -152,6 +152,11 @@ def note_nodes(*, attempt_id: int, node_names: list[str]) -> bool:
     return True
 
 
+def note_log_kept(*, attempt_id: int, path: str, size: int) -> None:
+    """Where the portal keeps an ended attempt's log (a cluster's pods do not last)."""
+    RunAttempt.objects.unscoped().filter(pk=attempt_id).update(log_path=path, log_size=size)
+
+
 def note_progress(
     *, attempt_id: int, log_size: int | None = None, metrics_offset: int | None = None
 ) -> None:

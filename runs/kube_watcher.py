@@ -73,8 +73,10 @@ from runs.attempts import (
     attempt_running,
     finish_attempt,
     note_admission,
+    note_log_kept,
     note_nodes,
 )
+from runs.backends.kubernetes import KubernetesBackend
 from runs.kube_status import AttemptObjects, Observation, ObservedState, observe
 from runs.models import (
     LIVE_STATES,
@@ -923,6 +925,7 @@ class KubeWatcher:
             )
         if applied.ended_attempt is not None:
             self._revoke_token(key)
+            self._keep_log(key)
         if applied.delete_object and objects.workload_object is not None:
             self._delete(objects.workload_object, run.name)
         if applied.retry:
@@ -950,6 +953,25 @@ class KubeWatcher:
             )
             .exists()
         )
+
+    def _keep_log(self, key: AttemptKey) -> None:
+        """The ended attempt's log, kept by the portal before Kubernetes deletes its pods."""
+        attempt = (
+            RunAttempt.objects.unscoped()
+            .select_related("run", "run__workspace")
+            .filter(run_id=key.run_id, number=key.attempt)
+            .first()
+        )
+        if attempt is None or attempt.log_path:
+            return
+        try:
+            kept = KubernetesBackend().archive_log(attempt.run, attempt)
+            if kept is not None:
+                note_log_kept(attempt_id=attempt.pk, path=str(kept[0]), size=kept[1])
+        except (OSError, KubeError, DatabaseError) as exc:
+            logger.warning(
+                "could not keep the log of run %s attempt %d: %s", key.run_id, key.attempt, exc
+            )
 
     def _revoke_token(self, key: AttemptKey) -> None:
         attempt = (

@@ -712,6 +712,22 @@ class KubernetesBackend:
         data, _, _, _ = self._log_bytes(run, attempt, pod)
         return whole_log_bytes(data, attempt=attempt.number, live=attempt.finished_at is None)
 
+    def archive_log(self, run: Run, attempt: RunAttempt) -> tuple[Path, int] | None:
+        """Keep an ended attempt's log (its default pod's: a RayJob's driver, a Job's worker
+        0; at most TAU_RUN_LOG_MAX_BYTES) under ``VAR_DIR/kube-logs/`` before Kubernetes
+        deletes its pods; the caller notes it on the attempt (``attempts.note_log_kept``),
+        and from then on the log is served from there. Returns the file and its size; None
+        when there is nothing to keep (no pod, or the cluster did not answer)."""
+        data, chosen, _, _ = self._log_bytes(run, attempt, None)
+        if not chosen:
+            return None
+        path = Path(settings.VAR_DIR) / "kube-logs" / str(run.pk) / f"attempt-{attempt.number}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(data)
+        partial.replace(path)  # whole or not at all: a reader never sees half a log
+        return path, len(data)
+
     # -- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_path(self, run: Run, path: str) -> str:

@@ -153,6 +153,44 @@ def test_the_cpu_example_runs_as_a_kueue_admitted_job_on_a_fake_node(
     logs = get_json(f"{url}logs/", token)
     assert logs["text"] == "".join(f"{line}\n" for line in LOG_LINES)
 
+    # The watcher kept the log when the attempt ended: once Kubernetes has deleted the pods
+    # (here: the Job deleted, as its TTL would), the log is still there, and the run stays
+    # succeeded (what happens to a finished run's objects is not a failure).
+    def kept() -> str | None:
+        attempt.refresh_from_db()
+        return attempt.log_path or None
+
+    kept_at = Path(
+        wait_until(
+            "the log kept by the watcher",
+            kept,
+            timeout=30,
+            describe=lambda: portal.log("watcher"),
+        )
+    )
+    assert kept_at.read_text() == logs["text"]
+    kind, _, job_name = attempt.backend_name.partition("/")
+    assert kind == "Job"
+    client = adapter.KubeClient(adapter.new_api_client(kube.cluster.kubeconfig))
+    try:
+        client.delete("batch/v1", "Job", job_name, workspace.namespace, propagation="Background")
+        wait_until(
+            "the pods gone",
+            lambda: (
+                True
+                if not client.list(
+                    "v1", "Pod", workspace.namespace, label_selector=f"job-name={job_name}"
+                )
+                else None
+            ),
+            timeout=60,
+        )
+    finally:
+        client.close()
+    assert get_json(f"{url}logs/", token)["text"] == logs["text"]
+    time.sleep(2)  # the watcher has seen the deletion
+    assert get_json(url, token)["state"] == "succeeded"
+
 
 def get_json_list(url: str, token: str) -> list[dict[str, Any]]:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
