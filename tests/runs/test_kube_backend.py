@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 import kube as adapter
@@ -672,6 +673,17 @@ def test_a_second_attempt_gets_new_objects_resuming_from_the_reported_checkpoint
     assert retried.state == RunState.QUEUED
     assert retried.attempt_count == 2
     assert attempt_of(run, 2).resume_from is not None
+    held = list(place.published)
+    place.deliver_all()  # too early: the retry waits out its backoff (1 s) first
+    assert kube.get(*JOB, f"{run.name}-a2", namespace) is None
+    not_before = retried.not_before
+    assert not_before is not None
+    wait_until(
+        "the retry's backoff over",
+        lambda: True if timezone.now() >= not_before else None,
+        timeout=10,
+    )
+    place.published.extend(held)
     place.deliver_all()
 
     second = kube.get(*JOB, f"{run.name}-a2", namespace)
