@@ -328,29 +328,14 @@ class KubeClient:
     ) -> Bodies:
         """Every matching object (all pages), each with its ``apiVersion`` and ``kind`` (a
         list's items come without). A namespaced kind without ``namespace``: all namespaces."""
-        info = self.resource(api_version, kind, timeout=timeout)
-        if namespace is not None and not info.namespaced:
-            raise ValueError(f"{kind} ({api_version}) is cluster-scoped: no namespace")
-        path = info.path(namespace=namespace)
-        query: list[tuple[str, str | int]] = [("limit", LIST_PAGE_SIZE)]
-        if label_selector:
-            query.append(("labelSelector", label_selector))
-        if field_selector:
-            query.append(("fieldSelector", field_selector))
-        items: Bodies = []
-        token = ""
-        while True:
-            page = self._call(
-                "GET",
-                path,
-                query=[*query, ("continue", token)] if token else query,
-                timeout=timeout,
-            )
-            for item in page.get("items") or []:
-                items.append({"apiVersion": api_version, "kind": kind, **item})
-            token = str((page.get("metadata") or {}).get("continue") or "")
-            if not token:
-                return items
+        return self.list_with_version(
+            api_version,
+            kind,
+            namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            timeout=timeout,
+        ).items
 
     def list_with_version(
         self,
