@@ -12,7 +12,7 @@ works (a slow or hanging cluster must not hold up the portal):
 
 1. *claim* the row in a short transaction that locks that row only (``FOR UPDATE SKIP
    LOCKED OF`` the delivery, never the run or the workspace): one worker at a time calls
-   the backend for it, and a claim lapses after ``CLAIM_SECONDS`` if its worker died;
+   the backend for it, and a claim lapses after ``portal.outbox.CLAIM_SECONDS`` if its worker died;
 2. call the backend, outside any transaction;
 3. record the outcome in another short transaction: delivered, or the error and when to try
    again (exponential backoff, ``TAU_DELIVERY_RETRY_SECONDS`` doubling up to
@@ -34,9 +34,9 @@ from celery import current_app
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
+from portal.outbox import claim_is_live, doubling_delay, unclaimed_or_lapsed
 from runs.backends import RunBackend
 from runs.backends.registry import backend_for_run
 from runs.events import append_event
@@ -57,9 +57,6 @@ logger = logging.getLogger(__name__)
 #: The Celery task that delivers one row (defined in ``runs.tasks``); published by name, so
 #: the core does not import the task module that calls it.
 DELIVER_TASK = "runs.tasks.deliver"
-#: How long a claim holds: longer than any one backend call may take (a Celery task is
-#: stopped after ``CELERY_TASK_TIME_LIMIT``); after that another worker may take it over.
-CLAIM_SECONDS = int(getattr(settings, "CELERY_TASK_TIME_LIMIT", 300)) + 60
 SKIPPED_COUNTER = "runs:deliveries-skipped:"
 SKIP_REASONS = ("locked", "in-progress", "not-due", "delivered", "given-up", "missing")
 
@@ -92,9 +89,11 @@ def publish(delivery_id: int) -> None:
 def retry_delay(tries: int) -> timedelta:
     """How long to wait after the ``tries``-th failed try: doubling from
     TAU_DELIVERY_RETRY_SECONDS, at most TAU_DELIVERY_RETRY_MAX_SECONDS."""
-    first = int(settings.TAU_DELIVERY_RETRY_SECONDS)
-    cap = int(settings.TAU_DELIVERY_RETRY_MAX_SECONDS)
-    return timedelta(seconds=min(cap, first * 2 ** min(max(tries - 1, 0), 30)))
+    return doubling_delay(
+        tries,
+        first_seconds=int(settings.TAU_DELIVERY_RETRY_SECONDS),
+        max_seconds=int(settings.TAU_DELIVERY_RETRY_MAX_SECONDS),
+    )
 
 
 def due_deliveries(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
@@ -110,9 +109,7 @@ def due_deliveries(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
             next_try_at__lte=now,
             created_at__lte=now - timedelta(seconds=grace_seconds),
         )
-        .filter(
-            Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - timedelta(seconds=CLAIM_SECONDS))
-        )
+        .filter(unclaimed_or_lapsed(now))
         .order_by("next_try_at")
         .values_list("pk", flat=True)[:limit]
     )
@@ -177,9 +174,7 @@ def _claim(delivery_id: int) -> Delivery | str:
             return "delivered"
         if delivery.given_up_at is not None:
             return "given-up"
-        if delivery.claimed_at is not None and delivery.claimed_at > now - timedelta(
-            seconds=CLAIM_SECONDS
-        ):
+        if claim_is_live(delivery.claimed_at, now):
             return "in-progress"
         if delivery.next_try_at > now:  # a retry's backoff, or a first handing-over held back
             return "not-due"

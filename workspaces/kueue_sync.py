@@ -18,8 +18,8 @@ lost when the broker is down or the task is: the reconciler (Celery beat,
 Running one (:func:`run_sync`) is three steps, as for run deliveries (``runs.delivery``):
 
 1. *claim* the row in a short transaction that locks that row only (``SKIP LOCKED``); a claim
-   lapses after ``CLAIM_SECONDS`` if its worker died (kill -9), and the next reconcile takes
-   it over;
+   lapses after ``portal.outbox.CLAIM_SECONDS`` if its worker died (kill -9), and the next
+   reconcile takes it over;
 2. sync against the cluster (``workspaces.kueue_cluster``), outside any transaction: Kubernetes
    is never called inside ``transaction.atomic``;
 3. record the outcome in another short transaction, only if the claim is still this call's:
@@ -55,11 +55,12 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Model, Q
+from django.db.models import Model
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.utils import timezone
 
 from portal import audit
+from portal.outbox import claim_is_live, doubling_delay, unclaimed_or_lapsed
 from workspaces.kueue_cluster import (
     Outcome,
     Repair,
@@ -81,9 +82,6 @@ logger = logging.getLogger(__name__)
 
 #: The Celery task that runs one row (defined in ``workspaces.tasks``), published by name.
 SYNC_TASK = "workspaces.tasks.sync_kueue"
-#: Longer than any one sync may take (a task is stopped after ``CELERY_TASK_TIME_LIMIT``);
-#: after that another worker may take the row over.
-CLAIM_SECONDS = int(getattr(settings, "CELERY_TASK_TIME_LIMIT", 300)) + 60
 
 Scope = KueueSync.Scope
 State = KueueSync.State
@@ -263,9 +261,11 @@ def connect_triggers() -> None:
 def retry_delay(tries: int) -> timedelta:
     """The wait after the ``tries``-th failed try: doubling from TAU_KUEUE_SYNC_RETRY_SECONDS,
     at most TAU_KUEUE_SYNC_RETRY_MAX_SECONDS."""
-    first = int(settings.TAU_KUEUE_SYNC_RETRY_SECONDS)
-    cap = int(settings.TAU_KUEUE_SYNC_RETRY_MAX_SECONDS)
-    return timedelta(seconds=min(cap, first * 2 ** min(max(tries - 1, 0), 30)))
+    return doubling_delay(
+        tries,
+        first_seconds=int(settings.TAU_KUEUE_SYNC_RETRY_SECONDS),
+        max_seconds=int(settings.TAU_KUEUE_SYNC_RETRY_MAX_SECONDS),
+    )
 
 
 def due_syncs(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
@@ -278,9 +278,7 @@ def due_syncs(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
             next_try_at__lte=now,
             created_at__lte=now - timedelta(seconds=grace_seconds),
         )
-        .filter(
-            Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - timedelta(seconds=CLAIM_SECONDS))
-        )
+        .filter(unclaimed_or_lapsed(now))
         .order_by("next_try_at")
         .values_list("pk", flat=True)[:limit]
     )
@@ -326,7 +324,7 @@ def _claim(sync_id: int) -> KueueSync | str:
             return "another worker is claiming it" if exists else "there is no such sync"
         if not sync.unfinished:
             return f"it is {sync.get_state_display().lower()} already"
-        if sync.claimed_at is not None and sync.claimed_at > now - timedelta(seconds=CLAIM_SECONDS):
+        if claim_is_live(sync.claimed_at, now):
             return "another worker is running it"
         if sync.next_try_at > now:
             return "it waits to be tried again"

@@ -19,6 +19,7 @@ import pytest
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from portal import outbox
 from runs import attempts, delivery, lifecycle
 from runs.backends.local import LocalBackend
 from runs.events import verify_event_chain
@@ -325,7 +326,7 @@ def test_a_skipped_delivery_says_why(
 
     # A claim whose worker died lapses; the reconciler takes it over.
     Delivery.objects.for_workspace(world.alpha).filter(pk=handed.pk).update(
-        claimed_at=timezone.now() - timedelta(seconds=delivery.CLAIM_SECONDS + 1)
+        claimed_at=timezone.now() - timedelta(seconds=outbox.CLAIM_SECONDS + 1)
     )
     assert handed.pk in delivery.due_deliveries(grace_seconds=0)
     assert delivery.deliver(handed.pk, backend_for=lambda _run: backend)
