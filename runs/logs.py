@@ -84,28 +84,11 @@ def read_log_file(
         return LogChunk(
             attempt=attempt, text="", offset=0, next_offset=0, size=0, complete=complete
         )
-    limit = max(1, min(limit, MAX_LOG_CHUNK))
     with open(path, "rb") as handle:
-        size = handle.seek(0, 2)
-        if offset is None:
-            start = _tail_start(handle, size, tail_lines or 200)
-        else:
-            start = max(0, min(offset, size))
-        handle.seek(start)
-        data = handle.read(min(limit, size - start))
-    at_end = start + len(data) >= size
-    # A character still being written (or cut by the limit) waits for the next read; once the
-    # attempt is over, whatever is there is shown.
-    consumed = len(data) if (complete and at_end) else _complete_prefix(data)
-    text = data[:consumed].decode("utf-8", errors="replace")
-    return LogChunk(
-        attempt=attempt,
-        text=text,
-        offset=start,
-        next_offset=start + consumed,
-        size=size,
-        complete=complete and start + consumed >= size,
-    )
+        return _read_piece(
+            handle, attempt=attempt, complete=complete, offset=offset, tail_lines=tail_lines,
+            limit=limit,
+        )  # fmt: skip
 
 
 def read_log_bytes(
@@ -118,18 +101,36 @@ def read_log_bytes(
     limit: int = 256 * 1024,
 ) -> LogChunk:
     """A piece of a log held in memory, cut as :func:`read_log_file` cuts a file."""
+    return _read_piece(
+        io.BytesIO(data), attempt=attempt, complete=complete, offset=offset,
+        tail_lines=tail_lines, limit=limit,
+    )  # fmt: skip
+
+
+def _read_piece(
+    handle: BinaryIO,
+    *,
+    attempt: int,
+    complete: bool,
+    offset: int | None,
+    tail_lines: int | None,
+    limit: int,
+) -> LogChunk:
     limit = max(1, min(limit, MAX_LOG_CHUNK))
-    size = len(data)
+    size = handle.seek(0, 2)
     if offset is None:
-        start = _tail_start(io.BytesIO(data), size, tail_lines or 200)
+        start = _tail_start(handle, size, tail_lines or 200)
     else:
         start = max(0, min(offset, size))
-    piece = data[start : start + limit]
-    at_end = start + len(piece) >= size
-    consumed = len(piece) if (complete and at_end) else _complete_prefix(piece)
+    handle.seek(start)
+    data = handle.read(min(limit, size - start))
+    at_end = start + len(data) >= size
+    # A character still being written (or cut by the limit) waits for the next read; once the
+    # attempt is over, whatever is there is shown.
+    consumed = len(data) if (complete and at_end) else _complete_prefix(data)
     return LogChunk(
         attempt=attempt,
-        text=piece[:consumed].decode("utf-8", errors="replace"),
+        text=data[:consumed].decode("utf-8", errors="replace"),
         offset=start,
         next_offset=start + consumed,
         size=size,
