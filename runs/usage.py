@@ -3,7 +3,7 @@
 Use comes from the backends: each says what its runs hold of each workspace's quota, by
 flavor and resource (the local executor: what its admitted and running runs asked for, on
 the machine's flavor); on a cluster (``TAU_BACKEND=kubernetes``) Kueue says, from the
-workspaces' ClusterQueues (``workspaces.kueue_usage``). The start
+workspaces' ClusterQueues (the Kubernetes backend asks ``workspaces.kueue_usage``). The start
 estimate is computed from the queue's own recent history: how often runs were admitted
 lately, times the run's position.
 """
@@ -17,14 +17,12 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from itertools import pairwise
 
-from django.conf import settings
 from django.utils import timezone
 
 from runs.backends import QuotaUse
 from runs.backends.registry import available_backends
 from runs.models import Run
 from tau.quantity import format_quantity
-from workspaces import kueue_usage
 from workspaces.models import Workspace, WorkspaceQuota
 
 HISTORY_SIZE = 50
@@ -75,10 +73,8 @@ class UsageLine:
 
 
 def _in_use(workspace_ids: Collection[int] | None) -> dict[int, QuotaUse]:
-    """What every backend's runs hold, per workspace, added up; on a cluster, what Kueue has
-    reserved for each workspace's ClusterQueue."""
-    if settings.TAU_BACKEND == "kubernetes":
-        return dict(kueue_usage.reserved_by_workspace(workspace_ids))
+    """What every backend's runs hold, per workspace, added up (on a cluster, what Kueue has
+    reserved for each workspace's ClusterQueue: the Kubernetes backend's answer)."""
     total: dict[int, QuotaUse] = {}
     for backend in available_backends():
         for workspace_id, use in backend.quota_in_use(workspace_ids).items():
