@@ -759,7 +759,13 @@ def test_an_archived_workspace_keeps_its_queues_until_no_run_is_live(
 
     done = wait_until("the queues removed", queues_removed, timeout=KUEUE_TIMEOUT, interval=1)
     assert "Removed: LocalQueue" in done.detail
-    assert get(kube, "ClusterQueue", f"tau-{slug}") is None
+    # Deleted; Kueue's finalizer lets the ClusterQueue go once its last reservation is
+    # released, which a loaded machine takes a moment to do.
+    wait_until(
+        "the ClusterQueue gone",
+        lambda: True if get(kube, "ClusterQueue", f"tau-{slug}") is None else None,
+        timeout=KUEUE_TIMEOUT,
+    )
     assert get(kube, "LocalQueue", slug, workspace.namespace) is None
     assert get(kube, "Namespace", workspace.namespace) is not None
     assert (
