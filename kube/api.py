@@ -62,12 +62,10 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import quote
 
 import urllib3
-from kubernetes import client as k8s_client
-from kubernetes.client.exceptions import ApiException
 
 from kube.config import api_client, reset_api_client
 from kube.errors import (
@@ -78,6 +76,9 @@ from kube.errors import (
     error_from_response,
     safe_address,
 )
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s_client
 
 __all__ = [
     "APPLY_CONTENT_TYPE",
@@ -420,6 +421,8 @@ class KubeClient:
         connect = self.timeout if isinstance(self.timeout, int | float) else self.timeout[0]
         read = float(timeout_seconds) + WATCH_READ_MARGIN_SECONDS
         limit = (float(connect), read)
+        from kubernetes.client.exceptions import ApiException  # loaded with self.api
+
         try:
             response = self.api.call_api(*request, _request_timeout=limit)
         except urllib3.exceptions.HTTPError as error:
@@ -689,6 +692,8 @@ class KubeClient:
             auth_settings=["BearerToken"],
         )
         limit = timeout if timeout is not None else self.timeout
+        from kubernetes.client.exceptions import ApiException  # loaded with self.api
+
         try:
             response = self.api.call_api(*request, _request_timeout=limit)
             read: Callable[[], bytes | None] = response.read
@@ -737,6 +742,8 @@ def _why(error: Exception, limit: Timeout) -> str:
         return f"TLS failed ({error})"
     if isinstance(error, urllib3.exceptions.ProtocolError):
         return f"connection lost ({error})"
+    from kubernetes.client.exceptions import ApiException  # loaded with the client
+
     if isinstance(error, ApiException):
         return " ".join(str(error.reason or "").split()) or "no answer"
     return str(error) or type(error).__name__

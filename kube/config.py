@@ -20,13 +20,18 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
-from kubernetes.config.config_exception import ConfigException
 from urllib3.util.retry import Retry
 
 from kube.errors import KubeConfigError
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s_client
+
+# The client library (its generated models, about half a second to import) is imported on
+# first use, not with this module: the portal imports this package in every process, and on
+# the local backend never calls it.
 
 __all__ = [
     "KUBECONFIG_ENV",
@@ -41,10 +46,6 @@ KUBECONFIG_ENV = "TAU_KUBECONFIG"
 # repeats a POST or PATCH), no retries on status codes: callers decide what a 5xx means, and
 # a cluster that is down must fail in about two connect timeouts, not urllib3's default four.
 RETRIES = Retry(total=1, connect=1, read=1, status=0, redirect=0, other=0, backoff_factor=0)
-
-# The client library's loaders and ApiClient methods are untyped: typed names for the calls.
-_load_kube_config: Callable[..., None] = k8s_config.load_kube_config
-_load_incluster_config: Callable[..., None] = k8s_config.load_incluster_config
 
 _lock = threading.Lock()
 _shared: k8s_client.ApiClient | None = None
@@ -65,6 +66,8 @@ def new_api_client(
     the API server adds the ServiceAccount groups itself).
     The kubeconfig file is never written back (refreshed tokens stay in memory).
     """
+    from kubernetes import client as k8s_client
+
     env = os.environ if environ is None else environ
     path = kubeconfig if kubeconfig is not None else env.get(KUBECONFIG_ENV) or None
     configuration = k8s_client.Configuration()
@@ -88,10 +91,13 @@ def _load_kubeconfig(path: Path, configuration: k8s_client.Configuration) -> Non
             "kubeconfig (e.g. the one `make cluster-up` prints), or unset it inside a pod to "
             "use the pod's ServiceAccount"
         )
+    from kubernetes import config as k8s_config
+    from kubernetes.config.config_exception import ConfigException
+
+    # The client library's loaders are untyped: a typed name for the call.
+    load: Callable[..., None] = k8s_config.load_kube_config
     try:
-        _load_kube_config(
-            config_file=str(path), client_configuration=configuration, persist_config=False
-        )
+        load(config_file=str(path), client_configuration=configuration, persist_config=False)
     except (ConfigException, OSError, ValueError, TypeError, KeyError) as error:
         # The loader's messages name fields and files, never credential values.
         raise KubeConfigError(
@@ -100,8 +106,12 @@ def _load_kubeconfig(path: Path, configuration: k8s_client.Configuration) -> Non
 
 
 def _load_incluster(configuration: k8s_client.Configuration) -> None:
+    from kubernetes import config as k8s_config
+    from kubernetes.config.config_exception import ConfigException
+
+    load: Callable[..., None] = k8s_config.load_incluster_config
     try:
-        _load_incluster_config(client_configuration=configuration)
+        load(client_configuration=configuration)
     except ConfigException as error:
         raise KubeConfigError(
             f"no Kubernetes configuration: set {KUBECONFIG_ENV} to the path of a kubeconfig, "

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from kube.api import KubeClient, Timeout
 from kube.errors import error_from_response
@@ -51,6 +50,8 @@ def read_pod_log(
         auth_settings=["BearerToken"],
     )
     limit = timeout if timeout is not None else client.timeout
+    from kubernetes.client.exceptions import ApiException  # loaded with client.api
+
     try:
         response = client.api.call_api(*request, _request_timeout=limit)
         read: Callable[[], bytes | None] = response.read
