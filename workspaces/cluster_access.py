@@ -200,6 +200,22 @@ REQUIRED: Final[tuple[Permission, ...]] = (
         "a run's batch Job: created on delivery, followed by the watcher, deleted on cancel",
     ),
     Permission(
+        RAY,
+        "rayjobs",
+        ("update",),
+        "the run's token Secret is owned by its RayJob with blockOwnerDeletion; API servers "
+        "that enforce owner-reference permissions (OwnerReferencesPermissionEnforcement, e.g. "
+        "OpenShift) ask for this",
+        subresource="finalizers",
+    ),
+    Permission(
+        "batch",
+        "jobs",
+        ("update",),
+        "the same for a Job's token Secret and rendezvous Service",
+        subresource="finalizers",
+    ),
+    Permission(
         "",
         "services",
         ("get", "create", "delete"),
