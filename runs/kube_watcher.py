@@ -901,6 +901,7 @@ class KubeWatcher:
         objects = self.cache.objects_for(key, namespace=namespace, created=created)
         observation = observe(objects, now=timezone.now())
         if self.applied.get(key) == observation:
+            self._recheck_if_waiting_for_a_node(key, observation)
             return None  # nothing new since the last time
         run = Run.objects.unscoped().filter(pk=key.run_id).first()
         if run is None:
@@ -933,9 +934,14 @@ class KubeWatcher:
             self.applied.pop(key, None)
         else:
             self.applied[key] = observation
-            if observation.state == ObservedState.ADMITTED and not observation.ran:
-                self.retry_at.setdefault(key, time.monotonic() + RECHECK_SECONDS)
+            self._recheck_if_waiting_for_a_node(key, observation)
         return applied
+
+    def _recheck_if_waiting_for_a_node(self, key: AttemptKey, observation: Observation) -> None:
+        """Look again later (RECHECK_SECONDS), even when nothing changed this time: the
+        scheduler may say nothing new for minutes while the wait itself becomes the reason."""
+        if observation.state == ObservedState.ADMITTED and not observation.ran:
+            self.retry_at.setdefault(key, time.monotonic() + RECHECK_SECONDS)
 
     def _created(self, key: AttemptKey) -> bool:
         """Whether the attempt's Job or RayJob was made: seen by this process, or its submit

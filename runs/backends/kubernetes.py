@@ -399,15 +399,17 @@ class KubernetesBackend:
             )
             return
         api_version, kind = workload_kind(spec)
-        self._delete_other_attempts(run, spec, keep=attempt.number)
-        workload = self._create_or_adopt(render.render_workload(spec, target), target)
-        self._create_dependents(run, attempt, spec, target, workload)
         # Where the attempt runs, recorded as the local agent records its process
         # (runs.attempts.note_placement; importing runs.attempts here would make an import
-        # cycle through the delivery that calls this backend).
+        # cycle through the delivery that calls this backend). The name is fixed by the
+        # attempt, so it is written first: the watcher may see the pods run before this call
+        # returns, and a try that fails halfway is repeated under the same name.
         RunAttempt.objects.unscoped().filter(pk=attempt.pk).update(
             backend_name=f"{kind}/{target.workload_name}"
         )
+        self._delete_other_attempts(run, spec, keep=attempt.number)
+        workload = self._create_or_adopt(render.render_workload(spec, target), target)
+        self._create_dependents(run, attempt, spec, target, workload)
         if not self._still_wanted(run.pk, attempt.pk):
             # Cancelled (or moved on) while the objects were being made: take them back.
             self.client.delete(

@@ -208,8 +208,11 @@ def portal_processes(tmp_path: Path, broker_url: str, **kwargs: Any) -> Iterator
         portal.stop()
 
 
-def submit_example(base: str, token: str, workspace: str = "demo") -> dict[str, Any]:
-    """POST examples/cpu-quickstart as `curl -F spec=@tau.yaml -F bundle=@project.zip` does."""
+def submit_example(
+    base: str, token: str, workspace: str = "demo", *, spec: str | None = None
+) -> dict[str, Any]:
+    """POST examples/cpu-quickstart as `curl -F spec=@tau.yaml -F bundle=@project.zip` does
+    (``spec``: another tau.yaml for the same project)."""
     example = ROOT / "examples" / "cpu-quickstart"
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w") as bundle:
@@ -217,7 +220,11 @@ def submit_example(base: str, token: str, workspace: str = "demo") -> dict[str, 
             bundle.write(path, path.name)
     boundary = "taugridtest"
     parts = [
-        ("spec", "tau.yaml", (example / "tau.yaml").read_bytes()),
+        (
+            "spec",
+            "tau.yaml",
+            (example / "tau.yaml").read_bytes() if spec is None else spec.encode(),
+        ),
         ("bundle", "project.zip", archive.getvalue()),
     ]
     body = (
@@ -248,3 +255,14 @@ def get_json(url: str, token: str) -> dict[str, Any]:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return dict(json.loads(response.read()))
+
+
+def post_json(url: str, token: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body or {}).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return dict(json.loads(response.read() or b"{}"))

@@ -3,15 +3,22 @@ examples/cpu-quickstart over HTTP to gunicorn; the Celery worker syncs the works
 and delivers the run (Secret + Job) to the test cluster's kube-apiserver; Kueue admits it,
 kube-scheduler binds its pod to a fake KWOK node, which runs and completes it; the watcher
 (``manage.py run_kube_watcher``, its own process) follows it to ``succeeded``; the log is read
-through ``pods/log``."""
+through ``pods/log``.
+
+The other tests here follow several runs through the same processes: over quota (Kueue's
+positions and reason, admission when the first finishes), preemption by a higher priority and
+the preempted run's resume from the checkpoint it reported, and cancel in every state. How long
+a run lasts on the fake nodes is set by the environment variable ``TAUGRID_TEST_DURATION`` in
+its tau.yaml (``runtime.env``; see deploy/cluster/kwok/stages.yaml)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -20,13 +27,23 @@ import pytest
 
 import kube as adapter
 from identity import tokens
+from runs import render
 from runs.models import Run, RunAttempt
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
-from tests.runs.processes import BIN, ROOT, Portal, get_json, portal_processes, submit_example
+from tests.runs.processes import (
+    BIN,
+    ROOT,
+    Portal,
+    get_json,
+    portal_processes,
+    post_json,
+    submit_example,
+)
 from workspaces import kueue_sync
 from workspaces.models import (
     KueueSync,
     Membership,
+    PriorityClass,
     ResourceFlavor,
     Role,
     Workspace,
@@ -73,6 +90,8 @@ def cleanup(kube_cluster: KubeCluster, uid: str) -> Iterator[None]:
             (KUEUE, "ClusterQueue"),
             (KUEUE, "ResourceFlavor"),
             (KWOK_API, "ClusterLogs"),
+            (KUEUE, "WorkloadPriorityClass"),
+            ("v1", "PersistentVolume"),
         ):
             for obj in client.list(api_version, kind):
                 if uid in obj["metadata"]["name"]:
@@ -196,3 +215,305 @@ def get_json_list(url: str, token: str) -> list[dict[str, Any]]:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return list(json.loads(response.read()))
+
+
+# -- several runs through the same processes -----------------------------------------------------
+
+EXAMPLE = (ROOT / "examples" / "cpu-quickstart" / "tau.yaml").read_text()
+IMAGE_LINE = "  image: python:3.12-slim"
+
+
+def example_spec(*, lasts: str | None = None, extra: str = "") -> str:
+    """The CPU example's tau.yaml; ``lasts``: how long its pod runs on the fake nodes."""
+    assert IMAGE_LINE in EXAMPLE
+    text = EXAMPLE
+    if lasts:
+        text = text.replace(
+            IMAGE_LINE, f'{IMAGE_LINE}\n  env: {{TAUGRID_TEST_DURATION: "{lasts}"}}'
+        )
+    return text + extra
+
+
+class Team:
+    """A workspace set up as a platform team would in the admin (a CPU flavor, a quota of
+    ``cpus``), synced to Kueue by the worker, and a researcher with a token, submitting over
+    HTTP to the portal's processes, the watcher among them."""
+
+    def __init__(self, portal: Portal, uid: str, user_model: Any, **workspace: Any) -> None:
+        self.portal = portal
+        self.flavor = ResourceFlavor.objects.create(name=f"cpu-{uid}")
+        cpus = workspace.pop("cpus", 1)
+        self.workspace = Workspace.unscoped_objects.create(
+            slug=f"e2e-{uid}", name="End to end", **workspace
+        )
+        for resource, amount in (("cpu", Decimal(cpus)), ("memory", Decimal(8 * 2**30))):
+            WorkspaceQuota.objects.create(
+                workspace=self.workspace, flavor=self.flavor, resource=resource, nominal=amount
+            )
+        researcher = user_model.objects.create_user(username=f"rita-{uid}")
+        Membership.objects.create(workspace=self.workspace, user=researcher, role=Role.RESEARCHER)
+        self.token = tokens.issue_token(user=researcher, name="e2e").plaintext
+        self.base = f"{portal.url}/api/v1/workspaces/{self.workspace.slug}/runs/"
+
+        def synced() -> bool | None:
+            row = kueue_sync.latest_sync(KueueSync.Scope.WORKSPACE, self.workspace.slug)
+            return True if row is not None and row.state == "synced" else None
+
+        wait_until("the worker to sync the workspace to Kueue", synced, timeout=60)
+
+    def submit(self, spec: str) -> str:
+        return str(
+            submit_example(self.portal.url, self.token, self.workspace.slug, spec=spec)["name"]
+        )
+
+    def get(self, name: str) -> dict[str, Any]:
+        return get_json(f"{self.base}{name}/", self.token)
+
+    def history(self, name: str) -> list[str]:
+        events = get_json_list(f"{self.base}{name}/events/", self.token)
+        return [event["new_state"] for event in events if event["new_state"]]
+
+    def wait(self, name: str, *states: str, timeout: float = 60) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            run = self.get(name)
+            return run if run["state"] in states else None
+
+        return dict(
+            wait_until(
+                f"{name} to be {' or '.join(states)}",
+                reached,
+                timeout=timeout,
+                describe=lambda: f"{self.get(name)}\n{self.portal.log('watcher')[-2000:]}",
+            )
+        )
+
+    def attempt(self, name: str, number: int) -> RunAttempt:
+        return RunAttempt.objects.unscoped().get(run__name=name, number=number)
+
+
+@pytest.fixture
+def team(portal: Portal, cleanup: None, uid: str, django_user_model: Any) -> Callable[..., Team]:
+    portal.start()
+    portal._spawn("watcher", [str(BIN / "python"), str(ROOT / "manage.py"), "run_kube_watcher"])
+    return lambda **workspace: Team(portal, uid, django_user_model, **workspace)
+
+
+def all_gone(
+    kube: Kube, namespace: str, *objects: tuple[str, str, str]
+) -> Callable[[], bool | None]:
+    return lambda: all(kube.get(*key, namespace) is None for key in objects) or None
+
+
+def kube_time(value: str) -> float:
+    return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def test_over_quota_runs_wait_in_kueue_s_order_and_start_as_the_first_finishes(
+    team: Callable[..., Team], kube: Kube
+) -> None:
+    place = team(cpus=1)  # room for one run of the example (1 CPU) at a time
+    first = place.submit(example_spec(lasts="8s"))
+    place.wait(first, "running")
+    second, third = place.submit(example_spec()), place.submit(example_spec())
+
+    # Both wait, with Kueue's positions (its visibility API: its own order, which for
+    # workloads created in the same second need not be the submission order) and its reason
+    # in plain words.
+    def positions() -> dict[str, int] | None:
+        runs = {name: place.get(name) for name in (second, third)}
+        if all(
+            run["state"] == "queued"
+            and run["queue_position"]
+            and run["state_reason"].startswith("Waiting for 1 CPU")
+            for run in runs.values()
+        ):
+            return {name: run["queue_position"] for name, run in runs.items()}
+        return None
+
+    shown = wait_until("both queued with positions and Kueue's reason", positions, timeout=30)
+    assert sorted(shown.values()) == [1, 2], shown
+    waiting = place.get(second)
+    assert waiting["state_reason"] == (
+        f"Waiting for 1 CPU on flavor {place.flavor.name}: the workspace uses 1 of its 1."
+    ), waiting
+    assert place.get(first)["state"] == "running"
+
+    for name in (first, second, third):
+        place.wait(name, "succeeded", timeout=90)
+        assert place.history(name)[-4:] == ["queued", "admitted", "running", "succeeded"], name
+
+    # Kueue admitted each only when the one before had finished (Kubernetes' own times).
+    namespace = place.workspace.namespace
+    workloads = {
+        owner["name"]: workload
+        for workload in kube.list(KUEUE, "Workload", namespace)
+        for owner in workload["metadata"].get("ownerReferences", [])
+    }
+
+    def job_of(name: str) -> str:
+        return place.attempt(name, 1).backend_name.partition("/")[2]
+
+    next_one, last_one = sorted(shown, key=shown.__getitem__)
+    for before, after in ((first, next_one), (next_one, last_one)):
+        finished = kube.get("batch/v1", "Job", job_of(before), namespace)
+        assert finished is not None
+        reserved = {
+            c["type"]: c["lastTransitionTime"]
+            for c in workloads[job_of(after)]["status"]["conditions"]
+        }["QuotaReserved"]
+        assert kube_time(reserved) >= kube_time(finished["status"]["completionTime"]), (
+            before,
+            after,
+        )
+
+
+def test_a_preempted_run_comes_back_from_the_checkpoint_it_reported(
+    team: Callable[..., Team], kube: Kube, uid: str
+) -> None:
+    low_class, high_class = (
+        PriorityClass.objects.create(name=f"{name}-{uid}", value=value)
+        for name, value in (("low", 10), ("high", 1000))
+    )
+    claim = f"data-{uid}"
+    place = team(
+        cpus=1,
+        storage_claim=claim,
+        allowed_priorities=[low_class.name, high_class.name],
+        default_priority=low_class.name,
+    )
+    namespace = place.workspace.namespace
+    # The workspace's storage: a ReadWriteMany claim bound to a volume (nothing is mounted
+    # on a fake node; the binding is what the scheduler waits for).
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"e2e-{uid}"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "hostPath": {"path": f"/tmp/taugrid-e2e-{uid}"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        }
+    )
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }
+    )
+    wait_until(
+        "the claim bound",
+        lambda: (
+            (kube.get("v1", "PersistentVolumeClaim", claim, namespace) or {})
+            .get("status", {})
+            .get("phase")
+            == "Bound"
+            or None
+        ),
+        timeout=30,
+    )
+    retries = "resilience:\n  max_retries: 2\n  backoff: {initial: 1s, max: 1s}\n"
+    low = place.submit(example_spec(lasts="10m", extra=retries))
+    place.wait(low, "running")
+
+    # The workload reports a checkpoint with the token TauGrid gave its attempt (the Secret).
+    secret = kube.get("v1", "Secret", render.run_token_secret_name(low, 1), namespace)
+    assert secret is not None
+    run_token = base64.b64decode(secret["data"][render.RUN_TOKEN_KEY]).decode()
+    post_json(
+        f"{place.base}{low}/report/checkpoints/",
+        run_token,
+        {"step": 400, "path": "/tau/checkpoints/step-400"},
+    )
+
+    high = place.submit(example_spec(extra=f"queue:\n  priority: {high_class.name}\n"))
+    place.wait(high, "succeeded", timeout=90)
+    # Kueue preempted the low run for it; TauGrid queued it again as attempt 2, which Kueue
+    # admitted once the high run had finished, resuming from the reported checkpoint.
+    place.wait(low, "running", timeout=60)
+    run = place.get(low)
+    assert run["attempt_count"] == 2, run
+    assert place.history(low) == [
+        "pending",
+        "queued",
+        "admitted",
+        "running",
+        "preempted",
+        "queued",
+        "admitted",
+        "running",
+    ]
+    first, second = place.attempt(low, 1), place.attempt(low, 2)
+    assert first.failure_class == "preempted"
+    assert "Kueue preempted it to make room for higher-priority work" in first.failure_message
+    job = kube.get("batch/v1", "Job", second.backend_name.partition("/")[2], namespace)
+    assert second.backend_name == f"Job/{low}-a2"
+    assert job is not None
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TAU_RESUME_FROM"] == "/tau/checkpoints/step-400"
+    assert (env["TAU_ATTEMPT"], env["TAU_RETRY_REASON"]) == ("2", "preempted")
+    mounts = {m["mountPath"]: m.get("subPath") for m in container["volumeMounts"]}
+    assert mounts["/tau/checkpoints"] == f"runs/{low}/checkpoints"
+    assert kube.get("batch/v1", "Job", first.backend_name.partition("/")[2], namespace) is None
+
+    # Cancelled while running: the pods stop, the run ends cancelled once they are gone.
+    post_json(f"{place.base}{low}/cancel/", place.token)
+    assert place.wait(low, "cancelled")["state"] == "cancelled"
+    wait_until(
+        "attempt 2's Job gone",
+        lambda: (
+            kube.get("batch/v1", "Job", second.backend_name.partition("/")[2], namespace) is None
+            or None
+        ),
+        timeout=60,
+    )
+
+
+def test_cancel_ends_a_queued_and_an_admitted_run_and_removes_their_objects(
+    team: Callable[..., Team], kube: Kube, uid: str
+) -> None:
+    # The workspace names a storage claim that does not exist: Kueue admits a run, but its pod
+    # cannot be scheduled, and the run page says why.
+    place = team(cpus=1, storage_claim=f"missing-{uid}")
+    admitted = place.submit(example_spec())
+    place.wait(admitted, "admitted")
+    queued = place.submit(example_spec())
+    assert place.wait(queued, "queued")["state_reason"].startswith("Waiting for 1 CPU")
+
+    def scheduling_reason() -> str | None:
+        reason = str(place.get(admitted)["state_reason"])
+        return reason if f"missing-{uid}" in reason else None
+
+    wait_until(
+        "the scheduler's reason on the admitted run",
+        scheduling_reason,
+        timeout=60,
+        describe=lambda: f"{place.get(admitted)}\n{place.portal.log('watcher')[-3000:]}",
+    )
+    assert place.get(admitted)["state"] == "admitted"
+
+    namespace = place.workspace.namespace
+    for name in (queued, admitted):
+        post_json(f"{place.base}{name}/cancel/", place.token)
+    for name in (queued, admitted):
+        assert place.wait(name, "cancelled")["state"] == "cancelled"
+        job = place.attempt(name, 1).backend_name.partition("/")[2]
+        secret = render.run_token_secret_name(name, 1)
+        wait_until(
+            f"{name}'s Job and Secret gone",
+            all_gone(kube, namespace, ("batch/v1", "Job", job), ("v1", "Secret", secret)),
+            timeout=60,
+        )
+    assert place.history(queued) == ["pending", "queued", "cancelled"]
+    # Its pod existed (unplaced): cancelling until Kubernetes has removed it.
+    assert place.history(admitted) == ["pending", "queued", "admitted", "cancelling", "cancelled"]
