@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Install what the test suite drives besides Python packages: Debian's Chromium for the
-browser tests, bubblewrap (the local executor's sandbox; its tests never skip), and npm
-packages (the test OpenID provider, axe-core). Idempotent and quick when everything is
-already there. Standard library only.
+browser tests, bubblewrap (the local executor's sandbox; its tests never skip), npm
+packages (the test OpenID provider, axe-core), and a pinned Ray in its own cached venv (the
+real Ray dashboard KubeRay's operator polls in tests/runs/test_kube_rayjob_ray.py;
+deploy/dev/ray_head.py). Idempotent and quick when everything is already there. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 # The sibling script that installs and runs the test services knows how to install packages.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ray_head import ensure_ray
 from test_services import apt_install
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +72,7 @@ def main() -> int:
     ensure_chromium()
     ensure_bubblewrap()
     ensure_node_packages()
+    ensure_ray()
     return 0
 
 

@@ -178,6 +178,26 @@ class KubeCluster:
         found: Resource = self.dynamic().resources.get(api_version=api_version, kind=kind)
         return found
 
+    @property
+    def operator_hosts(self) -> Path:
+        """The KubeRay operator's /etc/hosts: controlplane.py bind-mounts this file there in
+        the operator's own mount namespace (README: "The KubeRay operator's hosts file")."""
+        hosts: Path = load_controlplane().operator_hosts_file(self.state_dir)
+        return hosts
+
+    def add_operator_host(self, address: str, name: str) -> None:
+        """Make the KubeRay operator resolve ``name`` to ``address`` (within ~5 s: Go re-reads
+        /etc/hosts when it changed). Appends in place: the bind mount holds the file's inode."""
+        if not self.operator_hosts.is_file():
+            pytest.fail(
+                f"{self.operator_hosts} is missing: this control plane was started before the "
+                "KubeRay operator got its own hosts file; stop it (`controlplane.py down`) and "
+                "start it again",
+                pytrace=False,
+            )
+        with self.operator_hosts.open("a") as hosts:
+            hosts.write(f"{address} {name}\n")
+
 
 @pytest.fixture(scope="session")
 def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:

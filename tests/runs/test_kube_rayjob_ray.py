@@ -1,0 +1,244 @@
+"""RayJobs rendered and delivered by TauGrid, brought to their end by the real KubeRay operator
+polling a real Ray dashboard (issue 14), and followed by the real watcher to the run's end.
+
+What is real: the runs are submitted (``runs.submission.submit``) and delivered by the
+Kubernetes backend; Kueue admits the RayJobs; the KubeRay operator (v1.6.0) builds their Ray
+clusters, whose pods KWOK runs on fake nodes, creates the submitter Jobs (K8sJobMode, as
+TauGrid renders it), and reads each Ray job's status from a real Ray dashboard: a Ray head from
+PyPI (``deploy/dev/ray_head.py``, ``ray[default]`` pinned there) on a loopback address,
+which the operator reaches because the test maps the head Service's name to it in the
+operator's own hosts file (``kube_cluster.add_operator_host``; deploy/cluster/README.md, "The
+KubeRay operator's hosts file"). The watcher (``runs.kube_watcher.KubeWatcher``, driven in this
+process) maps what it sees with ``runs.kube_status.observe``.
+
+**The test plays the submitter's part.** KWOK's submitter pod runs nothing, so nothing would
+submit the Ray job. As soon as KubeRay has given the RayJob its ``status.jobId`` the test
+submits the RayJob's own ``spec.entrypoint`` to the real Ray with that id as submission id,
+parsed as the real submitter does (bash splits the words, ``ray job submit`` joins them with
+``subprocess.list2cmdline``, Ray runs the line with ``/bin/sh``). Ray really runs it; the fake
+submitter pod completes after 2 s (KWOK), which K8sJobMode needs before ``Complete``.
+
+* ``echo …`` → Ray ``SUCCEEDED`` → RayJob ``Complete``/``SUCCEEDED`` → run ``succeeded``;
+* ``sh -c "exit 1"`` → Ray ``FAILED`` → RayJob ``Failed``/``AppFailed`` → run ``failed``,
+  ``user_error``, with Ray's message.
+
+The Ray head starts once per session (about 20 s, a warm-up job included); if Ray cannot be
+installed or started, the test fails with the reason (no skip).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import kube as adapter
+from runs.kube_watcher import KubeWatcher
+from runs.models import FailureClass, Run, RunEvent, RunState
+from tests.cluster.plugin import Kube, KubeCluster
+from tests.runs.test_kube_backend import (  # noqa: F401 (fixtures)
+    RAY,
+    Recorded,
+    attempt_of,
+    cluster_backend,
+    fresh,
+    make_place,
+    uid,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+RAY_HEAD_SCRIPT = REPO / "deploy" / "dev" / "ray_head.py"
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
+#: Admission, the Ray cluster's pods, the submitter and the operator's polling (3 s requeues).
+TIMEOUT = 120
+
+
+def ray_spec(name: str, entrypoint: str) -> bytes:
+    return (
+        f"schema_version: 1\nname: {name}\n"
+        f"run:\n  entrypoint: {entrypoint}\n  workload_kind: rayjob\n"
+        "compute:\n  cpus: 1\n  memory: 1Gi\n"
+        "runtime:\n  image: rayproject/ray:2.60.0\n"
+        "resilience:\n  max_retries: 0\n"
+    ).encode()
+
+
+def load_ray_head() -> ModuleType:
+    """deploy/dev/ray_head.py by path (deploy/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("taugrid_ray_head", RAY_HEAD_SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = sys.modules.get(spec.name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Ray head on loopback for the whole session (deploy/dev/ray_head.py)."""
+    ray = load_ray_head()
+    try:
+        head = ray.start_head(tmp_path_factory.mktemp("ray-head"))
+    except (ray.RayHeadError, subprocess.CalledProcessError, OSError) as error:
+        pytest.fail(f"a real Ray head could not be started: {error}", pytrace=False)
+    yield head
+    ray.stop_head(head)
+
+
+@pytest.fixture
+def watcher(kube_cluster: KubeCluster, cluster_backend: Recorded) -> Iterator[KubeWatcher]:  # noqa: F811
+    client = adapter.KubeClient(adapter.new_api_client(kube_cluster.kubeconfig))
+    made = KubeWatcher(client, resync_seconds=300)
+    made.start()
+    yield made
+    made.stop()
+    client.close()
+
+
+def states(run: Run) -> list[str]:
+    return list(
+        RunEvent.objects.unscoped()
+        .filter(run=run)
+        .exclude(new_state="")
+        .order_by("seq")
+        .values_list("new_state", flat=True)
+    )
+
+
+def submitted_line(entrypoint: str) -> str:
+    """The command line Ray runs for a RayJob ``entrypoint``: KubeRay's submitter pastes it
+    into ``bash -c "… ray job submit … -- <entrypoint>"``; bash splits it into words and
+    ``ray job submit`` joins them with ``subprocess.list2cmdline``. (The kubelet's ``$$`` → ``$``
+    does not arise: these entry points have no ``$``.)"""
+    assert "$" not in entrypoint
+    return subprocess.list2cmdline(shlex.split(entrypoint))
+
+
+def follow(
+    watcher: KubeWatcher,
+    what: str,
+    probe: Callable[[], Any],
+    describe: Callable[[], str],
+    timeout: float = TIMEOUT,
+) -> Any:
+    """Let the watcher work until ``probe`` gives something."""
+    deadline = time.monotonic() + timeout
+    while True:
+        watcher.step(0.2)
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"timed out after {timeout:.0f}s waiting for {what}\nlast seen: {describe()}",
+                pytrace=False,
+            )
+
+
+def test_rayjobs_end_through_the_real_operator_polling_a_real_ray_dashboard(
+    cluster_backend: Recorded,  # noqa: F811
+    django_user_model: Any,
+    uid: str,  # noqa: F811
+    kube: Kube,
+    kube_cluster: KubeCluster,
+    ray_head: Any,
+    watcher: KubeWatcher,
+) -> None:
+    ray = load_ray_head()
+    place = make_place(cluster_backend, django_user_model, uid, prefix="kr")
+    namespace = place.workspace.namespace
+    runs = {
+        "ok": place.submit(ray_spec("kr-ok", "echo trained on a real Ray")),
+        "fails": place.submit(ray_spec("kr-fails", 'sh -c "exit 1"')),
+    }
+    place.deliver_all()
+    names = {key: f"{run.name}-a1" for key, run in runs.items()}
+
+    def seen() -> str:
+        found = {key: kube.get(*RAY, name, namespace) for key, name in names.items()}
+        return "; ".join(
+            f"{key}: run {fresh(runs[key]).state} ({fresh(runs[key]).state_reason}), "
+            f"RayJob status {(job or {}).get('status')}"
+            for key, job in found.items()
+        )
+
+    # The submitter's part, as soon as KubeRay has named the Ray job and the Ray cluster it
+    # will poll: route the head Service's name to the real dashboard, submit the entry point.
+    # Only an unsuspended RayJob past Suspending counts: KubeRay initializes a RayJob before
+    # Kueue's admission too, and names a new job and cluster once Kueue lets it go.
+    submitted: dict[str, set[str]] = {key: set() for key in names}
+
+    def submit_new_ray_jobs() -> None:
+        for key, name in names.items():
+            job = kube.get(*RAY, name, namespace) or {}
+            status = job.get("status") or {}
+            if job.get("spec", {}).get("suspend") or status.get("jobDeploymentStatus") not in {
+                "Initializing",
+                "Running",
+            }:
+                continue
+            if not status.get("jobId") or status["jobId"] in submitted[key]:
+                continue
+            service = f"{status['rayClusterName']}-head-svc.{namespace}.svc.cluster.local"
+            kube_cluster.add_operator_host(ray_head.dashboard_host, service)
+            ray.submit_job(ray_head, submitted_line(job["spec"]["entrypoint"]), status["jobId"])
+            submitted[key].add(status["jobId"])
+
+    def ended() -> bool:
+        submit_new_ray_jobs()
+        return all(
+            fresh(run).state in {RunState.SUCCEEDED, RunState.FAILED} for run in runs.values()
+        )
+
+    follow(watcher, "both runs to end", ended, seen)
+
+    # The success: Ray's verdict, read by the operator from the dashboard, and the run's.
+    ok = kube.get(*RAY, names["ok"], namespace)
+    assert ok is not None
+    status = ok["status"]
+    assert (status["jobDeploymentStatus"], status["jobStatus"]) == ("Complete", "SUCCEEDED")
+    assert status["jobId"] in submitted["ok"]  # the job the test submitted, as Ray reports it
+    assert status["dashboardURL"] == (
+        f"{status['rayClusterName']}-head-svc.{namespace}.svc.cluster.local:8265"
+    )
+    assert status["message"] == "Job finished successfully."
+    info = ray.job_info(ray_head, status["jobId"])
+    assert info is not None
+    assert info["status"] == "SUCCEEDED"
+    assert info["entrypoint"] == "echo trained on a real Ray"
+    logs = ray.request_json(f"{ray_head.dashboard_url}/api/jobs/{status['jobId']}/logs")[1]
+    assert "trained on a real Ray" in logs["logs"]
+    run = fresh(runs["ok"])
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    assert states(run) == ["pending", "queued", "admitted", "running", "succeeded"]
+    assert attempt_of(run).exit_code == 0
+    # The submitter Job is KubeRay's, named like the RayJob; the fake one completed.
+    submitter = kube.get("batch/v1", "Job", names["ok"], namespace)
+    assert submitter is not None
+    assert any(c["type"] == "Complete" for c in submitter["status"]["conditions"])
+
+    # The failure: the entry point exited 1 in Ray; KubeRay says AppFailed; the program's fault.
+    failed = kube.get(*RAY, names["fails"], namespace)
+    assert failed is not None
+    status = failed["status"]
+    assert (status["jobDeploymentStatus"], status["jobStatus"]) == ("Failed", "FAILED")
+    assert status["reason"] == "AppFailed"
+    assert status["jobId"] in submitted["fails"]
+    run = fresh(runs["fails"])
+    assert run.state == RunState.FAILED
+    assert run.failure_class == FailureClass.USER_ERROR
+    assert (
+        "The Ray job failed. KubeRay says: Job entrypoint command failed with exit code 1"
+        in run.state_reason
+    ), run.state_reason
