@@ -37,8 +37,20 @@ class RunActionRefused(ValueError):
 
 def lock_run(run_id: int) -> Run:
     """The run, locked for update until the surrounding transaction ends. Every write to a
-    run (its state, its history, its attempts, its metric names) takes this lock first."""
-    return Run.objects.unscoped().select_for_update().select_related("workspace").get(pk=run_id)
+    run (its state, its history, its attempts, its metric names) takes this lock first.
+
+    Only the run's row is locked (``OF self``; the workspace is read along, not locked), and
+    as an update that keeps its key (``NO KEY UPDATE``): rows that merely point at the run or
+    its workspace (a new token, event or run of the same workspace) are never held up by it.
+    Locking the joined workspace row too made every transition in a workspace wait for the
+    others, and deadlocked with a transaction inserting a row that references the workspace
+    (PostgreSQL checks Django's deferred foreign keys at commit, with a share lock)."""
+    return (
+        Run.objects.unscoped()
+        .select_for_update(of=("self",), no_key=True)
+        .select_related("workspace")
+        .get(pk=run_id)
+    )
 
 
 _TIMESTAMP_FOR_STATE = {
