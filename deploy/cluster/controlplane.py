@@ -1487,10 +1487,14 @@ def up(
     state = state_dir()
     with file_lock(state.parent / f".{state.name}.lock"):
         existing = cluster_status(state)
-        if existing["ready"]:
+        current = operator_hosts_file(state).is_file()  # absent: started by an older version
+        if existing["ready"] and current:
             log(f"already up (state in {state}); reusing it")
             return existing
-        if load_state(state) is not None or owned_pids(state):
+        if existing["ready"]:
+            log("a running control plane predates the KubeRay operator's hosts file: restarting")
+            _down(state)
+        elif load_state(state) is not None or owned_pids(state):
             log("a previous control plane is incomplete or unhealthy: stopping it first")
             _down(state)
 
