@@ -48,6 +48,7 @@ reserved (``workspaces.kueue_usage``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -55,7 +56,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path, PurePosixPath
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from django.conf import settings
 from django.db import transaction
@@ -105,6 +106,10 @@ _MAIN_CONTAINER: Final = {
     ("rayjob", labels.COMPONENT_WORKER): "ray-worker",
 }
 _FETCHER_CONTAINER: Final = "tau-fetch-bundle"
+#: When an attempt ends, the logs of at most this many of its pods are kept (the default
+#: pod's first, then in the page's order): a 64-worker Job keeps its first workers' logs, not
+#: 64 times the log cap.
+KEPT_POD_LOGS: Final = 16
 #: Which pod's log is shown by default: a RayJob's driver log is its submitter pod's.
 _COMPONENT_ORDER: Final = {
     labels.COMPONENT_SUBMITTER: 0,
@@ -596,14 +601,20 @@ class KubernetesBackend:
         return sorted(pods, key=order)
 
     def _log_bytes(
-        self, run: Run, attempt: RunAttempt, pod: str | None
+        self,
+        run: Run,
+        attempt: RunAttempt,
+        pod: str | None,
+        pods: list[dict[str, Any]] | None = None,
     ) -> tuple[bytes, str, tuple[str, ...], str]:
-        """(the log, the pod it is of, the attempt's pods, a note on why there is none)."""
+        """(the log, the pod it is of, the attempt's pods, a note on why there is none);
+        ``pods``: the attempt's pods when the caller has just listed them."""
         spec = Spec.from_dict(run.spec)
-        try:
-            pods = self._attempt_pods(run, attempt)
-        except KubeError as exc:
-            return b"", "", (), f"The cluster did not answer: {exc}"
+        if pods is None:
+            try:
+                pods = self._attempt_pods(run, attempt)
+            except KubeError as exc:
+                return b"", "", (), f"The cluster did not answer: {exc}"
         names = tuple(str(p["metadata"]["name"]) for p in pods)
         if not pods:
             if attempt.finished_at is not None:
@@ -688,46 +699,66 @@ class KubernetesBackend:
         tail_lines: int | None,
         pod: str | None = None,
     ) -> LogChunk:
-        archived = _archived_log(attempt)
-        if archived is not None and pod is None:
-            return read_log_file(
-                archived,
+        complete = attempt.finished_at is not None
+        kept = KeptLogs.of(attempt)
+        if kept is not None:
+            path, chosen, note = kept.file_of(pod)
+            chunk = read_log_file(
+                path,
                 attempt=attempt.number,
-                complete=attempt.finished_at is not None,
+                complete=complete,
                 offset=offset,
                 tail_lines=tail_lines,
             )
+            return dataclasses.replace(chunk, pod=chosen, pods=kept.pods, note=note)
         data, chosen, pods, note = self._log_bytes(run, attempt, pod)
         chunk = read_log_bytes(
-            data,
-            attempt=attempt.number,
-            complete=attempt.finished_at is not None,
-            offset=offset,
-            tail_lines=tail_lines,
+            data, attempt=attempt.number, complete=complete, offset=offset, tail_lines=tail_lines
         )
         return dataclasses.replace(chunk, pod=chosen, pods=pods, note=note)
 
     def open_log(self, run: Run, attempt: RunAttempt, *, pod: str | None = None) -> WholeLog:
-        archived = _archived_log(attempt)
-        if archived is not None and pod is None:
-            return open_log_file(archived, attempt=attempt.number, live=attempt.finished_at is None)
+        live = attempt.finished_at is None
+        kept = KeptLogs.of(attempt)
+        if kept is not None:
+            path, _, _ = kept.file_of(pod)
+            return open_log_file(path, attempt=attempt.number, live=live)
         data, _, _, _ = self._log_bytes(run, attempt, pod)
-        return whole_log_bytes(data, attempt=attempt.number, live=attempt.finished_at is None)
+        return whole_log_bytes(data, attempt=attempt.number, live=live)
 
     def archive_log(self, run: Run, attempt: RunAttempt) -> tuple[Path, int] | None:
-        """Keep an ended attempt's log (its default pod's: a RayJob's driver, a Job's worker
-        0; at most TAU_RUN_LOG_MAX_BYTES) under ``VAR_DIR/kube-logs/`` before Kubernetes
-        deletes its pods; the caller notes it on the attempt (``attempts.note_log_kept``),
-        and from then on the log is served from there. Returns the file and its size; None
-        when there is nothing to keep (no pod, or the cluster did not answer)."""
-        data, chosen, _, _ = self._log_bytes(run, attempt, None)
+        """Keep an ended attempt's logs under ``VAR_DIR/kube-logs/`` before Kubernetes
+        deletes its pods: its default pod's (a RayJob's driver, a Job's worker 0) as
+        ``attempt-N.log``, and those of its other pods, up to :data:`KEPT_POD_LOGS` in all,
+        beside it (:class:`KeptLogs`); each at most TAU_RUN_LOG_MAX_BYTES. The caller notes
+        the first on the attempt (``attempts.note_log_kept``), and from then on the logs are
+        served from there. Returns that file and its size; None when there is nothing to
+        keep (no pod, or the cluster did not answer)."""
+        try:
+            pods = self._attempt_pods(run, attempt)
+        except KubeError as exc:
+            logger.warning(
+                "%s attempt %s: pods not listed, log not kept: %s", run.name, attempt.number, exc
+            )
+            return None
+        data, chosen, names, _ = self._log_bytes(run, attempt, None, pods)
         if not chosen:
             return None
         path = Path(settings.VAR_DIR) / "kube-logs" / str(run.pk) / f"attempt-{attempt.number}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_bytes(data)
-        partial.replace(path)  # whole or not at all: a reader never sees half a log
+        folder = KeptLogs.folder_of(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        kept = [chosen]
+        for name in names:
+            if name == chosen or len(kept) >= KEPT_POD_LOGS:
+                continue
+            other, _, _, _ = self._log_bytes(run, attempt, name, pods)
+            _write_whole(folder / f"{name}.log", other)
+            kept.append(name)
+        _write_whole(
+            folder / KeptLogs.INDEX,
+            json.dumps({"pods": kept, "not_kept": len(names) - len(kept)}).encode(),
+        )
+        _write_whole(path, data)  # last: once it is there, the logs are served from here
         return path, len(data)
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -775,12 +806,60 @@ def _folders(run: Run) -> list[PurePosixPath]:
     return folders
 
 
-def _archived_log(attempt: RunAttempt) -> Path | None:
-    """The attempt's log as the portal kept it when the attempt ended, if it did."""
-    if not attempt.log_path:
-        return None
-    path = Path(attempt.log_path)
-    return path if path.is_file() else None
+def _write_whole(path: Path, data: bytes) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
+@dataclass(frozen=True)
+class KeptLogs:
+    """An ended attempt's logs as the portal kept them (:meth:`KubernetesBackend.archive_log`):
+    ``attempt-N.log`` is the default pod's, and the folder ``attempt-N.pods/`` beside it holds
+    the others' (``<pod>.log``) and ``index.json`` naming them all, the default first."""
+
+    INDEX: ClassVar[str] = "index.json"
+
+    path: Path
+    pods: tuple[str, ...]
+    not_kept: int
+
+    @staticmethod
+    def folder_of(path: Path) -> Path:
+        return path.with_name(path.stem + ".pods")
+
+    @classmethod
+    def of(cls, attempt: RunAttempt) -> KeptLogs | None:
+        """The attempt's kept logs, if it has any (a log kept by an earlier version has no
+        index: the default pod's only, name unknown)."""
+        if not attempt.log_path:
+            return None
+        path = Path(attempt.log_path)
+        if not path.is_file():
+            return None
+        try:
+            index = json.loads((cls.folder_of(path) / cls.INDEX).read_text())
+            pods = tuple(str(name) for name in index["pods"])
+            not_kept = int(index.get("not_kept", 0))
+        except (OSError, ValueError, KeyError, TypeError):
+            pods, not_kept = (), 0
+        return cls(path=path, pods=pods, not_kept=not_kept)
+
+    def file_of(self, pod: str | None) -> tuple[Path | None, str, str]:
+        """(the file of ``pod``'s log, or of the default pod's when None; the pod's name; a
+        note when it was not kept)."""
+        default = self.pods[0] if self.pods else ""
+        if pod is None or pod == default:
+            return self.path, default, ""
+        if pod in self.pods:
+            return self.folder_of(self.path) / f"{pod}.log", pod, ""
+        more = (
+            f" (the logs of {len(self.pods)} of its pods were kept, {self.not_kept} not)"
+            if self.not_kept
+            else ""
+        )
+        return None, "", f"The log of pod {pod} was not kept when the attempt ended{more}."
 
 
 def _container_state(pod: Mapping[str, Any], container: str | None) -> tuple[bool, str, bool]:

@@ -16,6 +16,10 @@
     var picker = document.getElementById("log-attempt");
     var pickerForm = document.getElementById("log-attempt-form");
     var download = document.getElementById("log-download");
+    // A run on a cluster has a log per pod: the picker appears when the attempt has several.
+    var podPicker = document.getElementById("log-pod");
+    var podField = document.getElementById("log-pod-field");
+    var pod = null; // the pod picked, or null for the attempt's default (driver, worker 0)
     // Why there is no log yet (a pod that has not started, on Kubernetes), when the API says.
     var note = document.getElementById("log-note");
     var maxChars = 500000;
@@ -51,11 +55,47 @@
     }
 
     function describe(number) {
-      log.setAttribute("aria-label", number ? "Log of attempt " + number : "Log of the first attempt");
+      var which = (number ? "attempt " + number : "the first attempt") + (pod ? ", pod " + pod : "");
+      log.setAttribute("aria-label", "Log of " + which);
       if (!download) return;
-      download.href = logUrl + "?format=text" + (number ? "&attempt=" + number : "");
+      download.href =
+        logUrl + "?format=text" + (number ? "&attempt=" + number : "") + (pod ? "&pod=" + encodeURIComponent(pod) : "");
       var spoken = download.querySelector(".visually-hidden");
-      if (spoken) spoken.textContent = " log" + (number ? " of attempt " + number : "") + ", as text";
+      if (spoken) spoken.textContent = " log" + (number ? " of attempt " + number : "") + (pod ? ", pod " + pod : "") + ", as text";
+    }
+
+    function showPods(pods, current) {
+      if (!podPicker || !podField) return;
+      if (!pods || pods.length < 2) {
+        podField.hidden = true;
+        return;
+      }
+      var have = Array.prototype.map.call(podPicker.options, function (option) {
+        return option.value;
+      });
+      if (have.join("\n") !== pods.join("\n")) {
+        podPicker.textContent = "";
+        pods.forEach(function (name, index) {
+          var option = document.createElement("option");
+          option.value = name;
+          option.textContent = index === 0 ? name + " (default)" : name;
+          podPicker.appendChild(option);
+        });
+      }
+      podPicker.value = current || pods[0];
+      podField.hidden = false;
+    }
+
+    function restart() {
+      generation += 1;
+      if (timer !== null) window.clearTimeout(timer);
+      timer = null;
+      offset = null;
+      ended = false;
+      done = false;
+      following = true;
+      log.textContent = "";
+      showButton();
     }
 
     function addAttempt(number) {
@@ -89,16 +129,10 @@
     }
 
     function choose(number) {
-      generation += 1;
-      if (timer !== null) window.clearTimeout(timer);
-      timer = null;
+      restart();
       chosen = number === null || number === newest() ? null : number;
       attempt = null;
-      offset = null;
-      ended = false;
-      done = false;
-      following = true;
-      log.textContent = "";
+      pod = null; // another attempt has other pods: start from its default
       showButton();
       describe(chosen === null ? newest() : chosen);
       var address = new URL(window.location.href);
@@ -121,6 +155,7 @@
       // again shows whether a new attempt has begun.
       var target = chosen !== null ? chosen : ended ? null : attempt;
       if (target !== null) query += "&attempt=" + target;
+      if (pod !== null) query += "&pod=" + encodeURIComponent(pod);
       fetch(logUrl + query, { credentials: "same-origin", headers: { Accept: "application/json" }, cache: "no-store" })
         .then(function (response) {
           if (!response.ok) throw new Error("HTTP " + response.status);
@@ -135,6 +170,7 @@
             attempt = null;
             offset = null;
             ended = false;
+            pod = null;
             describe(chunk.attempt);
             later(0);
             return;
@@ -145,6 +181,7 @@
             if (chosen === null) describe(chunk.attempt);
           }
           if (chunk.attempt !== null) attempt = chunk.attempt;
+          showPods(chunk.pods, chunk.pod);
           if (note) {
             note.textContent = chunk.note || "";
             note.hidden = !chunk.note;
@@ -193,6 +230,14 @@
     if (picker) {
       picker.addEventListener("change", function () {
         choose(parseInt(picker.value, 10));
+      });
+    }
+    if (podPicker) {
+      podPicker.addEventListener("change", function () {
+        restart();
+        pod = podPicker.selectedIndex > 0 ? podPicker.value : null;
+        describe(chosen !== null ? chosen : attempt);
+        tick();
       });
     }
     // The "log" links in the attempts list (redrawn by the live poll): switch in place.

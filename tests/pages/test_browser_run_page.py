@@ -4,6 +4,7 @@ for people instead of codes; checked with axe-core at both widths."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,8 @@ from typing import Any
 import pytest
 
 from runs import attempts, state
-from runs.models import RunState
+from runs.backends.kubernetes import KeptLogs
+from runs.models import Backend, Run, RunState
 from tests.pages.browser_support import check_page, log_in, watch_console
 from tests.runs.factories import make_run
 from tests.runs.histories import RETRYING, storied_run, write_log
@@ -163,3 +165,54 @@ def test_following_the_newest_attempt_while_reading_an_older_one(
     assert page.get_attribute("#log-download", "href").endswith("?format=text&attempt=3")
     check_page(page, "run-live-attempts")
     assert problems == []
+
+
+def test_a_cluster_run_s_log_is_read_pod_by_pod(
+    world: Any, live_server: Any, page: Any, settings: Any, tmp_path: Path
+) -> None:
+    """A Job of two workers on Kubernetes, ended, its pods' logs kept by the watcher as the
+    backend keeps them (runs.backends.kubernetes.KeptLogs): worker 0 is shown, and a picker
+    offers worker 1. (The keeping itself, from real pods, is tested on the test cluster.)"""
+    settings.VAR_DIR = tmp_path / "var"
+    settings.TAU_BACKEND = "kubernetes"
+    run = state.transition(make_run(world, spec=RETRYING), RunState.QUEUED)
+    Run.objects.unscoped().filter(pk=run.pk).update(backend=Backend.KUBERNETES)
+    attempt = attempts.admit_attempt(run=fresh_run(run))
+    attempts.attempt_running(attempt=attempt)
+    attempts.finish_attempt(attempt=attempt, outcome=attempts.AttemptOutcome(succeeded=True))
+    pods = [f"{run.name}-a1-0-x1", f"{run.name}-a1-1-y2"]
+    kept = tmp_path / "var" / "kube-logs" / str(run.pk) / "attempt-1.log"
+    folder = KeptLogs.folder_of(kept)
+    folder.mkdir(parents=True)
+    (folder / "index.json").write_text(json.dumps({"pods": pods, "not_kept": 0}))
+    (folder / f"{pods[1]}.log").write_text("rank 1: ready\n")
+    kept.write_text("rank 0: step 100 loss=0.2\n")
+    attempts.note_log_kept(attempt_id=attempt.pk, path=str(kept), size=kept.stat().st_size)
+
+    problems = watch_console(page)
+    log_in(page.context, live_server.url, world.users["researcher"])
+    page.goto(f"{live_server.url}/w/alpha/runs/{run.name}/")
+    wait_for_log(page, "rank 0: step 100")
+    assert page.is_visible("#log-pod")
+    choices = page.eval_on_selector_all("#log-pod option", "els => els.map(e => e.textContent)")
+    assert choices == [f"{pods[0]} (default)", pods[1]]
+
+    page.select_option("#log-pod", pods[1])
+    wait_for_log(page, "rank 1: ready")
+    assert "rank 0" not in log_text(page)
+    assert page.get_attribute("#log", "aria-label") == f"Log of attempt 1, pod {pods[1]}"
+    href = page.get_attribute("#log-download", "href")
+    assert href.endswith(f"?format=text&attempt=1&pod={pods[1]}")
+    with page.expect_download() as download_info:
+        page.click("#log-download")
+    assert Path(download_info.value.path()).read_text() == "rank 1: ready\n"
+
+    page.select_option("#log-pod", pods[0])
+    wait_for_log(page, "rank 0: step 100")
+    assert "rank 1" not in log_text(page)
+    check_page(page, "run-cluster-pods")
+    assert problems == []
+
+
+def fresh_run(run: Run) -> Run:
+    return Run.objects.unscoped().get(pk=run.pk)

@@ -31,7 +31,13 @@ from rest_framework.test import APIClient
 
 import kube as adapter
 from runs import delivery, kube_queue, labels, render, submission
-from runs.attempts import AttemptOutcome, admit_attempt, attempt_running, finish_attempt
+from runs.attempts import (
+    AttemptOutcome,
+    admit_attempt,
+    attempt_running,
+    finish_attempt,
+    note_log_kept,
+)
 from runs.backends import kubernetes as kube_backend
 from runs.backends.registry import available_backend_names, backend_named
 from runs.delivery import deliver, write_delivery
@@ -65,11 +71,11 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 TIMEOUT = 90
 
 
-def job_spec(name: str, *, cpus: int = 1, extra: str = "") -> bytes:
+def job_spec(name: str, *, cpus: int = 1, workers: int = 1, extra: str = "") -> bytes:
     return (
         f"schema_version: 1\nname: {name}\n"
         "run:\n  entrypoint: train.py\n  workload_kind: job\n"
-        f"compute:\n  cpus: {cpus}\n  memory: 1Gi\n"
+        f"compute:\n  cpus: {cpus}\n  memory: 1Gi\n  workers: {workers}\n"
         "runtime:\n  image: python:3.12-slim\n" + extra
     ).encode()
 
@@ -766,6 +772,77 @@ def test_a_job_pod_s_log_is_read_through_pods_log(
     assert (
         api.get(url, {"pod": "no-such-pod"}).json()["note"].endswith("no pod called no-such-pod.")
     )
+
+
+@cluster
+def test_each_worker_s_log_is_read_and_kept_when_the_attempt_ends(
+    place: Place, kube: Kube, keep_pods_running: None, tmp_path: Path, settings: Any
+) -> None:
+    settings.VAR_DIR = tmp_path / "var"
+    namespace = place.workspace.namespace
+    run = place.submit(job_spec("kb-two", workers=2))
+    place.deliver_all()
+
+    def both_running() -> list[dict[str, Any]] | None:
+        pods = pods_of_attempt(kube, run, 1)
+        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        return running if len(running) == 2 else None
+
+    pods = wait_until("both workers running", both_running, timeout=TIMEOUT)
+    watcher_starts(fresh(run))
+    # What each fake kubelet prints for its pod (KWOK's Logs, named like the pod).
+    texts = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        rank = pod["metadata"]["annotations"][labels.JOB_COMPLETION_INDEX]
+        texts[name] = f"rank {rank} of 2 ready\n"
+        log_file = tmp_path / f"{name}.log"
+        log_file.write_text(f"2026-12-01T12:00:00.000000000Z stdout F rank {rank} of 2 ready\n")
+        kube.create(
+            {
+                "apiVersion": KWOK_API,
+                "kind": "Logs",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"logs": [{"logsFile": str(log_file)}]},
+            }
+        )
+    api = place.api()
+    url = f"{place.runs_url}{run.name}/logs/"
+
+    def text_of(pod: str | None = None) -> Callable[[], dict[str, Any] | None]:
+        def read() -> dict[str, Any] | None:
+            answer = api.get(url, {"pod": pod} if pod else {}).json()
+            return answer if answer["text"] else None
+
+        return read
+
+    first = wait_until("worker 0's log", text_of(), timeout=60)
+    order = first["pods"]
+    assert len(order) == 2
+    assert first["pod"] == order[0]
+    assert first["text"] == texts[order[0]] == "rank 0 of 2 ready\n"
+    second = wait_until("worker 1's log", text_of(order[1]), timeout=60)
+    assert (second["pod"], second["text"]) == (order[1], "rank 1 of 2 ready\n")
+
+    # The attempt ends; the watcher keeps every pod's log before Kubernetes deletes them.
+    attempt = attempt_of(run)
+    finish_attempt(attempt=attempt, outcome=AttemptOutcome(succeeded=True, exit_code=0))
+    attempt = attempt_of(run)
+    backend = kube_backend.KubernetesBackend()
+    kept = backend.archive_log(fresh(run), attempt)
+    assert kept is not None
+    path, size = kept
+    note_log_kept(attempt_id=attempt.pk, path=str(path), size=size)
+    backend.client.delete(*JOB, f"{run.name}-a1", namespace, propagation="Background")
+    wait_until("the pods gone", lambda: not pods_of_attempt(kube, run, 1) or None, timeout=TIMEOUT)
+
+    for query, text in (({}, texts[order[0]]), ({"pod": order[1]}, texts[order[1]])):
+        answer = api.get(url, query).json()
+        assert (answer["text"], answer["pods"], answer["complete"]) == (text, order, True), query
+        whole = api.get(url, {"format": "text", **query})
+        assert b"".join(whole.streaming_content).decode() == text  # type: ignore[attr-defined]
+    missing = api.get(url, {"pod": "kb-two-other"}).json()
+    assert missing["note"] == "The log of pod kb-two-other was not kept when the attempt ended."
 
 
 @cluster
