@@ -24,12 +24,13 @@ $(PYTHON):
 	@$(SYSTEM_PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "TauGrid needs Python 3.11; set SYSTEM_PYTHON=/path/to/python3.11")'
 	$(SYSTEM_PYTHON) -m venv $(VENV)
 
+# The portal is the `server` extra; a plain `pip install .` gives only the `tau` client.
 $(VENV)/.runtime-installed: pyproject.toml $(CONSTRAINTS) | $(PYTHON)
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e .
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[server]'
 	@touch $@
 
 $(VENV)/.dev-installed: $(VENV)/.runtime-installed
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[dev]'
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[server,dev]'
 	@touch $@
 
 install: $(VENV)/.runtime-installed

@@ -1,0 +1,1265 @@
+"""The ``tau`` commands (Click). docs/cli.md is their manual; a test keeps the two in step.
+
+Exit codes: 0 success, 1 the run failed (or the portal refused an action), 2 usage or
+validation error, 3 authentication or permission, 4 not found, 130 interrupted (Ctrl-C stops
+watching, never the run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.table import Table
+
+from tau import __version__
+from tau.cli import bundle as bundles
+from tau.cli.client import (
+    EXIT_AUTH,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    Api,
+    CliError,
+    run_path,
+    workspace_path,
+)
+from tau.cli.config import (
+    Profile,
+    config_path,
+    forget_profile,
+    load_profile,
+    read_config,
+    save_profile,
+)
+from tau.cli.templates import TAUIGNORE, TEMPLATES, TRAIN_PY
+from tau.spec import SpecProblem
+from tau.spec.loader import MAX_FILE_BYTES
+from tau.spec.schema import check_source, json_schema
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+WAITING_STATES = ("pending", "queued", "preempted", "evicted")
+RUN_STATES = (
+    "pending",
+    "queued",
+    "admitted",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelling",
+    "cancelled",
+    "preempted",
+    "evicted",
+)
+POLL_SECONDS = 1.0
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@dataclass
+class State:
+    """What the root command learned (``--profile``), and the API client made on demand."""
+
+    profile_name: str | None = None
+    workspace: str | None = None
+    _api: Api | None = field(default=None, repr=False)
+    _profile: Profile | None = field(default=None, repr=False)
+
+    @property
+    def profile(self) -> Profile:
+        if self._profile is None:
+            self._profile = load_profile(self.profile_name)
+        return self._profile
+
+    def api(self) -> Api:
+        if self._api is None:
+            profile = self.profile
+            if not profile.url:
+                raise CliError(
+                    "not logged in: run `tau login --url https://your-portal` (or set TAU_URL "
+                    "and TAU_TOKEN).",
+                    EXIT_AUTH,
+                )
+            if not profile.token:
+                raise CliError(
+                    f"no token for {profile.url}: run `tau login` (or set TAU_TOKEN).", EXIT_AUTH
+                )
+            self._api = Api(profile.url, profile.token)
+        return self._api
+
+    def workspace_for(self, asked: str | None) -> str:
+        """The workspace a command acts in: ``--workspace``, the profile's, or the only one
+        the token reaches (a token scoped to one workspace reaches only that one)."""
+        chosen = asked or self.workspace or self.profile.workspace
+        if chosen:
+            return chosen
+        reachable = [row["slug"] for row in self.api().get("/api/v1/workspaces/")]
+        if len(reachable) == 1:
+            return str(reachable[0])
+        if not reachable:
+            raise CliError(
+                "this token reaches no workspace; ask your platform team to add you to one.",
+                EXIT_AUTH,
+            )
+        raise CliError(
+            f"you belong to several workspaces ({', '.join(reachable)}): say which with "
+            "--workspace WS, or make one the default with `tau login --workspace WS`.",
+            EXIT_USAGE,
+        )
+
+
+def state_of(ctx: click.Context) -> State:
+    found = ctx.find_object(State)
+    if found is None:
+        found = ctx.ensure_object(State)
+    return found
+
+
+def json_option(function: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of text."
+    )(function)
+
+
+def workspace_option(function: F) -> F:
+    return click.option(
+        "--workspace",
+        "-w",
+        metavar="WS",
+        help="The workspace (default: the profile's, or the only one the token reaches).",
+    )(function)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def short_time(value: str | None) -> str:
+    if not value:
+        return "-"
+    return value.replace("T", " ")[:19]
+
+
+# --- the root ------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--profile",
+    metavar="P",
+    envvar="TAU_PROFILE",
+    help="Which saved login to use (default: the last one logged in to; env TAU_PROFILE).",
+)
+@click.pass_context
+def cli(ctx: click.Context, profile: str | None) -> None:
+    """tau: submit and follow training runs on a TauGrid portal.
+
+    Start with `tau login --url URL`, then `tau init` and `tau run --config tau.yaml --watch`.
+    Exit codes: 0 ok, 1 the run failed, 2 usage or validation error, 3 authentication,
+    4 not found, 130 interrupted (Ctrl-C stops watching, never the run).
+    """
+    ctx.obj = State(profile_name=profile)
+
+
+# --- login, logout, whoami, version ---------------------------------------------------------
+
+
+@cli.command()
+@click.option("--url", metavar="URL", help="The portal's address, e.g. https://tau.example.org.")
+@click.option("--token-stdin", is_flag=True, help="Read the API token from standard input.")
+@click.option("--profile", "profile_option", metavar="P", help="Save the login under this name.")
+@workspace_option
+@json_option
+@click.pass_context
+def login(
+    ctx: click.Context,
+    url: str | None,
+    token_stdin: bool,
+    profile_option: str | None,
+    workspace: str | None,
+    as_json: bool,
+) -> int:
+    """Check an API token against the portal and save it (mode 0600).
+
+    The token comes from a prompt, or from standard input with --token-stdin (make one on
+    the portal's Tokens page, or `manage.py create_token`).
+    """
+    state = state_of(ctx)
+    data = read_config()
+    name = profile_option or state.profile_name or os.environ.get("TAU_PROFILE")
+    name = name or data.get("current") or "default"
+    stored = data["profiles"].get(name) or {}
+    url = (url or os.environ.get("TAU_URL") or stored.get("url") or "").strip()
+    if not url:
+        raise CliError("say where the portal is: tau login --url https://your-portal", EXIT_USAGE)
+    if not re.match(r"^https?://", url):
+        raise CliError(f"{url} is not an http(s) URL (e.g. https://tau.example.org).", EXIT_USAGE)
+    if token_stdin:
+        token = sys.stdin.readline().strip()
+    else:
+        token = click.prompt("API token", hide_input=True).strip()
+    if not token:
+        raise CliError("no token given.", EXIT_USAGE)
+    api = Api(url, token)
+    try:
+        reachable = api.get("/api/v1/workspaces/")
+    finally:
+        api.close()
+    slugs = [row["slug"] for row in reachable]
+    if workspace and workspace not in slugs:
+        raise CliError(
+            f"this token does not reach workspace {workspace!r} (it reaches: "
+            f"{', '.join(slugs) or 'none'}).",
+            EXIT_NOT_FOUND,
+        )
+    default = workspace or (slugs[0] if len(slugs) == 1 else None)
+    path = save_profile(Profile(name=name, url=url.rstrip("/"), token=token, workspace=default))
+    if as_json:
+        print_json(
+            {
+                "profile": name,
+                "url": url.rstrip("/"),
+                "workspace": default,
+                "workspaces": reachable,
+                "config": str(path),
+            }
+        )
+    else:
+        roles = ", ".join(f"{row['slug']} ({row.get('role') or 'staff'})" for row in reachable)
+        out.print(f"Logged in to {url.rstrip('/')} (profile {name}); saved in {path}.")
+        out.print(f"Workspaces: {roles or 'none'}" + (f"; default {default}" if default else ""))
+    return EXIT_OK
+
+
+@cli.command()
+@click.option("--profile", "profile_option", metavar="P", help="The profile to forget.")
+@json_option
+@click.pass_context
+def logout(ctx: click.Context, profile_option: str | None, as_json: bool) -> int:
+    """Forget the saved token of a profile (the token itself stays valid on the portal;
+    revoke it there)."""
+    state = state_of(ctx)
+    data = read_config()
+    name = profile_option or state.profile_name or data.get("current") or "default"
+    removed = forget_profile(name)
+    if as_json:
+        print_json({"profile": name, "removed": removed})
+    elif removed:
+        out.print(f"Logged out of profile {name}.")
+    else:
+        out.print(f"No saved login under profile {name}.")
+    return EXIT_OK
+
+
+def _me(api: Api) -> dict[str, Any] | None:
+    """Who the token belongs to, where the portal says it (``/api/v1/me/``)."""
+    try:
+        answer = api.get("/api/v1/me/")
+    except CliError as error:
+        if error.code == EXIT_NOT_FOUND:
+            return None
+        raise
+    return answer if isinstance(answer, dict) else None
+
+
+@cli.command()
+@json_option
+@click.pass_context
+def whoami(ctx: click.Context, as_json: bool) -> int:
+    """Show the portal, profile and workspaces this token reaches."""
+    state = state_of(ctx)
+    api = state.api()
+    reachable = api.get("/api/v1/workspaces/")
+    me = _me(api)
+    profile = state.profile
+    answer = {
+        "profile": profile.name,
+        "url": api.url,
+        "token_from": "TAU_TOKEN" if os.environ.get("TAU_TOKEN") else str(config_path()),
+        "user": me,
+        "default_workspace": profile.workspace,
+        "workspaces": reachable,
+    }
+    if as_json:
+        print_json(answer)
+        return EXIT_OK
+    if me and me.get("username"):
+        out.print(f"User: {me['username']}")
+    out.print(f"Portal: {api.url} (profile {profile.name}, token from {answer['token_from']})")
+    for row in reachable:
+        marker = " (default)" if row["slug"] == profile.workspace else ""
+        out.print(f"  {row['slug']}: {row.get('role') or 'platform staff'}{marker}")
+    return EXIT_OK
+
+
+@cli.command()
+@click.option("--short", is_flag=True, help="Print only the version number.")
+@json_option
+def version(short: bool, as_json: bool) -> int:
+    """Show the version of tau (and Python)."""
+    if as_json:
+        print_json(
+            {
+                "version": __version__,
+                "python": sys.version.split()[0],
+                "config": str(config_path()),
+            }
+        )
+    elif short:
+        out.print(__version__)
+    else:
+        out.print(f"tau {__version__} (Python {sys.version.split()[0]})")
+    return EXIT_OK
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> int:
+    """Print the shell completion script for bash, zsh or fish.
+
+    bash: eval "$(tau completion bash)" in ~/.bashrc; zsh: eval "$(tau completion zsh)" in
+    ~/.zshrc; fish: tau completion fish > ~/.config/fish/completions/tau.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    completer = get_completion_class(shell)
+    assert completer is not None
+    sys.stdout.write(completer(cli, {}, "tau", "_TAU_COMPLETE").source() + "\n")
+    return EXIT_OK
+
+
+# --- init --------------------------------------------------------------------------------
+
+
+def _spec_name_for(folder: Path) -> str:
+    name = re.sub(r"[^a-z0-9-]+", "-", folder.resolve().name.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = f"run-{name}".rstrip("-")
+    return name[:38].rstrip("-") or "my-run"
+
+
+@cli.command()
+@click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--template",
+    type=click.Choice(sorted(TEMPLATES)),
+    default="cpu",
+    show_default=True,
+    help="cpu: one process on CPUs; gpu: a Ray job on GPUs; torchrun: multi-node PyTorch.",
+)
+@click.option("--name", metavar="NAME", help="The spec's name (default: from the folder's).")
+@click.option("--force", is_flag=True, help="Overwrite an existing tau.yaml.")
+@json_option
+def init(
+    directory: Path | None, template: str, name: str | None, force: bool, as_json: bool
+) -> int:
+    """Write a commented tau.yaml and a .tauignore (and a train.py if there is none)."""
+    folder = directory or Path()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "tau.yaml"
+    if target.exists() and not force:
+        raise CliError(f"{target} exists; pass --force to overwrite it.", EXIT_USAGE)
+    text = TEMPLATES[template].format(name=name or _spec_name_for(folder))
+    _spec, problems = check_source(text)
+    if problems:
+        raise CliError(
+            "the template does not validate with this name: "
+            + "; ".join(problem.format() for problem in problems),
+            EXIT_USAGE,
+        )
+    written = [target]
+    target.write_text(text, encoding="utf-8")
+    for extra, content in ((".tauignore", TAUIGNORE), ("train.py", TRAIN_PY)):
+        path = folder / extra
+        if not path.exists():
+            path.write_text(content, encoding="utf-8")
+            written.append(path)
+    if as_json:
+        print_json({"template": template, "written": [str(path) for path in written]})
+    else:
+        out.print("Wrote " + ", ".join(str(path) for path in written) + ".")
+        out.print(f"Next: tau run --config {target} --watch")
+    return EXIT_OK
+
+
+# --- validate, schema ------------------------------------------------------------------
+
+
+def _problem_record(name: str, problem: SpecProblem) -> dict[str, Any]:
+    return {"file": name, **problem.to_dict()}
+
+
+@click.command("validate")
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
+@json_option
+def validate_command(files: Sequence[str], as_json: bool) -> int:
+    """Check tau.yaml files offline with the server's own checker (default ./tau.yaml).
+
+    Problems print as FILE:LINE:COLUMN: path: message (hint). Exit 2 if any file is invalid.
+    """
+    names = list(files) or ["tau.yaml"]
+    records: list[dict[str, Any]] = []
+    status = EXIT_OK
+    for name in names:
+        shown = "<stdin>" if name == "-" else name
+        try:
+            if name == "-":
+                data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+            else:
+                data = Path(name).read_bytes()[: MAX_FILE_BYTES + 1]
+        except OSError as error:
+            status = EXIT_USAGE
+            problem = SpecProblem("(file)", 0, 0, f"cannot read the file: {error.strerror}")
+            records.append(_problem_record(shown, problem))
+            if not as_json:
+                err.print(f"{shown}: cannot read the file: {error.strerror}")
+            continue
+        spec, problems = check_source(data)
+        if problems:
+            status = EXIT_USAGE
+        for problem in problems:
+            records.append(_problem_record(shown, problem))
+            if not as_json:
+                out.print(problem.format(shown))
+        if spec is not None and not as_json:
+            out.print(f"{shown}: ok")
+    if as_json:
+        print_json(records)
+    return status
+
+
+@click.command("schema")
+def schema_command() -> int:
+    """Print the JSON Schema of tau.yaml (draft 2020-12), for editors."""
+    print_json(json_schema())
+    return EXIT_OK
+
+
+# --- tau run (submit) ---------------------------------------------------------------------
+
+
+def _parse_setting(setting: str) -> tuple[list[str], Any]:
+    path, sep, raw = setting.partition("=")
+    if not sep or not path.strip():
+        raise CliError(f"--set {setting!r}: write it as path=value, e.g. compute.cpus=2", 2)
+    keys = path.strip().split(".")
+    if any(not key for key in keys):
+        raise CliError(f"--set {setting!r}: the path has an empty part.", EXIT_USAGE)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return keys, value
+
+
+def apply_settings(source: bytes, settings: Sequence[str]) -> bytes:
+    """The tau.yaml with ``--set path=value`` applied (values read as YAML: 2, true, [a, b]).
+    Comments are lost from what is submitted, not from the file."""
+    if not settings:
+        return source
+    try:
+        document = yaml.safe_load(source)
+    except yaml.YAMLError:
+        return source  # the checker reports the problem with its line
+    if not isinstance(document, dict):
+        return source
+    for setting in settings:
+        keys, value = _parse_setting(setting)
+        node: Any = document
+        for key in keys[:-1]:
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                raise CliError(f"--set {setting}: {key} is not a block.", EXIT_USAGE)
+            node = child
+        node[keys[-1]] = value
+    return yaml.safe_dump(document, sort_keys=False, allow_unicode=True).encode()
+
+
+def report_problems(name: str, problems: Sequence[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print_json({"error": "invalid", "problems": [{"file": name, **p} for p in problems]})
+        return
+    for problem in problems:
+        line = problem.get("line") or 0
+        column = problem.get("column") or 0
+        text = f"{name}:{line}:{column}: {problem.get('path')}: {problem.get('message')}"
+        if problem.get("hint"):
+            text += f" ({problem['hint']})"
+        err.print(text, markup=False)
+
+
+def _multipart(
+    spec: bytes, bundle_path: Path, progress: Callable[[int], None]
+) -> tuple[str, int, Iterator[bytes]]:
+    boundary = f"tau-{secrets.token_hex(12)}"
+
+    def part(name: str, filename: str) -> bytes:
+        return (
+            f"--{boundary}\r\n"
+            f'Content-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+
+    head = part("spec", "tau.yaml") + spec + b"\r\n" + part("bundle", "project.zip")
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    total = len(head) + bundle_path.stat().st_size + len(tail)
+
+    def body() -> Iterator[bytes]:
+        yield head
+        with bundle_path.open("rb") as handle:
+            while chunk := handle.read(256 * 1024):
+                progress(len(chunk))
+                yield chunk
+        yield tail
+
+    return f"multipart/form-data; boundary={boundary}", total, body()
+
+
+def submit(
+    state: State,
+    *,
+    config: Path,
+    workspace: str | None,
+    settings: Sequence[str],
+    directory: Path | None,
+    watch: bool,
+    as_json: bool,
+    dry_run: bool,
+) -> int:
+    try:
+        source = config.read_bytes()
+    except OSError as error:
+        raise CliError(f"cannot read {config}: {error.strerror}", EXIT_USAGE) from None
+    source = apply_settings(source, settings)
+    spec, problems = check_source(source)
+    if spec is None or problems:
+        report_problems(str(config), [p.to_dict() for p in problems], as_json)
+        return EXIT_USAGE
+    root = directory or (config.parent / spec.run.project_dir)
+    if not root.is_dir():
+        raise CliError(f"the project folder {root} does not exist.", EXIT_USAGE)
+    files = bundles.project_files(root, bundles.Ignore.for_project(root, spec.run.exclude))
+    if dry_run:
+        if as_json:
+            print_json({"spec_name": spec.name, "project": str(root), "files": files})
+        else:
+            out.print(f"Would upload {len(files)} files from {root}:")
+            for name in files:
+                out.print(f"  {name}", markup=False)
+        return EXIT_OK
+    workspace = state.workspace_for(workspace)
+    api = state.api()
+    with tempfile.TemporaryDirectory(prefix="tau-bundle-") as scratch:
+        archive = Path(scratch) / "project.zip"
+        size = bundles.write_bundle(root, files, archive)
+        if size > bundles.MAX_BUNDLE_BYTES:
+            raise CliError(
+                f"the project is {size // 2**20} MiB zipped; the limit is "
+                f"{bundles.MAX_BUNDLE_BYTES // 2**20} MiB. Leave data and checkpoints out with "
+                ".tauignore (or run.exclude).",
+                EXIT_USAGE,
+            )
+        show_progress = err.is_terminal and not as_json
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=err,
+            disable=not show_progress,
+            transient=True,
+        ) as bar:
+            task = bar.add_task(f"Uploading {len(files)} files", total=size)
+            content_type, total, body = _multipart(
+                source, archive, lambda sent: bar.advance(task, sent)
+            )
+            try:
+                response = api.http.post(
+                    run_path(workspace),
+                    content=body,
+                    headers={"Content-Type": content_type, "Content-Length": str(total)},
+                    timeout=300,
+                )
+            except Exception as error:
+                raise CliError(f"the upload to {api.url} failed: {error}") from None
+    if response.status_code == 400:
+        answer = response.json()
+        if answer.get("problems"):
+            report_problems(str(config), answer["problems"], as_json)
+            if not as_json:
+                err.print(f"The run was not submitted: {answer.get('detail', '')}", markup=False)
+            return EXIT_USAGE
+    api.check(response)
+    run = response.json()
+    link = api.url + run["url"] if str(run.get("url", "")).startswith("/") else run.get("url")
+    if not watch:
+        if as_json:
+            print_json({**run, "web_url": link})
+        else:
+            out.print(f"Submitted {run['name']} to {workspace} ({run['state']}).")
+            out.print(f"  {link}")
+            out.print(f"Follow it: tau run status {run['name']} --watch")
+        return EXIT_OK
+    if not as_json:
+        out.print(f"Submitted {run['name']} to {workspace}: {link}")
+    return watch_run(api, workspace, run["name"], logs=not as_json, as_json=as_json)
+
+
+class RunGroup(click.Group):
+    """``tau run`` submits; ``tau run <subcommand>`` does the rest."""
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "--config FILE [OPTIONS]")
+        formatter.write_usage(ctx.command_path, "COMMAND [ARGS]...")
+
+
+@cli.group("run", cls=RunGroup, invoke_without_command=True)
+@click.option(
+    "--config",
+    "-c",
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The tau.yaml to submit (default ./tau.yaml).",
+)
+@workspace_option
+@click.option(
+    "--set",
+    "settings",
+    metavar="PATH=VALUE",
+    multiple=True,
+    help="Change a field for this run only, e.g. --set compute.cpus=2 (repeatable).",
+)
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The project folder to upload (default: the config file's, run.project_dir).",
+)
+@click.option("--watch", is_flag=True, help="Follow the run's state and log until it ends.")
+@click.option("--dry-run", is_flag=True, help="Check and list the files to upload; submit nothing.")
+@json_option
+@click.pass_context
+def run_group(
+    ctx: click.Context,
+    config: Path | None,
+    workspace: str | None,
+    settings: tuple[str, ...],
+    directory: Path | None,
+    watch: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> int:
+    """Submit a run: tau run --config tau.yaml [--watch]; or a run subcommand below.
+
+    The project folder is zipped, leaving out .git/ and what .tauignore, .gitignore and
+    run.exclude name. With --watch the exit status is the run's: 0 succeeded, 1 failed or
+    cancelled.
+    """
+    state = state_of(ctx)
+    if ctx.invoked_subcommand is not None:
+        if config or settings or directory or watch or dry_run or as_json:
+            raise click.UsageError(
+                "--config, --set, --dir, --watch, --dry-run and --json go after the "
+                f"subcommand ({ctx.invoked_subcommand}), or with `tau run` alone to submit."
+            )
+        state.workspace = workspace
+        return EXIT_OK
+    if config is None:
+        if not Path("tau.yaml").is_file():
+            raise click.UsageError(
+                "say which tau.yaml to submit: tau run --config FILE (or `tau init` to write one)"
+            )
+        config = Path("tau.yaml")
+    return submit(
+        state,
+        config=config,
+        workspace=workspace,
+        settings=settings,
+        directory=directory,
+        watch=watch,
+        as_json=as_json,
+        dry_run=dry_run,
+    )
+
+
+run_group.add_command(validate_command)
+run_group.add_command(schema_command)
+
+
+# --- following a run ----------------------------------------------------------------------
+
+
+@dataclass
+class LogFollower:
+    """Reads an attempt's log piece by piece (the logs route's ``offset``), moving on to the
+    next attempt when one starts."""
+
+    api: Api
+    path: str
+    attempt: int | None = None
+    offset: int = 0
+
+    def read(self, *, attempt_count: int) -> str:
+        texts = []
+        for _ in range(50):  # a burst of output comes in several pieces
+            params: dict[str, Any] = {"offset": self.offset}
+            if self.attempt is not None:
+                params["attempt"] = self.attempt
+            chunk = self.api.get(self.path + "logs/", **params)
+            if chunk.get("attempt") is None:
+                break
+            if self.attempt is None:
+                self.attempt = int(chunk["attempt"])
+            if chunk.get("text"):
+                texts.append(chunk["text"])
+            moved = chunk["next_offset"] != self.offset
+            self.offset = int(chunk["next_offset"])
+            if moved and self.offset < int(chunk.get("size") or 0):
+                continue
+            if chunk.get("complete") and self.attempt < attempt_count:
+                self.attempt += 1
+                self.offset = 0
+                texts.append(f"--- attempt {self.attempt} ---\n")
+                continue
+            break
+        return "".join(texts)
+
+
+def _state_line(run: dict[str, Any]) -> str:
+    text = f"{time.strftime('%H:%M:%S')} {run['name']}: {run['state']}"
+    if run.get("queue_position"):
+        text += f" (position {run['queue_position']})"
+    if run.get("state_reason"):
+        text += f" — {run['state_reason']}"
+    if run.get("failure_class"):
+        text += f" [{run['failure_class']}]"
+    return text
+
+
+def watch_run(
+    api: Api, workspace: str, name: str, *, logs: bool, as_json: bool, quiet: bool = False
+) -> int:
+    """Follow the run until it ends; its outcome as the exit status. Ctrl-C stops watching
+    (exit 130), never the run."""
+    path = run_path(workspace, name)
+    follower = LogFollower(api, path) if logs else None
+    seen: tuple[str, str] | None = None
+    try:
+        while True:
+            run = api.get(path)
+            moment = (run["state"], run.get("state_reason") or "")
+            if moment != seen:
+                seen = moment
+                if as_json:
+                    sys.stdout.write(json.dumps(run, ensure_ascii=False) + "\n")
+                    sys.stdout.flush()
+                elif not quiet:
+                    err.print(_state_line(run), markup=False)
+            if follower is not None:
+                text = follower.read(attempt_count=int(run.get("attempt_count") or 0))
+                if text:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+            if run["state"] in TERMINAL_STATES:
+                break
+            time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        raise CliError(
+            f"stopped watching; {name} goes on (`tau run cancel {name}` stops it).",
+            EXIT_INTERRUPTED,
+        ) from None
+    if not as_json and not quiet:
+        err.print(f"{name} {run['state']}.", markup=False)
+    return EXIT_OK if run["state"] == "succeeded" else EXIT_FAILED
+
+
+def _newest_local_spec_name() -> str | None:
+    try:
+        spec, _problems = check_source(Path("tau.yaml").read_bytes())
+    except OSError:
+        return None
+    return spec.name if spec is not None else None
+
+
+def _run_summary(run: dict[str, Any], api: Api) -> None:
+    out.print(f"{run['name']}  {run['state']}", markup=False)
+    rows = [
+        ("spec", run.get("spec_name")),
+        ("reason", run.get("state_reason")),
+        ("queue position", run.get("queue_position")),
+        ("failure", run.get("failure_class")),
+        ("attempts", run.get("attempt_count")),
+        ("priority", run.get("priority")),
+        ("backend", run.get("backend")),
+        ("submitted by", run.get("submitted_by")),
+        ("created", short_time(run.get("created_at"))),
+        ("started", short_time(run.get("started_at"))),
+        ("finished", short_time(run.get("finished_at"))),
+        ("url", api.url + run["url"] if str(run.get("url", "")).startswith("/") else None),
+    ]
+    for label, value in rows:
+        if value not in (None, "", "-"):
+            out.print(f"  {label + ':':15} {value}", markup=False)
+    for warning in run.get("warnings") or []:
+        out.print(f"  warning: {warning}", markup=False)
+
+
+@run_group.command("status")
+@click.argument("name", required=False)
+@workspace_option
+@click.option("--watch", is_flag=True, help="Follow state changes until the run ends.")
+@json_option
+@click.pass_context
+def status_command(
+    ctx: click.Context, name: str | None, workspace: str | None, watch: bool, as_json: bool
+) -> int:
+    """A run's state: NAME is a run name or a spec name (its newest run); default the newest
+    run of ./tau.yaml, else of the workspace."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    if name is None:
+        spec_name = _newest_local_spec_name()
+        rows = api.get(run_path(ws), name=spec_name, limit=1)["results"]
+        if not rows:
+            raise CliError("no runs yet" + (f" of {spec_name}" if spec_name else ""), 4)
+        name = str(rows[0]["name"])
+    if watch:
+        return watch_run(api, ws, name, logs=False, as_json=as_json)
+    run = api.get(run_path(ws, name))
+    if as_json:
+        print_json(run)
+    else:
+        _run_summary(run, api)
+    return EXIT_OK
+
+
+@run_group.command("logs")
+@click.argument("name")
+@workspace_option
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the run ends.")
+@click.option("--attempt", type=click.IntRange(min=1), help="Which attempt (default newest).")
+@json_option
+@click.pass_context
+def logs_command(
+    ctx: click.Context,
+    name: str,
+    workspace: str | None,
+    follow: bool,
+    attempt: int | None,
+    as_json: bool,
+) -> int:
+    """Print a run's log; with -f follow it until the run ends (then exit with its outcome)."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    path = run_path(ws, name)
+    if follow:
+        follower = LogFollower(api, path, attempt=attempt)
+        try:
+            while True:
+                run = api.get(path)
+                count = int(run.get("attempt_count") or 0)
+                text = follower.read(attempt_count=attempt or count)
+                if text:
+                    if as_json:
+                        sys.stdout.write(json.dumps({"text": text}) + "\n")
+                    else:
+                        sys.stdout.write(text)
+                    sys.stdout.flush()
+                if run["state"] in TERMINAL_STATES and not text:
+                    return EXIT_OK if run["state"] == "succeeded" else EXIT_FAILED
+                if not text:
+                    time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            raise CliError(f"stopped following; {name} goes on.", EXIT_INTERRUPTED) from None
+    if as_json:
+        print_json(api.get(path + "logs/", attempt=attempt, offset=0))
+        return EXIT_OK
+    params: dict[str, Any] = {"format": "text"}
+    if attempt is not None:
+        params["attempt"] = attempt
+    try:
+        with api.http.stream(
+            "GET", path + "logs/", params=params, headers={"Accept": "text/plain"}
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                api.check(response)
+            for chunk in response.iter_bytes():
+                sys.stdout.buffer.write(chunk)
+    except CliError:
+        raise
+    except Exception as error:
+        raise CliError(f"reading the log failed: {error}") from None
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+@run_group.command("list")
+@workspace_option
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(RUN_STATES),
+    help="Only runs in this state (repeatable).",
+)
+@click.option("--mine", is_flag=True, help="Only runs you submitted.")
+@click.option("--submitter", metavar="USER", help="Only runs this user submitted.")
+@click.option("--name", metavar="NAME", help="Only runs of this spec name.")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@json_option
+@click.pass_context
+def list_command(
+    ctx: click.Context,
+    workspace: str | None,
+    states: tuple[str, ...],
+    mine: bool,
+    submitter: str | None,
+    name: str | None,
+    limit: int,
+    as_json: bool,
+) -> int:
+    """The workspace's runs, newest first."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    if mine:
+        me = _me(api)
+        if not me or not me.get("username"):
+            raise CliError(
+                "this portal does not say whose token this is (no /api/v1/me/); use "
+                "--submitter USER instead of --mine.",
+                EXIT_USAGE,
+            )
+        submitter = str(me["username"])
+    rows: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"name": name, "submitter": submitter, "limit": min(limit, 200)}
+    if states:
+        params["state"] = list(states)
+    for row in api.pages(run_path(ws), **params):
+        rows.append(row)
+        if len(rows) >= limit:
+            break
+    if as_json:
+        print_json(rows)
+        return EXIT_OK
+    _runs_table(rows, title=f"Runs in {ws}")
+    return EXIT_OK
+
+
+def _runs_table(rows: Sequence[dict[str, Any]], *, title: str, queue: bool = False) -> None:
+    if not rows:
+        out.print(f"{title}: none.")
+        return
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    columns = (
+        ["#", "name", "state", "priority", "submitted by", "reason"]
+        if queue
+        else [
+            "name",
+            "state",
+            "attempts",
+            "submitted by",
+            "created",
+            "finished",
+        ]
+    )
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        if queue:
+            cells = [
+                str(row.get("queue_position") or "-"),
+                row["name"],
+                row["state"],
+                str(row.get("priority") or "-"),
+                str(row.get("submitted_by") or "-"),
+                str(row.get("state_reason") or ""),
+            ]
+        else:
+            cells = [
+                row["name"],
+                row["state"],
+                str(row.get("attempt_count", "")),
+                str(row.get("submitted_by") or "-"),
+                short_time(row.get("created_at")),
+                short_time(row.get("finished_at")),
+            ]
+        table.add_row(*cells)
+    out.print(table)
+
+
+def _act(ctx: click.Context, name: str, workspace: str | None, action: str, body: Any) -> Any:
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    return ws, api, api.post(run_path(ws, name) + f"{action}/", body)
+
+
+@run_group.command("cancel")
+@click.argument("name")
+@workspace_option
+@json_option
+@click.pass_context
+def cancel_command(ctx: click.Context, name: str, workspace: str | None, as_json: bool) -> int:
+    """Cancel a run (its owner or a workspace admin)."""
+    _ws, _api, run = _act(ctx, name, workspace, "cancel", None)
+    if as_json:
+        print_json(run)
+    else:
+        out.print(f"{run['name']}: {run['state']}.")
+    return EXIT_OK
+
+
+@run_group.command("resume")
+@click.argument("name")
+@workspace_option
+@click.option("--checkpoint", type=int, metavar="ID", help="Resume from this checkpoint's id.")
+@click.option("--watch", is_flag=True, help="Then follow it until it ends.")
+@json_option
+@click.pass_context
+def resume_command(
+    ctx: click.Context,
+    name: str,
+    workspace: str | None,
+    checkpoint: int | None,
+    watch: bool,
+    as_json: bool,
+) -> int:
+    """Start a finished run again, from its newest checkpoint (or --checkpoint ID)."""
+    body = {} if checkpoint is None else {"checkpoint": checkpoint}
+    ws, api, run = _act(ctx, name, workspace, "resume", body)
+    if watch:
+        if not as_json:
+            out.print(f"Resumed {run['name']} (attempt {run['attempt_count']}).")
+        return watch_run(api, ws, run["name"], logs=not as_json, as_json=as_json)
+    if as_json:
+        print_json(run)
+    else:
+        out.print(f"Resumed {run['name']}: {run['state']} (attempt {run['attempt_count']}).")
+    return EXIT_OK
+
+
+@run_group.command("history")
+@click.argument("name")
+@workspace_option
+@json_option
+@click.pass_context
+def history_command(ctx: click.Context, name: str, workspace: str | None, as_json: bool) -> int:
+    """A run's events, oldest first (every state change, with its reason)."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    path = run_path(ws, name) + "events/"
+    events: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        response = api.request("GET", path, params={"after": after})
+        page = response.json()
+        events.extend(page)
+        if not page or "next" not in response.headers.get("Link", ""):
+            break
+        after = int(page[-1]["seq"])
+    if as_json:
+        print_json(events)
+        return EXIT_OK
+    for event in events:
+        change = ""
+        if event.get("new_state"):
+            change = f"{event.get('old_state') or '-'} → {event['new_state']}  "
+        out.print(
+            f"{event['seq']:>4}  {short_time(event['time'])}  {event['kind']:<20} {change}"
+            f"{event.get('message') or ''}",
+            markup=False,
+        )
+    return EXIT_OK
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float], width: int = 24) -> str:
+    if not values:
+        return ""
+    if len(values) > width:
+        stride = len(values) / width
+        values = [values[int(index * stride)] for index in range(width - 1)] + [values[-1]]
+    low, high = min(values), max(values)
+    spread = (high - low) or 1.0
+    return "".join(SPARKS[int((value - low) / spread * (len(SPARKS) - 1))] for value in values)
+
+
+@run_group.command("metrics")
+@click.argument("name")
+@workspace_option
+@click.option("--key", "keys", multiple=True, metavar="K", help="Only this metric (repeatable).")
+@json_option
+@click.pass_context
+def metrics_command(
+    ctx: click.Context, name: str, workspace: str | None, keys: tuple[str, ...], as_json: bool
+) -> int:
+    """A run's metrics: last, lowest and highest value of each, with a sparkline."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    answer = api.get(run_path(ws, name) + "metrics/", keys=",".join(keys) or None)
+    series: dict[str, list[list[float]]] = answer.get("series") or {}
+    missing = [key for key in keys if key not in series]
+    if as_json:
+        print_json(answer)
+        return EXIT_NOT_FOUND if missing else EXIT_OK
+    if missing:
+        raise CliError(
+            f"no metric {', '.join(missing)}; this run has: {', '.join(answer['keys']) or 'none'}",
+            EXIT_NOT_FOUND,
+        )
+    if not series:
+        out.print(f"{name}: no metrics yet.")
+        return EXIT_OK
+    table = Table(box=None, pad_edge=False)
+    for column in ("metric", "points", "last step", "last", "min", "max", "trend"):
+        table.add_column(column)
+    for key, points in series.items():
+        values = [float(point[1]) for point in points]
+        table.add_row(
+            key,
+            str(len(points)),
+            f"{points[-1][0]:g}" if points else "-",
+            f"{values[-1]:.6g}" if values else "-",
+            f"{min(values):.6g}" if values else "-",
+            f"{max(values):.6g}" if values else "-",
+            sparkline(values),
+        )
+    out.print(table)
+    return EXIT_OK
+
+
+# --- queue and workspaces ----------------------------------------------------------------
+
+
+@cli.command("queue")
+@click.argument("workspace", required=False, metavar="[WS]")
+@json_option
+@click.pass_context
+def queue_command(ctx: click.Context, workspace: str | None, as_json: bool) -> int:
+    """The runs waiting in a workspace, in queue order, with why they wait."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    rows = list(api.pages(run_path(ws), state=list(WAITING_STATES), limit=200))
+    rows.sort(key=lambda row: (row.get("queue_position") or 10**9, row.get("created_at") or ""))
+    if as_json:
+        print_json(rows)
+    else:
+        _runs_table(rows, title=f"Waiting in {ws}", queue=True)
+    return EXIT_OK
+
+
+@cli.group("workspace")
+def workspace_group() -> None:
+    """Your workspaces, their settings and quotas."""
+
+
+@workspace_group.command("list")
+@json_option
+@click.pass_context
+def workspace_list(ctx: click.Context, as_json: bool) -> int:
+    """The workspaces this token reaches, with your role in each."""
+    rows = state_of(ctx).api().get("/api/v1/workspaces/")
+    if as_json:
+        print_json(rows)
+        return EXIT_OK
+    table = Table(box=None, pad_edge=False)
+    for column in ("workspace", "name", "role", "members", "GPU quota"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["slug"],
+            str(row.get("name") or ""),
+            str(row.get("role") or "staff"),
+            str(row.get("member_count", "")),
+            str(row.get("gpu_quota", "")),
+        )
+    out.print(table)
+    return EXIT_OK
+
+
+@workspace_group.command("show")
+@click.argument("workspace", required=False, metavar="[WS]")
+@json_option
+@click.pass_context
+def workspace_show(ctx: click.Context, workspace: str | None, as_json: bool) -> int:
+    """One workspace's settings."""
+    state = state_of(ctx)
+    row = state.api().get(workspace_path(state.workspace_for(workspace)))
+    if as_json:
+        print_json(row)
+        return EXIT_OK
+    for key, value in row.items():
+        if isinstance(value, list):
+            value = ", ".join(str(item) for item in value)
+        out.print(f"{key + ':':20} {value if value not in (None, '') else '-'}", markup=False)
+    return EXIT_OK
+
+
+@workspace_group.command("quota")
+@click.argument("workspace", required=False, metavar="[WS]")
+@json_option
+@click.pass_context
+def workspace_quota(ctx: click.Context, workspace: str | None, as_json: bool) -> int:
+    """A workspace's quotas per flavor and resource."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    rows = state.api().get(workspace_path(ws) + "quota/")
+    if as_json:
+        print_json(rows)
+        return EXIT_OK
+    if not rows:
+        out.print(f"{ws}: no quotas set.")
+        return EXIT_OK
+    table = Table(box=None, pad_edge=False)
+    columns = list(rows[0].keys())
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(row.get(column, "")) for column in columns))
+    out.print(table)
+    return EXIT_OK
+
+
+# --- short aliases ------------------------------------------------------------------------
+
+for _alias, _command in (
+    ("status", status_command),
+    ("logs", logs_command),
+    ("list", list_command),
+    ("cancel", cancel_command),
+    ("resume", resume_command),
+    ("history", history_command),
+    ("metrics", metrics_command),
+    ("validate", validate_command),
+):
+    cli.add_command(_command, _alias)
