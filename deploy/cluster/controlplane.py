@@ -58,7 +58,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import yaml
 from cryptography import x509
@@ -96,6 +96,12 @@ PROCESSES = (
     "kuberay-operator",
     "kwok",
 )
+
+# How the components are started (their flags, mounts, files), recorded in state.json: `up`
+# restarts a running control plane of another revision instead of reusing it. Bump it with
+# every such change. 2: the KubeRay operator's own hosts file; the API server enforces
+# owner-reference permissions (OwnerReferencesPermissionEnforcement), as OpenShift does.
+LAUNCH_REVISION: Final = 2
 
 # Port names recorded in state.json. Every one of them is bound on 127.0.0.1 only.
 PORT_NAMES = (
@@ -1487,12 +1493,15 @@ def up(
     state = state_dir()
     with file_lock(state.parent / f".{state.name}.lock"):
         existing = cluster_status(state)
-        current = operator_hosts_file(state).is_file()  # absent: started by an older version
-        if existing["ready"] and current:
+        revision = (load_state(state) or {}).get("launch_revision")
+        if existing["ready"] and revision == LAUNCH_REVISION:
             log(f"already up (state in {state}); reusing it")
             return existing
         if existing["ready"]:
-            log("a running control plane predates the KubeRay operator's hosts file: restarting")
+            log(
+                f"a running control plane was started another way (launch revision {revision}, "
+                f"now {LAUNCH_REVISION}): restarting it"
+            )
             _down(state)
         elif load_state(state) is not None or owned_pids(state):
             log("a previous control plane is incomplete or unhealthy: stopping it first")
@@ -1569,6 +1578,7 @@ class Launch:
         self.record: dict[str, Any] = {
             "ports": self.ports,
             "versions": dict(versions),
+            "launch_revision": LAUNCH_REVISION,
             "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         }
         self.visibility_apiservices: list[str] = []
@@ -1644,6 +1654,10 @@ class Launch:
                 # The `kubernetes` Service's Endpoints may not point at a loopback address.
                 "--endpoint-reconciler-type=none",
                 "--authorization-mode=Node,RBAC",
+                # Setting blockOwnerDeletion needs `update` on the owner's finalizers (the run's
+                # Secret owned by its Job or RayJob): on here so the shipped role is tested for
+                # it, as some distributions (OpenShift) enforce it.
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
                 "--allow-privileged=true",
                 # Front proxy: lets the aggregator reach Kueue's visibility API server.
                 f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",

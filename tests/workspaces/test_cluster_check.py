@@ -862,9 +862,79 @@ def ray_job(name: str, namespace: str, queue: str, priority: str) -> dict[str, A
     }
 
 
+def owned_secret(name: str, namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
+    """A run token Secret as the backend makes it: owned by the workload, blocking its
+    deletion until the Secret is gone."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "ownerReferences": [
+                {
+                    "apiVersion": owner["apiVersion"],
+                    "kind": owner["kind"],
+                    "name": owner["metadata"]["name"],
+                    "uid": owner["metadata"]["uid"],
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "type": "Opaque",
+        "stringData": {"token": "t0k3n"},
+    }
+
+
+def identity_without_finalizers(kube: Kube, cluster: KubeCluster, namespace: str) -> KubeClient:
+    """A ServiceAccount that may create Secrets and read Jobs in ``namespace``, nothing more."""
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "no-finalizers", "namespace": namespace},
+        }
+    )
+    kube.create(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "no-finalizers", "namespace": namespace},
+            "rules": [
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+                {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]},
+            ],
+        }
+    )
+    kube.create(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "no-finalizers", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "no-finalizers",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "no-finalizers", "namespace": namespace}
+            ],
+        }
+    )
+    user = f"system:serviceaccount:{namespace}:no-finalizers"
+    client = KubeClient(new_api_client(cluster.kubeconfig, impersonate_user=user))
+    wait_until(
+        "the binding to be in force",
+        lambda: True if client.can_i("create", "secrets", namespace=namespace).allowed else None,
+        timeout=30,
+        interval=0.2,
+    )
+    return client
+
+
 @pytest.mark.cluster
 def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
-    portal_sa: PortalIdentity, kube: Kube, tmp_path: Path
+    portal_sa: PortalIdentity, kube: Kube, kube_cluster: KubeCluster, tmp_path: Path
 ) -> None:
     as_portal = AsPortal(portal_sa.client)
     sa = portal_sa.client
@@ -1009,6 +1079,24 @@ def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
         )
         as_portal.did("ray.io", "rayjobs", "patch")
         as_portal.read_all("ray.io/v1", "RayJob", "ray.io", "rayjobs", "run-2", workspace)
+
+        # -- each run's token Secret owned by its workload, blocking its deletion: the API
+        # server here enforces owner-reference permissions (as OpenShift does), which asks for
+        # `update` on the owner's finalizers; without it the same Secret is refused.
+        owners = {
+            "jobs": sa.get("batch/v1", "Job", "run-1", workspace),
+            "rayjobs": sa.get("ray.io/v1", "RayJob", "run-2", workspace),
+        }
+        for plural, owner in owners.items():
+            sa.create(owned_secret(f"{plural}-token", workspace, owner))
+            as_portal.did(owner["apiVersion"].split("/")[0], f"{plural}/finalizers", "update")
+        lacking = identity_without_finalizers(kube, kube_cluster, workspace)
+        try:
+            with pytest.raises(adapter.Forbidden) as refused:
+                lacking.create(owned_secret("refused-token", workspace, owners["jobs"]))
+            assert "blockOwnerDeletion" in refused.value.message
+        finally:
+            lacking.close()
 
         # -- Kueue's view: Workloads, and positions from the visibility API ---------------------
         workloads = wait_until(
