@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -172,7 +173,20 @@ def test_tau_from_login_to_resume(world: Any, portal: Portal, tmp_path: Path) ->
         )
         try:
             _wait_for_state(tau, "cli-slow", {"running"})
+            # Ctrl-C stops watching (exit 130), never the run.
+            watcher = subprocess.Popen(
+                [str(TAU), "run", "status", "cli-slow", "--watch"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=tau.env,
+            )
             time.sleep(2)
+            watcher.send_signal(signal.SIGINT)
+            _watched_out, watched_err = watcher.communicate(timeout=30)
+            assert watcher.returncode == 130, watched_err
+            assert "cli-slow goes on" in watched_err
+            assert tau.json("run", "status", "cli-slow")["state"] == "running"
             assert follower.poll() is None, "logs -f ended while the run was running"
             cancelled = tau.json("run", "cancel", "cli-slow")
             assert cancelled["state"] in {"cancelling", "cancelled"}

@@ -7,10 +7,12 @@ import json
 import stat
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tau.cli import main
 from tau.cli.bundle import Ignore, project_files
+from tau.cli.client import Api, CliError, _verify
 from tau.cli.commands import apply_settings, sparkline
 from tau.cli.config import Profile, load_profile, read_config, save_profile
 from tau.spec import load_spec
@@ -144,3 +146,17 @@ def test_completion_scripts(capsys: pytest.CaptureFixture[str]) -> None:
 def test_sparkline() -> None:
     assert sparkline([1, 2, 3]) == "▁▄█"
     assert len(sparkline([float(i) for i in range(1000)])) == 24
+
+
+def test_a_private_ca_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ssl
+
+    import certifi
+
+    monkeypatch.setenv("TAU_CA_BUNDLE", certifi.where())
+    assert isinstance(Api("https://tau.example.org", "t").http, httpx.Client)
+    assert isinstance(_verify(), ssl.SSLContext)
+    monkeypatch.setenv("TAU_CA_BUNDLE", str(tmp_path / "missing.pem"))
+    with pytest.raises(CliError) as refused:
+        _verify()
+    assert refused.value.code == 2
