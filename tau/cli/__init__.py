@@ -6,6 +6,7 @@ Only the client's dependencies (httpx, Click, Rich, PyYAML): installed without t
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -26,6 +27,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     wants_json = "--json" in arguments
     try:
         result = cli.main(arguments, prog_name="tau", standalone_mode=False)
+    except BrokenPipeError:
+        # `tau run logs NAME | head`: the reader has gone; say nothing more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except click.exceptions.Abort:
         click.echo("tau: interrupted.", err=True)
         return _finish(EXIT_INTERRUPTED)

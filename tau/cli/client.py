@@ -101,11 +101,21 @@ class Api:
         status = response.status_code
         if status < 400:
             return
-        try:
-            body: Any = response.json()
-        except ValueError:
+        body: Any = None
+        media_type = response.headers.get("Content-Type", "")
+        if "json" in media_type:
+            try:
+                body = response.json()
+            except ValueError:
+                body = None
+        elif media_type.startswith("text/plain"):
             body = response.text.strip()[:500]
-        said = _problem_text(body)
+        said = _problem_text(body) if body else ""
+        if status == 404 and not said:
+            raise CliError(
+                f"not found: {response.request.url.path} (is {self.url} a TauGrid portal?)",
+                EXIT_NOT_FOUND,
+            )
         if status == 401:
             raise CliError(
                 f"the portal refused the token ({said or 'not authenticated'}). "
@@ -123,12 +133,24 @@ class Api:
             )
         raise CliError(f"the portal answered {status}: {said}", EXIT_FAILED, details=body)
 
+    def json_of(self, response: httpx.Response) -> Any:
+        """The answer's JSON; a page that is not JSON means the URL is not a TauGrid API."""
+        try:
+            return response.json()
+        except ValueError:
+            where = response.headers.get("Location")
+            moved = f" (it redirects to {where})" if where else ""
+            raise CliError(
+                f"{self.url} did not answer like a TauGrid portal{moved}: check the URL "
+                "(`tau login --url …`, TAU_URL).",
+            ) from None
+
     def get(self, path: str, **params: Any) -> Any:
         clean = {key: value for key, value in params.items() if value is not None}
-        return self.request("GET", path, params=clean).json()
+        return self.json_of(self.request("GET", path, params=clean))
 
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        return self.request("POST", path, json=body or {}).json()
+        return self.json_of(self.request("POST", path, json=body or {}))
 
     def pages(self, path: str, **params: Any) -> Iterator[dict[str, Any]]:
         """Every row of a cursor-paginated list (``results`` and ``next``)."""
@@ -141,7 +163,7 @@ class Api:
             following = page.get("next")
             if not following:
                 return
-            page = self.request("GET", following).json()
+            page = self.json_of(self.request("GET", following))
 
 
 def run_path(workspace: str, name: str | None = None) -> str:

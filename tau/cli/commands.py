@@ -604,14 +604,14 @@ def submit(
             except Exception as error:
                 raise CliError(f"the upload to {api.url} failed: {error}") from None
     if response.status_code == 400:
-        answer = response.json()
-        if answer.get("problems"):
+        answer = api.json_of(response)
+        if isinstance(answer, dict) and answer.get("problems"):
             report_problems(str(config), answer["problems"], as_json)
             if not as_json:
                 err.print(f"The run was not submitted: {answer.get('detail', '')}", markup=False)
             return EXIT_USAGE
     api.check(response)
-    run = response.json()
+    run = api.json_of(response)
     link = api.url + run["url"] if str(run.get("url", "")).startswith("/") else run.get("url")
     if not watch:
         if as_json:
@@ -1078,7 +1078,7 @@ def history_command(ctx: click.Context, name: str, workspace: str | None, as_jso
     after = 0
     while True:
         response = api.request("GET", path, params={"after": after})
-        page = response.json()
+        page = api.json_of(response)
         events.extend(page)
         if not page or "next" not in response.headers.get("Link", ""):
             break

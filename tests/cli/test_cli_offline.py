@@ -160,3 +160,30 @@ def test_a_private_ca_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(CliError) as refused:
         _verify()
     assert refused.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code", "said"),
+    [
+        (401, {"detail": "Invalid token."}, 3, "tau login"),
+        (403, {"detail": "This needs the researcher role here."}, 3, "researcher role"),
+        (404, {"detail": "No such run."}, 4, "No such run."),
+        (404, "<html>nginx</html>", 4, "a TauGrid portal?"),
+        (400, {"state": ["one of: pending"]}, 2, "state: one of: pending"),
+        (409, {"detail": "The run has already finished."}, 1, "already finished"),
+        (500, "<html>oops</html>", 1, "answered 500"),
+        (200, "<html>a login page</html>", 1, "did not answer like a TauGrid portal"),
+    ],
+)
+def test_answers_become_exit_codes(status: int, body: object, code: int, said: str) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if isinstance(body, str):
+            return httpx.Response(status, text=body, headers={"Content-Type": "text/html"})
+        return httpx.Response(status, json=body)
+
+    api = Api("https://tau.example.org", "tau_token")
+    api.http = httpx.Client(base_url=api.url, transport=httpx.MockTransport(answer))
+    with pytest.raises(CliError) as refused:
+        api.get("/api/v1/workspaces/alpha/runs/x/")
+    assert refused.value.code == code
+    assert said in str(refused.value)
