@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import click
 import yaml
@@ -70,7 +71,8 @@ RUN_STATES = (
 )
 POLL_SECONDS = 1.0
 
-out = Console(highlight=False, soft_wrap=True)
+# In a pipe, lines as long as they are (Rich would fold tables at 80 columns).
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1000)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -151,6 +153,11 @@ def workspace_option(function: F) -> F:
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def run_page(api: Api, workspace: str, name: str) -> str:
+    """The run's page on the portal (the API's ``url`` is the API's own)."""
+    return f"{api.url}/w/{quote(workspace, safe='')}/runs/{quote(name, safe='')}/"
 
 
 def short_time(value: str | None) -> str:
@@ -612,7 +619,7 @@ def submit(
             return EXIT_USAGE
     api.check(response)
     run = api.json_of(response)
-    link = api.url + run["url"] if str(run.get("url", "")).startswith("/") else run.get("url")
+    link = run_page(api, workspace, run["name"])
     if not watch:
         if as_json:
             print_json({**run, "web_url": link})
@@ -802,7 +809,7 @@ def _newest_local_spec_name() -> str | None:
     return spec.name if spec is not None else None
 
 
-def _run_summary(run: dict[str, Any], api: Api) -> None:
+def _run_summary(run: dict[str, Any], api: Api, workspace: str) -> None:
     out.print(f"{run['name']}  {run['state']}", markup=False)
     rows = [
         ("spec", run.get("spec_name")),
@@ -816,7 +823,7 @@ def _run_summary(run: dict[str, Any], api: Api) -> None:
         ("created", short_time(run.get("created_at"))),
         ("started", short_time(run.get("started_at"))),
         ("finished", short_time(run.get("finished_at"))),
-        ("url", api.url + run["url"] if str(run.get("url", "")).startswith("/") else None),
+        ("page", run_page(api, workspace, run["name"])),
     ]
     for label, value in rows:
         if value not in (None, "", "-"):
@@ -851,7 +858,7 @@ def status_command(
     if as_json:
         print_json(run)
     else:
-        _run_summary(run, api)
+        _run_summary(run, api, ws)
     return EXIT_OK
 
 
@@ -968,6 +975,10 @@ def list_command(
         return EXIT_OK
     _runs_table(rows, title=f"Runs in {ws}")
     return EXIT_OK
+
+
+def _cell(value: Any) -> str:
+    return "-" if value in (None, "") else str(value)
 
 
 def _runs_table(rows: Sequence[dict[str, Any]], *, title: str, queue: bool = False) -> None:
@@ -1245,7 +1256,7 @@ def workspace_quota(ctx: click.Context, workspace: str | None, as_json: bool) ->
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*(str(row.get(column, "")) for column in columns))
+        table.add_row(*(_cell(row.get(column)) for column in columns))
     out.print(table)
     return EXIT_OK
 
