@@ -726,6 +726,8 @@ class LogFollower:
     path: str
     attempt: int | None = None
     offset: int = 0
+    #: Whether the attempt read last has ended and its log was read to the end.
+    complete: bool = False
 
     def read(self, *, attempt_count: int) -> str:
         texts = []
@@ -742,6 +744,9 @@ class LogFollower:
                 texts.append(chunk["text"])
             moved = chunk["next_offset"] != self.offset
             self.offset = int(chunk["next_offset"])
+            self.complete = bool(chunk.get("complete")) and self.offset >= int(
+                chunk.get("size") or 0
+            )
             if moved and self.offset < int(chunk.get("size") or 0):
                 continue
             if chunk.get("complete") and self.attempt < attempt_count:
@@ -897,6 +902,8 @@ def logs_command(
                     sys.stdout.flush()
                 if run["state"] in TERMINAL_STATES and not text:
                     return EXIT_OK if run["state"] == "succeeded" else EXIT_FAILED
+                if attempt is not None and follower.complete and not text:
+                    return EXIT_OK  # the attempt asked for has ended; the run goes on
                 if not text:
                     time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
