@@ -904,7 +904,7 @@ def test_the_backend_works_as_the_serviceaccount_bound_to_the_shipped_role(
             },
         }
     )
-    spec = job_spec("kb-sa", extra="").replace(b"  memory: 1Gi\n", b"  memory: 1Gi\n  workers: 2\n")
+    spec = job_spec("kb-sa", workers=2)
     kube_backend.forget_nodes()
     from tau.spec import load_spec
 
