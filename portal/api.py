@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions, serializers
@@ -98,12 +99,21 @@ class BoundedJSONParser(JSONParser):
         return data
 
 
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """The site's 404 (``handler404``): under ``/api/`` the API's own ``{"detail": "…"}`` as
+    JSON, as its schema documents, also for an address no route matches (a workspace slug
+    with a character a slug cannot hold); elsewhere the HTML page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return defaults.page_not_found(request, exception)
+
+
 # --- The schema ------------------------------------------------------------------------------
 
 
 class ErrorSerializer(serializers.Serializer[Any]):
     """How the API says no: ``{"detail": "…"}`` (DRF's answer for 401, 403, 404, 405, 409,
-    413 and 429)."""
+    413, 415 and 429)."""
 
     detail = serializers.CharField(read_only=True, help_text="What went wrong, in words.")
 
@@ -127,6 +137,7 @@ REFUSAL_WORDS = {
     404: "No such workspace (one the caller may not see looks the same), or no such object in it.",
     409: "Not possible in the run's present state.",
     413: "The body declares more than this route accepts; none of it was read.",
+    415: "The body is not of a media type this route reads (the request body says which).",
     429: "Too many failed token checks from this address or for this token key within the "
     "window; `Retry-After` says when to try again. A token that verifies is never refused.",
 }

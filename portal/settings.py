@@ -454,6 +454,11 @@ SPECTACULAR_SETTINGS = {
         "identity.tokens.TokenScopePermission",
     ],
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    # What Django's converters match, so that a client is told which names can exist.
+    "PATH_CONVERTER_OVERRIDES": {
+        "slug": {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"},
+        "str": {"type": "string", "pattern": "^[^/]+$"},
+    },
     "ENUM_NAME_OVERRIDES": {
         "RunStateEnum": "runs.models.RunState",
         "AttemptStateEnum": "runs.models.RunAttempt.State",

@@ -431,6 +431,11 @@ def runs_bad_state(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
 
 
 @call("GET", f"{WS}/runs/", 400)
+def runs_bad_limit(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{API}/alpha/runs/", {"limit": "many"})
+
+
+@call("GET", f"{WS}/runs/", 404)
 def runs_bad_cursor(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world, "viewer").get(f"{API}/alpha/runs/", {"cursor": "cD1ub3QtYS10aW1l"})
 
@@ -449,6 +454,15 @@ def submit_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world).post(
         f"{API}/alpha/runs/",
         {"spec": SimpleUploadedFile("tau.yaml", b"schema_version: 1\nname: Bad_Name\n")},
+        format="multipart",
+    )
+
+
+@call("POST", f"{WS}/runs/", 201)
+def submit_spec_as_text(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(
+        f"{API}/alpha/runs/",
+        {"spec": TINY_SPEC.replace(b"main.py", b"echo hi").decode()},
         format="multipart",
     )
 
@@ -518,7 +532,14 @@ def resume_live(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world).post(run_path(make_run(world).name, "resume/"), {}, format="json")
 
 
-@call("POST", f"{RUN}/resume/", 400)
+@call("POST", f"{RUN}/resume/", 415)
+def resume_with_a_form(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(
+        run_path(finished_run(world).name, "resume/"), {"checkpoint": "1"}, format="multipart"
+    )
+
+
+@call("POST", f"{RUN}/resume/", 404)
 def resume_from_no_checkpoint(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world).post(
         run_path(finished_run(world).name, "resume/"), {"checkpoint": 999999}, format="json"

@@ -77,10 +77,11 @@ def cursor(position: str) -> str:
         "é",
     ],
 )
-def test_an_api_cursor_that_is_no_time_is_a_400(world: Any, value: str) -> None:
+def test_an_api_cursor_that_is_no_time_is_a_404(world: Any, value: str) -> None:
+    """It names no page (DRF's answer to a cursor it cannot decode, too)."""
     response = world.api_client_for("researcher").get(RUNS, {"cursor": value})
-    assert response.status_code == 400
-    assert "Not a cursor this API gave out" in response.json()["cursor"][0]
+    assert response.status_code == 404
+    assert "Not a cursor this API gave out" in response.json()["detail"]
 
 
 def test_a_cursor_the_api_gave_out_still_works(world: Any) -> None:

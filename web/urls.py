@@ -31,6 +31,9 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("", include("runs.urls")),
 ]
 
+# Under /api/ a 404 is JSON, as the schema says, also where no route matches.
+handler404 = "portal.api.not_found"
+
 urlpatterns: list[URLPattern | URLResolver] = [
     path("", views.HomeView.as_view(), name="home"),
     path("healthz", health.healthz, name="healthz"),

@@ -3,8 +3,9 @@
 browser tests, bubblewrap (the local executor's sandbox; its tests never skip), npm
 packages (the test OpenID provider, axe-core), and a pinned Ray in its own cached venv (the
 real Ray dashboard KubeRay's operator polls in tests/runs/test_kube_rayjob_ray.py;
-deploy/dev/ray_head.py). Idempotent and quick when everything is already there. Standard
-library only.
+deploy/dev/ray_head.py), and a pinned schemathesis in its own cached venv (the outside client
+of tests/test_api_contract.py; deploy/dev/schemathesis_venv.py). Idempotent and quick when
+everything is already there. Standard library only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 # The sibling script that installs and runs the test services knows how to install packages.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ray_head import ensure_ray
+from schemathesis_venv import ensure_schemathesis
 from test_services import apt_install
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +75,7 @@ def main() -> int:
     ensure_bubblewrap()
     ensure_node_packages()
     ensure_ray()
+    ensure_schemathesis()
     return 0
 
 

@@ -25,7 +25,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import exceptions, status
 from rest_framework.decorators import action
 from rest_framework.pagination import Cursor, CursorPagination
-from rest_framework.parsers import MultiPartParser
+from rest_framework.parsers import BaseParser, MultiPartParser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -88,22 +88,40 @@ REPORTS_429 = (
 )
 
 
+#: A pod's name (a DNS-1123 subdomain).
+_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
 class RunCursorPagination(CursorPagination):
+    """The runs list's pages: ``limit`` (1 to 200) runs each, ``cursor`` one this API gave
+    out in ``next``/``previous``. A ``limit`` that is not such a number is a 400; a cursor
+    this API did not give out names no page: a 404, as DRF answers an invalid cursor."""
+
     ordering = ("-created_at", "-id")
     page_size = 50
     max_page_size = 200
     page_size_query_param = "limit"
+    invalid_cursor_message = "Not a cursor this API gave out; start again from the first page."
+
+    def get_page_size(self, request: Request) -> int:
+        given = request.query_params.getlist(self.page_size_query_param)
+        if not given:
+            return self.page_size
+        try:
+            size = int(given[-1])
+        except ValueError:
+            size = 0
+        if len(given) > 1 or not 1 <= size <= self.max_page_size:
+            raise exceptions.ValidationError(
+                {"limit": [f"must be one whole number from 1 to {self.max_page_size}"]}
+            )
+        return size
 
     def decode_cursor(self, request: Request) -> Cursor | None:
-        """The cursor, or a 400 when it is not one this API gave out: DRF checks how it is
+        """The cursor, or a 404 when it is not one this API gave out: DRF checks how it is
         encoded, not that its position is a time, and the database would be asked with it."""
-        refused = exceptions.ValidationError(
-            {"cursor": ["Not a cursor this API gave out; start again from the first page."]}
-        )
-        try:
-            cursor = super().decode_cursor(request)
-        except exceptions.NotFound:
-            raise refused from None
+        refused = exceptions.NotFound(self.invalid_cursor_message)
+        cursor = super().decode_cursor(request)
         if cursor is not None and cursor.position is not None:
             try:
                 position = parse_datetime(str(cursor.position))
@@ -113,6 +131,25 @@ class RunCursorPagination(CursorPagination):
             except (ValueError, OverflowError):
                 raise refused from None
         return cursor
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": self.cursor_query_param,
+                "required": False,
+                "in": "query",
+                "description": "Where to continue: the `cursor` of a `next` or `previous` "
+                "link of an earlier page (any other value is a 404).",
+                "schema": {"type": "string"},
+            },
+            {
+                "name": self.page_size_query_param,
+                "required": False,
+                "in": "query",
+                "description": f"Runs per page (default {self.page_size}).",
+                "schema": {"type": "integer", "minimum": 1, "maximum": self.max_page_size},
+            },
+        ]
 
 
 class PlainTextRenderer(BaseRenderer):
@@ -158,6 +195,14 @@ class RunViewSet(WorkspaceScopedViewSet):
         classes = getattr(handler, "kwargs", {}).get("renderer_classes")
         return [renderer() for renderer in classes] if classes else super().get_renderers()
 
+    def get_parsers(self) -> list[BaseParser]:
+        # Only a submission carries files; resume takes JSON alone, so that a form it could
+        # not read is a 415, not a resume with nothing asked.
+        # (Asked before DRF sets self.action; the resume route maps only POST to resume.)
+        if getattr(self, "action_map", {}).get("post") == "resume":
+            return [BoundedJSONParser()]
+        return super().get_parsers()
+
     def get_object(self) -> Run:
         try:
             return selectors.resolve_run(self.workspace, self.kwargs["run_name"])
@@ -180,7 +225,13 @@ class RunViewSet(WorkspaceScopedViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("state", str, many=True, description="Only runs in these states."),
+            OpenApiParameter(
+                "state",
+                str,
+                many=True,
+                enum=RunState.values,
+                description="Only runs in these states.",
+            ),
             OpenApiParameter("name", str, description="A spec name or run name."),
             OpenApiParameter("submitter", str, description="Username of who submitted."),
         ],
@@ -198,7 +249,8 @@ class RunViewSet(WorkspaceScopedViewSet):
         return self.get_paginated_response(summaries.data)
 
     @extend_schema(
-        request=SubmitSerializer,
+        # Files only: a JSON body cannot carry them.
+        request={"multipart/form-data": SubmitSerializer},
         responses={
             201: RunDetailSerializer,
             **refusals(
@@ -213,18 +265,12 @@ class RunViewSet(WorkspaceScopedViewSet):
         },
     )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        spec_file = request.FILES.get("spec")
-        if spec_file is None:
-            raise exceptions.ValidationError(
-                {"spec": ["Attach the tau.yaml as the file field 'spec'."]}
-            )
-        if spec_file.size and spec_file.size > submission.MAX_SPEC_BYTES:
-            raise exceptions.ValidationError({"spec": ["tau.yaml is too large (256 KiB at most)."]})
+        spec_source = _spec_source(request)
         try:
             run = submission.submit(
                 workspace=self.workspace,
                 user=signed_in_user(request),
-                spec_source=spec_file.read(),
+                spec_source=spec_source,
                 bundle=request.FILES.get("bundle"),
             )
         except submission.SubmissionRefused as exc:
@@ -278,8 +324,11 @@ class RunViewSet(WorkspaceScopedViewSet):
         return Response(self._detail(run))
 
     @extend_schema(
-        request=ResumeSerializer,
-        responses={200: RunDetailSerializer, **refusals(400, 409, 413)},
+        request={"application/json": ResumeSerializer},
+        responses={
+            200: RunDetailSerializer,
+            **refusals(400, 409, 413, 415, words={404: "Also: the run has no such checkpoint."}),
+        },
     )
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -295,9 +344,7 @@ class RunViewSet(WorkspaceScopedViewSet):
                 .first()
             )
             if checkpoint is None:
-                raise exceptions.ValidationError(
-                    {"checkpoint": ["No such checkpoint of this run."]}
-                )
+                raise exceptions.NotFound("No such checkpoint of this run.")
         try:
             lifecycle.resume_run(run=run, user=signed_in_user(request), checkpoint=checkpoint)
         except state.RunActionRefused as exc:
@@ -307,11 +354,13 @@ class RunViewSet(WorkspaceScopedViewSet):
     @extend_schema(
         parameters=[
             OpenApiParameter(
-                "after", int, description="Only events after this `seq` (default: from the first)."
+                "after",
+                {"type": "integer", "minimum": 0},
+                description="Only events after this `seq` (default: from the first).",
             ),
             OpenApiParameter(
                 "limit",
-                int,
+                {"type": "integer", "minimum": 1},
                 description=f"The most events to return (1 to {MAX_EVENTS_PER_PAGE}, the "
                 "default). A page also ends before it would carry more than "
                 f"{MAX_EVENT_PAGE_BYTES // 1024} KiB of messages and data.",
@@ -370,16 +419,28 @@ class RunViewSet(WorkspaceScopedViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("attempt", int, description="Attempt number; default the newest."),
+            OpenApiParameter(
+                "attempt",
+                {"type": "integer", "minimum": 0},
+                description="Attempt number; default the newest.",
+            ),
             OpenApiParameter(
                 "pod",
-                str,
+                {"type": "string", "pattern": f"^({_POD_NAME.pattern})?$"},
                 description="On Kubernetes, which of the attempt's pods (the answer's `pods` "
                 "lists them); default a RayJob's driver log (its submitter pod), a Job's first "
                 "worker.",
             ),
-            OpenApiParameter("tail", int, description="JSON: the last N lines (default 200)."),
-            OpenApiParameter("offset", int, description="JSON: bytes from this offset on."),
+            OpenApiParameter(
+                "tail",
+                {"type": "integer", "minimum": 0},
+                description="JSON: the last N lines (default 200, at most 10000).",
+            ),
+            OpenApiParameter(
+                "offset",
+                {"type": "integer", "minimum": 0},
+                description="JSON: bytes from this offset on.",
+            ),
             OpenApiParameter(
                 "format",
                 str,
@@ -433,7 +494,7 @@ class RunViewSet(WorkspaceScopedViewSet):
             OpenApiParameter("keys", str, description="Comma-separated metric names; default all."),
             OpenApiParameter(
                 "max_points",
-                int,
+                {"type": "integer", "minimum": 1},
                 description="The most points per series (1 to 5000, default 1000). A longer "
                 "series keeps its first and last point and the lowest and highest point of "
                 "equal step ranges between them. One answer holds at most "
@@ -472,15 +533,31 @@ class RunViewSet(WorkspaceScopedViewSet):
         return Response(CheckpointSerializer(rows, many=True).data)
 
 
+def _spec_source(request: Request) -> bytes:
+    """The tau.yaml of a submission: the ``spec`` part of the form, a file (``curl -F
+    spec=@tau.yaml``) or text (``curl -F spec=<tau.yaml``)."""
+    spec_file = request.FILES.get("spec")
+    if spec_file is not None:
+        if spec_file.size and spec_file.size > submission.MAX_SPEC_BYTES:
+            raise exceptions.ValidationError({"spec": ["tau.yaml is too large (256 KiB at most)."]})
+        source: bytes = spec_file.read()
+        return source
+    text = request.data.get("spec") if hasattr(request.data, "get") else None
+    if not isinstance(text, str) or not text:
+        raise exceptions.ValidationError(
+            {"spec": ["Attach the tau.yaml as the form field 'spec' (a file or text)."]}
+        )
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) > submission.MAX_SPEC_BYTES:
+        raise exceptions.ValidationError({"spec": ["tau.yaml is too large (256 KiB at most)."]})
+    return encoded
+
+
 def _text_param(params: Any, name: str) -> str:
     value = str(params.get(name) or "")
     if "\x00" in value:
         raise exceptions.ValidationError({name: ["must not contain NUL characters"]})
     return value
-
-
-#: A pod's name (a DNS-1123 subdomain).
-_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 def _pod_param(params: Any) -> str | None:

@@ -208,7 +208,8 @@ def test_resume_from_a_chosen_checkpoint(world: Any, settings: Any, tmp_path: Pa
     assert run.resume_from == early
     other = make_run(world, state=RunState.FAILED)
     wrong = client.post(run_url(other.name, "run-resume"), {"checkpoint": early.pk}, format="json")
-    assert wrong.status_code == 400
+    assert wrong.status_code == 404
+    assert wrong.json() == {"detail": "No such checkpoint of this run."}
 
 
 def test_logs_tail_and_follow(world: Any, tmp_path: Path) -> None:

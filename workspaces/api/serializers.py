@@ -13,7 +13,7 @@ from workspaces.models import Cohort, Membership, Role, Workspace, WorkspaceQuot
 
 class WorkspaceSerializer(serializers.ModelSerializer[Workspace]):
     cohort: serializers.SlugRelatedField[Cohort] = serializers.SlugRelatedField(
-        slug_field="name", read_only=True
+        slug_field="name", read_only=True, allow_null=True
     )
     role = serializers.SerializerMethodField(help_text="Your role here; null for platform staff.")
     member_count = serializers.IntegerField(read_only=True)

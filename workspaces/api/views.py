@@ -173,8 +173,11 @@ class MemberViewSet(WorkspaceScopedViewSet):
     )
     def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         membership = self.get_object()
-        payload = MemberUpdateSerializer(data=request.data)
+        # A partial update: without a role there is nothing to change.
+        payload = MemberUpdateSerializer(data=request.data, partial=True)
         payload.is_valid(raise_exception=True)
+        if "role" not in payload.validated_data:
+            return Response(MemberSerializer(membership).data)
         try:
             services.change_member_role(
                 membership=membership, role=Role(payload.validated_data["role"])

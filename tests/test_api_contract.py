@@ -1,0 +1,309 @@
+"""The published API contract, checked from outside as a client would: schemathesis (from
+PyPI, in its own cached venv, ``deploy/dev/schemathesis_venv.py``) against a live portal
+(gunicorn on the suite's PostgreSQL), with its default checks: no server error, no answer
+that violates the schema (status code, content type, headers, body), no schema-valid request
+refused, no schema-violating request accepted, no request accepted without credentials, no
+object of one workspace handed to a token of another.
+
+The tokens are the fixed cast's, one per role (``tests/conftest.py``): a researcher, a viewer
+and an admin of ``alpha``, the admin of ``beta`` (the ``outsider``), platform staff, and the
+run token of a run in ``alpha``. schemathesis tries them in that order per operation and keeps
+the first that an operation does not refuse (so each operation is exercised by the lowest
+role that may call it), and replays every successful read of one workspace's object with the
+other workspace's token (``peers``). Path parameters come from the objects that exist (both
+workspaces' slugs, runs and members, most of the time) so that operations reach their data.
+
+Bounded in time: ``MAX_EXAMPLES`` per operation and phase, one worker; about three minutes
+on two cores. ``test_a_token_never_reads_another_workspaces_objects`` walks every read
+operation with the other workspace's token and ids itself, as a floor under the fuzzer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from identity import tokens
+from runs import run_tokens, submission
+from runs.models import Checkpoint, MetricPoint, Run, RunAttempt, RunState
+from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
+from tests.runs.processes import Portal, portal_processes
+from workspaces.models import Membership, Role
+
+
+def ensure_schemathesis() -> Path:
+    """deploy/dev/schemathesis_venv.py's installer, loaded by path (deploy/ is no package)."""
+    script = Path(__file__).resolve().parents[1] / "deploy" / "dev" / "schemathesis_venv.py"
+    spec = importlib.util.spec_from_file_location("taugrid_schemathesis_venv", script)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Path(module.ensure_schemathesis())
+
+
+pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
+
+#: Test cases per operation in each generating phase (schemathesis' default is 100).
+MAX_EXAMPLES = 25
+#: The whole schemathesis run may take this long before the test fails.
+RUN_TIMEOUT_SECONDS = 420
+#: Who calls, in the order schemathesis tries them per operation (the lowest role first).
+IDENTITIES = ("viewer", "researcher", "workspace_admin", "outsider", "platform_admin", "run")
+
+
+@dataclass
+class Contract:
+    """The live portal, the plaintext tokens by identity, and what exists in each workspace."""
+
+    portal: Portal
+    tokens: dict[str, str]
+    alpha_runs: list[Run]
+    beta_runs: list[Run]
+    schema: dict[str, Any]
+
+
+def _submit(world: Any, workspace: Any, who: str, name: str) -> Run:
+    spec = TINY_SPEC.replace(b"name: tiny", f"name: {name}".encode())
+    return submission.submit(
+        workspace=workspace,
+        user=world.users[who],
+        spec_source=spec,
+        bundle=io.BytesIO(zip_bytes(TINY_FILES)),
+    )
+
+
+def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
+    """Runs in both workspaces, one finished with metrics, events and checkpoints; members
+    that may be changed and removed without taking a token's access away."""
+    users = type(world.users["researcher"])._default_manager
+    for username, role in (("mia", Role.RESEARCHER), ("max", Role.VIEWER)):
+        Membership.objects.create(
+            workspace=world.alpha, user=users.create_user(username=username), role=role
+        )
+    Membership.objects.create(
+        workspace=world.beta, user=users.create_user(username="bea"), role=Role.VIEWER
+    )
+    alpha = [_submit(world, world.alpha, "researcher", name) for name in ("train", "sweep")]
+    beta = [_submit(world, world.beta, "outsider", name) for name in ("secret", "private")]
+    for run in (alpha[1], beta[1]):
+        Run.objects.unscoped().filter(pk=run.pk).update(state=RunState.FAILED)
+        MetricPoint.objects.bulk_create(
+            MetricPoint(run=run, attempt=1, key="loss", step=step, value=1 / (step + 1))
+            for step in range(10)
+        )
+        Checkpoint.objects.create(run=run, attempt=1, step=5, path=f"/ckpt/{run.name}/step-5")
+    return alpha, beta
+
+
+def _get(url: str, token: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+@pytest.fixture
+def contract(world: Any, tmp_path: Path, settings: Any) -> Iterator[Contract]:
+    settings.VAR_DIR = tmp_path / "var"  # bundles, where the portal reads them too
+    alpha_runs, beta_runs = _furnish(world)
+    issued = {
+        who: tokens.issue_token(user=world.users[who], name=f"contract-{who}").plaintext
+        for who in IDENTITIES
+        if who != "run"
+    }
+    attempt = RunAttempt.objects.unscoped().filter(run=alpha_runs[0]).order_by("-number")[0]
+    run_token = run_tokens.issue_run_token(
+        run=alpha_runs[0], attempt=attempt, max_runtime_seconds=None
+    )
+    assert run_token is not None
+    issued["run"] = run_token
+    # Submissions are written and queued; nothing delivers them (no worker), nothing runs.
+    for portal in portal_processes(tmp_path, "filesystem://"):
+        portal.start(worker=False, beat=False)
+        status, body = _get(f"{portal.url}/api/v1/schema/?format=json", issued["viewer"])
+        assert status == 200, body[:500]
+        yield Contract(portal, issued, alpha_runs, beta_runs, json.loads(body))
+
+
+#: Operations whose refusal of a well-formed request turns on what exists or on content the
+#: schema cannot carry, where a 400 that says which is the right answer to a schema-valid
+#: request (each refusal names the field): the tau.yaml inside the submitted file (checked
+#: by the server's own checker), a checkpoint path inside this run's folder, metric rows
+#: (names, values and the number of series per run), a username someone may add, and the
+#: platform team's objects (names taken, cohorts that must exist, node labels and
+#: tolerations by Kubernetes' rules, quantities). Everything else answers a schema-valid
+#: request with no 400 at all.
+STATE_DEPENDENT_400 = (
+    "POST /api/v1/workspaces/{workspace_slug}/runs/",
+    "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/checkpoints/",
+    "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/metrics/",
+    "POST /api/v1/workspaces/{workspace_slug}/members/",
+    "POST /api/v1/workspaces/",
+    "POST /api/v1/cohorts/",
+    "PATCH /api/v1/cohorts/{name}/",
+    "POST /api/v1/flavors/",
+    "PATCH /api/v1/flavors/{name}/",
+)
+#: What schemathesis expects of a schema-valid request by default, and the 400 above.
+ACCEPTED_OR_REFUSED_ON_STATE = "[200, 201, 202, 204, 400, 401, 403, 404, 409, 429]"
+
+
+def _schemathesis_config(contract: Contract, directory: Path) -> Path:
+    auth = directory / "auth.json"
+    auth.write_text(
+        json.dumps(
+            {
+                "auth": [
+                    {
+                        "name": who,
+                        "fixedHeaders": [
+                            {"name": "Authorization", "value": f"Bearer {contract.tokens[who]}"}
+                        ],
+                    }
+                    for who in IDENTITIES
+                ]
+            }
+        )
+    )
+    auth.chmod(0o600)
+    run_names = [run.name for run in contract.alpha_runs + contract.beta_runs]
+    dictionaries = {
+        "workspaces": ["alpha", "beta"],
+        "runs": run_names + [run.spec_name for run in contract.alpha_runs],
+        # Members whose change or removal takes no token's access away.
+        "members": ["mia", "max", "bea"],
+    }
+    lines = [
+        f"base-url = {json.dumps(contract.portal.url)}",
+        "workers = 1",  # hypothesis' lambda sources are not thread-safe (seen as errors)
+        "seed = 1",
+        "continue-on-failure = true",
+        "[generation]",
+        f"max-examples = {MAX_EXAMPLES}",
+        # Text with NUL is refused by every route (no database column stores it; documented).
+        "allow-x00 = false",
+        "[auth.wfc]",
+        f"path = {json.dumps(str(auth))}",
+        # Two workspaces' tokens: neither may read what the other's reads.
+        'peers = ["researcher", "outsider"]',
+        # A request the API refuses as too large (413, documented) is refused, not accepted.
+        "[checks.negative_data_rejection]",
+        "expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]",
+        "[parameters]",
+        '"path.workspace_slug" = { dictionary = "workspaces", probability = 0.9 }',
+        '"path.run_name" = { dictionary = "runs", probability = 0.9 }',
+        '"path.username" = { dictionary = "members", probability = 1.0 }',
+    ]
+    for name, values in dictionaries.items():
+        lines += [f"[dictionaries.{name}]", f"values = {json.dumps(values)}"]
+    for operation in STATE_DEPENDENT_400:
+        lines += [
+            "[[operations]]",
+            f"include-name = {json.dumps(operation)}",
+            f"checks.positive_data_acceptance.expected-statuses = {ACCEPTED_OR_REFUSED_ON_STATE}",
+        ]
+    config = directory / "schemathesis.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+def test_schemathesis_finds_nothing(contract: Contract, tmp_path: Path) -> None:
+    executable = ensure_schemathesis()
+    work = tmp_path / "schemathesis"
+    work.mkdir()
+    schema = work / "openapi.json"
+    schema.write_text(json.dumps(contract.schema))
+    config = _schemathesis_config(contract, work)
+    started = time.monotonic()
+    result = subprocess.run(
+        [
+            str(executable),
+            "--config-file",
+            str(config),
+            "run",
+            str(schema),
+            "--no-color",
+            "--report",
+            "ndjson",
+            "--report-dir",
+            str(work / "report"),
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_SECONDS,
+        env={**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}},
+        check=False,
+    )
+    took = time.monotonic() - started
+    output = result.stdout + result.stderr
+    (work / "output.txt").write_text(output)
+    summary = output[output.rfind("SUMMARY") :] if "SUMMARY" in output else output[-4000:]
+    assert result.returncode == 0, f"schemathesis found problems ({took:.0f}s):\n{output[-20000:]}"
+    # Every operation was reached, and with a role that it does not refuse.
+    assert "Tested: " in summary, summary
+    tested = re.search(r"Selected: (\d+)/(\d+)\s+Tested: (\d+)", summary)
+    assert tested is not None, summary
+    assert tested.group(3) == tested.group(2), summary
+    assert contract.portal.processes["web"].poll() is None, contract.portal.log("web")[-3000:]
+
+
+def _paths_with(schema: dict[str, Any], method: str) -> list[str]:
+    return [path for path, item in schema["paths"].items() if method in item]
+
+
+def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> None:
+    """Every read inside a workspace, with each workspace's token and the other workspace's
+    slug and ids: a 404 (the workspace cannot be seen) or a 403, never its data. The same read with
+    the owner's token answers 200 (so the 404 is not just a wrong address)."""
+    sides = (
+        ("researcher", "beta", contract.beta_runs[1]),
+        ("outsider", "alpha", contract.alpha_runs[1]),
+        ("run", "beta", contract.beta_runs[1]),
+    )
+    owners = {"alpha": "researcher", "beta": "outsider"}
+    members = {"alpha": "mia", "beta": "bea"}
+    checked = 0
+    for who, workspace, run in sides:
+        for template in _paths_with(contract.schema, "get"):
+            if "{workspace_slug}" not in template:
+                continue
+            path = (
+                template.replace("{workspace_slug}", workspace)
+                .replace("{run_name}", run.name)
+                .replace("{username}", members[workspace])
+            )
+            url = f"{contract.portal.url}{path}"
+            status, body = _get(url, contract.tokens[who])
+            assert status in (403, 404), (who, path, status, body[:300])
+            assert run.name.encode() not in body, (who, path, body[:300])
+            if who != "run":
+                owner_status, _ = _get(url, contract.tokens[owners[workspace]])
+                assert owner_status == 200, (owners[workspace], path, owner_status)
+            checked += 1
+    assert checked >= 3 * 9
+    # And listings: the other workspace's runs never appear in one's own.
+    status, body = _get(
+        f"{contract.portal.url}/api/v1/workspaces/alpha/runs/", contract.tokens["researcher"]
+    )
+    assert status == 200
+    assert not any(run.name.encode() in body for run in contract.beta_runs)
+    status, body = _get(f"{contract.portal.url}/api/v1/workspaces/", contract.tokens["outsider"])
+    assert status == 200
+    assert [row["slug"] for row in json.loads(body)] == ["beta"]
