@@ -114,6 +114,13 @@ RETRY_SECONDS: Final = 2.0
 #: not anything changes: what it says depends on how long they have waited (a pod the
 #: scheduler cannot place, an image that cannot be pulled; ``runs.kube_status``).
 RECHECK_SECONDS: Final = 10.0
+#: A waiting run's reason quotes its queue's numbers ("the workspace uses 8 of its 8"), which
+#: move with every admission: a change of a ClusterQueue or LocalQueue marks its waiting runs
+#: for a refresh of lower rank than any run's own change, at most this many per step, between
+#: which new changes are taken in. With a thousand waiting runs an admission is not held up
+#: behind a thousand rewritten reasons, and however often the queue moves meanwhile, a run
+#: still marked is refreshed once, with the numbers of the moment.
+QUEUE_REFRESH_BATCH: Final = 50
 #: The most warning Events kept (the oldest are dropped first).
 MAX_EVENTS: Final = 10_000
 
@@ -362,7 +369,7 @@ class ClusterCache:
                 self.workload_by_job_uid[job_uid] = uid
             return self._keys_of_job_uid(job_uid)
         if kind in {CLUSTER_QUEUE.kind, LOCAL_QUEUE.kind}:
-            return self._waiting_keys()
+            return self._waiting_keys(kind, obj)
         key = attempt_key(obj)
         if key is None:
             return set()
@@ -384,7 +391,7 @@ class ClusterCache:
                 del self.workload_by_job_uid[job_uid]
             return self._keys_of_job_uid(job_uid)
         if kind in {CLUSTER_QUEUE.kind, LOCAL_QUEUE.kind}:
-            return self._waiting_keys()
+            return self._waiting_keys(kind, stored)
         key = attempt_key(stored)
         if key is None:
             return set()
@@ -440,18 +447,36 @@ class ClusterCache:
                 return {key} if key is not None else set()
         return set()
 
-    def _waiting_keys(self) -> set[AttemptKey]:
-        """Attempts whose Kueue Workload is not admitted (their waiting reason quotes the
-        ClusterQueue's numbers)."""
+    def _waiting_keys(self, queue_kind: str, queue: Body) -> set[AttemptKey]:
+        """Attempts waiting in ``queue`` (a ClusterQueue, or a LocalQueue) whose Kueue
+        Workload is not admitted: their waiting reason quotes the queue's numbers."""
+        queue_meta = _meta(queue)
+        if queue_kind == LOCAL_QUEUE.kind:
+            wanted = {(queue_meta.get("namespace"), queue_meta.get("name"))}
+        else:
+            wanted = {
+                (_meta(local).get("namespace"), _meta(local).get("name"))
+                for local in self.objects[LOCAL_QUEUE.kind].values()
+                if (local.get("spec") or {}).get("clusterQueue") == queue_meta.get("name")
+            }
         keys: set[AttemptKey] = set()
         for key, members in self.members.items():
             for kind, uid in members:
-                if kind in WORKLOAD_OBJECT_KINDS:
-                    workload = self.objects[WORKLOAD.kind].get(
-                        self.workload_by_job_uid.get(uid, "")
-                    )
-                    if workload is None or not (workload.get("status") or {}).get("admission"):
-                        keys.add(key)
+                if kind not in WORKLOAD_OBJECT_KINDS:
+                    continue
+                obj = self.objects[kind].get(uid)
+                if obj is None:
+                    continue
+                meta = _meta(obj)
+                local = (
+                    meta.get("namespace"),
+                    (meta.get("labels") or {}).get(labels.KUEUE_QUEUE_NAME),
+                )
+                if local not in wanted:
+                    continue
+                workload = self.objects[WORKLOAD.kind].get(self.workload_by_job_uid.get(uid, ""))
+                if workload is None or not (workload.get("status") or {}).get("admission"):
+                    keys.add(key)
         return keys
 
     # -- reads --
@@ -749,6 +774,8 @@ class KubeWatcher:
         self.informers: list[Informer] = []
         self._stop_informers = threading.Event()
         self.dirty: set[AttemptKey] = set()
+        #: Waiting runs whose queue changed (QUEUE_REFRESH_BATCH).
+        self.refresh: set[AttemptKey] = set()
         self.retry_at: dict[AttemptKey, float] = {}
         self.applied: dict[AttemptKey, Observation] = {}
         self.namespaces: dict[int, str | None] = {}
@@ -765,6 +792,7 @@ class KubeWatcher:
         self.generation += 1
         self.cache = ClusterCache()
         self.dirty.clear()
+        self.refresh.clear()
         self.retry_at.clear()
         self.applied.clear()
         self.namespaces.clear()
@@ -798,9 +826,10 @@ class KubeWatcher:
     # -- one step --
 
     def step(self, timeout: float = 0.5) -> int:
-        """Take in what the informers read (waiting up to ``timeout`` for the first of it),
-        then reconcile every attempt it concerns; sweep when due. How many were reconciled."""
-        self._take_messages(timeout)
+        """Take in what the informers read (waiting up to ``timeout`` for the first of it,
+        less while queue refreshes are due), then reconcile every attempt it concerns, and a
+        batch of the refreshes; sweep when due. How many were reconciled."""
+        self._take_messages(min(timeout, 0.05) if self.refresh else timeout)
         if not self.cache.ready():
             return 0
         now = time.monotonic()
@@ -811,10 +840,15 @@ class KubeWatcher:
             del self.retry_at[key]
         todo = sorted(self.dirty | due)
         self.dirty.clear()
+        self.refresh.difference_update(todo)  # reconciled now, with their queue's numbers
+        refreshing = sorted(self.refresh)[:QUEUE_REFRESH_BATCH]
+        self.refresh.difference_update(refreshing)
         done = 0
-        for index, key in enumerate(todo):
+        for index, key in enumerate([*todo, *refreshing]):
             if not self.acting():
-                self.dirty.update(todo[index:])  # not ours to act on any more
+                # Not ours to act on any more.
+                self.dirty.update(todo[index:])
+                self.refresh.update(refreshing[max(0, index - len(todo)) :])
                 break
             self.reconcile(key)
             done += 1
@@ -840,9 +874,13 @@ class KubeWatcher:
         if message.generation != self.generation:
             return  # from informers of an earlier leadership
         if isinstance(message, Listed):
-            self.dirty |= self.cache.replace(message.kind, message.items)
+            keys = self.cache.replace(message.kind, message.items)
         else:
-            self.dirty |= self.cache.change(message.kind, message.type, message.object)
+            keys = self.cache.change(message.kind, message.type, message.object)
+        if message.kind in {CLUSTER_QUEUE.kind, LOCAL_QUEUE.kind}:
+            self.refresh |= keys - self.dirty
+        else:
+            self.dirty |= keys
 
     def sweep(self) -> None:
         """Reconcile every live Kubernetes run's current attempt, and every attempt that has

@@ -56,6 +56,8 @@ from runs.events import verify_event_chain
 from runs.kube_status import AttemptObjects, Observation, ObservedState, observe
 from runs.kube_watcher import (
     JOB,
+    QUEUE_REFRESH_BATCH,
+    Changed,
     ClusterCache,
     Informer,
     KubeWatcher,
@@ -373,6 +375,102 @@ def test_the_cache_finds_an_attempts_objects_by_labels_not_names() -> None:
     # Deleted: the attempt is dirty again, and the Job is gone from it.
     assert cache.change("Job", "DELETED", job) == {key}
     assert cache.objects_for(key, namespace=namespace, created=True).workload_object is None
+
+
+def waiting_job(run_id: int, namespace: str, queue: str) -> dict[str, Any]:
+    """A Job TauGrid made for attempt 1 of run ``run_id``, not admitted (no Workload yet)."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": f"run-{run_id}-a1",
+            "namespace": namespace,
+            "uid": f"job-{run_id}",
+            "resourceVersion": "1",
+            "labels": {
+                labels.MANAGED_BY: labels.MANAGED_BY_TAUGRID,
+                labels.RUN_ID: str(run_id),
+                labels.ATTEMPT: "1",
+                labels.KUEUE_QUEUE_NAME: queue,
+            },
+        },
+        "spec": {"suspend": True},
+    }
+
+
+def queue_objects(version: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Two workspaces, each with its LocalQueue ``team`` on a ClusterQueue of its own."""
+    return [
+        (
+            "LocalQueue",
+            [
+                {
+                    "metadata": {"name": "team", "namespace": ns, "uid": f"lq-{ns}"},
+                    "spec": {"clusterQueue": f"cq-{ns}"},
+                }
+                for ns in ("ns-a", "ns-b")
+            ],
+        ),
+        (
+            "ClusterQueue",
+            [
+                {"metadata": {"name": f"cq-{ns}", "uid": f"cq-{ns}", "resourceVersion": version}}
+                for ns in ("ns-a", "ns-b")
+            ],
+        ),
+    ]
+
+
+def test_a_queue_change_refreshes_its_own_waiting_runs_after_real_changes_and_in_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With many runs waiting, a ClusterQueue's status moves at every admission: its waiting
+    runs (their reason quotes its numbers) are refreshed behind the runs whose own objects
+    changed, a batch per step; the other queue's runs are not touched."""
+    a_runs = [waiting_job(n, "ns-a", "team") for n in range(1, 121)]
+    b_runs = [waiting_job(n, "ns-b", "team") for n in range(1001, 1011)]
+    watcher = KubeWatcher(client=None, resync_seconds=3600)  # type: ignore[arg-type]
+    watcher.swept_at = time.monotonic()  # no sweep: only what the messages say
+    reconciled: list[int] = []
+    monkeypatch.setattr(watcher, "reconcile", lambda key: reconciled.append(key.run_id))
+    for kind, items in (
+        ("Workload", []),
+        ("Pod", []),
+        ("Event", []),
+        ("RayJob", []),
+        ("Job", [*a_runs, *b_runs]),
+        *queue_objects("1"),
+    ):
+        watcher.messages.put(Listed(watcher.generation, kind, items))
+    watcher.step(0)
+    assert len(reconciled) == 130  # the first look at everything
+    reconciled.clear()
+
+    # Kueue admits someone in ns-a: cq-ns-a's numbers move; and one run's Job changes.
+    changed_cq = {"metadata": {"name": "cq-ns-a", "uid": "cq-ns-a", "resourceVersion": "2"}}
+    touched = copy.deepcopy(a_runs[-1])
+    touched["metadata"]["resourceVersion"] = "2"
+    watcher.messages.put(Changed(watcher.generation, "ClusterQueue", "MODIFIED", changed_cq))
+    watcher.messages.put(Changed(watcher.generation, "Job", "MODIFIED", touched))
+    watcher.step(0)
+    assert reconciled[0] == 120  # its own change first
+    assert len(reconciled) == 1 + QUEUE_REFRESH_BATCH
+    assert all(run_id < 1000 for run_id in reconciled)  # never the other queue's runs
+    while watcher.refresh:
+        watcher.step(0)
+    assert sorted(reconciled) == list(range(1, 121))  # each once
+
+    # The queue moves three times while a step is busy: each run still marked is refreshed
+    # once, not three times.
+    reconciled.clear()
+    for version in ("3", "4", "5"):
+        changed_cq["metadata"]["resourceVersion"] = version
+        watcher.messages.put(Changed(watcher.generation, "ClusterQueue", "MODIFIED", changed_cq))
+    while True:
+        watcher.step(0)
+        if not watcher.refresh:
+            break
+    assert sorted(reconciled) == list(range(1, 121))
 
 
 def test_410_is_gone() -> None:
