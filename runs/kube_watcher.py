@@ -177,6 +177,21 @@ def _name_of(kind: str, obj: Mapping[str, Any]) -> tuple[str, str, str]:
     return (str(meta.get("namespace") or ""), kind, str(meta.get("name") or ""))
 
 
+def _what_reasons_quote(queue: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a ClusterQueue or LocalQueue a waiting run's reason depends on
+    (``runs.kube_status.waiting_reason``): the quotas, the cohort, the reservations, and which
+    ClusterQueue a LocalQueue feeds. Kueue rewrites a queue's status at every admission and
+    finish; most of it (workload counts, conditions) changes no run's reason."""
+    spec = queue.get("spec") or {}
+    status = queue.get("status") or {}
+    return (
+        spec.get("clusterQueue"),
+        spec.get("resourceGroups"),
+        spec.get("cohortName") or spec.get("cohort"),
+        status.get("flavorsReservation"),
+    )
+
+
 def _owned_by_rayjob(obj: Mapping[str, Any]) -> bool:
     return any(ref.get("kind") == "RayJob" for ref in _meta(obj).get("ownerReferences") or [])
 
@@ -359,7 +374,14 @@ class ClusterCache:
 
     def _put(self, kind: str, obj: Body) -> set[AttemptKey]:
         uid = _uid(obj)
+        before = self.objects[kind].get(uid)
         self.objects[kind][uid] = obj
+        if (
+            kind in {CLUSTER_QUEUE.kind, LOCAL_QUEUE.kind}
+            and before is not None
+            and _what_reasons_quote(before) == _what_reasons_quote(obj)
+        ):
+            return set()  # counts of pending and admitted workloads moved: no reason changes
         if kind == EVENT.kind:
             return self._put_event(uid, obj)
         self.named[_name_of(kind, obj)] = uid

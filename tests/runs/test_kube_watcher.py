@@ -398,6 +398,18 @@ def waiting_job(run_id: int, namespace: str, queue: str) -> dict[str, Any]:
     }
 
 
+def cq_status(name: str, version: str, *, cpus_reserved: int, pending: int = 100) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": name, "resourceVersion": version},
+        "status": {
+            "pendingWorkloads": pending,
+            "flavorsReservation": [
+                {"name": "cpu", "resources": [{"name": "cpu", "total": str(cpus_reserved)}]}
+            ],
+        },
+    }
+
+
 def queue_objects(version: str) -> list[tuple[str, list[dict[str, Any]]]]:
     """Two workspaces, each with its LocalQueue ``team`` on a ClusterQueue of its own."""
     return [
@@ -413,10 +425,7 @@ def queue_objects(version: str) -> list[tuple[str, list[dict[str, Any]]]]:
         ),
         (
             "ClusterQueue",
-            [
-                {"metadata": {"name": f"cq-{ns}", "uid": f"cq-{ns}", "resourceVersion": version}}
-                for ns in ("ns-a", "ns-b")
-            ],
+            [cq_status(f"cq-{ns}", version, cpus_reserved=8) for ns in ("ns-a", "ns-b")],
         ),
     ]
 
@@ -446,8 +455,14 @@ def test_a_queue_change_refreshes_its_own_waiting_runs_after_real_changes_and_in
     assert len(reconciled) == 130  # the first look at everything
     reconciled.clear()
 
+    # Kueue counts one more pending workload: no reason quotes that; nothing to do.
+    counted = cq_status("cq-ns-a", "2", cpus_reserved=8, pending=101)
+    watcher.messages.put(Changed(watcher.generation, "ClusterQueue", "MODIFIED", counted))
+    watcher.step(0)
+    assert (reconciled, watcher.refresh) == ([], set())
+
     # Kueue admits someone in ns-a: cq-ns-a's numbers move; and one run's Job changes.
-    changed_cq = {"metadata": {"name": "cq-ns-a", "uid": "cq-ns-a", "resourceVersion": "2"}}
+    changed_cq = cq_status("cq-ns-a", "3", cpus_reserved=7)
     touched = copy.deepcopy(a_runs[-1])
     touched["metadata"]["resourceVersion"] = "2"
     watcher.messages.put(Changed(watcher.generation, "ClusterQueue", "MODIFIED", changed_cq))
@@ -463,8 +478,8 @@ def test_a_queue_change_refreshes_its_own_waiting_runs_after_real_changes_and_in
     # The queue moves three times while a step is busy: each run still marked is refreshed
     # once, not three times.
     reconciled.clear()
-    for version in ("3", "4", "5"):
-        changed_cq["metadata"]["resourceVersion"] = version
+    for reserved in (8, 7, 6):
+        changed_cq = cq_status("cq-ns-a", str(reserved + 10), cpus_reserved=reserved)
         watcher.messages.put(Changed(watcher.generation, "ClusterQueue", "MODIFIED", changed_cq))
     while True:
         watcher.step(0)
