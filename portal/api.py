@@ -1,5 +1,5 @@
-"""What every app's REST API shares: JSON bodies within bounds, and how refusals are
-described in the OpenAPI schema.
+"""What every app's REST API shares: JSON bodies within bounds, and refusals in one shape
+(``{"detail": "…"}``, the ``Problem`` component of the OpenAPI schema), 404s included.
 
 DRF's JSONParser reads whatever it is sent: a body nested a thousand levels deep ends in a
 RecursionError (a 500), and text no database column can store (NUL, lone surrogates) fails
@@ -12,15 +12,18 @@ it (``JSONBodySizeMiddleware``: DRF reads the whole body before any parser sees 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
-from rest_framework import exceptions, serializers
+from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
+
+if TYPE_CHECKING:
+    from rest_framework.response import Response
 
 #: JSON bodies nested deeper than this are refused (the API's own shapes need 3 levels).
 MAX_JSON_DEPTH = 32
@@ -108,24 +111,89 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     return defaults.page_not_found(request, exception)
 
 
-# --- The schema ------------------------------------------------------------------------------
+# --- Refusals: one shape -------------------------------------------------------------------
+
+#: What a refused request whose fields are wrong says in ``detail``.
+INVALID_REQUEST = "The request is not valid; nothing was changed."
 
 
-class ErrorSerializer(serializers.Serializer[Any]):
-    """How the API says no: ``{"detail": "…"}`` (DRF's answer for 401, 403, 404, 405, 409,
-    413, 415 and 429)."""
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's answers to its exceptions, every one in the API's one problem shape
+    (:data:`PROBLEM_SCHEMA`): a ``detail`` in words always; a 400 about fields keeps the
+    field names beside it. (``REST_FRAMEWORK["EXCEPTION_HANDLER"]``.)"""
+    # Imported here: rest_framework.views reads REST_FRAMEWORK, which names this module.
+    from rest_framework.views import exception_handler as drf_exception_handler
 
-    detail = serializers.CharField(read_only=True, help_text="What went wrong, in words.")
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    data = response.data
+    if isinstance(data, list):
+        data = {"non_field_errors": data}
+    if isinstance(data, dict):
+        detail = data.get("detail")
+        if isinstance(detail, list):
+            detail = " ".join(str(message) for message in detail)
+        response.data = {
+            "detail": str(detail) if detail else INVALID_REQUEST,
+            **{key: value for key, value in data.items() if key != "detail"},
+        }
+    return response
 
 
-#: DRF's answer to input it refuses: field names (``non_field_errors`` for the whole, or
-#: ``detail`` for a body that is not JSON at all) mapped to what is wrong with them.
-FIELD_ERRORS_SCHEMA: dict[str, Any] = {
+#: A problem of a refused submission, pointed at its place in tau.yaml.
+SPEC_PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "additionalProperties": {},
-    "description": 'Field names mapped to what is wrong with them, e.g. `{"role": [""x" is '
-    'not a valid choice."]}`; `{"detail": "…"}` for a body that is not JSON.',
+    "description": "One problem of a refused submission, pointed at its place in tau.yaml.",
+    "properties": {
+        "path": {"type": "string", "description": "e.g. `compute.gpus`, or `bundle`."},
+        "line": {"type": "integer", "nullable": True},
+        "column": {"type": "integer", "nullable": True},
+        "message": {"type": "string"},
+        "hint": {"type": "string", "nullable": True},
+    },
+    "required": ["path", "line", "column", "message", "hint"],
 }
+
+#: How the API says no, whatever the status: the ``Problem`` component of the schema.
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "How the API says no, on every refusal (4xx): `detail` says what went "
+    "wrong, in words. A 400 about the request's fields adds each field's name with what is "
+    'wrong with it (`{"detail": "…", "role": [""x" is not a valid choice."]}`; '
+    "`non_field_errors` for the whole). A refused submission or metrics report adds "
+    "`problems`: every problem at once (for a submission, each with its place in tau.yaml).",
+    "properties": {
+        "detail": {"type": "string", "description": "What went wrong, in words."},
+        "problems": {
+            "type": "array",
+            "items": {
+                "oneOf": [
+                    {"type": "string"},
+                    {"$ref": "#/components/schemas/SpecProblem"},
+                ]
+            },
+            "description": "Every problem at once, where a refusal lists them.",
+        },
+    },
+    "required": ["detail"],
+    "additionalProperties": {
+        "description": "A field of the request, with what is wrong with it (a list of "
+        "messages; for a list or an object, the same per item or key)."
+    },
+}
+
+PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
+
+
+def add_problem_components(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: the ``Problem`` and ``SpecProblem`` components
+    that :func:`refusals` refer to (``SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]``)."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Problem"] = PROBLEM_SCHEMA
+    schemas["SpecProblem"] = SPEC_PROBLEM_SCHEMA
+    return result
+
 
 REFUSAL_WORDS = {
     400: "The request is not valid; nothing was changed.",
@@ -146,26 +214,22 @@ REFUSAL_WORDS = {
 def refusals(
     *codes: int,
     in_workspace: bool = True,
-    shapes: Mapping[int, Any] | None = None,
     words: Mapping[int, str] | None = None,
     media_types: tuple[str, ...] = (),
 ) -> dict[Any, OpenApiResponse]:
     """The refusals an API operation documents, for ``extend_schema(responses=…)``: 401, 403
     and 429 on every route (authentication and permissions run first everywhere), 404 on the
-    routes inside a workspace, and ``codes``. Bodies are :class:`ErrorSerializer`'s, 400's
-    :data:`FIELD_ERRORS_SCHEMA`, unless ``shapes`` names another for a code; ``words`` adds
-    to a code's description. With ``media_types`` (a route that also answers
+    routes inside a workspace, and ``codes``; every body the one ``Problem`` shape.
+    ``words`` adds to a code's description. With ``media_types`` (a route that also answers
     ``text/plain``), each refusal is declared for each of them, as text for ``text/plain``."""
     answers: dict[Any, OpenApiResponse] = {}
     for code in sorted({401, 403, 429, *((404,) if in_workspace else ()), *codes}):
-        default = FIELD_ERRORS_SCHEMA if code == 400 else ErrorSerializer
-        shape = (shapes or {}).get(code, default)
         description = " ".join(filter(None, [REFUSAL_WORDS[code], (words or {}).get(code)]))
         if not media_types:
-            answers[code] = OpenApiResponse(response=shape, description=description)
+            answers[code] = OpenApiResponse(response=PROBLEM_REF, description=description)
         for media_type in media_types:
             answers[(code, media_type)] = OpenApiResponse(
-                response=OpenApiTypes.STR if media_type == "text/plain" else shape,
+                response=OpenApiTypes.STR if media_type == "text/plain" else PROBLEM_REF,
                 description=description,
             )
     return answers

@@ -440,6 +440,8 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Every refusal in one shape, {"detail": "…"} (and the fields at fault on a 400).
+    "EXCEPTION_HANDLER": "portal.api.exception_handler",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.CursorPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -455,6 +457,10 @@ SPECTACULAR_SETTINGS = {
     ],
     "SCHEMA_PATH_PREFIX": "/api/v1",
     # What Django's converters match, so that a client is told which names can exist.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.api.add_problem_components",
+    ],
     "PATH_CONVERTER_OVERRIDES": {
         "slug": {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"},
         "str": {"type": "string", "pattern": "^[^/]+$"},

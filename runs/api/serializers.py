@@ -335,36 +335,8 @@ class MetricsSerializer(serializers.Serializer[Any]):
     )
 
 
-class ProblemSerializer(serializers.Serializer[Any]):
-    """One problem of a refused submission, pointed at its place in tau.yaml."""
-
-    path = serializers.CharField(read_only=True, help_text="e.g. `compute.gpus`, or `bundle`.")
-    line = serializers.IntegerField(read_only=True, allow_null=True)
-    column = serializers.IntegerField(read_only=True, allow_null=True)
-    message = serializers.CharField(read_only=True)
-    hint = serializers.CharField(read_only=True, allow_null=True)
-
-
-class SubmissionRefusedSerializer(serializers.Serializer[Any]):
-    """A refused submission: every problem at once. (A request without a `spec` file, or
-    with one over 256 KiB, is refused as `{"spec": ["…"]}`.)"""
-
-    detail = serializers.CharField(required=False, help_text="The run was not submitted.")
-    problems = ProblemSerializer(many=True, required=False)
-
-
 class MetricsRecordedSerializer(serializers.Serializer[Any]):
     recorded = serializers.IntegerField(read_only=True, help_text="Points recorded.")
-
-
-class MetricsRefusedSerializer(serializers.Serializer[Any]):
-    """A refused metrics report: nothing of it was recorded. (A body that is not a list of
-    rows is refused as `{"rows": …}`.)"""
-
-    detail = serializers.CharField(required=False)
-    problems = serializers.ListField(
-        child=serializers.CharField(), required=False, help_text="What is wrong, row by row."
-    )
 
 
 class SubmitSerializer(serializers.Serializer[Any]):

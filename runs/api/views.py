@@ -32,7 +32,7 @@ from rest_framework.response import Response
 
 from identity.models import ApiToken
 from identity.tokens import token_of
-from portal.api import BoundedJSONParser, refusals
+from portal.api import INVALID_REQUEST, BoundedJSONParser, refusals
 from portal.requests import signed_in_user
 from runs import (
     bundles,
@@ -52,7 +52,6 @@ from runs.api.serializers import (
     EventSerializer,
     LogChunkSerializer,
     MetricsRecordedSerializer,
-    MetricsRefusedSerializer,
     MetricsSerializer,
     ReportCheckpointSerializer,
     ReportEventSerializer,
@@ -60,7 +59,6 @@ from runs.api.serializers import (
     ResumeSerializer,
     RunDetailSerializer,
     RunSummarySerializer,
-    SubmissionRefusedSerializer,
     SubmitSerializer,
 )
 from runs.checkpoint_paths import CheckpointPathRefused
@@ -172,6 +170,8 @@ class PlainTextRenderer(BaseRenderer):
         if isinstance(data, dict):
             lines = []
             for key, value in data.items():
+                if key == "detail" and value == INVALID_REQUEST and len(data) > 1:
+                    continue  # the fields at fault say it better
                 said = "; ".join(str(v) for v in value) if isinstance(value, list) else str(value)
                 lines.append(said if key == "detail" else f"{key}: {said}")
             return ("\n".join(lines) + "\n").encode()
@@ -256,7 +256,6 @@ class RunViewSet(WorkspaceScopedViewSet):
             **refusals(
                 400,
                 413,
-                shapes={400: SubmissionRefusedSerializer, 413: SubmissionRefusedSerializer},
                 words={
                     400: "`problems` lists every problem at once, with its line in tau.yaml.",
                     413: "The submission declares more than a bundle, a spec and their form.",
@@ -668,7 +667,11 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         request=ReportMetricsSerializer,
         responses={
             202: MetricsRecordedSerializer,
-            **refusals(400, 413, shapes={400: MetricsRefusedSerializer}, words={429: REPORTS_429}),
+            **refusals(
+                400,
+                413,
+                words={400: "`problems` says what is wrong, row by row.", 429: REPORTS_429},
+            ),
         },
     )
     def metrics(self, request: Request, *args: Any, **kwargs: Any) -> Response:

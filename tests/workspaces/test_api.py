@@ -102,11 +102,12 @@ def test_adding_an_unknown_user_says_so(world: Any) -> None:
     response = client.post(url, {"username": "nobody", "role": "viewer"}, format="json")
     assert response.status_code == 400
     assert response.json() == {
+        "detail": "The request is not valid; nothing was changed.",
         "username": [
             "No user called 'nobody' that you can add. You can add people who already share a "
             "workspace with you; your platform team adds anyone else (or their "
             "identity-provider groups do)."
-        ]
+        ],
     }
 
 
