@@ -10,6 +10,7 @@ from drf_spectacular.views import SpectacularAPIView
 from portal import health
 from runs.urls import platform_urlpatterns as run_platform_urls
 from web import views, workspace_home
+from web.api_docs import ApiDocsView
 from workspaces.audit_views import PlatformAuditView
 
 
@@ -23,6 +24,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("workspaces.api.urls")),
     path("", include("runs.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", ApiDocsView.as_view(), name="docs"),
 ]
 
 workspace_patterns: list[URLPattern | URLResolver] = [
