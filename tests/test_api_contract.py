@@ -271,8 +271,10 @@ def _paths_with(schema: dict[str, Any], method: str) -> list[str]:
 
 def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> None:
     """Every read inside a workspace, with each workspace's token and the other workspace's
-    slug and ids: a 404 (the workspace cannot be seen) or a 403, never its data. The same read with
-    the owner's token answers 200 (so the 404 is not just a wrong address)."""
+    slug and ids: a 404 (the workspace cannot be seen) or a 403, never its data; the same read
+    with the owner's token answers 200 (so the 404 is not just a wrong address). And with
+    one's own workspace's slug and the other's ids (run names, spec names, usernames): a 404
+    or a 403, never the other's object."""
     sides = (
         ("researcher", "beta", contract.beta_runs[1]),
         ("outsider", "alpha", contract.alpha_runs[1]),
@@ -299,6 +301,28 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
                 assert owner_status == 200, (owners[workspace], path, owner_status)
             checked += 1
     assert checked >= 3 * 9
+    # The other workspace's ids under one's own workspace: no such object (the run's spec
+    # name too, which names the newest run of that spec).
+    for who, own, foreign_run, foreign_member in (
+        ("researcher", "alpha", contract.beta_runs[1], "bea"),
+        ("outsider", "beta", contract.alpha_runs[1], "mia"),
+        ("run", "alpha", contract.beta_runs[1], "bea"),
+    ):
+        for name in (foreign_run.name, foreign_run.spec_name):
+            for template in _paths_with(contract.schema, "get"):
+                if "{run_name}" not in template and "{username}" not in template:
+                    continue
+                path = (
+                    template.replace("{workspace_slug}", own)
+                    .replace("{run_name}", name)
+                    .replace("{username}", foreign_member)
+                )
+                status, body = _get(f"{contract.portal.url}{path}", contract.tokens[who])
+                assert status in (403, 404), (who, path, status, body[:300])
+                # A refusal and nothing else (it may repeat the name it was given).
+                assert set(json.loads(body)) == {"detail"}, (who, path, body[:300])
+                assert foreign_run.spec_hash.encode() not in body
+                checked += 1
     # And listings: the other workspace's runs never appear in one's own.
     status, body = _get(
         f"{contract.portal.url}/api/v1/workspaces/alpha/runs/", contract.tokens["researcher"]
