@@ -339,9 +339,17 @@ class MetricsRecordedSerializer(serializers.Serializer[Any]):
     recorded = serializers.IntegerField(read_only=True, help_text="Points recorded.")
 
 
+@extend_schema_field({"type": "string", "format": "binary"})
+class UploadField(serializers.FileField):
+    """A part of a multipart form: bytes (drf-spectacular would say a URI, as FileField
+    answers)."""
+
+
 class SubmitSerializer(serializers.Serializer[Any]):
-    spec = serializers.FileField(help_text="The tau.yaml file.")
-    bundle = serializers.FileField(required=False, help_text="The project directory as a zip.")
+    """A submission, as `curl -F spec=@tau.yaml -F bundle=@project.zip` sends it."""
+
+    spec = UploadField(help_text="The tau.yaml: a file part, or its text as a plain part.")
+    bundle = UploadField(required=False, help_text="The project directory as a zip (optional).")
 
 
 class ResumeSerializer(serializers.Serializer[Any]):
