@@ -116,10 +116,12 @@ RETRY_SECONDS: Final = 2.0
 RECHECK_SECONDS: Final = 10.0
 #: A waiting run's reason quotes its queue's numbers ("the workspace uses 8 of its 8"), which
 #: move with every admission: a change of a ClusterQueue or LocalQueue marks its waiting runs
-#: for a refresh of lower rank than any run's own change, at most this many per step, between
-#: which new changes are taken in. With a thousand waiting runs an admission is not held up
-#: behind a thousand rewritten reasons, and however often the queue moves meanwhile, a run
-#: still marked is refreshed once, with the numbers of the moment.
+#: for a refresh of lower rank than any run's own change, due once the queue has had
+#: QUEUE_SETTLE_SECONDS to settle (a run finishing and the next admitted read 8, 3, 8 within
+#: a second), at most QUEUE_REFRESH_BATCH per step, between which new changes are taken in.
+#: With a thousand waiting runs an admission is not held up behind a thousand rewritten
+#: reasons, and however often the queue moves meanwhile, a marked run is refreshed once.
+QUEUE_SETTLE_SECONDS: Final = 2.0
 QUEUE_REFRESH_BATCH: Final = 50
 #: The most warning Events kept (the oldest are dropped first).
 MAX_EVENTS: Final = 10_000
@@ -796,8 +798,8 @@ class KubeWatcher:
         self.informers: list[Informer] = []
         self._stop_informers = threading.Event()
         self.dirty: set[AttemptKey] = set()
-        #: Waiting runs whose queue changed (QUEUE_REFRESH_BATCH).
-        self.refresh: set[AttemptKey] = set()
+        #: Waiting runs whose queue changed, and when their refresh is due (QUEUE_SETTLE_SECONDS).
+        self.refresh: dict[AttemptKey, float] = {}
         self.retry_at: dict[AttemptKey, float] = {}
         self.applied: dict[AttemptKey, Observation] = {}
         self.namespaces: dict[int, str | None] = {}
@@ -851,7 +853,9 @@ class KubeWatcher:
         """Take in what the informers read (waiting up to ``timeout`` for the first of it,
         less while queue refreshes are due), then reconcile every attempt it concerns, and a
         batch of the refreshes; sweep when due. How many were reconciled."""
-        self._take_messages(min(timeout, 0.05) if self.refresh else timeout)
+        if self.refresh:
+            timeout = min(timeout, max(0.0, min(self.refresh.values()) - time.monotonic()))
+        self._take_messages(timeout)
         if not self.cache.ready():
             return 0
         now = time.monotonic()
@@ -862,15 +866,19 @@ class KubeWatcher:
             del self.retry_at[key]
         todo = sorted(self.dirty | due)
         self.dirty.clear()
-        self.refresh.difference_update(todo)  # reconciled now, with their queue's numbers
-        refreshing = sorted(self.refresh)[:QUEUE_REFRESH_BATCH]
-        self.refresh.difference_update(refreshing)
+        for key in todo:
+            self.refresh.pop(key, None)  # reconciled now, with their queue's numbers
+        refreshing = sorted(key for key, at in self.refresh.items() if at <= now)
+        refreshing = refreshing[:QUEUE_REFRESH_BATCH]
+        for key in refreshing:
+            del self.refresh[key]
         done = 0
         for index, key in enumerate([*todo, *refreshing]):
             if not self.acting():
                 # Not ours to act on any more.
                 self.dirty.update(todo[index:])
-                self.refresh.update(refreshing[max(0, index - len(todo)) :])
+                for key in refreshing[max(0, index - len(todo)) :]:
+                    self.refresh[key] = now
                 break
             self.reconcile(key)
             done += 1
@@ -900,7 +908,9 @@ class KubeWatcher:
         else:
             keys = self.cache.change(message.kind, message.type, message.object)
         if message.kind in {CLUSTER_QUEUE.kind, LOCAL_QUEUE.kind}:
-            self.refresh |= keys - self.dirty
+            due = time.monotonic() + QUEUE_SETTLE_SECONDS
+            for key in keys - self.dirty:
+                self.refresh.setdefault(key, due)
         else:
             self.dirty |= keys
 

@@ -57,6 +57,7 @@ from runs.kube_status import AttemptObjects, Observation, ObservedState, observe
 from runs.kube_watcher import (
     JOB,
     QUEUE_REFRESH_BATCH,
+    QUEUE_SETTLE_SECONDS,
     Changed,
     ClusterCache,
     Informer,
@@ -435,7 +436,8 @@ def test_a_queue_change_refreshes_its_own_waiting_runs_after_real_changes_and_in
 ) -> None:
     """With many runs waiting, a ClusterQueue's status moves at every admission: its waiting
     runs (their reason quotes its numbers) are refreshed behind the runs whose own objects
-    changed, a batch per step; the other queue's runs are not touched."""
+    changed, once the queue has settled, a batch per step; the other queue's runs are not
+    touched."""
     a_runs = [waiting_job(n, "ns-a", "team") for n in range(1, 121)]
     b_runs = [waiting_job(n, "ns-b", "team") for n in range(1001, 1011)]
     watcher = KubeWatcher(client=None, resync_seconds=3600)  # type: ignore[arg-type]
@@ -459,7 +461,7 @@ def test_a_queue_change_refreshes_its_own_waiting_runs_after_real_changes_and_in
     counted = cq_status("cq-ns-a", "2", cpus_reserved=8, pending=101)
     watcher.messages.put(Changed(watcher.generation, "ClusterQueue", "MODIFIED", counted))
     watcher.step(0)
-    assert (reconciled, watcher.refresh) == ([], set())
+    assert (reconciled, watcher.refresh) == ([], {})
 
     # Kueue admits someone in ns-a: cq-ns-a's numbers move; and one run's Job changes.
     changed_cq = cq_status("cq-ns-a", "3", cpus_reserved=7)
@@ -468,10 +470,13 @@ def test_a_queue_change_refreshes_its_own_waiting_runs_after_real_changes_and_in
     watcher.messages.put(Changed(watcher.generation, "ClusterQueue", "MODIFIED", changed_cq))
     watcher.messages.put(Changed(watcher.generation, "Job", "MODIFIED", touched))
     watcher.step(0)
-    assert reconciled[0] == 120  # its own change first
+    assert reconciled == [120]  # its own change at once; the queue has not settled yet
+    settled = time.monotonic() + QUEUE_SETTLE_SECONDS
+    monkeypatch.setattr(time, "monotonic", lambda: settled)
+    watcher.step(0)
     assert len(reconciled) == 1 + QUEUE_REFRESH_BATCH
     assert all(run_id < 1000 for run_id in reconciled)  # never the other queue's runs
-    while watcher.refresh:
+    for _ in range(10):
         watcher.step(0)
     assert sorted(reconciled) == list(range(1, 121))  # each once
 
@@ -481,7 +486,11 @@ def test_a_queue_change_refreshes_its_own_waiting_runs_after_real_changes_and_in
     for reserved in (8, 7, 6):
         changed_cq = cq_status("cq-ns-a", str(reserved + 10), cpus_reserved=reserved)
         watcher.messages.put(Changed(watcher.generation, "ClusterQueue", "MODIFIED", changed_cq))
-    while True:
+    watcher.step(0)  # taken in; due once the queue has settled
+    assert reconciled == []
+    later = settled + QUEUE_SETTLE_SECONDS
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    for _ in range(10):
         watcher.step(0)
         if not watcher.refresh:
             break
