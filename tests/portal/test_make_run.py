@@ -110,8 +110,16 @@ def readme_runs_commands() -> tuple[str, str]:
     after it, exactly as a user copies them."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     runs = readme.split("\n## Runs\n", 1)[1]
-    block = re.search(r"```sh\n(.*?)```\n(.*?)\n\n", runs, re.DOTALL)
-    assert block is not None, "no sh block in the README's Runs section"
+    # The first sh block that submits with curl (the one before it uses the tau command line).
+    block = next(
+        (
+            found
+            for found in re.finditer(r"```sh\n(.*?)```\n(.*?)\n\n", runs, re.DOTALL)
+            if "\ncurl " in found.group(1)
+        ),
+        None,
+    )
+    assert block is not None, "no curl block in the README's Runs section"
     follow_up = re.search(r"`(curl [^`]*<url>[^`]*)`", block.group(2).replace("\n", " "))
     assert follow_up is not None, "no follow-up curl after the README's block"
     return block.group(1), follow_up.group(1)
