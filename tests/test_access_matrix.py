@@ -177,6 +177,8 @@ MATRIX: dict[str, Route] = {
         api=True,
     ),
     "api:schema": Route({"GET": same(200, anon=401)}, api=True),
+    # Who you are: anyone signed in, about themselves only.
+    "api:me": Route({"GET": same(200, anon=401)}, api=True),
     # The interactive docs: a page for anyone signed in (the schema it loads is guarded).
     "api:docs": Route({"GET": same(200, anon=302)}),
     # Runs. Submitting needs the researcher role; cancel and resume are for the submitter

@@ -28,6 +28,7 @@ from openapi_core.contrib.django import DjangoOpenAPIRequest, DjangoOpenAPIRespo
 from openapi_core.exceptions import OpenAPIError
 from rest_framework.test import APIClient
 
+from identity import tokens
 from runs.models import Checkpoint, MetricPoint, RunEvent, RunState
 from tests.runs.factories import TINY_SPEC, make_run
 from tests.runs.test_api import attempt_with_log, bearer, run_token
@@ -144,6 +145,30 @@ def workspaces(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
 @call("GET", f"{API}/", 401)
 def workspaces_anonymous(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world, "anonymous").get(f"{API}/")
+
+
+@call("GET", "/api/v1/me/", 200)
+def me_with_a_token(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    token = tokens.issue_token(
+        user=world.users["researcher"], name="laptop", workspace=world.alpha, read_only=True
+    )
+    return bearer(token.plaintext).get("/api/v1/me/")
+
+
+@call("GET", "/api/v1/me/", 200)
+def me_signed_in(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "platform_admin").get("/api/v1/me/")
+
+
+@call("GET", "/api/v1/me/", 401)
+def me_anonymous(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "anonymous").get("/api/v1/me/")
+
+
+@call("GET", "/api/v1/me/", 403)
+def me_with_a_run_token(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    _, caller = reporter(world, tmp)
+    return caller.get("/api/v1/me/")
 
 
 def guesser() -> APIClient:

@@ -7,6 +7,7 @@ from django.templatetags.static import static
 from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from identity.api import MeView
 from portal import health
 from runs.urls import platform_urlpatterns as run_platform_urls
 from web import views, workspace_home
@@ -23,6 +24,7 @@ def favicon(request: HttpRequest) -> HttpResponseRedirect:
 api_patterns: list[URLPattern | URLResolver] = [
     path("", include("workspaces.api.urls")),
     path("", include("runs.api.urls")),
+    path("me/", MeView.as_view(), name="me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", ApiDocsView.as_view(), name="docs"),
 ]

@@ -111,6 +111,8 @@ def test_tau_from_login_to_resume(world: Any, portal: Portal, tmp_path: Path) ->
         assert stat.S_IMODE(tau.config.stat().st_mode) == 0o600
         assert stat.S_IMODE(tau.config.parent.stat().st_mode) == 0o700
         me = tau.json("whoami")
+        assert me["user"]["username"] == world.users["researcher"].username
+        assert me["user"]["token"]["name"] == "cli"
         assert me["default_workspace"] == "alpha"
         assert [row["slug"] for row in me["workspaces"]] == ["alpha"]
         assert [row["slug"] for row in tau.json("workspace", "list")] == ["alpha"]
@@ -241,6 +243,8 @@ def test_tau_from_login_to_resume(world: Any, portal: Portal, tmp_path: Path) ->
 
         listed = tau.json("run", "list")
         assert {row["spec_name"] for row in listed} == {"cli-slow", "cpu-quickstart", "cli-failing"}
+        mine = tau.json("run", "list", "--mine")
+        assert {row["spec_name"] for row in mine} == {row["spec_name"] for row in listed}
         failed_only = tau.json("run", "list", "--state", "cancelled")
         assert [row["spec_name"] for row in failed_only] == ["cli-slow"]
         assert tau.json("queue") == []
