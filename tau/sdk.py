@@ -1,0 +1,345 @@
+"""The workload SDK: a training script reports to TauGrid from inside its run.
+
+    import tau
+
+    start = tau.resume_from()                  # the checkpoint to resume from, or None
+    for step in range(first, last):
+        ...
+        tau.log_metrics(step, loss=loss, lr=lr)  # batched, sent in the background
+        if step % 500 == 0:
+            save(f"{os.environ['TAU_CHECKPOINT_DIR']}/step-{step}")
+            tau.checkpoint_saved(f"{os.environ['TAU_CHECKPOINT_DIR']}/step-{step}", step)
+
+What it reads is what every run gets in its environment, on the local executor and on
+Kubernetes alike (docs/TAU_YAML.md): ``TAU_API_URL``, ``TAU_RUN_TOKEN`` (a token that reports
+on this run only), ``TAU_WORKSPACE``, ``TAU_RUN_NAME``, ``TAU_RESUME_FROM``.
+
+It never stands in the training loop's way: ``log_metrics`` only appends to a buffer; a
+background thread sends the rows in batches (one report a second at most, within the portal's
+limit of reports a minute). When the portal cannot be reached the rows wait in the buffer
+(bounded: the oldest go first, and that is said) and a warning goes to stderr once per outage;
+they are sent when it answers again. Nothing here raises into the training loop because of
+the portal. At exit the buffer is flushed for at most ``FLUSH_AT_EXIT_SECONDS``.
+
+Outside a run (no ``TAU_RUN_TOKEN``) the calls do nothing but say so once.
+
+Standard library only: a workload's image needs nothing installed for it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["checkpoint_saved", "flush", "log_metrics", "resume_from"]
+
+#: The most rows one report carries (the portal takes up to 5,000).
+ROWS_PER_REPORT = 1000
+#: The most rows kept while the portal cannot be reached; the oldest go first.
+MAX_BUFFERED_ROWS = 100_000
+#: Between two reports, at least this long (the portal allows 120 reports a minute per run).
+SEND_INTERVAL_SECONDS = 1.0
+#: After a failed report, wait this long, doubling up to MAX_RETRY_SECONDS.
+FIRST_RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 30.0
+#: How long one report may take.
+REQUEST_TIMEOUT_SECONDS = 10.0
+#: How long the process's exit waits for what is left in the buffer.
+FLUSH_AT_EXIT_SECONDS = 10.0
+
+
+def _warn(message: str) -> None:
+    print(f"tau: {message}", file=sys.stderr, flush=True)
+
+
+class _Refused(Exception):
+    """The portal refused a report for what it says (400, 404…): sending it again is useless."""
+
+
+class _Unreachable(Exception):
+    """The report did not arrive (no connection, a timeout, a 5xx, a 429): try again later."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Reporter:
+    """One run's reports: a buffer of metric rows and checkpoints, and the thread that sends
+    them. Made on first use from the environment (:func:`reporter`)."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.api_url = environ.get("TAU_API_URL", "").rstrip("/")
+        self.token = environ.get("TAU_RUN_TOKEN", "")
+        workspace = environ.get("TAU_WORKSPACE", "")
+        run = environ.get("TAU_RUN_NAME", "")
+        self.active = bool(self.api_url and self.token and workspace and run)
+        if self.active and urllib.parse.urlsplit(self.api_url).scheme not in {"http", "https"}:
+            _warn(f"TAU_API_URL={self.api_url!r} is not an http(s) address: nothing is reported")
+            self.active = False
+        where = urllib.parse.quote(workspace, safe=""), urllib.parse.quote(run, safe="")
+        self.base = f"{self.api_url}/api/v1/workspaces/{where[0]}/runs/{where[1]}/report/"
+        self.rows: deque[dict[str, Any]] = deque()
+        self.checkpoints: deque[dict[str, Any]] = deque()
+        self.dropped = 0
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.idle = threading.Event()
+        self.idle.set()
+        self.thread: threading.Thread | None = None
+        self.outage = False
+        self.retry_at = 0.0
+        self.retry_delay = FIRST_RETRY_SECONDS
+
+    # -- what the training loop calls --
+
+    def add_row(self, row: dict[str, Any]) -> None:
+        with self.lock:
+            self.rows.append(row)
+            if len(self.rows) > MAX_BUFFERED_ROWS:
+                self.rows.popleft()
+                self.dropped += 1
+                if self.dropped in (1, 1000) or self.dropped % 100_000 == 0:
+                    _warn(
+                        f"{self.dropped} metric row(s) dropped: the portal has not answered "
+                        f"and at most {MAX_BUFFERED_ROWS} are kept"
+                    )
+            self.idle.clear()
+        self._ensure_thread()
+
+    def add_checkpoint(self, report: dict[str, Any]) -> None:
+        with self.lock:
+            self.checkpoints.append(report)
+            self.idle.clear()
+        self._ensure_thread()
+        self.wake.set()  # a checkpoint goes at once: a resume needs it
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for everything buffered to be sent; True when it was."""
+        if not self.active:
+            return True
+        self.wake.set()
+        return self.idle.wait(timeout)
+
+    # -- the sending thread --
+
+    def _ensure_thread(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._run, name="tau-reporter", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait(SEND_INTERVAL_SECONDS)
+            self.wake.clear()
+            pause = self.retry_at - time.monotonic()
+            if pause > 0:
+                time.sleep(min(pause, SEND_INTERVAL_SECONDS))
+                continue
+            try:
+                self._send_pending()
+            except Exception as error:  # never let the thread die: the buffer stays
+                _warn(f"reporting failed unexpectedly ({type(error).__name__}: {error})")
+                self.retry_at = time.monotonic() + MAX_RETRY_SECONDS
+
+    def _send_pending(self) -> None:
+        while True:
+            with self.lock:
+                checkpoint = self.checkpoints[0] if self.checkpoints else None
+                batch = [] if checkpoint else list(_first(self.rows, ROWS_PER_REPORT))
+                if checkpoint is None and not batch:
+                    self.idle.set()
+                    return
+            try:
+                if checkpoint is not None:
+                    self._post("checkpoints/", checkpoint)
+                else:
+                    self._post("metrics/", {"rows": batch})
+            except _Unreachable as error:
+                self._unreachable(error)
+                return
+            except _Refused as error:
+                what = "a checkpoint" if checkpoint is not None else f"{len(batch)} metric row(s)"
+                _warn(f"the portal refused {what}, which are dropped: {error}")
+            self._reached()
+            with self.lock:
+                if checkpoint is not None:
+                    self.checkpoints.popleft()
+                else:
+                    for _ in batch:
+                        self.rows.popleft()
+            if checkpoint is None:
+                time.sleep(SEND_INTERVAL_SECONDS)  # within the portal's reports a minute
+
+    def _unreachable(self, error: _Unreachable) -> None:
+        if not self.outage:
+            with self.lock:
+                waiting = len(self.rows)
+            _warn(
+                f"the portal cannot be reached ({error}); {waiting} metric row(s) wait and "
+                "will be sent when it answers. Training goes on."
+            )
+            self.outage = True
+        delay = error.retry_after if error.retry_after is not None else self.retry_delay
+        self.retry_at = time.monotonic() + delay
+        self.retry_delay = min(self.retry_delay * 2, MAX_RETRY_SECONDS)
+
+    def _reached(self) -> None:
+        if self.outage:
+            _warn("the portal answers again; the waiting rows are being sent")
+        self.outage = False
+        self.retry_delay = FIRST_RETRY_SECONDS
+
+    def _post(self, what: str, body: dict[str, Any]) -> None:
+        request = urllib.request.Request(  # noqa: S310 - http(s) only, checked in __init__
+            self.base + what,
+            data=json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {self.token}",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            },
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(  # noqa: S310 - http(s) only, checked in __init__
+                request, timeout=REQUEST_TIMEOUT_SECONDS
+            ) as response:
+                response.read()
+        except urllib.error.HTTPError as error:
+            detail = _detail(error)
+            if error.code == 429 or error.code >= 500:
+                retry_after = error.headers.get("Retry-After") if error.headers else None
+                raise _Unreachable(
+                    f"HTTP {error.code}: {detail}",
+                    float(retry_after) if retry_after and retry_after.isdigit() else None,
+                ) from None
+            raise _Refused(f"HTTP {error.code}: {detail}") from None
+        except (OSError, ValueError) as error:  # URLError, timeouts, a reset connection
+            raise _Unreachable(str(getattr(error, "reason", error))) from None
+
+
+def _first(rows: deque[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    taken: list[dict[str, Any]] = []
+    for row in rows:
+        if len(taken) == count:
+            break
+        taken.append(row)
+    return taken
+
+
+def _detail(error: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(error.read() or b"{}")
+    except (OSError, ValueError):
+        return str(error.reason)
+    if isinstance(body, dict):
+        problems = body.get("problems")
+        if isinstance(problems, list) and problems:
+            return f"{body.get('detail', '')} {problems[0]}".strip()
+        return str(body.get("detail") or error.reason)
+    return str(error.reason)
+
+
+_reporter: Reporter | None = None
+_reporter_lock = threading.Lock()
+_said_outside = False
+
+
+def reporter() -> Reporter:
+    """This process's reporter, made from the environment on first use."""
+    global _reporter
+    with _reporter_lock:
+        if _reporter is None:
+            _reporter = Reporter(os.environ)
+            atexit.register(_flush_at_exit)
+        return _reporter
+
+
+def _reset() -> None:
+    """Forget the reporter (tests, or a process that changed its environment)."""
+    global _reporter, _said_outside
+    with _reporter_lock:
+        _reporter = None
+        _said_outside = False
+
+
+def _outside_a_run(what: str) -> bool:
+    global _said_outside
+    if reporter().active:
+        return False
+    if not _said_outside:
+        _warn(f"not inside a TauGrid run (no TAU_RUN_TOKEN): {what} is not reported")
+        _said_outside = True
+    return True
+
+
+def _flush_at_exit() -> None:
+    current = _reporter
+    if current is None or not current.active:
+        return
+    if not current.flush(FLUSH_AT_EXIT_SECONDS):
+        with current.lock:
+            left = len(current.rows) + len(current.checkpoints)
+        _warn(f"{left} report(s) could not be sent before the run ended")
+
+
+# -- the API --
+
+
+def log_metrics(step: int, **values: float) -> None:
+    """Record metric values at ``step`` (``tau.log_metrics(10, loss=0.31)``). Returns at once;
+    the rows go to the portal in the background. A value that is not a finite number is
+    skipped with a warning."""
+    if _outside_a_run("log_metrics"):
+        return
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        _warn(f"log_metrics: step must be a whole number ≥ 0, not {step!r}; row skipped")
+        return
+    row: dict[str, Any] = {"step": step}
+    for key, value in values.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(float(value))
+        ):
+            _warn(f"log_metrics: {key}={value!r} at step {step} is not a finite number; skipped")
+            continue
+        row[key] = value
+    if len(row) > 1:
+        reporter().add_row(row)
+
+
+def checkpoint_saved(path: str | os.PathLike[str], step: int, *, size: int | None = None) -> None:
+    """Register a checkpoint that is complete on disk (under ``TAU_CHECKPOINT_DIR``): the
+    newest one is what a resumed or retried attempt starts from (:func:`resume_from`). Sent
+    at once in the background."""
+    if _outside_a_run("checkpoint_saved"):
+        return
+    report: dict[str, Any] = {"step": int(step), "path": os.fspath(path)}
+    if size is not None:
+        report["size"] = int(size)
+    reporter().add_checkpoint(report)
+
+
+def resume_from() -> str | None:
+    """The checkpoint this attempt should start from (``TAU_RESUME_FROM``), or None."""
+    return os.environ.get("TAU_RESUME_FROM") or None
+
+
+def flush(timeout: float = FLUSH_AT_EXIT_SECONDS) -> bool:
+    """Wait up to ``timeout`` seconds until everything reported so far has reached the
+    portal; True when it has (it is also done at exit)."""
+    current = _reporter
+    return True if current is None else current.flush(timeout)
