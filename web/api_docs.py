@@ -24,6 +24,8 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from identity.tokens import TokenScopePermission
+
 #: Where the Swagger UI files are served from (``portal.staticfiles.PACKAGED_ASSETS``).
 SWAGGER_UI_STATIC = "vendor/swagger-ui"
 
@@ -32,8 +34,9 @@ class ApiDocsView(SpectacularSwaggerSplitView):
     title = "TauGrid API"
     template_name = "api/docs.html"
     # The page is a shell (the schema it loads is what needs a caller); anonymous visitors
-    # are sent to sign in below rather than shown a JSON 401.
-    permission_classes = [AllowAny]
+    # are sent to sign in below rather than shown a JSON 401. A run token reaches only its
+    # run's reports, here as everywhere (TokenScopePermission).
+    permission_classes = [AllowAny, TokenScopePermission]
     url_name = "api:schema"
 
     @extend_schema(exclude=True)

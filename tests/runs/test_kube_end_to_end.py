@@ -312,30 +312,32 @@ def test_over_quota_runs_wait_in_kueue_s_order_and_start_as_the_first_finishes(
     team: Callable[..., Team], kube: Kube
 ) -> None:
     place = team(cpus=1)  # room for one run of the example (1 CPU) at a time
-    first = place.submit(example_spec(lasts="8s"))
+    first = place.submit(example_spec(lasts="15s"))
     place.wait(first, "running")
     second, third = place.submit(example_spec()), place.submit(example_spec())
 
     # Both wait, with Kueue's positions (its visibility API: its own order, which for
     # workloads created in the same second need not be the submission order) and its reason
     # in plain words.
+    # (The reason's numbers follow the ClusterQueue's status, refreshed once it settled.)
+    waiting = f"Waiting for 1 CPU on flavor {place.flavor.name}: the workspace uses 1 of its 1."
+
     def positions() -> dict[str, int] | None:
         runs = {name: place.get(name) for name in (second, third)}
         if all(
-            run["state"] == "queued"
-            and run["queue_position"]
-            and run["state_reason"].startswith("Waiting for 1 CPU")
+            run["state"] == "queued" and run["queue_position"] and run["state_reason"] == waiting
             for run in runs.values()
         ):
             return {name: run["queue_position"] for name, run in runs.items()}
         return None
 
-    shown = wait_until("both queued with positions and Kueue's reason", positions, timeout=30)
+    shown = wait_until(
+        "both queued with positions and Kueue's reason",
+        positions,
+        timeout=30,
+        describe=lambda: str([place.get(name) for name in (second, third)]),
+    )
     assert sorted(shown.values()) == [1, 2], shown
-    waiting = place.get(second)
-    assert waiting["state_reason"] == (
-        f"Waiting for 1 CPU on flavor {place.flavor.name}: the workspace uses 1 of its 1."
-    ), waiting
     assert place.get(first)["state"] == "running"
 
     for name in (first, second, third):
@@ -488,7 +490,12 @@ def test_cancel_ends_a_queued_and_an_admitted_run_and_removes_their_objects(
     admitted = place.submit(example_spec())
     place.wait(admitted, "admitted")
     queued = place.submit(example_spec())
-    assert place.wait(queued, "queued")["state_reason"].startswith("Waiting for 1 CPU")
+    wait_until(
+        "Kueue's reason on the queued run",
+        lambda: place.get(queued)["state_reason"].startswith("Waiting for 1 CPU") or None,
+        timeout=30,
+        describe=lambda: str(place.get(queued)),
+    )
 
     def scheduling_reason() -> str | None:
         reason = str(place.get(admitted)["state_reason"])
