@@ -672,6 +672,8 @@ def complete_job(client: Any, name: str, namespace: str) -> float:
         job = client.get("batch/v1", "Job", name, namespace)
         moment = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         status = job.setdefault("status", {})
+        # The Job controller may not have written it yet; a finished Job needs one.
+        status.setdefault("startTime", moment)
         status.update(
             active=0,
             ready=0,
