@@ -240,25 +240,16 @@ def post_run(base: str, token: str, workspace: str, spec: bytes, files: dict[str
     with zipfile.ZipFile(archive, "w") as bundle:
         for name, content in files.items():
             bundle.writestr(name, content)
-    boundary = "taugridbench"
     parts = [("spec", "tau.yaml", spec), ("bundle", "project.zip", archive.getvalue())]
-    body = (
-        b"".join(
-            f"--{boundary}\r\n"
-            f'Content-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
-            "Content-Type: application/octet-stream\r\n\r\n".encode()
-            + content
-            + b"\r\n"
-            for name, filename, content in parts
-        )
-        + f"--{boundary}--\r\n".encode()
-    )
+    from tests.runs.processes import multipart_form
+
+    body, content_type = multipart_form(parts)
     request = urllib.request.Request(
         f"{base}/api/v1/workspaces/{workspace}/runs/",
         data=body,
         headers={
             "Authorization": f"Bearer {token}",
-            "Content-Type": f"multipart/form-data; boundary={boundary}",
+            "Content-Type": content_type,
         },
     )
     try:

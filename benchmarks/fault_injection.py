@@ -90,25 +90,16 @@ def _bundle() -> bytes:
 
 
 def post_run(base: str, token: str, workspace: str, spec: str, bundle: bytes) -> dict[str, Any]:
-    boundary = "taugridfault"
     parts = [("spec", "tau.yaml", spec.encode()), ("bundle", "project.zip", bundle)]
-    body = (
-        b"".join(
-            f"--{boundary}\r\n"
-            f'Content-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
-            "Content-Type: application/octet-stream\r\n\r\n".encode()
-            + content
-            + b"\r\n"
-            for name, filename, content in parts
-        )
-        + f"--{boundary}--\r\n".encode()
-    )
+    from tests.runs.processes import multipart_form
+
+    body, content_type = multipart_form(parts)
     request = urllib.request.Request(
         f"{base}/api/v1/workspaces/{workspace}/runs/",
         data=body,
         headers={
             "Authorization": f"Bearer {token}",
-            "Content-Type": f"multipart/form-data; boundary={boundary}",
+            "Content-Type": content_type,
         },
     )
     with urllib.request.urlopen(request, timeout=30) as response:

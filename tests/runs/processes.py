@@ -208,25 +208,11 @@ def portal_processes(tmp_path: Path, broker_url: str, **kwargs: Any) -> Iterator
         portal.stop()
 
 
-def submit_example(
-    base: str, token: str, workspace: str = "demo", *, spec: str | None = None
-) -> dict[str, Any]:
-    """POST examples/cpu-quickstart as `curl -F spec=@tau.yaml -F bundle=@project.zip` does
-    (``spec``: another tau.yaml for the same project)."""
-    example = ROOT / "examples" / "cpu-quickstart"
-    archive = io.BytesIO()
-    with zipfile.ZipFile(archive, "w") as bundle:
-        for path in sorted(example.iterdir()):
-            bundle.write(path, path.name)
-    boundary = "taugridtest"
-    parts = [
-        (
-            "spec",
-            "tau.yaml",
-            (example / "tau.yaml").read_bytes() if spec is None else spec.encode(),
-        ),
-        ("bundle", "project.zip", archive.getvalue()),
-    ]
+def multipart_form(
+    parts: list[tuple[str, str, bytes]], boundary: str = "taugridtest"
+) -> tuple[bytes, str]:
+    """A multipart/form-data body of (field, file name, content) file parts, as
+    `curl -F field=@file` sends them, and its Content-Type."""
     body = (
         b"".join(
             f"--{boundary}\r\n"
@@ -238,12 +224,34 @@ def submit_example(
         )
         + f"--{boundary}--\r\n".encode()
     )
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def submit_example(
+    base: str, token: str, workspace: str = "demo", *, spec: str | None = None
+) -> dict[str, Any]:
+    """POST examples/cpu-quickstart as `curl -F spec=@tau.yaml -F bundle=@project.zip` does
+    (``spec``: another tau.yaml for the same project)."""
+    example = ROOT / "examples" / "cpu-quickstart"
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as bundle:
+        for path in sorted(example.iterdir()):
+            bundle.write(path, path.name)
+    parts = [
+        (
+            "spec",
+            "tau.yaml",
+            (example / "tau.yaml").read_bytes() if spec is None else spec.encode(),
+        ),
+        ("bundle", "project.zip", archive.getvalue()),
+    ]
+    body, content_type = multipart_form(parts)
     request = urllib.request.Request(
         f"{base}/api/v1/workspaces/{workspace}/runs/",
         data=body,
         headers={
             "Authorization": f"Bearer {token}",
-            "Content-Type": f"multipart/form-data; boundary={boundary}",
+            "Content-Type": content_type,
         },
     )
     with urllib.request.urlopen(request, timeout=30) as response:
