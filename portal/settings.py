@@ -522,6 +522,12 @@ if TAU_BACKEND not in {"local", "kubernetes"}:
 TAU_DELIVERY_RETRY_SECONDS = env_int("TAU_DELIVERY_RETRY_SECONDS", 10, minimum=1)
 TAU_DELIVERY_RETRY_MAX_SECONDS = env_int("TAU_DELIVERY_RETRY_MAX_SECONDS", 300, minimum=1)
 TAU_DELIVERY_MAX_TRIES = env_int("TAU_DELIVERY_MAX_TRIES", 10, minimum=1)
+# Artifacts (runs/artifacts.py): the files a run declares in outputs.artifacts are kept up to
+# these many bytes per run and per workspace; a file that would pass either is not kept.
+TAU_ARTIFACT_MAX_BYTES_PER_RUN = env_int("TAU_ARTIFACT_MAX_BYTES_PER_RUN", 2**30, minimum=0)
+TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE = env_int(
+    "TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE", 50 * 2**30, minimum=0
+)
 # Keeping Kueue in step with the workspaces (workspaces/kueue_sync.py, Kubernetes backend
 # only): a failed sync is tried again after TAU_KUEUE_SYNC_RETRY_SECONDS, doubling up to
 # TAU_KUEUE_SYNC_RETRY_MAX_SECONDS, at most TAU_KUEUE_SYNC_MAX_TRIES times; every

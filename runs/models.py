@@ -99,6 +99,7 @@ class EventKind(enum.StrEnum):
     RETRY = "retry"
     METRICS_SKIPPED = "metrics-skipped"
     DELIVERY_FAILED = "delivery-failed"  # the backend could not be told, and TauGrid gave up
+    ARTIFACT_REFUSED = "artifact-refused"  # a declared file was not kept (a limit, its name)
 
 
 WORKLOAD_EVENT_PREFIX = "workload."
@@ -477,3 +478,29 @@ class Checkpoint(TenantModel):
 
     def __str__(self) -> str:
         return f"step {self.step}"
+
+
+class Artifact(TenantModel):
+    """A file the run declared in ``outputs.artifacts`` and TauGrid keeps (``runs.artifacts``).
+
+    One row per path per run: the evidence record lists artifacts by path
+    (``artifacts/<path>``), so when a later attempt writes the same path again its file
+    replaces the earlier one and ``attempt`` says which attempt wrote what is kept. The
+    content is stored once per SHA-256 under ``VAR_DIR/artifacts/``; ``path`` is only a
+    name (a normalised relative POSIX path), never used to find the bytes on disk."""
+
+    tenant_path: ClassVar[str | None] = "run__workspace"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
+    attempt = models.PositiveIntegerField()
+    path = models.CharField(max_length=1000, help_text="Relative to the run's output folder.")
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta(TenantModel.Meta):
+        ordering = ["run", "path"]
+        constraints = [models.UniqueConstraint(fields=["run", "path"], name="artifact_unique_path")]
+
+    def __str__(self) -> str:
+        return self.path
