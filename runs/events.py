@@ -8,7 +8,6 @@ takes it), so two writers never give two events the same place.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -16,13 +15,10 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from runs.models import WORKLOAD_EVENT_PREFIX, EventKind, Run, RunEvent
+from tau.evidence.chain import GENESIS_HASH, event_hash
 
-GENESIS_HASH = "0" * 64
-
-
-def _event_hash(prev_hash: str, content: dict[str, Any]) -> str:
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder)
-    return hashlib.sha256(f"{prev_hash}\n{canonical}".encode()).hexdigest()
+# The hash is tau.evidence.chain's so that the offline verifier recomputes it with the same
+# code; _event_content holds JSON types only (data has been through the JSON encoder).
 
 
 def _event_content(event: RunEvent) -> dict[str, Any]:
@@ -67,7 +63,7 @@ def _append(
         data=json.loads(json.dumps(data or {}, cls=DjangoJSONEncoder)),
         prev_hash=last.hash if last else GENESIS_HASH,
     )
-    event.hash = _event_hash(event.prev_hash, _event_content(event))
+    event.hash = event_hash(event.prev_hash, _event_content(event))
     event.save()
     return event
 
@@ -118,7 +114,7 @@ def verify_event_chain(run: Run) -> bool:
     for event in RunEvent.objects.for_workspace(run.workspace_id).filter(run=run).order_by("seq"):
         if event.seq != expected_seq or event.prev_hash != prev:
             return False
-        if event.hash != _event_hash(prev, _event_content(event)):
+        if event.hash != event_hash(prev, _event_content(event)):
             return False
         prev = event.hash
         expected_seq += 1
