@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import BinaryIO, Protocol
 
 from django.conf import settings
 from django.db import transaction
@@ -48,8 +48,19 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _UNSAFE_CHARACTERS = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
+class Readable(Protocol):
+    """Where an artifact's bytes come from: an open file, or an upload's request stream."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class ArtifactRefused(Exception):
-    """The file is not kept; the message says why, in words for the person who ran it."""
+    """The file is not kept; the message says why, in words for the person who ran it.
+    ``too_large``: it would pass a size limit (rather than being misnamed)."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
 
 
 def storage_root() -> Path:
@@ -95,7 +106,8 @@ def _matches(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
         return not parts
     head, rest = pattern[0], pattern[1:]
     if head == "**":
-        # Any number of components, the file itself included when ``**`` ends the pattern.
+        if not rest:  # ``dir/**``: every file below ``dir``, not a file named ``dir``
+            return bool(parts)
         return any(_matches(parts[skip:], rest) for skip in range(len(parts) + 1))
     return (
         bool(parts) and bool(_component_pattern(head).match(parts[0])) and _matches(parts[1:], rest)
@@ -128,28 +140,31 @@ def _limit_room(run: Run, path: str) -> int:
     )
 
 
-def _limits_message(path: str, size: int) -> str:
+def _limits_message(path: str, room: int) -> str:
     return (
-        f"Artifact {path!r} ({size} bytes) was not kept: it would pass the artifact limit of "
-        f"{settings.TAU_ARTIFACT_MAX_BYTES_PER_RUN} bytes per run or "
-        f"{settings.TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE} bytes per workspace."
+        f"Artifact {path!r} was not kept: it is larger than the {max(room, 0)} bytes left of "
+        f"the artifact limits ({settings.TAU_ARTIFACT_MAX_BYTES_PER_RUN} bytes per run, "
+        f"{settings.TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE} bytes per workspace)."
     )
 
 
-def refuse(run: Run, path: str, message: str) -> ArtifactRefused:
-    """Record in the run's history that ``path`` was not kept, and the error to raise."""
+def _refuse_size(run: Run, path: str, message: str) -> ArtifactRefused:
+    """Record in the run's history that ``path`` was not kept for its size; the error."""
     with transaction.atomic():
         locked = Run.objects.for_workspace(run.workspace_id).select_for_update().get(pk=run.pk)
         append_event(locked, EventKind.ARTIFACT_REFUSED, message=message, data={"path": path})
-    return ArtifactRefused(message)
+    return ArtifactRefused(message, too_large=True)
 
 
-def store_artifact(*, run: Run, attempt: int, name: str, source: IO[bytes]) -> Artifact:
+def store_artifact(
+    *, run: Run, attempt: int, name: str, source: Readable, declared_size: int | None = None
+) -> Artifact:
     """Keep the bytes read from ``source`` as the run's artifact ``name`` (written by
     attempt ``attempt``), or raise ArtifactRefused, keeping nothing, when the name is not
     acceptable, matches no declared pattern, or the file would pass a limit. ``source`` is
     read in chunks and never held in memory whole; reading stops one chunk past the room
-    left, so an oversized upload costs no more disk than the limit."""
+    left, so an oversized upload costs no more disk than the limit, and one whose
+    ``declared_size`` (an upload's Content-Length) is already too large is not read at all."""
     path = normalise_path(name)
     patterns = declared_patterns(run)
     if not matches_declared(path, patterns):
@@ -158,6 +173,8 @@ def store_artifact(*, run: Run, attempt: int, name: str, source: IO[bytes]) -> A
             f"{path!r} matches none of the run's outputs.artifacts patterns ({declared})."
         )
     room = _limit_room(run, path)
+    if declared_size is not None and declared_size > room:
+        raise _refuse_size(run, path, _limits_message(path, room))
     root = storage_root()
     root.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix="upload-", dir=root)
@@ -168,7 +185,7 @@ def store_artifact(*, run: Run, attempt: int, name: str, source: IO[bytes]) -> A
             while chunk := source.read(_CHUNK):
                 size += len(chunk)
                 if size > room:
-                    raise refuse(run, path, _limits_message(path, size))
+                    raise _refuse_size(run, path, _limits_message(path, room))
                 digest.update(chunk)
                 out.write(chunk)
         sha256 = digest.hexdigest()
@@ -182,19 +199,14 @@ def store_artifact(*, run: Run, attempt: int, name: str, source: IO[bytes]) -> A
     with transaction.atomic():
         # Under the run's row lock, so two files saved at once cannot both take the last room.
         locked = Run.objects.for_workspace(run.workspace_id).select_for_update().get(pk=run.pk)
-        if size > _limit_room(locked, path):
-            append_event(
-                locked,
-                EventKind.ARTIFACT_REFUSED,
-                message=_limits_message(path, size),
-                data={"path": path},
-            )
-            refused = ArtifactRefused(_limits_message(path, size))
-        else:
+        room = _limit_room(locked, path)
+        if size <= room:
             artifact, _ = Artifact.objects.update_or_create(
                 run=locked,
                 path=path,
                 defaults={"attempt": attempt, "size": size, "sha256": sha256},
             )
             return artifact
-    raise refused
+        message = _limits_message(path, room)
+        append_event(locked, EventKind.ARTIFACT_REFUSED, message=message, data={"path": path})
+    raise ArtifactRefused(message, too_large=True)

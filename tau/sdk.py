@@ -9,6 +9,7 @@
         if step % 500 == 0:
             save(f"{os.environ['TAU_CHECKPOINT_DIR']}/step-{step}")
             tau.checkpoint_saved(f"{os.environ['TAU_CHECKPOINT_DIR']}/step-{step}", step)
+    tau.save_artifact(f"{os.environ['TAU_OUTPUT_DIR']}/model/final.pt")  # uploads it now
 
 What it reads is what every run gets in its environment, on the local executor and on
 Kubernetes alike (docs/TAU_YAML.md): ``TAU_API_URL``, ``TAU_RUN_TOKEN`` (a token that reports
@@ -20,6 +21,12 @@ limit of reports a minute). When the portal cannot be reached the rows wait in t
 (bounded: the oldest go first, and that is said) and a warning goes to stderr once per outage;
 they are sent when it answers again. Nothing here raises into the training loop because of
 the portal. At exit the buffer is flushed for at most ``FLUSH_AT_EXIT_SECONDS``.
+
+``save_artifact`` uploads one file the run declared in ``outputs.artifacts`` (its name
+relative to ``TAU_OUTPUT_DIR`` must match a pattern) and waits for it: the file is streamed,
+never read whole; a refusal or an unreachable portal is a warning and ``False``, never an
+exception. On the local executor the declared files are also collected when the attempt
+ends, so it is needed there only to keep a file the workload deletes before it exits.
 
 Outside a run (no ``TAU_RUN_TOKEN``) the calls do nothing but say so once.
 
@@ -42,7 +49,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["checkpoint_saved", "flush", "log_metrics", "resume_from"]
+__all__ = ["checkpoint_saved", "flush", "log_metrics", "resume_from", "save_artifact"]
 
 #: The most rows one report carries (the portal takes up to 5,000).
 ROWS_PER_REPORT = 1000
@@ -343,3 +350,88 @@ def flush(timeout: float = FLUSH_AT_EXIT_SECONDS) -> bool:
     portal; True when it has (it is also done at exit)."""
     current = _reporter
     return True if current is None else current.flush(timeout)
+
+
+#: Tries of one artifact upload when the portal cannot be reached (or asks to wait).
+ARTIFACT_TRIES = 3
+
+
+def save_artifact(path: str | os.PathLike[str], name: str | None = None) -> bool:
+    """Upload the file at ``path`` as one of the run's artifacts, kept with its evidence and
+    downloadable from the run page. ``name`` is its path among the run's artifacts; by
+    default ``path`` relative to ``TAU_OUTPUT_DIR`` (or the file's own name when it lies
+    elsewhere). The name must match one of the run's ``outputs.artifacts`` patterns, and the
+    run's and workspace's artifact limits apply.
+
+    Unlike the reports, this waits for the upload (the file is streamed, never read into
+    memory whole), so call it where a pause is fine: after an evaluation, at the end. True
+    when the portal kept the file; False, with a warning, otherwise — it never raises."""
+    if _outside_a_run("save_artifact"):
+        return False
+    try:
+        return _upload_artifact(os.fspath(path), name)
+    except Exception as error:  # never into the training loop
+        _warn(f"save_artifact: {path!s} not saved ({type(error).__name__}: {error})")
+        return False
+
+
+def _artifact_name(path: str, name: str | None) -> str:
+    if name:
+        return name
+    output = os.environ.get("TAU_OUTPUT_DIR")
+    absolute = os.path.abspath(path)
+    if output:
+        relative = os.path.relpath(absolute, os.path.abspath(output))
+        if relative != os.curdir and not relative.startswith(os.pardir + os.sep):
+            return relative.replace(os.sep, "/")
+    return os.path.basename(absolute)
+
+
+def _upload_artifact(path: str, name: str | None) -> bool:
+    current = reporter()
+    artifact = _artifact_name(path, name)
+    address = current.base + "artifacts/?" + urllib.parse.urlencode({"path": artifact})
+    delay = FIRST_RETRY_SECONDS
+    for tries_left in range(ARTIFACT_TRIES - 1, -1, -1):
+        try:
+            with open(path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                request = urllib.request.Request(  # noqa: S310 - http(s) only, checked in Reporter
+                    address,
+                    data=handle,  # http.client sends a file in blocks
+                    headers={
+                        "Authorization": f"Bearer {current.token}",
+                        "Content-Type": "application/octet-stream",
+                        "Content-Length": str(size),
+                        "Accept": "application/json",
+                    },
+                    method="POST",
+                )
+                with urllib.request.urlopen(  # noqa: S310 - http(s) only, checked in Reporter
+                    request, timeout=REQUEST_TIMEOUT_SECONDS
+                ) as response:
+                    response.read()
+            return True
+        except urllib.error.HTTPError as error:
+            detail = _detail(error)
+            if (error.code == 429 or error.code >= 500) and tries_left:
+                retry_after = error.headers.get("Retry-After") if error.headers else None
+                time.sleep(float(retry_after) if retry_after and retry_after.isdigit() else delay)
+                delay = min(delay * 2, MAX_RETRY_SECONDS)
+                continue
+            _warn(
+                f"save_artifact: the portal did not keep {artifact!r}: HTTP {error.code}: {detail}"
+            )
+            return False
+        except (OSError, ValueError) as error:
+            if isinstance(error, OSError) and error.filename == path:
+                _warn(f"save_artifact: cannot read {path}: {error.strerror or error}")
+                return False
+            if tries_left:
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_RETRY_SECONDS)
+                continue
+            reason = getattr(error, "reason", error)
+            _warn(f"save_artifact: {artifact!r} not saved, the portal cannot be reached: {reason}")
+            return False
+    return False

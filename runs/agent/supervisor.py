@@ -52,7 +52,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
 from runs import attempts, checkpoints, metrics, run_tokens, selectors, state, wording
-from runs.agent import admission, environments, outcomes, processes
+from runs.agent import admission, artifact_collection, environments, outcomes, processes
 from runs.agent import sandbox as sandboxing
 from runs.agent.collect import CheckpointScanner, FoundCheckpoint, MetricsReader
 from runs.agent.prepare import (
@@ -1021,6 +1021,10 @@ class Agent:
             if not execution.running_recorded:
                 self._record_running(execution)  # a process that ended at once
             self._collect(execution, time.monotonic(), final=True)
+            # Before the outcome: a run that ends has its artifacts when its evidence is sealed.
+            artifact_collection.collect_artifacts(
+                run=execution.run, attempt=execution.attempt.number, output=execution.layout.output
+            )
         with transaction.atomic():
             if execution.metrics.bad_lines:
                 metrics.note_skipped_lines(

@@ -19,7 +19,7 @@ from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
 from runs.backends.kubernetes import no_storage_warning
-from runs.models import Backend, Checkpoint, Run, RunAttempt, RunEvent
+from runs.models import Artifact, Backend, Checkpoint, Run, RunAttempt, RunEvent
 
 #: Steps and sizes are stored as 64-bit integers.
 MAX_STEP = 2**63 - 1
@@ -418,3 +418,26 @@ class ReportEventSerializer(serializers.Serializer[Any]):
                 f"JSON; this one is {size} bytes. Keep large results in TAU_OUTPUT_DIR."
             )
         return attrs
+
+
+class ArtifactSerializer(serializers.ModelSerializer[Artifact]):
+    """A kept artifact of the run in the context (``run``); ``download`` is where its bytes
+    are."""
+
+    download = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Artifact
+        fields = ["path", "attempt", "size", "sha256", "created_at", "download"]
+        read_only_fields = fields
+
+    def get_download(self, artifact: Artifact) -> str:
+        run: Run = self.context["run"]
+        return reverse(
+            "api:run-artifact",
+            kwargs={
+                "workspace_slug": run.workspace.slug,
+                "run_name": run.name,
+                "artifact_path": artifact.path,
+            },
+        )

@@ -21,6 +21,16 @@ urlpatterns = [
         views.RunViewSet.as_view({"get": "checkpoints"}),
         name="run-checkpoints",
     ),
+    path(
+        f"{RUN}artifacts/",
+        views.RunArtifactViewSet.as_view({"get": "list"}),
+        name="run-artifacts",
+    ),
+    path(
+        f"{RUN}artifacts/<path:artifact_path>",
+        views.RunArtifactViewSet.as_view({"get": "retrieve"}),
+        name="run-artifact",
+    ),
     path(f"{RUN}bundle/", views.RunBundleViewSet.as_view({"get": "retrieve"}), name="run-bundle"),
     path(
         f"{RUN}report/metrics/",
@@ -36,5 +46,10 @@ urlpatterns = [
         f"{RUN}report/events/",
         views.RunReportViewSet.as_view({"post": "event"}),
         name="run-report-events",
+    ),
+    path(
+        f"{RUN}report/artifacts/",
+        views.RunArtifactUploadViewSet.as_view({"post": "upload"}),
+        name="run-report-artifacts",
     ),
 ]

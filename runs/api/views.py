@@ -35,6 +35,7 @@ from identity.tokens import token_of
 from portal.api import INVALID_REQUEST, BoundedJSONParser, refusals
 from portal.requests import signed_in_user
 from runs import (
+    artifacts,
     bundles,
     checkpoints,
     kube_queue,
@@ -48,6 +49,7 @@ from runs import (
 from runs.access import REFUSAL, may_act_on
 from runs.api.serializers import (
     SUMMARY_COLUMNS,
+    ArtifactSerializer,
     CheckpointSerializer,
     EventSerializer,
     LogChunkSerializer,
@@ -63,7 +65,7 @@ from runs.api.serializers import (
 )
 from runs.checkpoint_paths import CheckpointPathRefused
 from runs.metric_rules import MAX_KEYS_PER_RUN, MetricRow
-from runs.models import Backend, Checkpoint, Run, RunAttempt, RunEvent, RunState
+from runs.models import Artifact, Backend, Checkpoint, Run, RunAttempt, RunEvent, RunState
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import Role
 
@@ -775,4 +777,122 @@ class RunBundleViewSet(WorkspaceScopedViewSet):
             filename=f"{run.name}.zip",
         )
         response["X-Content-SHA256"] = run.bundle.sha256
+        return response
+
+
+class ArtifactBodyParser(BaseParser):
+    """An artifact upload's body: the file's bytes as they are. Declared so that the route
+    takes ``application/octet-stream``; the view reads the request's stream itself, in
+    chunks, so no upload is ever held in memory whole."""
+
+    media_type = "application/octet-stream"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        return stream
+
+
+class RunArtifactUploadViewSet(RunReportViewSet):
+    """A workload saves an artifact with its run token (``tau.save_artifact``): the body is
+    the file, ``?path=`` its name under the run's output folder. The run token reaches its
+    own run only; the name must match the run's ``outputs.artifacts`` and the file fit the
+    artifact limits (``runs.artifacts``)."""
+
+    parser_classes = [ArtifactBodyParser]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "path",
+                str,
+                required=True,
+                description="The file's path relative to the run's output folder "
+                "(`TAU_OUTPUT_DIR`); it must match one of the run's `outputs.artifacts`.",
+            )
+        ],
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        responses={
+            201: ArtifactSerializer,
+            **refusals(
+                400,
+                413,
+                words={
+                    400: "Also: the path is not acceptable or matches no declared pattern.",
+                    413: "Also: the file would pass the run's or the workspace's artifact "
+                    "limit; nothing was kept and the run's history says so.",
+                    429: REPORTS_429,
+                },
+            ),
+        },
+    )
+    def upload(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        name = request.query_params.get("path", "")
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0) or None
+        except ValueError:
+            declared = None
+        try:
+            artifact = artifacts.store_artifact(
+                run=self.run,
+                attempt=self.attempt_number,
+                name=name,
+                source=request._request,  # the body's stream, read in chunks
+                declared_size=declared,
+            )
+        except artifacts.ArtifactRefused as exc:
+            if exc.too_large:
+                return Response({"detail": str(exc)}, status=413)
+            raise exceptions.ValidationError({"path": [str(exc)]}) from None
+        return Response(
+            ArtifactSerializer(artifact, context={"run": self.run}).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class RunArtifactViewSet(WorkspaceScopedViewSet):
+    """A run's kept artifacts, for the workspace's members: the list, and each file."""
+
+    base_queryset = Artifact.objects.all()
+
+    def _run(self) -> Run:
+        try:
+            return selectors.resolve_run(self.workspace, self.kwargs["run_name"])
+        except Http404 as exc:
+            raise exceptions.NotFound(str(exc)) from None
+
+    @extend_schema(responses={200: ArtifactSerializer(many=True), **refusals()})
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        run = self._run()
+        rows = self.get_queryset().filter(run=run).order_by("path")
+        return Response(ArtifactSerializer(rows, many=True, context={"run": run}).data)
+
+    @extend_schema(
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY,
+                description="The file as kept; `X-Content-SHA256` is its SHA-256.",
+            ),
+            **refusals(words={404: "Also: the run kept no artifact of that path."}),
+        }
+    )
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> FileResponse:
+        run = self._run()
+        path = kwargs["artifact_path"]
+        artifact = (
+            None if "\x00" in path else self.get_queryset().filter(run=run, path=path).first()
+        )
+        if artifact is None:
+            raise exceptions.NotFound("This run kept no such artifact.")
+        try:
+            handle = artifacts.open_artifact(artifact)
+        except FileNotFoundError:
+            logger.error("artifact %s of %s is missing from the store", artifact.path, run.name)
+            raise exceptions.NotFound("This artifact's file is missing.") from None
+        # Always a download of bytes: an HTML artifact must not run as this site's page.
+        response = FileResponse(
+            handle,
+            content_type="application/octet-stream",
+            as_attachment=True,
+            filename=artifact.path.rsplit("/", 1)[-1],
+        )
+        response["X-Content-SHA256"] = artifact.sha256
         return response
