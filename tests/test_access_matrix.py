@@ -11,6 +11,7 @@ an entry here fails the suite until someone decides who may use it.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from identity import tokens
 from portal import audit
 from portal.models import AuditEvent
+from runs.artifacts import store_artifact
 from runs.models import RunState
 from tests.conftest import CAST
 from tests.runs.factories import TINY_FILES, TINY_SPEC, make_run, zip_bytes
@@ -95,6 +97,16 @@ def FAILED_RUN(world: Any) -> dict[str, Any]:
 def RUN_WITH_BUNDLE(world: Any) -> dict[str, Any]:
     run = make_run(world, files={"main.py": "print('hello')\n"})
     return {"workspace_slug": "alpha", "run_name": run.name}
+
+
+def RUN_WITH_ARTIFACT(world: Any) -> dict[str, Any]:
+    run = make_run(world, spec=TINY_SPEC + b"outputs:\n  artifacts: [model/**]\n")
+    store_artifact(run=run, attempt=1, name="model/w.pt", source=io.BytesIO(b"weights"))
+    return {"workspace_slug": "alpha", "run_name": run.name, "artifact_path": "model/w.pt"}
+
+
+def RUN_WITH_ARTIFACTS(world: Any) -> dict[str, Any]:
+    return {"workspace_slug": "alpha", "run_name": RUN_WITH_ARTIFACT(world)["run_name"]}
 
 
 # Reads inside alpha: members and staff see it, the outsider gets 404. Anonymous API
@@ -201,6 +213,8 @@ MATRIX: dict[str, Route] = {
     "api:run-metrics": Route({"GET": API_READ}, RUN, api=True),
     "api:run-checkpoints": Route({"GET": API_READ}, RUN, api=True),
     "api:run-bundle": Route({"GET": API_READ}, RUN_WITH_BUNDLE, api=True),
+    "api:run-artifacts": Route({"GET": API_READ}, RUN_WITH_ARTIFACTS, api=True),
+    "api:run-artifact": Route({"GET": API_READ}, RUN_WITH_ARTIFACT, api=True),
     # Only a run's own token may report on it (tests/runs/test_api.py covers that token).
     "api:run-report-metrics": Route(
         {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"rows": []}, api=True
@@ -210,6 +224,9 @@ MATRIX: dict[str, Route] = {
     ),
     "api:run-report-events": Route(
         {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"kind": "note"}, api=True
+    ),
+    "api:run-report-artifacts": Route(
+        {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"path": "x"}, api=True
     ),
     # Run pages.
     "runs": Route({"GET": PAGE_READ}, ALPHA),

@@ -144,7 +144,8 @@ def contract(world: Any, tmp_path: Path, settings: Any) -> Iterator[Contract]:
 #: Operations whose refusal of a well-formed request turns on what exists or on content the
 #: schema cannot carry, where a 400 that says which is the right answer to a schema-valid
 #: request (each refusal names the field): the tau.yaml inside the submitted file (checked
-#: by the server's own checker), a checkpoint path inside this run's folder, metric rows
+#: by the server's own checker), a checkpoint path inside this run's folder, an artifact's
+#: name among the run's declared outputs.artifacts, metric rows
 #: (names, values and the number of series per run), a username someone may add, and the
 #: platform team's objects (names taken, cohorts that must exist, node labels and
 #: tolerations by Kubernetes' rules, quantities). Everything else answers a schema-valid
@@ -153,6 +154,7 @@ STATE_DEPENDENT_400 = (
     "POST /api/v1/workspaces/{workspace_slug}/runs/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/checkpoints/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/metrics/",
+    "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/artifacts/",
     "POST /api/v1/workspaces/{workspace_slug}/members/",
     "POST /api/v1/workspaces/",
     "POST /api/v1/cohorts/",

@@ -11,6 +11,7 @@ when the schema grows an operation that no call here exercises.
 
 from __future__ import annotations
 
+import io
 import secrets
 import string
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from openapi_core.exceptions import OpenAPIError
 from rest_framework.test import APIClient
 
 from identity import tokens
+from runs.artifacts import store_artifact
 from runs.models import Checkpoint, MetricPoint, RunEvent, RunState
 from tests.runs.factories import TINY_SPEC, make_run
 from tests.runs.test_api import attempt_with_log, bearer, run_token
@@ -740,6 +742,60 @@ def report_event_for_another_run(world: Any, tmp: Path, settings: Any) -> HttpRe
     return caller.post(
         run_path(make_run(world).name, "report/events/"), {"kind": "epoch"}, format="json"
     )
+
+
+ARTIFACT_SPEC = TINY_SPEC + b"outputs:\n  artifacts: [model/**]\n"
+
+
+def artifact_reporter(world: Any) -> tuple[Any, APIClient]:
+    ran = make_run(world, spec=ARTIFACT_SPEC)
+    return ran, bearer(run_token(world, ran))
+
+
+def upload_artifact(caller: APIClient, ran: Any, path: str, body: bytes) -> HttpResponseBase:
+    return caller.post(
+        run_path(ran.name, f"report/artifacts/?path={path}"),
+        body,
+        content_type="application/octet-stream",
+    )
+
+
+@call("POST", f"{RUN}/report/artifacts/", 201)
+def report_artifact(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = artifact_reporter(world)
+    return upload_artifact(caller, ran, "model/w.pt", b"weights")
+
+
+@call("POST", f"{RUN}/report/artifacts/", 400)
+def report_artifact_undeclared(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = artifact_reporter(world)
+    return upload_artifact(caller, ran, "notes.txt", b"x")
+
+
+@call("POST", f"{RUN}/report/artifacts/", 413)
+def report_artifact_over_the_limit(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    settings.TAU_ARTIFACT_MAX_BYTES_PER_RUN = 3
+    ran, caller = artifact_reporter(world)
+    return upload_artifact(caller, ran, "model/w.pt", b"weights")
+
+
+@call("GET", f"{RUN}/artifacts/", 200)
+def artifacts_list(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = make_run(world, spec=ARTIFACT_SPEC)
+    store_artifact(run=ran, attempt=1, name="model/w.pt", source=io.BytesIO(b"w"))
+    return client(world, "viewer").get(run_path(ran.name, "artifacts/"))
+
+
+@call("GET", f"{RUN}/artifacts/{{artifact_path}}", 200)
+def artifact_download(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = make_run(world, spec=ARTIFACT_SPEC)
+    store_artifact(run=ran, attempt=1, name="model/w.pt", source=io.BytesIO(b"w"))
+    return client(world, "viewer").get(run_path(ran.name, "artifacts/model/w.pt"))
+
+
+@call("GET", f"{RUN}/artifacts/{{artifact_path}}", 404)
+def artifact_not_kept(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path(make_run(world).name, "artifacts/model/w.pt"))
 
 
 # --- The tests ------------------------------------------------------------------------------
