@@ -33,6 +33,7 @@ __all__ = [
     "attempt_log",
     "bytes_member",
     "check_member_name",
+    "member_header",
     "tar_stream",
 ]
 
@@ -100,7 +101,8 @@ def bytes_member(name: str, data: bytes) -> Member:
     return Member(name=name, size=len(data), open=lambda: io.BytesIO(data))
 
 
-def _header(name: str, size: int, mtime: int) -> bytes:
+def member_header(name: str, size: int, mtime: int) -> bytes:
+    """The tar header of a member: what the writer emits and what the verifier expects."""
     info = tarfile.TarInfo(name)
     info.size = size
     info.mtime = mtime
@@ -134,7 +136,7 @@ def tar_stream(
         seen.add(member.name)
         if member.size < 0:
             raise MemberSizeError(f"{member.name}: negative size {member.size}")
-        header = _header(member.name, member.size, mtime)
+        header = member_header(member.name, member.size, mtime)
         yield header
         written += len(header)
         with member.open() as source:
