@@ -36,6 +36,7 @@ from runs.models import (
     LIVE_STATES,
     RUNNING_STATES,
     WAITING_STATES,
+    Artifact,
     Backend,
     Checkpoint,
     Run,
@@ -217,6 +218,9 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
         )
         for checkpoint in checkpoints:
             checkpoint.available = checkpoint_exists(run, checkpoint)  # type: ignore[attr-defined]
+        artifacts = list(
+            Artifact.objects.for_workspace(self.workspace).filter(run=run).order_by("path")[:200]
+        )
         may_act = may_act_on(run, access=self.access, user_id=self.request.user.pk)
         latest = attempts[0] if attempts else None
         # ?attempt=N shows that attempt's log (the page works without JavaScript too); the
@@ -228,6 +232,7 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
             "attempts": attempts,
             "events": events,
             "checkpoints": checkpoints,
+            "artifacts": artifacts,
             "is_live": run.is_live,
             "can_cancel": may_act and run.is_live and run.state != RunState.CANCELLING,
             "can_resume": may_act and not run.is_live,
@@ -240,18 +245,25 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
     def _version(self, run: Run) -> tuple[Any, ...]:
         """Everything the live fragment shows changes one of these: the run row (state,
         reason, attempts), its newest event (workload events do not touch the run row), its
-        newest checkpoint."""
+        newest checkpoint, its newest artifact."""
         newest_event = (
             RunEvent.objects.filter(run=OuterRef("pk")).order_by("-seq").values("seq")[:1]
         )
         newest_checkpoint = (
             Checkpoint.objects.filter(run=OuterRef("pk")).order_by("-id").values("id")[:1]
         )
+        newest_artifact = (
+            Artifact.objects.filter(run=OuterRef("pk")).order_by("-id").values("id")[:1]
+        )
         row = (
             Run.objects.for_workspace(self.workspace)
             .filter(pk=run.pk)
-            .annotate(event=Subquery(newest_event), checkpoint=Subquery(newest_checkpoint))
-            .values_list("updated_at", "state", "event", "checkpoint")
+            .annotate(
+                event=Subquery(newest_event),
+                checkpoint=Subquery(newest_checkpoint),
+                artifact=Subquery(newest_artifact),
+            )
+            .values_list("updated_at", "state", "event", "checkpoint", "artifact")
             .get()
         )
         return (run.pk, *row)

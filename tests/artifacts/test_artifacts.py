@@ -252,3 +252,16 @@ def test_the_list_costs_a_fixed_number_of_queries(
     with CaptureQueriesContext(connection) as many:
         assert len(viewer.get(base).json()) == 21
     assert len(few) == len(many) == 3, [q["sql"] for q in many.captured_queries]
+
+
+def test_the_run_page_lists_them_with_their_downloads(
+    world: Any, settings: Any, tmp_path: Path
+) -> None:
+    settings.VAR_DIR = tmp_path
+    run = run_with_artifacts(world)
+    page = world.client_for("viewer").get(f"/w/alpha/runs/{run.name}/")
+    assert "None kept yet" in page.content.decode()
+    artifacts.store_artifact(run=run, attempt=1, name="model/<w>.pt", source=io.BytesIO(b"w"))
+    html = world.client_for("viewer").get(f"/w/alpha/runs/{run.name}/").content.decode()
+    assert "model/&lt;w&gt;.pt" in html
+    assert f'href="/api/v1/workspaces/alpha/runs/{run.name}/artifacts/model/%3Cw%3E.pt"' in html
