@@ -1268,6 +1268,31 @@ def workspace_quota(ctx: click.Context, workspace: str | None, as_json: bool) ->
     return EXIT_OK
 
 
+@cli.group("evidence")
+def evidence_group() -> None:
+    """Sealed evidence records of runs (docs/evidence.md)."""
+
+
+@evidence_group.command("verify")
+@click.argument("file", metavar="FILE")
+@click.option(
+    "--key",
+    metavar="PUBKEY_OR_KEYRING",
+    help="The keys to trust: the portal's keyring (GET /api/v1/evidence/keys/), a PEM public "
+    "key or a base64 raw key. Without it the signer is not checked.",
+)
+@json_option
+def evidence_verify(file: str, key: str | None, as_json: bool) -> int:
+    """Check an exported record offline: the signature, every digest, the event chain.
+
+    Exit 0: every check passed; 1: something does not match (each mismatch named); 2: the
+    record or the key cannot be read."""
+    # Imported here: `cryptography` loads only for the command that needs it.
+    from tau.evidence.verify import verify_and_report
+
+    return verify_and_report(file, key, as_json=as_json)
+
+
 # --- short aliases ------------------------------------------------------------------------
 
 for _alias, _command in (
