@@ -214,7 +214,7 @@ def experiment(
         say(line)
 
     def start_agent() -> Agent:
-        agent = Agent(var_dir).start()
+        agent = Agent(var_dir, {"TAU_API_URL": portal.url}).start()
         agents.append(agent)
         return agent
 

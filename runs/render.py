@@ -145,7 +145,7 @@ from typing import Any, Final
 
 import yaml
 
-from runs import labels
+from runs import labels, workload_sdk
 from tau.k8s_names import (
     GPU_RESOURCE,
     dns1035_label_problem,
@@ -182,6 +182,8 @@ MAX_BUNDLE_BYTES: Final = 50 * 2**20
 
 CODE_DIR: Final = "/tau/code"
 FETCH_DIR: Final = "/tau/fetch"
+#: The workload SDK (``runs.workload_sdk``), written by the fetcher, first on PYTHONPATH.
+SDK_DIR: Final = "/tau/sdk"
 OUTPUT_DIR: Final = "/tau/outputs"
 CHECKPOINT_DIR: Final = "/tau/checkpoints"
 SHM_DIR: Final = "/dev/shm"  # noqa: S108 - the shared-memory mount point, not a temp file
@@ -221,8 +223,9 @@ PLATFORM_ENV: Final = (
 )
 
 #: Downloads, verifies and unpacks the bundle: ``python3 -I -c FETCH_SCRIPT URL SHA256 DIR
-#: MAX_BYTES`` with the run token in ``TAU_RUN_TOKEN``. Standard library only; the archive
-#: goes to DIR/bundle.zip, the tree to DIR/code. It contains no ``$`` (the kubelet would
+#: MAX_BYTES [SDK]`` with the run token in ``TAU_RUN_TOKEN``. Standard library only; the archive
+#: goes to DIR/bundle.zip, the tree to DIR/code, and the workload SDK (``SDK``:
+#: ``runs.workload_sdk.packed``) to DIR/sdk. It contains no ``$`` (the kubelet would
 #: expand ``$(...)`` in args) and no value that comes from a user.
 FETCH_SCRIPT: Final = """\
 import hashlib, hmac, os, shutil, stat, sys, time, urllib.error, urllib.request, zipfile
@@ -281,6 +284,18 @@ for folder, _, _ in os.walk(base):
     os.chmod(folder, 0o777)
 os.unlink(archive)
 print("tau-fetch-bundle: %s verified (%d bytes) and unpacked" % (digest, size))
+if len(sys.argv) > 5:
+    import base64, json, zlib
+    sdk = os.path.join(root, "sdk")
+    for name, text in json.loads(zlib.decompress(base64.b64decode(sys.argv[5]))).items():
+        target = os.path.join(sdk, *name.split("/"))
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        with open(target, "x", encoding="utf-8") as sink:
+            sink.write(text)
+        os.chmod(target, 0o644)
+    for folder, _, _ in os.walk(sdk):
+        os.chmod(folder, 0o755)
+    print("tau-fetch-bundle: the workload SDK is in %s" % sdk)
 """
 
 
@@ -685,6 +700,7 @@ def _fetcher(target: RunTarget, digest: str) -> Manifest:
             digest,
             FETCH_DIR,
             str(MAX_BUNDLE_BYTES),
+            workload_sdk.packed(),
         ],
         "env": _platform_env(target),
         "resources": _resources(FETCHER_RESOURCES),
@@ -708,6 +724,22 @@ def _code_mount(*, read_only: bool) -> Manifest:
     return mount
 
 
+def _sdk_mount() -> Manifest:
+    return {"name": _CODE_VOLUME, "mountPath": SDK_DIR, "subPath": "sdk", "readOnly": True}
+
+
+def _with_sdk_on_path(env: list[Manifest]) -> list[Manifest]:
+    """``env`` with ``PYTHONPATH`` leading to the SDK: the spec's own ``PYTHONPATH`` (a literal
+    in ``runtime.env``) comes after it; one taken from a Secret is left alone (its value is
+    not known here, and the researcher chose it)."""
+    for variable in env:
+        if variable["name"] == "PYTHONPATH":
+            if "valueFrom" not in variable:
+                variable["value"] = workload_sdk.python_path(SDK_DIR, variable.get("value"))
+            return env
+    return [*env, {"name": "PYTHONPATH", "value": SDK_DIR}]
+
+
 _CODE_VOLUME_SPEC: Final[Mapping[str, Any]] = {"name": _CODE_VOLUME, "emptyDir": {}}
 
 
@@ -723,6 +755,8 @@ def runtime_env_yaml(spec: Spec, target: RunTarget) -> str | None:
         runtime_env["pip"] = list(spec.runtime.pip)
     if target.bundle_sha256 is not None:
         runtime_env["working_dir"] = CODE_DIR
+        # The SDK the fetcher wrote, shipped by Ray to the driver and every worker.
+        runtime_env["py_modules"] = [f"{SDK_DIR}/tau"]
     if not runtime_env:
         return None
     dumped: str = yaml.dump(
@@ -800,7 +834,7 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
     }
     if target.bundle_sha256 is not None:
         submitter_pod["initContainers"] = [_fetcher(target, target.bundle_sha256)]
-        submitter_container["volumeMounts"] = [_code_mount(read_only=True)]
+        submitter_container["volumeMounts"] = [_code_mount(read_only=True), _sdk_mount()]
         submitter_pod["volumes"] = [dict(_CODE_VOLUME_SPEC)]
 
     rayjob_spec: Manifest = {
@@ -902,7 +936,8 @@ def render_job(spec: Spec, target: RunTarget) -> Manifest:
     pod: Manifest = {"restartPolicy": "Never", "enableServiceLinks": False}
     if target.bundle_sha256 is not None:
         container["workingDir"] = CODE_DIR
-        mounts.insert(0, _code_mount(read_only=False))
+        container["env"] = _with_sdk_on_path(env)
+        mounts[:0] = [_code_mount(read_only=False), _sdk_mount()]
         checkpoint_dir = spec.resilience.checkpoint_dir
         if checkpoint_dir is not None and checkpoint_dir != ".":
             # The promise of resilience.checkpoint_dir: relative to the project directory.

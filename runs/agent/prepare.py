@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 
-from runs import bundles
+from runs import bundles, workload_sdk
 from runs.agent import environments
 from runs.agent import sandbox as sandboxing
 from tau.spec import Spec
@@ -110,6 +110,8 @@ class PreparationPlan:
     uid: int | None = None  # the workload's own uid (a privileged sandbox only)
     gpu_count: int = 0
     log_limit: int | None = None  # TAU_RUN_LOG_MAX_BYTES, kept by the wrapper
+    # Where the workload SDK is written (``runs.workload_sdk``); None = no SDK on the path.
+    sdk_root: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -172,16 +174,35 @@ def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
             raise PreparationFailed(
                 "infrastructure", f"Could not build the Python environment: {exc}."
             ) from None
+        sdk_dir = None
+        if plan.sdk_root is not None:
+            try:
+                sdk_dir = workload_sdk.materialise(plan.sdk_root)
+            except OSError as exc:
+                log.write(f"[taugrid] could not write the workload SDK: {exc}\n".encode())
+                raise PreparationFailed(
+                    "infrastructure", f"Could not write the workload SDK: {exc}"
+                ) from None
     python = venv / "bin" / "python"
     if command[0] == "python":
         command[0] = str(python)
     env = child_environment(
-        venv=venv, layout=layout, spec_env=spec.runtime.env_dict(), platform_env=plan.platform_env
+        venv=venv,
+        layout=layout,
+        spec_env=spec.runtime.env_dict(),
+        platform_env=plan.platform_env,
+        sdk_dir=sdk_dir,
     )
-    return Prepared(command=wrapped_command(plan, command, venv=venv), env=env, cwd=layout.work)
+    return Prepared(
+        command=wrapped_command(plan, command, venv=venv, sdk_dir=sdk_dir),
+        env=env,
+        cwd=layout.work,
+    )
 
 
-def wrapped_command(plan: PreparationPlan, command: list[str], *, venv: Path) -> list[str]:
+def wrapped_command(
+    plan: PreparationPlan, command: list[str], *, venv: Path, sdk_dir: Path | None = None
+) -> list[str]:
     """The command line the agent starts: the wrapper (which records the outcome) around the
     workload, inside the sandbox when there is one."""
     layout = plan.layout
@@ -205,7 +226,7 @@ def wrapped_command(plan: PreparationPlan, command: list[str], *, venv: Path) ->
         sandboxing.Layout(
             command=command,
             cwd=layout.work,
-            read_only=[venv],
+            read_only=[venv] if sdk_dir is None else [venv, sdk_dir],
             writable=[layout.work, layout.output, layout.tmp, layout.checkpoints, layout.status],
             files=sandboxing.identity_files(layout.sandbox_etc, uid=uid, home=layout.work),
             devices=sandboxing.gpu_devices(plan.gpu_count),
@@ -260,9 +281,11 @@ def child_environment(
     layout: AttemptLayout,
     spec_env: Mapping[str, str],
     platform_env: Mapping[str, str],
+    sdk_dir: Path | None = None,
 ) -> dict[str, str]:
     """A fresh environment, never the agent's own (which holds the portal's secrets): a
-    minimal base, then the spec's ``runtime.env``, then the platform's TAU_* variables."""
+    minimal base, then the spec's ``runtime.env``, then the platform's TAU_* variables, and
+    the workload SDK first on ``PYTHONPATH`` (after it, whatever ``runtime.env`` put there)."""
     env = {
         "PATH": f"{venv / 'bin'}:{environments.BASE_PATH}",
         "HOME": str(layout.work),
@@ -274,4 +297,6 @@ def child_environment(
     }
     env.update(spec_env)
     env.update(platform_env)
+    if sdk_dir is not None:
+        env["PYTHONPATH"] = workload_sdk.python_path(str(sdk_dir), spec_env.get("PYTHONPATH"))
     return env

@@ -171,6 +171,7 @@ class Agent:
         self.capacity = admission.machine_capacity()
         self.runs_dir = runs_root()
         self.venvs_dir = Path(settings.VAR_DIR) / "venvs"
+        self.sdk_root = Path(settings.VAR_DIR) / "workload-sdk"
         self.log_limit = int(settings.TAU_RUN_LOG_MAX_BYTES)
         self.free_gpus = list(range(int(settings.TAU_LOCAL_GPUS)))
         self.executions: dict[int, Execution] = {}  # by attempt id
@@ -724,6 +725,7 @@ class Agent:
             uid=uid,
             gpu_count=len(execution.gpus),
             log_limit=self.log_limit,
+            sdk_root=self.sdk_root,
         )
         execution.preparation = self._pool.submit(prepare, plan, execution.cancelled)
 

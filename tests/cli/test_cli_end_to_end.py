@@ -94,7 +94,8 @@ def _wait_for_state(tau: Tau, name: str, wanted: set[str], timeout: float = 60) 
 
 def test_tau_from_login_to_resume(world: Any, portal: Portal, tmp_path: Path) -> None:
     local_quota(world.alpha)
-    agent = Agent(tmp_path / "var").start()
+    # The runs report their metrics through the SDK to this portal (TAU_API_URL).
+    agent = Agent(tmp_path / "var", {"TAU_API_URL": portal.url}).start()
     tau = Tau(tmp_path / "home")
     try:
         portal.start()

@@ -13,13 +13,14 @@ from tests.runs.processes import Portal
 
 
 @pytest.fixture
-def machine(settings: Any, tmp_path: Path, world: Any) -> Iterator[Agent]:
-    """The live server, a Celery worker and the local agent share one var/ directory."""
+def machine(settings: Any, tmp_path: Path, world: Any, live_server: Any) -> Iterator[Agent]:
+    """The live server, a Celery worker and the local agent share one var/ directory; runs
+    report to the live server (the SDK's TAU_API_URL)."""
     var_dir = tmp_path / "var"
     var_dir.mkdir()
     settings.VAR_DIR = var_dir
     local_quota(world.alpha, cpu="4")
-    agent = Agent(var_dir).start()
+    agent = Agent(var_dir, {"TAU_API_URL": live_server.url}).start()
     worker = Portal(broker_url=settings.CELERY_BROKER_URL, var_dir=var_dir)
     worker.start(web=False, beat=True)
     try:

@@ -30,7 +30,8 @@ def test_the_cpu_example_submitted_over_http_succeeds(
 ) -> None:
     local_quota(world.alpha)
     # The web process, the worker and the agent share one var/ (bundles, run directories).
-    agent = Agent(tmp_path / "var").start()
+    # The example reports its metrics through the SDK to this portal (TAU_API_URL).
+    agent = Agent(tmp_path / "var", {"TAU_API_URL": portal.url}).start()
     try:
         portal.start()
         token = tokens.issue_token(user=world.users["researcher"], name="e2e").plaintext

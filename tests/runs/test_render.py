@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from runs import labels, render
+from runs import labels, render, workload_sdk
 from runs.render import (
     Flavor,
     Owner,
@@ -32,6 +32,7 @@ from runs.render import (
 )
 from tau.k8s_names import dns1035_label_problem
 from tau.spec import MAX_NAME_LENGTH, RAYJOB_NAME_MAX_LENGTH, RUN_NAME_SUFFIX_MAX_LENGTH, spec_hash
+from tau.spec.model import EnvVar
 from tests.cluster.kueue_objects import H100_LABELS
 
 from .render_cases import (
@@ -94,10 +95,24 @@ def test_every_example_has_a_case() -> None:
     assert "resume-from-checkpoint" in names
 
 
+#: What golden files hold in place of the packed workload SDK, which changes with tau/sdk.py
+#: (its delivery has tests of its own: test_the_workload_sdk_rides_with_the_bundle).
+SDK_PLACEHOLDER = "<runs.workload_sdk.packed()>"
+
+
+def without_sdk(value: Any) -> Any:
+    """``value`` with every occurrence of the packed SDK replaced by ``SDK_PLACEHOLDER``."""
+    if isinstance(value, dict):
+        return {key: without_sdk(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_sdk(item) for item in value]
+    return SDK_PLACEHOLDER if value == workload_sdk.packed() else value
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_rendered_objects_match_the_golden_file(case: Case) -> None:
     path = GOLDEN / f"{case.name}.yaml"
-    rendered = render_case(case.spec, case.target)
+    rendered = without_sdk(render_case(case.spec, case.target))
     if os.environ.get("UPDATE_GOLDEN"):
         if os.environ.get("CI"):
             pytest.fail("UPDATE_GOLDEN is set in CI: golden files are only rewritten by hand")
@@ -433,7 +448,11 @@ def test_the_spec_environment_and_secrets_reach_the_user_containers() -> None:
         }
     runtime_env = yaml.safe_load(workload["spec"]["runtimeEnvYAML"])
     assert "env_vars" not in runtime_env  # container env is exact; see the module docstring
-    assert runtime_env == {"pip": ["torch>=2.4.0"], "working_dir": "/tau/code"}
+    assert runtime_env == {
+        "pip": ["torch>=2.4.0"],
+        "working_dir": "/tau/code",
+        "py_modules": ["/tau/sdk/tau"],
+    }
 
 
 def render_env(name: str, value: str) -> Any:
@@ -560,11 +579,13 @@ def test_the_bundle_is_fetched_verified_and_shared() -> None:
         BUNDLE_SHA256,
         "/tau/fetch",
         str(render.MAX_BUNDLE_BYTES),
+        workload_sdk.packed(),
     ]
     assert fetcher["securityContext"]["runAsNonRoot"] is True
     assert fetcher["securityContext"]["readOnlyRootFilesystem"] is True
     assert submitter["containers"][0]["volumeMounts"] == [
-        {"name": "tau-code", "mountPath": "/tau/code", "subPath": "code", "readOnly": True}
+        {"name": "tau-code", "mountPath": "/tau/code", "subPath": "code", "readOnly": True},
+        {"name": "tau-code", "mountPath": "/tau/sdk", "subPath": "sdk", "readOnly": True},
     ]
     submit_env = env_of(submitter["containers"][0])
     assert submit_env["RAY_RUNTIME_ENV_IGNORE_GITIGNORE"]["value"] == "1"
@@ -581,6 +602,39 @@ def test_the_bundle_is_fetched_verified_and_shared() -> None:
     # resilience.checkpoint_dir is relative to the project directory, and persistent.
     assert mounts["/tau/code/checkpoints"]["subPath"] == mounts["/tau/checkpoints"]["subPath"]
     assert mounts["/tau/outputs"]["subPath"].endswith("/outputs/attempt-1")
+
+
+def test_the_workload_sdk_rides_with_the_bundle() -> None:
+    """The fetcher writes the SDK; a Job's container finds it first on PYTHONPATH (after it,
+    the spec's own PYTHONPATH); a RayJob ships it to its driver and workers as py_modules."""
+    packed = workload_sdk.packed()
+    assert "$" not in packed  # the kubelet expands $(…) in args
+    assert set(packed) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+    assert len(packed) < 16 * 1024  # a few KiB in each pod spec, not more
+
+    spec, target = _case("resume-from-checkpoint")
+    pod = render_workload(spec, target)["spec"]["template"]["spec"]
+    (workload,) = pod["containers"]
+    assert env_of(workload)["PYTHONPATH"] == {"name": "PYTHONPATH", "value": "/tau/sdk"}
+    mounts = {mount["mountPath"]: mount for mount in workload["volumeMounts"]}
+    assert mounts["/tau/sdk"] == {
+        "name": "tau-code",
+        "mountPath": "/tau/sdk",
+        "subPath": "sdk",
+        "readOnly": True,
+    }
+    assert pod["initContainers"][0]["command"][-1] == packed
+
+    own = with_changes(spec, runtime={"env": (EnvVar("PYTHONPATH", "/opt/lib:$HOME/lib"),)})
+    workload = render_workload(own, target_for(own))["spec"]["template"]["spec"]["containers"][0]
+    variables = [variable for variable in workload["env"] if variable["name"] == "PYTHONPATH"]
+    assert variables == [{"name": "PYTHONPATH", "value": "/tau/sdk:/opt/lib:$$HOME/lib"}]
+
+    gpu = example_spec("gpu-quickstart")
+    rayjob = render_workload(gpu, target_for(gpu))
+    runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
+    assert runtime_env["py_modules"] == ["/tau/sdk/tau"]
+    assert runtime_env["working_dir"] == "/tau/code"
 
 
 def test_without_a_bundle_there_is_no_fetcher() -> None:

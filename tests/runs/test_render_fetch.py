@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from runs import workload_sdk
 from runs.render import FETCH_SCRIPT, MAX_BUNDLE_BYTES
 
 TOKEN = "tau_run_test.fetch-token"
@@ -159,3 +160,49 @@ def test_an_oversized_download_stops(portal: Portal, tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "larger than 10 bytes" in result.stderr
+
+
+def test_the_workload_sdk_is_written_next_to_the_code_and_imports(
+    portal: Portal, tmp_path: Path
+) -> None:
+    """What a pod gets: the packed SDK from the fetcher's last argument, unpacked read-only
+    beside the code, and ``import tau`` working from the code folder with it on the path —
+    in an interpreter that knows nothing of TauGrid (``-I`` drops site-packages' influence
+    and PYTHONPATH comes only from the pod's environment)."""
+    program = b"import tau\nprint(tau.__file__, tau.resume_from(), callable(tau.log_metrics))\n"
+    portal.body = zip_of({"train.py": program})
+    root = tmp_path / "fetch"
+    root.mkdir()
+    digest = hashlib.sha256(portal.body).hexdigest()
+    result = subprocess.run(
+        [
+            sys.executable,
+            *("-I", "-c", FETCH_SCRIPT, portal.url, digest, str(root), str(MAX_BUNDLE_BYTES)),
+            workload_sdk.packed(),
+        ],
+        env={"TAU_RUN_TOKEN": TOKEN, "PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "the workload SDK is in" in result.stdout
+    sdk = root / "sdk"
+    for name, content in workload_sdk.sources().items():
+        written = sdk / name
+        assert written.read_bytes() == content
+        assert stat.S_IMODE(written.stat().st_mode) == 0o644
+    assert stat.S_IMODE((sdk / "tau").stat().st_mode) == 0o755
+
+    ran = subprocess.run(
+        [sys.executable, "-S", "train.py"],  # -S: no site-packages, so not the checkout's tau
+        cwd=root / "code",
+        env={"PYTHONPATH": str(sdk), "PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == [str(sdk / "tau" / "__init__.py"), "None", "True"]
