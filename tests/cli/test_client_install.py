@@ -1,15 +1,21 @@
 """``pip install <checkout>`` in a clean virtual environment gives ``tau`` without the server:
-no Django, Celery or psycopg, and the command validates every example."""
+no Django, Celery or psycopg, the command validates every example, and ``python -m
+tau.evidence verify`` checks an evidence record there (accepts it, refuses one changed byte)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import venv
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 import tau
+from tau.evidence.keys import keyring_document, public_key_bytes
+from tests.evidence_format.record import record, sample_parts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,3 +60,18 @@ def test_the_client_installs_without_the_server(tmp_path: Path) -> None:
     validated = run(tau_command, "run", "validate", *examples)
     assert validated.returncode == 0, validated.stdout + validated.stderr
     assert validated.stdout.count(": ok") == len(examples)
+
+    key = Ed25519PrivateKey.generate()
+    evidence = record(sample_parts(), key)
+    (tmp_path / "run.evidence.tar").write_bytes(evidence)
+    keyring = keyring_document([(public_key_bytes(key), True)])
+    (tmp_path / "keys.json").write_text(json.dumps(keyring))
+    verify = (str(python), "-m", "tau.evidence", "verify", "run.evidence.tar", "--key", "keys.json")
+    verified = run(*verify)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert ", a trusted key" in verified.stdout
+    at = evidence.index(b"step 1 loss 2.5")
+    (tmp_path / "run.evidence.tar").write_bytes(evidence[:at] + b"S" + evidence[at + 1 :])
+    refused = run(*verify)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "attempts/1/log.txt: SHA-256 does not match" in refused.stdout
