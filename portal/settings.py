@@ -231,6 +231,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "runs.tasks.reconcile_deliveries",
         "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
     },
+    # The same for evidence: seals a lost task, a broker outage or a crash left unsealed.
+    "reconcile-seals": {
+        "task": "evidence.tasks.reconcile_seals",
+        "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
+    },
 }
 CELERY_TIMEZONE = "UTC"
 
@@ -528,6 +533,19 @@ TAU_ARTIFACT_MAX_BYTES_PER_RUN = env_int("TAU_ARTIFACT_MAX_BYTES_PER_RUN", 2**30
 TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE = env_int(
     "TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE", 50 * 2**30, minimum=0
 )
+# Evidence (evidence/keys.py): the Ed25519 key that signs each run's sealed record, a PEM
+# private key. Required in production; the embedded default generates one once, into
+# VAR_DIR/evidence_signing_key.pem (mode 0600). TAU_EVIDENCE_PUBLIC_KEYS_FILE is a keyring
+# (docs/evidence.md) of the public keys signed with before a rotation: they stay published
+# at /api/v1/evidence/keys/ so that older records keep verifying.
+TAU_EVIDENCE_SIGNING_KEY = env_secret("TAU_EVIDENCE_SIGNING_KEY")
+if TAU_EVIDENCE_SIGNING_KEY is None and PRODUCTION:
+    raise ImproperlyConfiguredEnv(
+        "TAU_EVIDENCE_SIGNING_KEY (or TAU_EVIDENCE_SIGNING_KEY_FILE) must be set when "
+        "TAU_ENV=production; generate one with: openssl genpkey -algorithm ed25519"
+    )
+TAU_EVIDENCE_GENERATED_KEY_PATH = VAR_DIR / "evidence_signing_key.pem"
+TAU_EVIDENCE_PUBLIC_KEYS_FILE = env_str("TAU_EVIDENCE_PUBLIC_KEYS_FILE", "") or ""
 # Keeping Kueue in step with the workspaces (workspaces/kueue_sync.py, Kubernetes backend
 # only): a failed sync is tried again after TAU_KUEUE_SYNC_RETRY_SECONDS, doubling up to
 # TAU_KUEUE_SYNC_RETRY_MAX_SECONDS, at most TAU_KUEUE_SYNC_MAX_TRIES times; every

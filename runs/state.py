@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from runs.events import append_event, append_workload_event
@@ -25,6 +26,12 @@ from runs.models import (
     RunEvent,
     RunState,
 )
+
+#: Sent by ``transition`` inside the transaction that moves a run into a terminal state, with
+#: ``run`` (locked) and ``event`` (the terminal event). The evidence app, which sits above
+#: runs and so cannot be called from here, writes its seal request in the receiver: the
+#: request commits with the change that needs it, or neither does.
+run_ended = Signal()
 
 
 class IllegalTransition(RuntimeError):
@@ -93,7 +100,7 @@ def transition(
     elif old_state in TERMINAL_STATES:
         locked.finished_at = None  # resumed
     locked.save()
-    append_event(
+    event = append_event(
         locked,
         kind,
         message=message or reason,
@@ -101,6 +108,8 @@ def transition(
         old_state=old_state,
         new_state=new_state,
     )
+    if new_state in TERMINAL_STATES:
+        run_ended.send(sender=Run, run=locked, event=event)
     return locked
 
 

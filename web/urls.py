@@ -24,6 +24,7 @@ def favicon(request: HttpRequest) -> HttpResponseRedirect:
 api_patterns: list[URLPattern | URLResolver] = [
     path("", include("workspaces.api.urls")),
     path("", include("runs.api.urls")),
+    path("", include("evidence.api.urls")),
     path("me/", MeView.as_view(), name="me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", ApiDocsView.as_view(), name="docs"),

@@ -23,6 +23,9 @@ PRODUCTION_ENV = {
     "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
     "TAU_ALLOWED_HOSTS": "taugrid.example.org",
     "TAU_TOKEN_PEPPERS": "1:a-pepper-for-the-deploy-check-only",
+    "TAU_EVIDENCE_SIGNING_KEY": "-----BEGIN PRIVATE KEY-----\n"
+    "MC4CAQAwBQYDK2VwBCIEIFSl0sUQ7Sa7YRpqm8Ql6wcL7t6mFqSkM8i1b1hcg3Hj\n"
+    "-----END PRIVATE KEY-----",
 }
 SHOW_SETTINGS = """
 import json, django
@@ -94,6 +97,10 @@ def test_setting_a_secret_twice_is_refused(tmp_path: Path) -> None:
         ({"CELERY_BROKER_URL": "filesystem://"}, "CELERY_BROKER_URL must be redis://"),
         ({"TAU_ALLOWED_HOSTS": None}, "TAU_ALLOWED_HOSTS must list the host names"),
         ({"TAU_TOKEN_PEPPERS": None}, "TAU_TOKEN_PEPPERS (or TAU_TOKEN_PEPPERS_FILE) must be set"),
+        (
+            {"TAU_EVIDENCE_SIGNING_KEY": None},
+            "TAU_EVIDENCE_SIGNING_KEY (or TAU_EVIDENCE_SIGNING_KEY_FILE) must be set",
+        ),
         (
             {"TAU_OIDC_ISSUER": "https://idp.example.org"},
             "TAU_OIDC_CLIENT_ID and TAU_OIDC_CLIENT_SECRET",

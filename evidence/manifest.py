@@ -1,0 +1,349 @@
+"""What a run's evidence record holds: the export's members and the manifest that describes
+them (docs/evidence.md, format ``taugrid-evidence/1``).
+
+``record_members`` lists the members from where TauGrid keeps each thing (rows, the bundle
+store, attempt logs, the artifact store), bounded by what the record covers — the first
+``event_count`` events and the attempts up to ``attempt_count`` — so that the same list can
+be made again at export time, long after sealing, even if the run was resumed since.
+``build_manifest`` reads every member once, in chunks, to write its digest into ``files``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from django.conf import settings
+
+from runs import artifacts, bundles
+from runs.backends.kubernetes import workload_kind
+from runs.models import Artifact, Backend, Checkpoint, MetricPoint, Run, RunAttempt, RunEvent
+from tau import __version__
+from tau.evidence import archive
+from tau.evidence.canonical import canonical_json
+from tau.evidence.chain import GENESIS_HASH, event_line
+from tau.spec import Spec
+
+#: Bytes read at a time when hashing a member: large enough that hashing runs at the speed
+#: of sha256 itself, small enough to keep memory flat.
+CHUNK = 1 << 20
+
+
+def rfc3339(moment: datetime | None) -> str | None:
+    """A time as the manifest writes it: UTC, microseconds, ``Z``."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How much of a run's history a record covers: what existed when it was sealed."""
+
+    attempt_count: int
+    event_count: int
+
+
+def _events_bytes(run: Run, coverage: Coverage) -> tuple[bytes, str]:
+    """``events.jsonl`` and the head hash. Each line carries exactly the content the chain
+    hashed when the event was appended (``runs.events``: the time as ``isoformat()``)."""
+    lines: list[bytes] = []
+    head = GENESIS_HASH
+    events = (
+        RunEvent.objects.for_workspace(run.workspace_id)
+        .filter(run=run, seq__lte=coverage.event_count)
+        .order_by("seq")
+    )
+    for event in events.iterator(chunk_size=2000):
+        lines.append(
+            event_line(
+                {
+                    "run": event.run_id,
+                    "seq": event.seq,
+                    "time": event.time.isoformat(),
+                    "kind": event.kind,
+                    "old_state": event.old_state,
+                    "new_state": event.new_state,
+                    "message": event.message,
+                    "data": event.data,
+                    "prev_hash": event.prev_hash,
+                    "hash": event.hash,
+                }
+            )
+        )
+        head = event.hash
+    return b"".join(lines), head
+
+
+def _metrics_bytes(run: Run, coverage: Coverage) -> tuple[bytes, int]:
+    points = (
+        MetricPoint.objects.for_workspace(run.workspace_id)
+        .filter(run=run, attempt__lte=coverage.attempt_count)
+        .order_by("attempt", "key", "step", "id")
+        .values_list("attempt", "key", "step", "time", "value")
+    )
+    lines = [
+        canonical_json(
+            {"attempt": attempt, "key": key, "step": step, "time": rfc3339(time), "value": value}
+        )
+        + b"\n"
+        for attempt, key, step, time, value in points.iterator(chunk_size=5000)
+    ]
+    return b"".join(lines), len(lines)
+
+
+def _file_member(name: str, path: Path, size: int | None = None) -> archive.Member:
+    return archive.Member(
+        name=name,
+        size=path.stat().st_size if size is None else size,
+        open=lambda: open(path, "rb"),
+    )
+
+
+def _attempts(run: Run, coverage: Coverage) -> list[RunAttempt]:
+    return list(
+        RunAttempt.objects.for_workspace(run.workspace_id)
+        .filter(run=run, number__lte=coverage.attempt_count)
+        .select_related("resume_from")
+        .order_by("number")
+    )
+
+
+def _log_path(attempt: RunAttempt) -> Path | None:
+    path = Path(attempt.log_path) if attempt.log_path else None
+    return path if path is not None and path.is_file() else None
+
+
+def _artifacts(run: Run) -> list[Artifact]:
+    return list(Artifact.objects.for_workspace(run.workspace_id).filter(run=run).order_by("path"))
+
+
+def _artifact_member(artifact: Artifact) -> archive.Member:
+    def opener() -> BinaryIO:
+        return artifacts.open_artifact(artifact)
+
+    return archive.Member(archive.artifact_member(artifact.path), artifact.size, opener)
+
+
+@dataclass(frozen=True)
+class Contents:
+    """The members of a record (all but the manifest and its signature, in export order)
+    and what the manifest says about the generated ones."""
+
+    members: list[archive.Member]
+    attempts: list[RunAttempt]
+    artifacts: list[Artifact]
+    event_count: int
+    event_head: str
+    metric_count: int
+
+
+def record_members(run: Run, coverage: Coverage, sizes: dict[str, int] | None = None) -> Contents:
+    """The export's members after the manifest and signature. ``sizes`` (a sealed manifest's
+    ``files``) fixes each file's size to what was sealed, so that a file that grew since makes
+    the export fail instead of streaming something the record never said."""
+    members = [archive.bytes_member(archive.SPEC, canonical_json(run.spec))]
+    if run.spec_source:
+        members.append(archive.bytes_member(archive.TAU_YAML, run.spec_source.encode("utf-8")))
+    if run.bundle is not None:
+        members.append(_file_member(archive.BUNDLE, bundles.bundle_path(run.bundle.sha256)))
+    attempts = _attempts(run, coverage)
+    for attempt in attempts:
+        log = _log_path(attempt)
+        if log is not None:
+            name = archive.attempt_log(attempt.number)
+            members.append(_file_member(name, log, (sizes or {}).get(name)))
+    metrics_data, metric_count = _metrics_bytes(run, coverage)
+    members.append(archive.bytes_member(archive.METRICS, metrics_data))
+    events_data, head = _events_bytes(run, coverage)
+    members.append(archive.bytes_member(archive.EVENTS, events_data))
+    kept = _artifacts(run)
+    members.extend(_artifact_member(artifact) for artifact in kept)
+    return Contents(
+        members=members,
+        attempts=attempts,
+        artifacts=kept,
+        event_count=events_data.count(b"\n"),
+        event_head=head,
+        metric_count=metric_count,
+    )
+
+
+def _digest(member: archive.Member) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    size = 0
+    with member.open() as source:
+        while chunk := source.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"sha256": digest.hexdigest(), "size": size}
+
+
+def _bundle_files(path: Path) -> list[dict[str, Any]]:
+    """Every regular file inside the bundle, with its digest (read from the zip in chunks)."""
+    files = []
+    with zipfile.ZipFile(path) as bundle:
+        for info in bundle.infolist():
+            if info.is_dir():
+                continue
+            digest = hashlib.sha256()
+            with bundle.open(info) as source:
+                while chunk := source.read(CHUNK):
+                    digest.update(chunk)
+            files.append(
+                {"path": info.filename, "sha256": digest.hexdigest(), "size": info.file_size}
+            )
+    return sorted(files, key=lambda entry: entry["path"])
+
+
+def local_environment(run: Run) -> dict[str, Any] | None:
+    """The run's virtual environment, as the local executor built it: its Python and its
+    packages. None when it is not on this machine (any more)."""
+    from runs.agent import environments
+
+    spec = Spec.from_dict(run.spec)
+    venv = environments.environment_path(Path(settings.VAR_DIR) / "venvs", spec.runtime.pip)
+    if not environments.is_ready(venv):
+        return None
+    packages = {
+        (dist.metadata["Name"] or "", dist.version)
+        for site in venv.glob("lib/python*/site-packages")
+        for dist in metadata.distributions(path=[str(site)])
+    }
+    return {
+        "kind": "local-venv",
+        "python": _venv_python(venv),
+        "packages": [
+            {"name": name, "version": version} for name, version in sorted(packages) if name
+        ],
+    }
+
+
+def _venv_python(venv: Path) -> str:
+    """The Python version its ``pyvenv.cfg`` records (the base interpreter's otherwise)."""
+    try:
+        for line in (venv / "pyvenv.cfg").read_text(encoding="utf-8").splitlines():
+            name, _, value = line.partition("=")
+            if name.strip() in {"version", "version_info"}:
+                return value.strip()
+    except OSError:
+        pass
+    return ".".join(str(part) for part in sys.version_info[:3])
+
+
+def _objects(run: Run, attempt: RunAttempt) -> list[dict[str, Any]]:
+    if not attempt.backend_name:
+        return []
+    if run.backend == Backend.KUBERNETES:
+        _, kind = workload_kind(Spec.from_dict(run.spec))
+        return [{"kind": kind, "name": attempt.backend_name, "namespace": run.workspace.namespace}]
+    return [{"kind": "process", "name": attempt.backend_name, "namespace": None}]
+
+
+def _attempt_entry(run: Run, attempt: RunAttempt, has_log: bool) -> dict[str, Any]:
+    flavors = sorted(set((attempt.flavors or {}).values()))
+    checkpoint = attempt.resume_from
+    return {
+        "number": attempt.number,
+        "backend": run.backend,
+        "objects": _objects(run, attempt),
+        "cluster_queue": attempt.cluster_queue or None,
+        "flavor": ",".join(flavors) or None,
+        "nodes": list(attempt.node_names or []),
+        "started_at": rfc3339(attempt.started_at),
+        "finished_at": rfc3339(attempt.finished_at),
+        "exit_code": attempt.exit_code,
+        "failure_class": attempt.failure_class or None,
+        "resume_from": None
+        if checkpoint is None
+        else {"step": checkpoint.step, "path": checkpoint.path},
+        "log": archive.attempt_log(attempt.number) if has_log else None,
+    }
+
+
+def build_manifest(
+    run: Run, coverage: Coverage, *, state: str, sealed_at: datetime
+) -> dict[str, Any]:
+    """The manifest of ``run``'s record as of now: every field of docs/evidence.md, every
+    member's digest read from its bytes."""
+    contents = record_members(run, coverage)
+    files = {member.name: _digest(member) for member in contents.members}
+    bundle = None
+    if run.bundle is not None:
+        bundle = {
+            **files[archive.BUNDLE],
+            "member": archive.BUNDLE,
+            "files": _bundle_files(bundles.bundle_path(run.bundle.sha256)),
+        }
+    image = Spec.from_dict(run.spec).runtime.image
+    checkpoints = (
+        Checkpoint.objects.for_workspace(run.workspace_id)
+        .filter(run=run, attempt__lte=coverage.attempt_count)
+        .order_by("step", "path")
+    )
+    return {
+        "format": archive.FORMAT,
+        "sealed_at": rfc3339(sealed_at),
+        "portal": {"url": None, "version": __version__},
+        "run": {
+            "id": run.pk,
+            "workspace": run.workspace.slug,
+            "name": run.name,
+            "submitter": run.submitted_by_username,
+            "state": state,
+            "failure_class": run.failure_class or None,
+            "created_at": rfc3339(run.created_at),
+            "started_at": rfc3339(run.started_at),
+            "finished_at": rfc3339(run.finished_at),
+            "attempts": coverage.attempt_count,
+        },
+        "spec": {"sha256": run.spec_hash, "member": archive.SPEC},
+        "source": {"tau_yaml": archive.TAU_YAML if run.spec_source else None},
+        "bundle": bundle,
+        "image": {"reference": image or None, "digest": None},
+        "environment": local_environment(run) if run.backend == Backend.LOCAL else None,
+        "attempts": [
+            _attempt_entry(run, attempt, archive.attempt_log(attempt.number) in files)
+            for attempt in contents.attempts
+        ],
+        "events": {
+            "count": contents.event_count,
+            "head": contents.event_head,
+            "member": archive.EVENTS,
+        },
+        "metrics": {"count": contents.metric_count, "member": archive.METRICS},
+        "checkpoints": [
+            {"attempt": point.attempt, "step": point.step, "path": point.path, "size": point.size}
+            for point in checkpoints
+        ],
+        "artifacts": [
+            {
+                "path": artifact.path,
+                "size": artifact.size,
+                "sha256": artifact.sha256,
+                "member": archive.artifact_member(artifact.path),
+            }
+            for artifact in contents.artifacts
+        ],
+        "files": files,
+    }
+
+
+def export_members(
+    run: Run, coverage: Coverage, manifest: bytes, signature: bytes
+) -> Iterator[archive.Member]:
+    """Every member of the export, in order: the sealed manifest and signature as stored,
+    then the rest made again from where TauGrid keeps it."""
+    sealed = json.loads(manifest)
+    sizes = {name: int(entry["size"]) for name, entry in sealed["files"].items()}
+    yield archive.bytes_member(archive.MANIFEST, manifest)
+    yield archive.bytes_member(archive.SIGNATURE, signature)
+    yield from record_members(run, coverage, sizes).members

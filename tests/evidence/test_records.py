@@ -1,0 +1,252 @@
+"""Sealing and export on PostgreSQL, with runs moved through ``runs.state.transition`` (the
+one writer of a run's state, as every backend uses it): one request per ending, written with
+it; idempotent sealing; a crash while sealing sealed later; a resumed run's second record
+beside the first; the export verified by ``tau.evidence.verify``; key rotation; who may
+download; the public keyring; the run page's evidence section and its query count."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from evidence import keys, sealing
+from evidence.manifest import build_manifest
+from evidence.models import EvidenceRecord, SealRequest
+from evidence.tasks import reconcile_seals
+from runs import lifecycle
+from runs.models import MetricPoint, Run, RunAttempt, RunState
+from runs.state import transition
+from tau.evidence.keys import key_id, load_trusted_keys, public_key_bytes
+from tau.evidence.verify import verify_file
+from tests.evidence.helpers import (
+    download,
+    export_url,
+    manifest_of,
+    member_names,
+    records_of,
+    seal_all,
+)
+from tests.runs.factories import make_run
+from tests.runs.test_api import bearer, run_token
+
+pytestmark = pytest.mark.django_db
+
+
+def finish(run: Run, end: RunState, log: Path | None = None) -> Run:
+    """Take a submitted run through its life to ``end``; its attempt writes ``log``."""
+    transition(run, RunState.QUEUED)
+    if end == RunState.CANCELLED:
+        return transition(run, RunState.CANCELLED, reason="cancelled while queued")
+    transition(run, RunState.ADMITTED)
+    transition(run, RunState.RUNNING)
+    attempt = RunAttempt.objects.for_workspace(run.workspace_id).get(run=run, number=1)
+    if log is not None:
+        attempt.log_path = str(log)
+        attempt.log_size = log.stat().st_size
+    attempt.state = RunAttempt.State.SUCCEEDED if end == RunState.SUCCEEDED else "failed"
+    attempt.exit_code = 0 if end == RunState.SUCCEEDED else 1
+    attempt.started_at = attempt.finished_at = timezone.now()
+    attempt.save()
+    return transition(run, end)
+
+
+def test_every_ending_writes_one_request_and_seals_one_verifiable_record(
+    world: Any, var_dir: Path, tmp_path: Path
+) -> None:
+    for end in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED):
+        run = make_run(
+            world,
+            spec=b"schema_version: 1\nname: e-%b\nrun:\n  entrypoint: main.py\n"
+            b"  workload_kind: job\ncompute:\n  cpus: 1\n  memory: 256Mi\n" % end.encode(),
+        )
+        log = tmp_path / f"{end}.log"
+        log.write_bytes(b"step 1\nstep 2\n")
+        run = finish(run, end, log)
+        (request,) = SealRequest.objects.for_workspace(world.alpha).filter(run=run)
+        assert request.sealed_at is None
+        (record,) = seal_all(run)
+        manifest = manifest_of(record)
+        assert manifest["run"]["state"] == end == record.state
+        assert manifest["run"]["name"] == run.name
+        assert manifest["events"]["count"] == run.events.count() == record.event_count
+        exported = download(world.api_client_for("viewer"), run, tmp_path / f"{end}.tar")
+        report = verify_file(exported, load_trusted_keys(json.dumps(keys.keyring()).encode()))
+        assert report.ok, report.problems
+        assert report.trusted is True
+        has_log = end != RunState.CANCELLED
+        assert ("attempts/1/log.txt" in member_names(exported)) is has_log
+
+
+def test_sealing_twice_keeps_one_record_and_the_same_bytes(world: Any, var_dir: Path) -> None:
+    run = finish(make_run(world), RunState.SUCCEEDED)
+    (request,) = SealRequest.objects.for_workspace(world.alpha).filter(run=run)
+    assert sealing.seal(request.pk)
+    assert not sealing.seal(request.pk)  # sealed already: nothing happens
+    (record,) = records_of(run)
+    first = bytes(record.manifest), bytes(record.signature)
+    assert sealing.due_seals(grace_seconds=0) == []
+    # A second worker that raced past a lapsed claim builds its own: the first one stays.
+    again = sealing._sealed_record(request)
+    assert not sealing._store(again)
+    (record,) = records_of(run)
+    assert (bytes(record.manifest), bytes(record.signature)) == first
+
+
+def test_a_crash_while_sealing_is_sealed_later(
+    world: Any, var_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = finish(make_run(world), RunState.FAILED)
+    (request,) = SealRequest.objects.for_workspace(world.alpha).filter(run=run)
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(sealing, "build_manifest", crash)
+    assert not sealing.seal(request.pk)
+    request.refresh_from_db()
+    assert request.sealed_at is None
+    assert request.claimed_at is None
+    assert "disk gone" in request.last_error
+    assert records_of(run) == []
+    monkeypatch.setattr(sealing, "build_manifest", build_manifest)
+    # Due again after its backoff: the reconciler seals it.
+    SealRequest.objects.unscoped().filter(pk=request.pk).update(
+        next_try_at=timezone.now(), created_at=timezone.now() - timedelta(minutes=1)
+    )
+    assert sealing.due_seals() == [request.pk]
+    assert reconcile_seals() == 1
+    assert len(records_of(run)) == 1
+
+
+def test_a_resumed_run_that_ends_again_gets_a_second_record(
+    world: Any, var_dir: Path, tmp_path: Path
+) -> None:
+    run = finish(make_run(world), RunState.FAILED)
+    (first,) = seal_all(run)
+    MetricPoint.objects.create(run=run, attempt=2, key="loss", step=1, value=0.5)
+    resumed = lifecycle.resume_run(run=run, user=world.users["researcher"])
+    # While it runs again, its page and its export say nothing of the old ending.
+    response = world.api_client_for("researcher").get(export_url(run))
+    assert response.status_code == 409
+    assert "not finished" in response.json()["detail"]
+    transition(resumed, RunState.CANCELLED)
+    older, newer = seal_all(run)
+    assert older.pk == first.pk
+    assert bytes(older.manifest) == bytes(first.manifest)
+    assert (older.attempt_count, newer.attempt_count) == (1, 2)
+    assert manifest_of(older)["metrics"]["count"] == 0
+    assert manifest_of(newer)["metrics"]["count"] == 1
+    assert newer.terminal_seq > older.terminal_seq
+    report = verify_file(download(world.api_client_for("viewer"), run, tmp_path / "r.tar"))
+    assert report.ok, report.problems
+
+
+def test_not_yet_sealed_is_a_conflict(world: Any, var_dir: Path) -> None:
+    run = finish(make_run(world), RunState.SUCCEEDED)
+    response = world.api_client_for("viewer").get(export_url(run))
+    assert response.status_code == 409
+    assert "being sealed" in response.json()["detail"]
+
+
+def test_outsiders_get_404_and_run_tokens_are_refused(world: Any, var_dir: Path) -> None:
+    run = finish(make_run(world), RunState.SUCCEEDED)
+    seal_all(run)
+    assert world.api_client_for("outsider").get(export_url(run)).status_code == 404
+    assert world.api_client_for("anonymous").get(export_url(run)).status_code == 401
+    response = bearer(run_token(world, run)).get(export_url(run))
+    assert response.status_code == 403
+    assert "report on its run" in response.json()["detail"]
+
+
+def pem(private: Ed25519PrivateKey) -> str:
+    return private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+
+
+def test_key_rotation_keeps_older_records_verifying(
+    world: Any, var_dir: Path, settings: Any, tmp_path: Path, client: Any
+) -> None:
+    old, new = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    settings.TAU_EVIDENCE_SIGNING_KEY = pem(old)
+    run = finish(make_run(world), RunState.SUCCEEDED)
+    (record,) = seal_all(run)
+    assert record.key_id == key_id(public_key_bytes(old))
+    exported = download(world.api_client_for("viewer"), run, tmp_path / "old.tar")
+
+    # Rotate: a new signing key; the old public key kept in the keyring file.
+    settings.TAU_EVIDENCE_SIGNING_KEY = pem(new)
+    ring = tmp_path / "older-keys.json"
+    ring.write_text(
+        json.dumps(
+            {
+                "keys": [
+                    {
+                        "key_id": key_id(public_key_bytes(old)),
+                        "algorithm": "Ed25519",
+                        "public_key": base64.b64encode(public_key_bytes(old)).decode(),
+                        "current": True,
+                    }
+                ]
+            }
+        )
+    )
+    settings.TAU_EVIDENCE_PUBLIC_KEYS_FILE = str(ring)
+    published = client.get("/api/v1/evidence/keys/")
+    assert published.status_code == 200
+    document = published.json()
+    assert {(entry["key_id"], entry["current"]) for entry in document["keys"]} == {
+        (key_id(public_key_bytes(new)), True),
+        (key_id(public_key_bytes(old)), False),
+    }
+    trusted = load_trusted_keys(published.content)
+    assert verify_file(exported, trusted).ok
+    # A record signed by a key the keyring does not hold is refused.
+    only_new = {key_id(public_key_bytes(new)): public_key_bytes(new)}
+    refused = verify_file(exported, only_new)
+    assert not refused.ok
+    assert refused.trusted is False
+    # New records are signed with the new key.
+    second = finish(make_run(world), RunState.SUCCEEDED)
+    (record,) = seal_all(second)
+    assert record.key_id == key_id(public_key_bytes(new))
+
+
+def test_the_generated_key_is_private_and_stable(world: Any, var_dir: Path) -> None:
+    first = public_key_bytes(keys.signing_key())
+    path = var_dir / "evidence_signing_key.pem"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert public_key_bytes(keys.signing_key()) == first
+
+
+def test_the_run_page_shows_the_evidence_at_a_fixed_query_count(world: Any, var_dir: Path) -> None:
+    client = world.client_for("viewer")
+    live = make_run(world)
+    page = client.get(f"/w/alpha/runs/{live.name}/")
+    assert page.status_code == 200
+    assert b"evidence-heading" not in page.content
+    run = finish(make_run(world), RunState.SUCCEEDED)
+    page = client.get(f"/w/alpha/runs/{run.name}/")
+    assert b"Sealing" in page.content
+    seal_all(run)
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get(f"/w/alpha/runs/{run.name}/")
+    record = EvidenceRecord.objects.for_workspace(world.alpha).get(run=run)
+    assert record.key_id.encode() in page.content
+    assert export_url(run).encode() in page.content
+    with CaptureQueriesContext(connection) as live_queries:
+        client.get(f"/w/alpha/runs/{live.name}/")
+    # The evidence section costs two queries on a finished run's page, none on a live one's.
+    assert len(queries) <= len(live_queries) + 2 + 1  # +1: a finished run has an attempt row
