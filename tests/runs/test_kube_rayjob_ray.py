@@ -29,21 +29,27 @@ installed or started, the test fails with the reason (no skip).
 from __future__ import annotations
 
 import importlib.util
+import json
 import shlex
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
 import kube as adapter
+from runs import render, workload_sdk
 from runs.kube_watcher import KubeWatcher
 from runs.models import FailureClass, Run, RunEvent, RunState
+from tau.spec import load_spec
 from tests.cluster.plugin import Kube, KubeCluster
+from tests.runs.render_cases import target_for
 from tests.runs.test_kube_backend import (  # noqa: F401 (fixtures)
     RAY,
     Recorded,
@@ -242,3 +248,59 @@ def test_rayjobs_end_through_the_real_operator_polling_a_real_ray_dashboard(
         "The Ray job failed. KubeRay says: Job entrypoint command failed with exit code 1"
         in run.state_reason
     ), run.state_reason
+
+
+def test_the_rendered_runtime_env_ships_the_code_and_the_sdk_to_a_real_ray(
+    ray_head: Any, tmp_path: Path
+) -> None:
+    """What KubeRay's submitter does with a rendered RayJob, against the real Ray: ``ray job
+    submit --runtime-env-json <runtimeEnvYAML as JSON> -- <entrypoint>``, with the two folders
+    the fetcher fills (``/tau/code``, ``/tau/sdk``) made here and their paths swapped in. Ray
+    uploads both; the driver runs in the code, and ``import tau`` finds the platform's SDK
+    (from Ray's py_modules, not from an installed package: the Ray venv has none)."""
+    ray = load_ray_head()
+    spec = load_spec(ray_spec("kr-sdk", "python train.py"))
+    rayjob = render.render_rayjob(spec, target_for(spec))
+    runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
+    assert runtime_env == {"working_dir": render.CODE_DIR, "py_modules": [f"{render.SDK_DIR}/tau"]}
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(
+        "import tau\nprint('sdk at', tau.__file__, 'resume', tau.resume_from(), flush=True)\n"
+    )
+    sdk = workload_sdk.materialise(tmp_path / "sdk")
+    local = {render.CODE_DIR: str(code), render.SDK_DIR: str(sdk)}
+    runtime_env["working_dir"] = local[render.CODE_DIR]
+    runtime_env["py_modules"] = [
+        path.replace(render.SDK_DIR, local[render.SDK_DIR]) for path in runtime_env["py_modules"]
+    ]
+    submission = f"taugrid-sdk-{uuid.uuid4().hex[:8]}"
+    submitted = subprocess.run(
+        [
+            str(ray.ray_executable()),
+            *("job", "submit", "--address", ray_head.dashboard_url, "--no-wait"),
+            *("--submission-id", submission, "--runtime-env-json", json.dumps(runtime_env)),
+            "--",
+            *shlex.split(rayjob["spec"]["entrypoint"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    deadline = time.monotonic() + TIMEOUT
+    info = None
+    while info is None and time.monotonic() < deadline:
+        info = ray.finished_job(ray_head, submission)
+        time.sleep(0.5)
+    assert info is not None, f"the Ray job {submission} did not finish in {TIMEOUT}s"
+    logs = ray.request_json(f"{ray_head.dashboard_url}/api/jobs/{submission}/logs")[1]["logs"]
+    assert info["status"] == "SUCCEEDED", logs
+    said = next(line for line in logs.splitlines() if line.startswith("sdk at"))
+    where = said.split()[2]
+    assert where.endswith("/tau/__init__.py"), said
+    assert "site-packages" not in where, said  # Ray's copy of py_modules, not an install
+    assert Path(where).read_bytes() == workload_sdk.sources()["tau/__init__.py"]
+    assert said.endswith("resume None")
