@@ -73,16 +73,26 @@ class MemberSizeError(ValueError):
 
 def check_member_name(name: str) -> None:
     """Raise ``MemberNameError`` unless ``name`` is a plain relative path: no leading ``/``,
-    no ``.`` or ``..`` or empty parts, no backslash or NUL (which extractors read differently)."""
+    no ``.`` or ``..`` or empty parts, no backslash or NUL (which extractors read differently),
+    nothing that is not UTF-8 text."""
     parts = name.split("/")
     if (
         not name
+        or not _is_utf8(name)
         or name.startswith("/")
         or "\\" in name
         or "\0" in name
         or any(part in ("", ".", "..") for part in parts)
     ):
         raise MemberNameError(f"member name not allowed: {name!r}")
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -102,17 +112,72 @@ def bytes_member(name: str, data: bytes) -> Member:
 
 
 def member_header(name: str, size: int, mtime: int) -> bytes:
-    """The tar header of a member: what the writer emits and what the verifier expects."""
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mtime = mtime
-    info.mode = 0o644
-    info.type = tarfile.REGTYPE
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    # PAX_FORMAT writes a plain ustar header and adds a pax header only when a field does not
-    # fit ustar (a name over 100 bytes or not ASCII, a size of 8 GiB or more).
-    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+    """The tar header of a member: what the writer emits and what the verifier expects, byte
+    for byte. A plain ustar header, preceded by a pax header only when the name is longer than
+    100 bytes or not ASCII, or the size is 8 GiB or more.
+
+    Written here from POSIX rather than by ``tarfile.TarInfo.tobuf``, whose bytes change
+    between Python releases (3.11.x stopped writing device numbers for regular files): the
+    same record must export to the same bytes, and verify, on every Python the client runs on.
+    """
+    pax: dict[str, str] = {}
+    if not name.isascii() or len(name) > _NAME_SIZE:
+        pax["path"] = name
+    if size >= _SIZE_LIMIT:
+        pax["size"] = str(size)
+    header = _ustar_block(
+        name=name.encode("ascii", "replace")[:_NAME_SIZE],
+        mode=0o644,
+        size=0 if "size" in pax else size,
+        mtime=mtime,
+        kind=tarfile.REGTYPE,
+    )
+    if not pax:
+        return header
+    records = b"".join(_pax_record(key, value) for key, value in pax.items())
+    pax_header = _ustar_block(
+        name=b"././@PaxHeader", mode=0, size=len(records), mtime=0, kind=tarfile.XHDTYPE
+    )
+    return pax_header + records + bytes(-len(records) % BLOCK) + header
+
+
+_NAME_SIZE = 100
+_SIZE_LIMIT = 8**11  # what the 11 octal digits of ustar's size field hold
+
+
+def _octal(value: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, value)
+
+
+def _ustar_block(*, name: bytes, mode: int, size: int, mtime: int, kind: bytes) -> bytes:
+    if not 0 <= mtime < 8**11:
+        raise ValueError(f"mtime {mtime} does not fit a ustar header")
+    block = b"".join(
+        [
+            name.ljust(100, b"\0"),
+            _octal(mode, 8),
+            _octal(0, 8),  # uid
+            _octal(0, 8),  # gid
+            _octal(size, 12),
+            _octal(mtime, 12),
+            b" " * 8,  # the checksum, counted as spaces
+            kind,
+            bytes(100),  # linkname
+            b"ustar\x0000",  # magic and version
+            bytes(32 + 32 + 8 + 8 + 155),  # uname, gname, devmajor, devminor, prefix
+        ]
+    ).ljust(BLOCK, b"\0")
+    checksum = b"%06o\0 " % sum(block)
+    return block[:148] + checksum + block[156:]
+
+
+def _pax_record(key: str, value: str) -> bytes:
+    # "<length> <key>=<value>\n", where the length counts its own digits too.
+    body = b" %s=%s\n" % (key.encode("utf-8"), value.encode("utf-8"))
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length = len(str(length)) + len(body)
+    return b"%d%s" % (length, body)
 
 
 def tar_stream(
