@@ -117,7 +117,7 @@ def member_header(name: str, size: int, mtime: int) -> bytes:
     100 bytes or not ASCII, or the size is 8 GiB or more.
 
     Written here from POSIX rather than by ``tarfile.TarInfo.tobuf``, whose bytes change
-    between Python releases (3.11.x stopped writing device numbers for regular files): the
+    between Python releases (the device-number fields of regular files, for one): the
     same record must export to the same bytes, and verify, on every Python the client runs on.
     """
     pax: dict[str, str] = {}

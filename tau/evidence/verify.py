@@ -19,7 +19,7 @@ import sys
 import tarfile
 import zipfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -138,9 +138,10 @@ def _sealed_seconds(sealed_at: str) -> int | None:
         moment = datetime.fromisoformat(sealed_at.replace("Z", "+00:00"))
     except ValueError:
         return None
-    if moment.tzinfo is None or moment.utcoffset() != timezone.utc.utcoffset(None):
+    if moment.utcoffset() != timedelta(0):
         return None
-    return int(moment.timestamp())
+    seconds = int(moment.timestamp())
+    return seconds if 0 <= seconds < 8**11 else None  # what a tar header's mtime holds
 
 
 class _Verifier:
@@ -191,7 +192,12 @@ class _Verifier:
         for info in self.infos:
             self.raw.seek(info.offset)
             header = self.raw.read(info.offset_data - info.offset)
-            if mtime is not None and header != archive.member_header(info.name, info.size, mtime):
+            # Members refused by name or type have been named already.
+            if (
+                mtime is not None
+                and info.name in self.members
+                and header != archive.member_header(info.name, info.size, mtime)
+            ):
                 self.problem(
                     f"{info.name}: tar header is not what the format writes "
                     "(mode 0644, owner 0/0, mtime = sealed_at)"
@@ -205,7 +211,7 @@ class _Verifier:
                 self.problem(f"{info.name}: padding after the member is not zeros")
             position = end + padding
         self.raw.seek(position)
-        trailer = _hash_zero_run(self.raw)
+        trailer = _zeros_to_end(self.raw)
         expected = 2 * archive.BLOCK + (-(position + 2 * archive.BLOCK) % archive.RECORD)
         if trailer != expected:
             self.problem("the end of the tar is not two zero blocks padded to a 10 KiB record")
@@ -227,7 +233,7 @@ class _Verifier:
         return None if info is None else self.tar.extractfile(info)
 
 
-def _hash_zero_run(stream: IO[bytes]) -> int:
+def _zeros_to_end(stream: IO[bytes]) -> int:
     """How many bytes are left, or -1 if any of them is not zero."""
     size = 0
     while chunk := stream.read(CHUNK):

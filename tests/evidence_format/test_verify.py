@@ -270,13 +270,19 @@ def test_the_tar_structure_itself(tmp_path: Path, key: Ed25519PrivateKey) -> Non
 def test_names_the_format_refuses(tmp_path: Path) -> None:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, kind in (("../escape", tarfile.REGTYPE), ("dir", tarfile.DIRTYPE)):
+        members = (
+            ("../escape", tarfile.REGTYPE),
+            ("dir", tarfile.DIRTYPE),
+            ("\udcff", tarfile.REGTYPE),
+        )
+        for name, kind in members:
             info = tarfile.TarInfo(name)
             info.type = kind
             tar.addfile(info, io.BytesIO(b""))
     problems = _verify(tmp_path, buffer.getvalue()).problems
     assert "'../escape': member name not allowed" in problems
     assert "dir: not a regular file" in problems
+    assert "'\\udcff': member name not allowed" in problems  # a name that is not UTF-8
     assert "manifest.json: missing" in problems
 
 
