@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 from django.conf import settings
 
 from runs import artifacts, bundles
+from runs.agent import environments
 from runs.backends.kubernetes import workload_kind
 from runs.models import Artifact, Backend, Checkpoint, MetricPoint, Run, RunAttempt, RunEvent
 from tau import __version__
@@ -207,8 +208,6 @@ def _bundle_files(path: Path) -> list[dict[str, Any]]:
 def local_environment(run: Run) -> dict[str, Any] | None:
     """The run's virtual environment, as the local executor built it: its Python and its
     packages. None when it is not on this machine (any more)."""
-    from runs.agent import environments
-
     spec = Spec.from_dict(run.spec)
     venv = environments.environment_path(Path(settings.VAR_DIR) / "venvs", spec.runtime.pip)
     if not environments.is_ready(venv):

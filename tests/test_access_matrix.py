@@ -22,14 +22,19 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.contrib.contenttypes.models import ContentType
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
+from evidence import sealing
+from evidence.models import SealRequest
 from identity import tokens
 from portal import audit
 from portal.models import AuditEvent
 from runs.artifacts import store_artifact
 from runs.models import RunState
+from runs.state import transition
 from tests.conftest import CAST
+from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.runs.factories import TINY_FILES, TINY_SPEC, make_run, zip_bytes
 from workspaces.models import (
     Cohort,
@@ -107,6 +112,17 @@ def RUN_WITH_ARTIFACT(world: Any) -> dict[str, Any]:
 
 def RUN_WITH_ARTIFACTS(world: Any) -> dict[str, Any]:
     return {"workspace_slug": "alpha", "run_name": RUN_WITH_ARTIFACT(world)["run_name"]}
+
+
+def SEALED_RUN(world: Any) -> dict[str, Any]:
+    """A finished run whose evidence is sealed (by the test, with a throwaway key)."""
+    run = make_run(world)
+    transition(run, RunState.QUEUED)
+    transition(run, RunState.CANCELLED)
+    request = SealRequest.objects.for_workspace(world.alpha).get(run=run)
+    with override_settings(TAU_EVIDENCE_SIGNING_KEY=TEST_SIGNING_KEY):
+        assert sealing.seal(request.pk)
+    return {"workspace_slug": "alpha", "run_name": run.name}
 
 
 # Reads inside alpha: members and staff see it, the outsider gets 404. Anonymous API
@@ -215,6 +231,9 @@ MATRIX: dict[str, Route] = {
     "api:run-bundle": Route({"GET": API_READ}, RUN_WITH_BUNDLE, api=True),
     "api:run-artifacts": Route({"GET": API_READ}, RUN_WITH_ARTIFACTS, api=True),
     "api:run-artifact": Route({"GET": API_READ}, RUN_WITH_ARTIFACT, api=True),
+    # Evidence: a run's export for anyone who reads the workspace; the public keys for anyone.
+    "api:run-evidence": Route({"GET": API_READ}, SEALED_RUN, api=True),
+    "api:evidence-keys": Route({"GET": same(200)}, api=True),
     # Only a run's own token may report on it (tests/runs/test_api.py covers that token).
     "api:run-report-metrics": Route(
         {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"rows": []}, api=True

@@ -35,10 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
+from evidence import sealing
+from evidence.models import SealRequest
 from identity import tokens
 from runs import run_tokens, submission
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt, RunState
+from runs.state import transition
+from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from tests.runs.processes import Portal, portal_processes
 from workspaces.models import Membership, Role
@@ -100,12 +105,15 @@ def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
     alpha = [_submit(world, world.alpha, "researcher", name) for name in ("train", "sweep")]
     beta = [_submit(world, world.beta, "outsider", name) for name in ("secret", "private")]
     for run in (alpha[1], beta[1]):
-        Run.objects.unscoped().filter(pk=run.pk).update(state=RunState.FAILED)
         MetricPoint.objects.bulk_create(
             MetricPoint(run=run, attempt=1, key="loss", step=step, value=1 / (step + 1))
             for step in range(10)
         )
         Checkpoint.objects.create(run=run, attempt=1, step=5, path=f"/ckpt/{run.name}/step-5")
+        transition(run, RunState.FAILED, reason="furnished as failed")
+        # Its evidence, sealed here (no worker runs): the export has something to answer.
+        with override_settings(TAU_EVIDENCE_SIGNING_KEY=TEST_SIGNING_KEY):
+            assert sealing.seal(SealRequest.objects.unscoped().get(run=run).pk)
     return alpha, beta
 
 

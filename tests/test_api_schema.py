@@ -29,9 +29,13 @@ from openapi_core.contrib.django import DjangoOpenAPIRequest, DjangoOpenAPIRespo
 from openapi_core.exceptions import OpenAPIError
 from rest_framework.test import APIClient
 
+from evidence import sealing
+from evidence.models import SealRequest
 from identity import tokens
 from runs.artifacts import store_artifact
 from runs.models import Checkpoint, MetricPoint, RunEvent, RunState
+from runs.state import transition
+from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.runs.factories import TINY_SPEC, make_run
 from tests.runs.test_api import attempt_with_log, bearer, run_token
 from workspaces.models import Membership, Workspace
@@ -796,6 +800,37 @@ def artifact_download(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
 @call("GET", f"{RUN}/artifacts/{{artifact_path}}", 404)
 def artifact_not_kept(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world, "viewer").get(run_path(make_run(world).name, "artifacts/model/w.pt"))
+
+
+def sealed_run(world: Any, settings: Any) -> Any:
+    settings.TAU_EVIDENCE_SIGNING_KEY = TEST_SIGNING_KEY
+    ran = make_run(world)
+    transition(ran, RunState.QUEUED)
+    transition(ran, RunState.CANCELLED)
+    assert sealing.seal(SealRequest.objects.for_workspace(world.alpha).get(run=ran).pk)
+    return ran
+
+
+@call("GET", f"{RUN}/evidence/", 200)
+def evidence_export(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path(sealed_run(world, settings).name, "evidence/"))
+
+
+@call("GET", f"{RUN}/evidence/", 409)
+def evidence_of_a_live_run(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path(make_run(world).name, "evidence/"))
+
+
+@call("GET", f"{RUN}/evidence/", 403)
+def evidence_with_a_run_token(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = sealed_run(world, settings)
+    return bearer(run_token(world, ran)).get(run_path(ran.name, "evidence/"))
+
+
+@call("GET", "/api/v1/evidence/keys/", 200)
+def evidence_keys(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    settings.TAU_EVIDENCE_SIGNING_KEY = TEST_SIGNING_KEY
+    return APIClient().get("/api/v1/evidence/keys/")
 
 
 # --- The tests ------------------------------------------------------------------------------

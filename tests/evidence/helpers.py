@@ -12,6 +12,13 @@ from evidence import sealing
 from evidence.models import EvidenceRecord, SealRequest
 from runs.models import Run
 
+#: A fixed Ed25519 private key for tests that sign outside the ``var_dir`` fixture.
+TEST_SIGNING_KEY = (
+    "-----BEGIN PRIVATE KEY-----\n"
+    "MC4CAQAwBQYDK2VwBCIEIFSl0sUQ7Sa7YRpqm8Ql6wcL7t6mFqSkM8i1b1hcg3Hj\n"
+    "-----END PRIVATE KEY-----\n"
+)
+
 
 def seal_all(run: Run) -> list[EvidenceRecord]:
     """Seal every open request of ``run``, as the worker would; its records, oldest first."""
