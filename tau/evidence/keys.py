@@ -108,6 +108,10 @@ def _base64(text: Any, what: str, size: int) -> bytes:
         raise KeyFormatError(f"{what} is not valid base64") from None
     if len(raw) != size:
         raise KeyFormatError(f"{what} is {len(raw)} bytes, an Ed25519 one is {size}")
+    # base64 leaves a few bits of the last character unused: without this, changing them
+    # would change the record's bytes and still verify.
+    if base64.b64encode(raw).decode("ascii") != text.strip():
+        raise KeyFormatError(f"{what} is not canonical base64")
     return raw
 
 
@@ -120,6 +124,8 @@ def read_signature_document(data: bytes) -> Signature:
         raise KeyFormatError("manifest.sig is not JSON") from None
     if not isinstance(document, dict):
         raise KeyFormatError("manifest.sig is not a JSON object")
+    if canonical_json(document) != data:
+        raise KeyFormatError("manifest.sig is not canonical JSON (RFC 8785)")
     if document.get("algorithm") != ALGORITHM:
         raise KeyFormatError(
             f"manifest.sig: algorithm {document.get('algorithm')!r}, not {ALGORITHM}"

@@ -18,6 +18,7 @@ import json
 import sys
 import tarfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -48,6 +49,19 @@ EXIT_MISMATCH = 1
 EXIT_USAGE = 2
 
 CHUNK = 1 << 20
+
+# What zipfile raises for a damaged or unusual archive (an unknown compression method, an
+# encrypted entry, a truncated stream): each is a mismatch to report, never a crash.
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    OSError,
+    EOFError,
+    ValueError,
+    NotImplementedError,
+    RuntimeError,
+    zlib.error,
+)
 
 
 class UnreadableError(Exception):
@@ -455,14 +469,14 @@ def _check_bundle(
                 try:
                     with bundle_zip.open(item) as inner:
                         digest = _hash_stream(inner)
-                except (zipfile.BadZipFile, OSError, ValueError) as error:
+                except _ZIP_ERRORS as error:
                     verifier.problem(f"bundle.zip: {item.filename}: cannot be read ({error})")
                     continue
                 if entry.get("sha256") != digest.sha256 or entry.get("size") != digest.size:
                     verifier.problem(
                         f"bundle.zip: {item.filename}: does not match manifest bundle.files"
                     )
-    except (zipfile.BadZipFile, OSError, ValueError) as error:
+    except _ZIP_ERRORS as error:
         verifier.problem(f"bundle.zip: not a readable zip ({error})")
         return 0
     for path in sorted(set(expected) - found):

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tau.evidence import archive
 from tau.evidence.__main__ import main as module_main
+from tau.evidence.canonical import canonical_json
 from tau.evidence.keys import key_id, keyring_document, public_key_bytes, signature_document
 from tau.evidence.verify import Report, verify_file
 from tests.evidence_format.record import (
@@ -210,7 +211,7 @@ def test_the_signature(tmp_path: Path, key: Ed25519PrivateKey) -> None:
     signature = bytearray(base64.b64decode(document["signature"]))
     signature[0] ^= 1
     document["signature"] = base64.b64encode(bytes(signature)).decode()
-    data = tar_of(manifest_bytes, json.dumps(document).encode(), members)
+    data = tar_of(manifest_bytes, canonical_json(document), members)
     problems = _verify(tmp_path, data).problems
     assert problems == [
         f"manifest.sig: the signature does not match manifest.json (key {document['key_id']})"
@@ -221,7 +222,7 @@ def test_a_signature_document_naming_another_key(tmp_path: Path, key: Ed25519Pri
     manifest_bytes, members = build(sample_parts())
     document = json.loads(signature_document(key, manifest_bytes))
     document["key_id"] = "ed25519-0000000000000000"
-    data = tar_of(manifest_bytes, json.dumps(document).encode(), members)
+    data = tar_of(manifest_bytes, canonical_json(document), members)
     (problem,) = _verify(tmp_path, data).problems
     assert problem.startswith("manifest.sig: key_id 'ed25519-0000000000000000' is not the id")
 
@@ -353,3 +354,20 @@ def test_the_command(
     assert "not valid base64" in capsys.readouterr().err
     assert module_main(["verify"]) == 2
     assert module_main(["check", str(path)]) == 2
+
+
+def test_changed_bytes_are_found(tmp_path: Path, key: Ed25519PrivateKey) -> None:
+    # Flip one bit of every 23rd byte (headers, contents, padding, the trailer) and of every
+    # byte of manifest.sig (where base64's unused bits hide): verify never passes, never crashes.
+    data = record(sample_parts(), key)
+    signature = _members(data)[archive.SIGNATURE]
+    positions = sorted(
+        {*range(0, len(data), 23), *range(signature.offset, signature.offset_data + signature.size)}
+    )
+    passed = []
+    for position in positions:
+        changed = bytearray(data)
+        changed[position] ^= 0x01
+        if _verify(tmp_path, bytes(changed)).ok:
+            passed.append(position)
+    assert passed == []
