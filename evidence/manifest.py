@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from django.conf import settings
 
@@ -123,15 +123,31 @@ def _log_path(attempt: RunAttempt) -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
-def _artifacts(run: Run) -> list[Artifact]:
-    return list(Artifact.objects.for_workspace(run.workspace_id).filter(run=run).order_by("path"))
+@dataclass(frozen=True)
+class KeptArtifact:
+    """An artifact as a record names it: its path, and the content (by SHA-256) it had."""
+
+    path: str
+    sha256: str
+    size: int
 
 
-def _artifact_member(artifact: Artifact) -> archive.Member:
-    def opener() -> BinaryIO:
-        return artifacts.open_artifact(artifact)
+def _artifacts(run: Run, sealed: dict[str, Any] | None) -> list[KeptArtifact]:
+    """The run's artifacts now, or the ones a sealed manifest names. The store keeps content
+    by its SHA-256, so a record's artifacts stay what they were even after a later attempt
+    of a resumed run wrote the same path again."""
+    if sealed is not None:
+        return [
+            KeptArtifact(entry["path"], entry["sha256"], int(entry["size"]))
+            for entry in sealed["artifacts"]
+        ]
+    rows = Artifact.objects.for_workspace(run.workspace_id).filter(run=run).order_by("path")
+    return [KeptArtifact(row.path, row.sha256, row.size) for row in rows]
 
-    return archive.Member(archive.artifact_member(artifact.path), artifact.size, opener)
+
+def _artifact_member(artifact: KeptArtifact) -> archive.Member:
+    path = artifacts.content_path(artifact.sha256)
+    return _file_member(archive.artifact_member(artifact.path), path, artifact.size)
 
 
 @dataclass(frozen=True)
@@ -141,16 +157,18 @@ class Contents:
 
     members: list[archive.Member]
     attempts: list[RunAttempt]
-    artifacts: list[Artifact]
+    artifacts: list[KeptArtifact]
     event_count: int
     event_head: str
     metric_count: int
 
 
-def record_members(run: Run, coverage: Coverage, sizes: dict[str, int] | None = None) -> Contents:
-    """The export's members after the manifest and signature. ``sizes`` (a sealed manifest's
-    ``files``) fixes each file's size to what was sealed, so that a file that grew since makes
-    the export fail instead of streaming something the record never said."""
+def record_members(run: Run, coverage: Coverage, sealed: dict[str, Any] | None = None) -> Contents:
+    """The export's members after the manifest and signature. With ``sealed`` (the record's
+    manifest) each file keeps the size it was sealed with, so that a log that grew since fails
+    the export instead of streaming what the record never said, and the artifacts are the
+    ones it names."""
+    sizes = {name: int(entry["size"]) for name, entry in (sealed or {}).get("files", {}).items()}
     members = [archive.bytes_member(archive.SPEC, canonical_json(run.spec))]
     if run.spec_source:
         members.append(archive.bytes_member(archive.TAU_YAML, run.spec_source.encode("utf-8")))
@@ -161,12 +179,12 @@ def record_members(run: Run, coverage: Coverage, sizes: dict[str, int] | None = 
         log = _log_path(attempt)
         if log is not None:
             name = archive.attempt_log(attempt.number)
-            members.append(_file_member(name, log, (sizes or {}).get(name)))
+            members.append(_file_member(name, log, sizes.get(name)))
     metrics_data, metric_count = _metrics_bytes(run, coverage)
     members.append(archive.bytes_member(archive.METRICS, metrics_data))
     events_data, head = _events_bytes(run, coverage)
     members.append(archive.bytes_member(archive.EVENTS, events_data))
-    kept = _artifacts(run)
+    kept = _artifacts(run, sealed)
     members.extend(_artifact_member(artifact) for artifact in kept)
     return Contents(
         members=members,
@@ -341,8 +359,6 @@ def export_members(
 ) -> Iterator[archive.Member]:
     """Every member of the export, in order: the sealed manifest and signature as stored,
     then the rest made again from where TauGrid keeps it."""
-    sealed = json.loads(manifest)
-    sizes = {name: int(entry["size"]) for name, entry in sealed["files"].items()}
     yield archive.bytes_member(archive.MANIFEST, manifest)
     yield archive.bytes_member(archive.SIGNATURE, signature)
-    yield from record_members(run, coverage, sizes).members
+    yield from record_members(run, coverage, json.loads(manifest)).members

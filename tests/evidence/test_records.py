@@ -7,7 +7,9 @@ download; the public keyring; the run page's evidence section and its query coun
 from __future__ import annotations
 
 import base64
+import io
 import json
+import tarfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from evidence import keys, sealing
+from evidence.export import export_stream
 from evidence.manifest import build_manifest
 from evidence.models import SealRequest
 from evidence.tasks import reconcile_seals
 from runs import lifecycle
+from runs.artifacts import store_artifact
 from runs.models import MetricPoint, Run, RunAttempt, RunState
 from runs.state import transition
 from tau.evidence.keys import key_id, load_trusted_keys, public_key_bytes
@@ -36,7 +40,7 @@ from tests.evidence.helpers import (
     records_of,
     seal_all,
 )
-from tests.runs.factories import make_run
+from tests.runs.factories import TINY_SPEC, make_run
 from tests.runs.test_api import bearer, run_token
 
 pytestmark = pytest.mark.django_db
@@ -264,3 +268,29 @@ def test_the_run_page_shows_the_evidence_at_a_fixed_query_count(world: Any, var_
     many, content = page_queries(client, run)
     assert few == many == FINISHED_RUN_PAGE_QUERIES
     assert b"Sealing" not in content
+
+
+def test_an_older_record_keeps_its_artifacts_after_a_later_attempt_replaced_them(
+    world: Any, var_dir: Path, tmp_path: Path
+) -> None:
+    run = make_run(world, spec=TINY_SPEC + b"outputs:\n  artifacts: [model/**]\n")
+    store_artifact(run=run, attempt=1, name="model/w.pt", source=io.BytesIO(b"first"))
+    run = finish(run, RunState.SUCCEEDED)
+    assert len(seal_all(run)) == 1
+    resumed = lifecycle.resume_run(run=run, user=world.users["researcher"])
+    store_artifact(run=resumed, attempt=2, name="model/w.pt", source=io.BytesIO(b"second!"))
+    transition(resumed, RunState.CANCELLED)
+    older, newer = seal_all(run)
+    assert manifest_of(older)["artifacts"][0]["size"] == len(b"first")
+    assert manifest_of(newer)["artifacts"][0]["size"] == len(b"second!")
+    # The export is the newest record's; the older one still exports as it was sealed.
+    exported = tmp_path / "older.tar"
+    length, chunks = export_stream(older)
+    exported.write_bytes(b"".join(chunks))
+    assert exported.stat().st_size == length
+    assert verify_file(exported).ok
+    with tarfile.open(exported) as tar:
+        member = tar.extractfile("artifacts/model/w.pt")
+        assert member is not None
+        assert member.read() == b"first"
+    assert verify_file(download(world.api_client_for("viewer"), run, tmp_path / "new.tar")).ok
