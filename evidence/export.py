@@ -30,11 +30,24 @@ def _tar_length(members: list[archive.Member], mtime: int) -> int:
     return total + (-total % archive.RECORD)
 
 
+class FileGone(Exception):
+    """A file the record holds is no longer where TauGrid keeps it (the message names it)."""
+
+
 def export_stream(record: EvidenceRecord) -> tuple[int, Iterator[bytes]]:
-    """The length of ``record``'s export file and its chunks."""
+    """The length of ``record``'s export file and its chunks. Every member is opened once
+    before the first byte (``FileGone`` when one cannot be): once the response has started,
+    a missing file could only cut it short."""
     coverage = Coverage(attempt_count=record.attempt_count, event_count=record.event_count)
-    members = list(
-        export_members(record.run, coverage, bytes(record.manifest), bytes(record.signature))
-    )
+    name = "the bundle"
+    try:
+        members = list(
+            export_members(record.run, coverage, bytes(record.manifest), bytes(record.signature))
+        )
+        for member in members:
+            name = member.name
+            member.open().close()
+    except OSError as error:
+        raise FileGone(f"{name} is no longer kept ({error.strerror})") from None
     mtime = int(record.sealed_at.timestamp())
     return _tar_length(members, mtime), archive.tar_stream(members, mtime=mtime)

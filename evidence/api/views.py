@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from evidence import keys, selectors
-from evidence.export import export_stream
+from evidence.export import FileGone, export_stream
 from portal.api import refusals
 from runs import selectors as run_selectors
 from runs.models import Run
@@ -87,7 +87,13 @@ class RunEvidenceViewSet(WorkspaceScopedViewSet):
                 else "The run's evidence is being sealed; try again in a moment."
             )
             return Response({"detail": why}, status=status.HTTP_409_CONFLICT)
-        length, chunks = export_stream(record)
+        try:
+            length, chunks = export_stream(record)
+        except FileGone as gone:
+            return Response(
+                {"detail": f"The record cannot be exported: {gone}."},
+                status=status.HTTP_409_CONFLICT,
+            )
         response = StreamingHttpResponse(chunks, content_type="application/x-tar")
         response["Content-Length"] = str(length)
         response["Content-Disposition"] = (

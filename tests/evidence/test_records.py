@@ -27,8 +27,8 @@ from evidence.manifest import build_manifest
 from evidence.models import SealRequest
 from evidence.tasks import reconcile_seals
 from runs import lifecycle
-from runs.artifacts import store_artifact
-from runs.models import MetricPoint, Run, RunAttempt, RunState
+from runs.artifacts import content_path, store_artifact
+from runs.models import Artifact, MetricPoint, Run, RunAttempt, RunState
 from runs.state import transition
 from tau.evidence.keys import key_id, load_trusted_keys, public_key_bytes
 from tau.evidence.verify import verify_file
@@ -294,3 +294,22 @@ def test_an_older_record_keeps_its_artifacts_after_a_later_attempt_replaced_them
         assert member is not None
         assert member.read() == b"first"
     assert verify_file(download(world.api_client_for("viewer"), run, tmp_path / "new.tar")).ok
+
+
+def test_a_file_no_longer_kept_is_a_conflict_before_any_byte(
+    world: Any, var_dir: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "gone.log"
+    log.write_bytes(b"a log\n")
+    run = finish(
+        make_run(world, spec=TINY_SPEC + b"outputs:\n  artifacts: [model/**]\n"),
+        RunState.SUCCEEDED,
+        log,
+    )
+    store_artifact(run=run, attempt=1, name="model/w.pt", source=io.BytesIO(b"weights"))
+    seal_all(run)
+    (artifact,) = Artifact.objects.for_workspace(world.alpha).filter(run=run)
+    content_path(artifact.sha256).unlink()
+    response = world.api_client_for("viewer").get(export_url(run))
+    assert response.status_code == 409
+    assert "artifacts/model/w.pt is no longer kept" in response.json()["detail"]
