@@ -32,7 +32,7 @@ from evidence import keys
 from evidence.manifest import Coverage, build_manifest
 from evidence.models import EvidenceRecord, SealRequest
 from portal.outbox import claim_is_live, doubling_delay, unclaimed_or_lapsed
-from runs.models import Run, RunEvent
+from runs.models import Backend, Run, RunEvent
 from tau.evidence.canonical import canonical_json
 from tau.evidence.keys import key_id, public_key_bytes, signature_document
 
@@ -42,6 +42,15 @@ logger = logging.getLogger(__name__)
 SEAL_TASK = "evidence.tasks.seal"
 RETRY_FIRST_SECONDS = 10
 RETRY_MAX_SECONDS = 600
+#: How long sealing waits for the logs of a cluster run's attempts. The Kubernetes watcher
+#: keeps an attempt's log right after the change that ended it has committed (before the
+#: cluster deletes the pods), so a seal published at that commit may come first; after
+#: this long the record is sealed without a log that never came.
+LOG_WAIT = timedelta(minutes=5)
+
+
+class LogNotKeptYet(Exception):
+    """An ended attempt of a cluster run whose log the watcher has not kept yet."""
 
 
 def request_seal(sender: Any, *, run: Run, event: RunEvent, **_: Any) -> None:
@@ -136,6 +145,12 @@ def _sealed_record(request: SealRequest) -> EvidenceRecord:
     terminal = RunEvent.objects.unscoped().get(run=run, seq=request.terminal_seq)
     # What existed when the run ended, not what a resume added since.
     coverage = Coverage(attempt_count=request.attempt_count, event_count=request.terminal_seq)
+    if run.backend == Backend.KUBERNETES and request.created_at > timezone.now() - LOG_WAIT:
+        waiting = run.attempts.filter(
+            number__lte=coverage.attempt_count, started_at__isnull=False, log_path=""
+        ).values_list("number", flat=True)
+        if waiting:
+            raise LogNotKeptYet(f"waiting for the log of attempt {', '.join(map(str, waiting))}")
     sealed_at = timezone.now().replace(microsecond=0)
     manifest = canonical_json(
         build_manifest(run, coverage, state=terminal.new_state, sealed_at=sealed_at)

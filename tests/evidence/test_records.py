@@ -313,3 +313,34 @@ def test_a_file_no_longer_kept_is_a_conflict_before_any_byte(
     response = world.api_client_for("viewer").get(export_url(run))
     assert response.status_code == 409
     assert "artifacts/model/w.pt is no longer kept" in response.json()["detail"]
+
+
+def test_a_cluster_run_is_sealed_once_its_logs_are_kept(
+    world: Any, var_dir: Path, tmp_path: Path
+) -> None:
+    run = finish(make_run(world), RunState.FAILED)
+    Run.objects.unscoped().filter(pk=run.pk).update(backend="kubernetes")
+    (request,) = SealRequest.objects.for_workspace(world.alpha).filter(run=run)
+    assert not sealing.seal(request.pk)
+    request.refresh_from_db()
+    assert "waiting for the log of attempt 1" in request.last_error
+    # The watcher keeps it: the next try seals it, with the log.
+    log = tmp_path / "pod.log"
+    log.write_bytes(b"from the pod\n")
+    RunAttempt.objects.unscoped().filter(run=run).update(log_path=str(log), log_size=13)
+    SealRequest.objects.unscoped().filter(pk=request.pk).update(next_try_at=timezone.now())
+    assert sealing.seal(request.pk)
+    (record,) = records_of(run)
+    assert manifest_of(record)["attempts"][0]["log"] == "attempts/1/log.txt"
+
+
+def test_a_log_that_never_comes_does_not_hold_the_record_forever(world: Any, var_dir: Path) -> None:
+    run = finish(make_run(world), RunState.FAILED)
+    Run.objects.unscoped().filter(pk=run.pk).update(backend="kubernetes")
+    (request,) = SealRequest.objects.for_workspace(world.alpha).filter(run=run)
+    SealRequest.objects.unscoped().filter(pk=request.pk).update(
+        created_at=timezone.now() - sealing.LOG_WAIT - timedelta(seconds=1)
+    )
+    assert sealing.seal(request.pk)
+    (record,) = records_of(run)
+    assert manifest_of(record)["attempts"][0]["log"] is None
