@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runs import attempts, lifecycle
-from runs.events import GENESIS_HASH, verify_event_chain
+from runs.events import verify_event_chain
 from runs.models import (
     LIVE_STATES,
     RUNNING_STATES,
@@ -24,6 +24,7 @@ from runs.models import (
     RunState,
 )
 from runs.state import IllegalTransition, transition
+from tau.evidence.chain import GENESIS_HASH
 from tests.runs.factories import make_run
 
 pytestmark = pytest.mark.django_db
