@@ -82,7 +82,9 @@ def json_problem(data: Any) -> str | None:
 
 class BoundedJSONParser(JSONParser):
     """JSON bodies within bounds: one nested so deep that the parser gives up, deeper than
-    MAX_JSON_DEPTH, or holding text no database can store is a 400 that says which."""
+    MAX_JSON_DEPTH, or holding text no database can store is a 400 that says which. Every
+    operation of the API takes an object, so a body that is not one (``null``, a list, a
+    number) is a 400 too, before any view reads fields from it."""
 
     def parse(
         self,
@@ -96,10 +98,26 @@ class BoundedJSONParser(JSONParser):
             raise exceptions.ParseError(
                 f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels."
             ) from None
+        if not isinstance(data, dict):
+            raise exceptions.ParseError(
+                f"JSON parse error - the body must be a JSON object, not {_json_kind(data)}."
+            )
         problem = json_problem(data)
         if problem is not None:
             raise exceptions.ParseError(f"JSON parse error - {problem}")
         return data
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list"
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

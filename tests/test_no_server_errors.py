@@ -123,6 +123,20 @@ def test_json_nested_a_thousand_levels_is_a_400(world: Any) -> None:
     assert "nested deeper" in response.json()["detail"]
 
 
+@pytest.mark.parametrize("body", ["null", "[]", "3", '"text"', "true"])
+def test_a_json_body_that_is_not_an_object_is_a_400(world: Any, body: str) -> None:
+    """``null`` as a workspace PATCH body was a 500 (``set(None)``); every operation takes an
+    object, so the parser refuses anything else for all of them."""
+    api = world.api_client_for("workspace_admin")
+    for method, url in [
+        ("patch", "/api/v1/workspaces/alpha/"),
+        ("post", "/api/v1/workspaces/alpha/members/"),
+    ]:
+        response = getattr(api, method)(url, body, content_type="application/json")
+        assert response.status_code == 400, (method, url, response.content)
+        assert "the body must be a JSON object" in response.json()["detail"]
+
+
 def test_a_nul_in_a_run_name_or_filter_is_not_a_database_error(world: Any) -> None:
     run = make_run(world)
     api = world.api_client_for("researcher")
