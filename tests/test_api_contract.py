@@ -40,7 +40,7 @@ from django.test import override_settings
 from evidence import sealing
 from evidence.models import SealRequest
 from identity import tokens
-from runs import run_tokens, submission
+from runs import artifacts, run_tokens, submission
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt, RunState
 from runs.state import transition
 from tests.evidence.helpers import TEST_SIGNING_KEY
@@ -81,8 +81,13 @@ class Contract:
     schema: dict[str, Any]
 
 
+#: The artifact each furnished finished run keeps (its spec declares it).
+ARTIFACT = "model.json"
+
+
 def _submit(world: Any, workspace: Any, who: str, name: str) -> Run:
     spec = TINY_SPEC.replace(b"name: tiny", f"name: {name}".encode())
+    spec += f"outputs:\n  artifacts: [{ARTIFACT}]\n".encode()
     return submission.submit(
         workspace=workspace,
         user=world.users[who],
@@ -110,6 +115,9 @@ def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
             for step in range(10)
         )
         Checkpoint.objects.create(run=run, attempt=1, step=5, path=f"/ckpt/{run.name}/step-5")
+        artifacts.store_artifact(
+            run=run, attempt=1, name=ARTIFACT, source=io.BytesIO(b'{"weights": [0.5]}')
+        )
         transition(run, RunState.FAILED, reason="furnished as failed")
         # Its evidence, sealed here (no worker runs): the export has something to answer.
         with override_settings(TAU_EVIDENCE_SIGNING_KEY=TEST_SIGNING_KEY):
@@ -301,6 +309,7 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
                 template.replace("{workspace_slug}", workspace)
                 .replace("{run_name}", run.name)
                 .replace("{username}", members[workspace])
+                .replace("{artifact_path}", ARTIFACT)
             )
             url = f"{contract.portal.url}{path}"
             status, body = _get(url, contract.tokens[who])
@@ -326,6 +335,7 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
                     template.replace("{workspace_slug}", own)
                     .replace("{run_name}", name)
                     .replace("{username}", foreign_member)
+                    .replace("{artifact_path}", ARTIFACT)
                 )
                 status, body = _get(f"{contract.portal.url}{path}", contract.tokens[who])
                 assert status in (403, 404), (who, path, status, body[:300])
