@@ -7,6 +7,14 @@ way the server does.
 __version__ = "0.1.0.dev0"
 
 # The workload SDK (standard library only): ``import tau; tau.log_metrics(10, loss=0.3)``.
-from tau.sdk import checkpoint_saved, flush, log_metrics, resume_from
+from tau.sdk import checkpoint_saved, flush, log_metrics, resume_from, save_artifact, track
 
-__all__ = ["__version__", "checkpoint_saved", "flush", "log_metrics", "resume_from"]
+__all__ = [
+    "__version__",
+    "checkpoint_saved",
+    "flush",
+    "log_metrics",
+    "resume_from",
+    "save_artifact",
+    "track",
+]

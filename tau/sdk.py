@@ -49,7 +49,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["checkpoint_saved", "flush", "log_metrics", "resume_from", "save_artifact"]
+__all__ = ["checkpoint_saved", "flush", "log_metrics", "resume_from", "save_artifact", "track"]
 
 #: The most rows one report carries (the portal takes up to 5,000).
 ROWS_PER_REPORT = 1000
@@ -435,3 +435,20 @@ def _upload_artifact(path: str, name: str | None) -> bool:
             _warn(f"save_artifact: {artifact!r} not saved, the portal cannot be reached: {reason}")
             return False
     return False
+
+
+class _Track:
+    """``from tau import track; track.log(step=10, loss=0.31)``: the spelling the tau.yaml
+    contract (TAU_YAML.md, "What a running workload sees") gives, kept working beside the
+    functions above; each method is the function it names."""
+
+    @staticmethod
+    def log(step: int, **values: float) -> None:
+        log_metrics(step, **values)
+
+    @staticmethod
+    def checkpoint(path: str | os.PathLike[str], step: int, *, size: int | None = None) -> None:
+        checkpoint_saved(path, step, size=size)
+
+
+track = _Track()

@@ -87,6 +87,16 @@ def test_rows_and_a_checkpoint_reach_the_run_and_wait_out_an_outage(
     assert points(run) == 3100
     assert "the portal answers again" in capfd.readouterr().err
 
+    # The spelling of the tau.yaml contract (TAU_YAML.md): the same reports.
+    from tau import track
+
+    track.log(step=1602, loss=0.25)
+    track.checkpoint("step-1602", 1602)
+    assert tau.flush(timeout=60)
+    assert points(run) == 3101
+    assert MetricPoint.objects.unscoped().get(run=run, step=1602).value == 0.25
+    assert Checkpoint.objects.unscoped().filter(run=run, step=1602).exists()
+
 
 def test_outside_a_run_the_calls_do_nothing_and_say_so_once(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
