@@ -9,6 +9,7 @@ urlpatterns = [
     path("runs/", views.RunListView.as_view(), name="runs"),
     path("runs/new/", views.SubmitView.as_view(), name="run-submit"),
     path("runs/validate/", views.ValidateView.as_view(), name="run-validate"),
+    path("runs/compare/", views.RunCompareView.as_view(), name="run-compare"),
     path("runs/<str:run_name>/", views.RunDetailView.as_view(), name="run-page"),
     path(
         "runs/<str:run_name>/cancel/",

@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import OuterRef, Q, QuerySet, Subquery, prefetch_related_objects
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -28,7 +28,7 @@ from django.views.decorators.vary import vary_on_headers
 from django.views.generic import TemplateView
 
 from portal.requests import signed_in_user
-from runs import bundles, kube_queue, lifecycle, selectors, submission
+from runs import bundles, compare, kube_queue, lifecycle, selectors, submission
 from runs.access import REFUSAL, may_act_on
 from runs.backends.kubernetes import no_storage_warning
 from runs.checkpoints import checkpoint_exists
@@ -561,3 +561,67 @@ class PlatformQueueView(StaffRequiredMixin, TemplateView):
             }
         )
         return context
+
+
+class RunCompareView(WorkspaceViewMixin, TemplateView):
+    """Two runs of the workspace side by side (``?a=<run>&b=<run>``, or two ``run`` values
+    as the runs list's checkboxes send them, the older then A): outcome, spec, code,
+    environment, and their metric curves over each other. Without two runs, a form to choose
+    them; a name that is no run of this workspace is said so (404), reading nothing of any
+    other."""
+
+    template_name = "runs/compare.html"
+
+    def _names(self) -> tuple[str, str]:
+        params = self.request.GET
+        chosen = [name.strip() for name in params.getlist("run") if name.strip()]
+        a = params.get("a", "").strip() or (chosen[0] if chosen else "")
+        b = params.get("b", "").strip() or (chosen[1] if len(chosen) > 1 else "")
+        return a, b
+
+    def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        context = self.get_context_data(**kwargs)
+        a_name, b_name = self._names()
+        context.update({"a_name": a_name, "b_name": b_name})
+        context["recent"] = list(
+            Run.objects.for_workspace(self.workspace)
+            .order_by("-created_at", "-id")
+            .values_list("name", flat=True)[:50]
+        )
+        if len(self.request.GET.getlist("run")) > 2:
+            context["problem"] = "Choose two runs to compare, not more."
+            return self.render_to_response(context, status=400)
+        if not (a_name and b_name):
+            return self.render_to_response(context)
+        found: dict[str, Run] = {}
+        for name in (a_name, b_name):
+            try:
+                found[name] = selectors.resolve_run(self.workspace, name)
+            except Http404:
+                context["problem"] = f"There is no run called {name!r} in {self.workspace.name}."
+                return self.render_to_response(context, status=404)
+        a, b = found[a_name], found[b_name]
+        if not self.request.GET.get("a"):
+            # Chosen in the runs list (newest first): the older is A, what the newer is compared to.
+            a, b = sorted((a, b), key=lambda run: (run.created_at, run.pk))
+        prefetch_related_objects([a, b], "bundle")  # one query for both
+        newest = {
+            attempt.run_id: attempt
+            for attempt in RunAttempt.objects.for_workspace(self.workspace)
+            .filter(run__in=[a, b])
+            .order_by("run_id", "number")
+        }
+        context.update(
+            {
+                "a": a,
+                "b": b,
+                "outcomes": (compare.outcome(a), compare.outcome(b)),
+                "spec_differences": compare.spec_differences(a.spec, b.spec),
+                "spec_diff": compare.spec_diff(a, b),
+                "code_changes": compare.code_changes(a, b),
+                "environment_differences": compare.environment_differences(
+                    a, newest.get(a.pk), b, newest.get(b.pk)
+                ),
+            }
+        )
+        return self.render_to_response(context)

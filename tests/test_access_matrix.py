@@ -251,6 +251,7 @@ MATRIX: dict[str, Route] = {
     "runs": Route({"GET": PAGE_READ}, ALPHA),
     "queue": Route({"GET": PAGE_READ}, ALPHA),
     "run-page": Route({"GET": PAGE_READ}, RUN),
+    "run-compare": Route({"GET": PAGE_READ}, ALPHA),
     "run-submit": Route(
         {"GET": codes(403, 200, 200, 403, 404, 302), "POST": codes(403, 302, 302, 403, 404, 302)},
         ALPHA,

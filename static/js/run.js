@@ -271,6 +271,9 @@
     return shownName(key).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
+  // The comparison page (compare.js) shows the same names the same way.
+  window.tauMetricNames = { shownName: shownName, plotlyText: plotlyText };
+
   function smooth(values, weight) {
     if (!weight) return values;
     var result = [];
