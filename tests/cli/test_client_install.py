@@ -1,6 +1,9 @@
 """``pip install <checkout>`` in a clean virtual environment gives ``tau`` without the server:
-no Django, Celery or psycopg, the command validates every example, and ``python -m
-tau.evidence verify`` checks an evidence record there (accepts it, refuses one changed byte)."""
+no Django, Celery or psycopg, the command validates every example, ``python -m
+tau.evidence verify`` checks an evidence record there (accepts it, refuses one changed byte),
+and — issue 15's first acceptance point, as written — that ``tau`` logs in to a live portal
+with a token from ``manage.py create_token`` and runs ``examples/cpu-quickstart`` with
+``--watch`` to ``succeeded`` and exit 0."""
 
 from __future__ import annotations
 
@@ -9,26 +12,42 @@ import os
 import shutil
 import subprocess
 import venv
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tau
 from tau.evidence.keys import keyring_document, public_key_bytes
 from tests.evidence_format.record import record, sample_parts
+from tests.runs.agent_harness import Agent, local_quota
+from tests.runs.processes import Portal, portal_processes, session_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_client_installs_without_the_server(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Client:
+    """A virtual environment with nothing but ``pip install <checkout>`` in it."""
+
+    python: Path
+    tau: str
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Client:
     # The checkout's packaging files and the client package, copied so that the build
     # (setuptools writes build/ and *.egg-info beside the sources) never touches the checkout.
-    source = tmp_path / "checkout"
+    folder = tmp_path_factory.mktemp("client")
+    source = folder / "checkout"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
     shutil.copytree(ROOT / "tau", source / "tau", ignore=shutil.ignore_patterns("__pycache__"))
-    environment = tmp_path / "venv"
+    environment = folder / "venv"
     venv.create(environment, with_pip=True)
     python = environment / "bin" / "python"
     env = {key: value for key, value in os.environ.items() if not key.startswith("TAU_")}
@@ -42,6 +61,11 @@ def test_the_client_installs_without_the_server(tmp_path: Path) -> None:
         timeout=600,
     )
     assert installed.returncode == 0, installed.stdout + installed.stderr
+    return Client(python=python, tau=str(environment / "bin" / "tau"), env=env)
+
+
+def test_the_client_installs_without_the_server(client: Client, tmp_path: Path) -> None:
+    python, tau_command, env = client.python, client.tau, client.env
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -52,7 +76,6 @@ def test_the_client_installs_without_the_server(tmp_path: Path) -> None:
         absent = run(str(python), "-c", f"import {server_module}")
         assert absent.returncode == 1, f"{server_module} is installed with the client"
         assert "ModuleNotFoundError" in absent.stderr
-    tau_command = str(environment / "bin" / "tau")
     version = run(tau_command, "version", "--short")
     assert (version.returncode, version.stdout.strip()) == (0, tau.__version__), version.stderr
     examples = sorted(str(path) for path in (ROOT / "examples").glob("*/tau.yaml"))
@@ -75,3 +98,63 @@ def test_the_client_installs_without_the_server(tmp_path: Path) -> None:
     refused = run(*verify)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "attempts/1/log.txt: SHA-256 does not match" in refused.stdout
+
+
+@pytest.fixture
+def portal(tmp_path: Path, settings: Any) -> Any:
+    yield from portal_processes(tmp_path, settings.CELERY_BROKER_URL)
+
+
+@pytest.mark.services
+@pytest.mark.django_db(transaction=True)
+def test_from_a_clean_install_to_a_succeeded_run(
+    client: Client, world: Any, portal: Portal, tmp_path: Path
+) -> None:
+    local_quota(world.alpha)
+    agent = Agent(tmp_path / "var", {"TAU_API_URL": portal.url}).start()
+    try:
+        portal.start()
+        created = subprocess.run(
+            [
+                *(str(ROOT / ".venv" / "bin" / "python"), "manage.py", "create_token"),
+                *("--name", "laptop", world.users["researcher"].username),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**portal.env, "DATABASE_URL": session_database_url()},
+            timeout=60,
+        )
+        assert created.returncode == 0, created.stderr
+        token = created.stdout.strip().splitlines()[-1].strip()
+        assert token.startswith("tau_"), created.stdout
+        home = tmp_path / "home"
+        env = {**client.env, "HOME": str(home), "XDG_CONFIG_HOME": str(home / "config")}
+        env["NO_PROXY"] = "127.0.0.1,localhost"
+
+        def tau_says(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [client.tau, *args],
+                input=input,
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=ROOT,
+                timeout=300,
+            )
+
+        login = tau_says("login", "--url", portal.url, "--token-stdin", input=token + "\n")
+        assert login.returncode == 0, login.stdout + login.stderr
+        watched = tau_says(
+            "run", "--config", "examples/cpu-quickstart/tau.yaml", "--workspace", "alpha", "--watch"
+        )
+        assert watched.returncode == 0, watched.stdout + watched.stderr + agent.output()
+        status = tau_says("run", "status", "cpu-quickstart", "--json")
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["state"] == "succeeded"
+        django = subprocess.run(
+            [str(client.python), "-c", "import django"], capture_output=True, env=env
+        )
+        assert django.returncode == 1
+    finally:
+        agent.stop()
