@@ -11,6 +11,10 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
+import time
+import urllib.error
+import urllib.request
 import venv
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,5 +160,53 @@ def test_from_a_clean_install_to_a_succeeded_run(
             [str(client.python), "-c", "import django"], capture_output=True, env=env
         )
         assert django.returncode == 1
+
+        # Issue 16's first acceptance point, in the same venv without Django: the run's
+        # evidence (sealed by the Celery worker) downloads from the API and verifies offline;
+        # one changed byte of its log inside the file is refused, named.
+        name = json.loads(status.stdout)["name"]
+        run_url = f"{portal.url}/api/v1/workspaces/alpha/runs/{name}/evidence/"
+        deadline = time.monotonic() + 60
+        answer, body = _fetch(run_url, token)
+        while answer == 409 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            answer, body = _fetch(run_url, token)
+        assert answer == 200, body[:300]
+        (tmp_path / "run.evidence.tar").write_bytes(body)
+        answer, keys = _fetch(f"{portal.url}/api/v1/evidence/keys/", None)
+        assert answer == 200
+        (tmp_path / "keys.json").write_bytes(keys)
+        check = (str(client.python), "-m", "tau.evidence", "verify", "run.evidence.tar")
+        offline = {"PATH": "/usr/bin:/bin", "HOME": str(home)}  # no proxy, no TAU_*, no Django
+
+        def verify() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*check, "--key", "keys.json"],
+                capture_output=True,
+                text=True,
+                env=offline,
+                cwd=tmp_path,
+                timeout=60,
+            )
+
+        accepted = verify()
+        assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+        with tarfile.open(tmp_path / "run.evidence.tar") as tar:
+            log = tar.getmember("attempts/1/log.txt")
+        changed = bytearray(body)
+        changed[log.offset_data + 10] ^= 0x01
+        (tmp_path / "run.evidence.tar").write_bytes(bytes(changed))
+        refused = verify()
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "attempts/1/log.txt" in refused.stdout
     finally:
         agent.stop()
+
+
+def _fetch(url: str, token: str | None) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
