@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 
 from evidence import keys, selectors
 from evidence.export import FileGone, export_stream
+from identity.tokens import TokenScopePermission
 from portal.api import refusals
 from runs import selectors as run_selectors
 from runs.models import Run
@@ -47,7 +48,9 @@ class EvidenceKeysView(APIView):
     --key`` trusts. Public keys only, so anyone may read them."""
 
     authentication_classes: list[Any] = []
-    permission_classes = [AllowAny]
+    # No authentication, so no token ever reaches TokenScopePermission; it stays listed
+    # because every API view keeps it (tests/identity: a view without it is a finding).
+    permission_classes = [AllowAny, TokenScopePermission]
 
     @extend_schema(auth=[], responses={200: KEYRING})
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
