@@ -32,7 +32,9 @@ class CheckpointReport:
 
 def record_checkpoint(*, run: Run, attempt: int, report: CheckpointReport) -> Checkpoint:
     """Keep a checkpoint of ``run`` (its attempt ``attempt``), or CheckpointPathRefused. The
-    same path reported again updates what is known about it."""
+    same path reported again updates what is known about it — never forgetting its size: the
+    local collector measures it, and the SDK's report of the same folder, which does not,
+    must not erase it."""
     try:
         path = backend_for_run(run).checkpoint_path(run, report.path)
     except BackendUnavailable as exc:
@@ -41,8 +43,9 @@ def record_checkpoint(*, run: Run, attempt: int, report: CheckpointReport) -> Ch
         "attempt": attempt,
         "step": report.step,
         "complete": report.complete,
-        "size": report.size,
     }
+    if report.size is not None:
+        defaults["size"] = report.size
     if report.data:
         defaults["data"] = report.data
     with transaction.atomic():

@@ -122,11 +122,14 @@ NO_RETRIES = """\
     """
 
 
-def test_cpu_quickstart_runs_to_success(world: Any, var_dir: Path, start_agent: Any) -> None:
+def test_cpu_quickstart_runs_to_success(
+    world: Any, var_dir: Path, start_agent: Any, live_server: Any
+) -> None:
     local_quota(world.alpha)
     example = EXAMPLES / "cpu-quickstart"
     run = submit(world, (example / "tau.yaml").read_bytes(), bundle=zip_directory(example))
-    agent = start_agent()
+    # The example reports its metrics and checkpoints through the SDK, to this portal.
+    agent = start_agent(TAU_API_URL=live_server.url)
     wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=120, agent=agent)
     assert run.state == RunState.SUCCEEDED, run.state_reason
     (attempt,) = attempts(run)
@@ -159,9 +162,15 @@ def test_cpu_quickstart_runs_to_success(world: Any, var_dir: Path, start_agent: 
     assert kinds == ["pending", "queued", "admitted", "running", "succeeded"]
     # The run token existed only for the attempt: held by it, revoked at the end, both
     # audited with the run and attempt it was for.
+    # (Revoked right after the attempt's end commits: the run can be seen ended just before.)
+    wait_until(
+        lambda: tokens_of(run)[0].revoked_at is not None,
+        timeout=10,
+        what="the run token's revocation",
+        agent=agent,
+    )
     (token,) = tokens_of(run)
     assert token.kind == ApiToken.Kind.RUN
-    assert token.revoked_at is not None
     assert attempt.token_id == token.pk
     audited = AuditEvent.objects.for_workspace(world.alpha).filter(
         object_type="portal.apitoken", object_id=str(token.pk)
@@ -219,7 +228,7 @@ def test_cancel_stops_the_whole_process_tree(world: Any, var_dir: Path, start_ag
 
 
 def test_a_retry_resumes_from_the_newest_checkpoint(
-    world: Any, var_dir: Path, start_agent: Any
+    world: Any, var_dir: Path, start_agent: Any, live_server: Any
 ) -> None:
     local_quota(world.alpha)
     example = EXAMPLES / "resume-from-checkpoint"
@@ -232,7 +241,7 @@ def test_a_retry_resumes_from_the_newest_checkpoint(
     assert "--fail-at-step, 175" in source
     assert "initial: 0s" in source
     run = submit(world, source.encode(), bundle=zip_directory(EXAMPLES / "cpu-quickstart"))
-    agent = start_agent()
+    agent = start_agent(TAU_API_URL=live_server.url)  # the SDK's reports go there
     wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=90, agent=agent)
     assert run.state == RunState.SUCCEEDED, run.state_reason
     failed, resumed = attempts(run)
@@ -600,7 +609,8 @@ def test_a_run_cannot_reach_the_portal_or_another_workspace(
             ),
         },
         "list": {
-            "var/": [str(var_dir), ["runs", "venvs"]],
+            # The workload SDK's read-only copy is mounted too (runs.workload_sdk).
+            "var/": [str(var_dir), ["runs", "venvs", "workload-sdk"]],
             "var/runs/": [str(var_dir / "runs"), ["$TAU_RUN_ID"]],  # its own run only
             "the portal's home": [str(home), [".pyenv"]],
             "the checkout": [str(ROOT), []],
