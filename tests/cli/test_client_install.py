@@ -13,8 +13,6 @@ import shutil
 import subprocess
 import tarfile
 import time
-import urllib.error
-import urllib.request
 import venv
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tau
 from tau.evidence.keys import keyring_document, public_key_bytes
+from tests.evidence.test_portal_end_to_end import fetch
 from tests.evidence_format.record import record, sample_parts
 from tests.runs.agent_harness import Agent, local_quota
 from tests.runs.processes import Portal, portal_processes, session_database_url
@@ -167,13 +166,13 @@ def test_from_a_clean_install_to_a_succeeded_run(
         name = json.loads(status.stdout)["name"]
         run_url = f"{portal.url}/api/v1/workspaces/alpha/runs/{name}/evidence/"
         deadline = time.monotonic() + 60
-        answer, body = _fetch(run_url, token)
+        answer, body = fetch(run_url, token)
         while answer == 409 and time.monotonic() < deadline:
             time.sleep(0.5)
-            answer, body = _fetch(run_url, token)
+            answer, body = fetch(run_url, token)
         assert answer == 200, body[:300]
         (tmp_path / "run.evidence.tar").write_bytes(body)
-        answer, keys = _fetch(f"{portal.url}/api/v1/evidence/keys/", None)
+        answer, keys = fetch(f"{portal.url}/api/v1/evidence/keys/", None)
         assert answer == 200
         (tmp_path / "keys.json").write_bytes(keys)
         check = (str(client.python), "-m", "tau.evidence", "verify", "run.evidence.tar")
@@ -201,12 +200,3 @@ def test_from_a_clean_install_to_a_succeeded_run(
         assert "attempts/1/log.txt" in refused.stdout
     finally:
         agent.stop()
-
-
-def _fetch(url: str, token: str | None) -> tuple[int, bytes]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as response:
-            return int(response.status), response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
