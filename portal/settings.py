@@ -249,7 +249,8 @@ if _cache_url:
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": _cache_url,
-            "KEY_PREFIX": "taugrid",
+            # Several installations (or test portals) can share one Redis under their own prefix.
+            "KEY_PREFIX": env_str("TAU_CACHE_KEY_PREFIX", "taugrid"),
             "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
         }
     }

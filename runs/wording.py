@@ -26,6 +26,7 @@ EVENT_WORDS: dict[str, str] = {
     EventKind.RETRY: "Starting again",
     EventKind.METRICS_SKIPPED: "Some metric lines could not be read",
     EventKind.DELIVERY_FAILED: "The backend could not be reached",
+    EventKind.ARTIFACT_REFUSED: "A declared artifact was not kept",
 }
 
 # Event kinds whose words already say the state they lead to: the state is not repeated

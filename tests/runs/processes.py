@@ -111,6 +111,9 @@ class Portal:
             "CELERY_BROKER_URL": broker_url,
             "TAU_VAR_DIR": str(var_dir),
             "TAU_RECONCILE_SECONDS": "1",
+            # Its own rate-limit counters: the session's Redis has seen other tests' bad tokens
+            # from this same address.
+            "TAU_CACHE_KEY_PREFIX": f"taugrid-test-{self.port}",
             # The same secrets as this test process, so tokens and sessions it makes work there.
             "TAU_SECRET_KEY": settings.SECRET_KEY,
             "TAU_TOKEN_PEPPERS": settings.TAU_TOKEN_PEPPERS,
