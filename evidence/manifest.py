@@ -176,9 +176,13 @@ def record_members(run: Run, coverage: Coverage, sealed: dict[str, Any] | None =
         members.append(_file_member(archive.BUNDLE, bundles.bundle_path(run.bundle.sha256)))
     attempts = _attempts(run, coverage)
     for attempt in attempts:
+        name = archive.attempt_log(attempt.number)
         log = _log_path(attempt)
+        if log is None and name in sizes and attempt.log_path:
+            # Sealed with a log that is gone now: the member stays, so that opening it names
+            # the missing file (``export.FileGone``) instead of the export leaving it out.
+            log = Path(attempt.log_path)
         if log is not None:
-            name = archive.attempt_log(attempt.number)
             members.append(_file_member(name, log, sizes.get(name)))
     metrics_data, metric_count = _metrics_bytes(run, coverage)
     members.append(archive.bytes_member(archive.METRICS, metrics_data))

@@ -71,6 +71,12 @@ class EvidenceRecord(TenantModel):
     signature = models.BinaryField(help_text="manifest.sig, canonical JSON.")
     key_id = models.CharField(max_length=40)
     sealed_at = models.DateTimeField()
+    # The portal's own check of the record as it exports now (``evidence.verification``):
+    # after sealing, and again when someone asks. ``verify_requested_at`` is set while a check
+    # is asked for and not done; ``verification_problems`` is what the last check found.
+    verify_requested_at = models.DateTimeField(null=True, blank=True)
+    verified_at = models.DateTimeField(null=True, blank=True)
+    verification_problems = models.JSONField(default=list, blank=True)
 
     class Meta(TenantModel.Meta):
         constraints = [
@@ -80,3 +86,8 @@ class EvidenceRecord(TenantModel):
 
     def __str__(self) -> str:
         return f"evidence {self.run_id}#{self.terminal_seq}"
+
+    @property
+    def verifying(self) -> bool:
+        """A check is asked for and not done yet."""
+        return self.verify_requested_at is not None

@@ -28,7 +28,7 @@ from celery import current_app
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from evidence import keys
+from evidence import keys, verification
 from evidence.manifest import Coverage, build_manifest
 from evidence.models import EvidenceRecord, SealRequest
 from portal.outbox import claim_is_live, doubling_delay, unclaimed_or_lapsed
@@ -117,6 +117,9 @@ def seal(request_id: int) -> bool:
         SealRequest.objects.unscoped().filter(pk=request.pk).update(
             claimed_at=None, last_error="", sealed_at=record.sealed_at
         )
+        if stored:
+            # The run page says "verified" once the record, as it exports, has been checked.
+            transaction.on_commit(lambda: verification.publish(record.pk))
     return stored
 
 
@@ -166,6 +169,7 @@ def _sealed_record(request: SealRequest) -> EvidenceRecord:
         signature=signature_document(private_key, manifest),
         key_id=key_id(public_key_bytes(private_key)),
         sealed_at=sealed_at,
+        verify_requested_at=sealed_at,  # checked once stored (``verification``)
     )
 
 

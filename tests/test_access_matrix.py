@@ -273,6 +273,11 @@ MATRIX: dict[str, Route] = {
         {"POST": codes(403, 302, 302, 403, 404, 302), "GET": codes(405, 405, 405, 405, 404, 302)},
         FAILED_RUN,
     ),
+    # The evidence section: read by anyone who reads the run; a check asked for by them too
+    # (it changes nothing but the check's result).
+    "run-page-evidence": Route(
+        {"GET": PAGE_READ, "POST": codes(302, 302, 302, 302, 404, 302)}, FAILED_RUN
+    ),
     "profile": Route({"GET": same(200, anon=302)}),
     "tokens": Route(
         {"GET": same(200, anon=302), "POST": same(201, anon=302)},

@@ -34,6 +34,7 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("", workspace_home.WorkspaceHomeView.as_view(), name="workspace-home"),
     path("", include("workspaces.urls")),
     path("", include("runs.urls")),
+    path("", include("evidence.urls")),
 ]
 
 # Under /api/ a 404 is JSON, as the schema says, also where no route matches.

@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 from evidence import keys, selectors
 from evidence.export import FileGone, export_stream
 from identity.tokens import TokenScopePermission
-from portal.api import refusals
+from portal.api import FileDownloadNegotiation, refusals
 from runs import selectors as run_selectors
 from runs.models import Run
 from workspaces.access import WorkspaceScopedViewSet
@@ -61,6 +61,7 @@ class RunEvidenceViewSet(WorkspaceScopedViewSet):
     """A run's sealed evidence as one deterministic tar (docs/evidence.md)."""
 
     base_queryset = Run.objects.all()
+    content_negotiation_class = FileDownloadNegotiation
 
     @extend_schema(
         responses={

@@ -1,0 +1,138 @@
+"""The portal's own check of a sealed record: the run page's "verified" state.
+
+A record is checked the way anyone would check it offline: its export file is written out
+exactly as ``GET …/evidence/`` streams it and read back by ``tau.evidence.verify`` against the
+portal's keyring (the current key and every earlier one). So "verified" on the run page
+means what ``python -m tau.evidence verify`` would say about a download at that moment — a
+log changed on disk, a bundle or an artifact gone, a signature by a key the portal no longer
+trusts all show up as problems, named as the verifier names them.
+
+A record is checked once after sealing (the seal task asks, after its commit) and again
+whenever someone asks from the run page. A check asked for and lost (a broker outage, a
+worker that died) is picked up by the reconciler after ``RETRY_AFTER``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+from celery import current_app
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from evidence import keys
+from evidence.export import FileGone, export_stream
+from evidence.models import EvidenceRecord
+from tau.evidence import archive
+from tau.evidence.keys import key_id, public_key_bytes
+from tau.evidence.verify import verify_file
+
+logger = logging.getLogger(__name__)
+
+#: The Celery task that checks one record (``evidence.tasks``), published by name.
+VERIFY_TASK = "evidence.tasks.verify"
+#: A check asked for this long ago and not done is asked for again by the reconciler.
+RETRY_AFTER = timedelta(minutes=10)
+
+
+def request_verification(record: EvidenceRecord) -> bool:
+    """Ask for a check of ``record``. False when one is already asked for and not overdue
+    (asking twice does not check twice)."""
+    now = timezone.now()
+    asked = (
+        EvidenceRecord.objects.unscoped()
+        .filter(pk=record.pk)
+        .filter(Q(verify_requested_at__isnull=True) | Q(verify_requested_at__lt=now - RETRY_AFTER))
+        .update(verify_requested_at=now)
+    )
+    if asked:
+        record.verify_requested_at = now
+        publish(record.pk)
+    return bool(asked)
+
+
+def publish(record_id: int) -> None:
+    """Ask a worker to check now. Failing is fine: the reconciler will."""
+    try:
+        current_app.send_task(VERIFY_TASK, args=(record_id,), retry=False)
+    except Exception as exc:  # the broker is down: verify_requested_at is the durable mark
+        logger.warning("could not enqueue the check of evidence %s (%s)", record_id, exc)
+
+
+def due_checks(*, limit: int = 20) -> list[int]:
+    """Records the reconciler should check: sealed but never checked, or asked for and not
+    done within ``RETRY_AFTER``."""
+    now = timezone.now()
+    return list(
+        EvidenceRecord.objects.unscoped()
+        .filter(
+            # Sealed before checks were asked for at sealing (older records), given the
+            # moment a fresh seal's own request has; or asked for and lost.
+            Q(
+                verified_at__isnull=True,
+                verify_requested_at__isnull=True,
+                sealed_at__lte=now - timedelta(seconds=30),
+            )
+            | Q(verify_requested_at__lt=now - RETRY_AFTER)
+        )
+        .order_by("sealed_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+def trusted_keys() -> dict[str, bytes]:
+    """The keys a record of this portal may be signed with: the current and every earlier."""
+    current = public_key_bytes(keys.signing_key())
+    return {**keys.previous_public_keys(), key_id(current): current}
+
+
+def verify(record_id: int) -> list[str] | None:
+    """Check one record now and store what was found; the problems (empty: verified), or None
+    when the record no longer exists."""
+    record = (
+        EvidenceRecord.objects.unscoped().select_related("run__workspace").filter(pk=record_id)
+    ).first()
+    if record is None:
+        return None
+    started = timezone.now()
+    problems = _problems(record)
+    if problems:
+        logger.warning(
+            "evidence of run %s (record %s) does not verify: %s",
+            record.run_id,
+            record.pk,
+            "; ".join(problems),
+        )
+    # A check asked for while this one ran stays asked for: it may have been asked because
+    # of a change this check did not see.
+    EvidenceRecord.objects.unscoped().filter(pk=record.pk).update(
+        verified_at=timezone.now(), verification_problems=problems
+    )
+    EvidenceRecord.objects.unscoped().filter(pk=record.pk, verify_requested_at__lte=started).update(
+        verify_requested_at=None
+    )
+    return problems
+
+
+def _problems(record: EvidenceRecord) -> list[str]:
+    root = Path(settings.VAR_DIR) / "evidence-checks"
+    root.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=f"record-{record.pk}-", suffix=".tar", dir=root)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            try:
+                _length, chunks = export_stream(record)
+                for chunk in chunks:
+                    out.write(chunk)
+            except FileGone as gone:
+                return [str(gone)]
+            except archive.MemberSizeError as changed:  # it names the member
+                return [f"{changed} (changed since it was sealed)"]
+        return list(verify_file(name, trusted_keys()).problems)
+    finally:
+        Path(name).unlink(missing_ok=True)
