@@ -11,7 +11,7 @@ it (``JSONBodySizeMiddleware``: DRF reads the whole body before any parser sees 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -20,9 +20,12 @@ from django.views import defaults
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions
-from rest_framework.parsers import JSONParser
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.renderers import BaseRenderer
 
 if TYPE_CHECKING:
+    from rest_framework.request import Request
     from rest_framework.response import Response
 
 #: JSON bodies nested deeper than this are refused (the API's own shapes need 3 levels).
@@ -106,6 +109,22 @@ class BoundedJSONParser(JSONParser):
         if problem is not None:
             raise exceptions.ParseError(f"JSON parse error - {problem}")
         return data
+
+
+class FileDownloadNegotiation(BaseContentNegotiation):
+    """For routes that answer a file (an export, a bundle, an artifact): the file is sent
+    whatever the client's ``Accept`` says (``Accept: application/x-tar`` is a fair thing to
+    send for a tar), and what goes wrong is the API's JSON problem. DRF's own negotiation
+    would answer 406 to such a client, since JSON is the only renderer."""
+
+    def select_parser(self, request: Request, parsers: Iterable[BaseParser]) -> BaseParser | None:
+        return next(iter(parsers), None)
+
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        renderer = next(iter(renderers))
+        return renderer, renderer.media_type
 
 
 def _json_kind(value: Any) -> str:

@@ -32,7 +32,7 @@ from rest_framework.response import Response
 
 from identity.models import ApiToken
 from identity.tokens import token_of
-from portal.api import INVALID_REQUEST, BoundedJSONParser, refusals
+from portal.api import INVALID_REQUEST, BoundedJSONParser, FileDownloadNegotiation, refusals
 from portal.requests import signed_in_user
 from runs import (
     artifacts,
@@ -739,6 +739,7 @@ class RunBundleViewSet(WorkspaceScopedViewSet):
 
     accepts_run_tokens = True
     base_queryset = Run.objects.all()
+    content_negotiation_class = FileDownloadNegotiation
 
     @extend_schema(
         responses={
@@ -852,6 +853,7 @@ class RunArtifactViewSet(WorkspaceScopedViewSet):
     """A run's kept artifacts, for the workspace's members: the list, and each file."""
 
     base_queryset = Artifact.objects.all()
+    content_negotiation_class = FileDownloadNegotiation
 
     def _run(self) -> Run:
         try:

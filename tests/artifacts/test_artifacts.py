@@ -229,6 +229,13 @@ def test_members_list_and_download_outsiders_get_404(
     assert download["X-Content-SHA256"] == hashlib.sha256(b"w").hexdigest()
     assert 'attachment; filename="w.pt"' in download["Content-Disposition"]
     assert viewer.get(base + "model/other.pt").status_code == 404
+    # A client that accepts only bytes gets them, and a refusal as the API's JSON.
+    octets = viewer.get(base + "model/w.pt", HTTP_ACCEPT="application/octet-stream")
+    assert octets.status_code == 200
+    assert b"".join(octets.streaming_content) == b"w"
+    missing = viewer.get(base + "model/other.pt", HTTP_ACCEPT="application/octet-stream")
+    assert missing.status_code == 404
+    assert "no such artifact" in missing.json()["detail"]
     outsider = world.api_client_for("outsider")
     assert outsider.get(base).status_code == 404
     assert outsider.get(base + "model/w.pt").status_code == 404

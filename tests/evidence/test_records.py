@@ -162,6 +162,24 @@ def test_not_yet_sealed_is_a_conflict(world: Any, var_dir: Path) -> None:
     assert "being sealed" in response.json()["detail"]
 
 
+def test_a_client_that_accepts_only_tar_gets_the_tar_and_json_problems(
+    world: Any, var_dir: Path
+) -> None:
+    """``Accept: application/x-tar`` (what ``tau evidence pull`` sends) is answered with the
+    file, and a refusal with the API's JSON problem, never a 406."""
+    run = finish(make_run(world), RunState.SUCCEEDED)
+    client = world.api_client_for("viewer")
+    early = client.get(export_url(run), HTTP_ACCEPT="application/x-tar")
+    assert early.status_code == 409
+    assert early["Content-Type"] == "application/json"
+    assert "being sealed" in early.json()["detail"]
+    seal_all(run)
+    response = client.get(export_url(run), HTTP_ACCEPT="application/x-tar")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/x-tar"
+    assert b"".join(response.streaming_content)[257:262] == b"ustar"
+
+
 def test_outsiders_get_404_and_run_tokens_are_refused(world: Any, var_dir: Path) -> None:
     run = finish(make_run(world), RunState.SUCCEEDED)
     seal_all(run)

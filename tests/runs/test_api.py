@@ -491,6 +491,13 @@ def test_bundle_download_for_members_and_its_own_workload(world: Any) -> None:
     token = run_token(world, run)
     assert bearer(token).get(run_url(run.name, "run-bundle")).status_code == 200
     assert bearer(token).get(run_url(other.name, "run-bundle")).status_code == 404
+    # A client that accepts only zip gets the zip, and a refusal as the API's JSON.
+    zipped = bearer(token).get(run_url(run.name, "run-bundle"), HTTP_ACCEPT="application/zip")
+    assert zipped.status_code == 200
+    assert zipped["Content-Type"] == "application/zip"
+    refused = bearer(token).get(run_url(other.name, "run-bundle"), HTTP_ACCEPT="application/zip")
+    assert refused.status_code == 404
+    assert refused.json()["detail"] == "No such run."
 
 
 def test_the_kubernetes_backend_takes_submissions(world: Any, settings: Any) -> None:
