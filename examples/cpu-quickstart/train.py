@@ -3,12 +3,16 @@
 Pure Python standard library, so it runs in any image with Python 3.10 or newer and on any
 laptop. It shows everything a TauGrid workload is expected to do:
 
-* metrics: one JSON object per line appended to ``$TAU_OUTPUT_DIR/metrics.jsonl``
-  (``{"step": 10, "loss": 0.31, ...}``), which the portal charts live;
+* metrics: ``tau.log_metrics(step, loss=…)``, the workload SDK that TauGrid puts on the path
+  of every run (local or on Kubernetes); the portal charts them live. Outside a run, or
+  where ``import tau`` fails, the same rows are appended to ``$TAU_OUTPUT_DIR/metrics.jsonl``
+  (``{"step": 10, "loss": 0.31, ...}``), which the local executor reads too;
 * checkpoints: ``$TAU_CHECKPOINT_DIR/step-<n>/`` every few steps, written to a temporary
   directory first and renamed into place, with a ``COMPLETE`` marker, so a crash never
-  leaves a half-written checkpoint that looks finished;
-* resume: when ``$TAU_RESUME_FROM`` names a checkpoint, training continues from it. Mini-
+  leaves a half-written checkpoint that looks finished; then ``tau.checkpoint_saved``
+  registers it at once (the local executor would also find it by its name);
+* resume: when ``tau.resume_from()`` (``$TAU_RESUME_FROM``) names a checkpoint, training
+  continues from it. Mini-
   batches are drawn from a generator seeded by (seed, step), so a resumed run computes
   exactly the same numbers as one that never stopped;
 * a simulated crash for trying retries: ``--fail-at-step N`` (or ``EXAMPLE_FAIL_AT_STEP=N``)
@@ -34,6 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+try:
+    import tau  # the TauGrid workload SDK (standard library only)
+except ImportError:  # not in a TauGrid run, and the tau package is not installed
+    tau = None
 
 KEEP_CHECKPOINTS = 3
 
@@ -163,6 +172,15 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
+def reporting() -> bool:
+    """Whether the SDK reports to a portal: inside a TauGrid run, with the SDK importable."""
+    return tau is not None and bool(os.environ.get("TAU_RUN_TOKEN"))
+
+
+def resume_path() -> str | None:
+    return tau.resume_from() if tau is not None else os.environ.get("TAU_RESUME_FROM") or None
+
+
 def is_first_attempt() -> bool:
     if os.environ.get("TAU_RESUME_FROM"):
         return False
@@ -183,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     bias = 0.0
     start_step = 0
 
-    resume_from = os.environ.get("TAU_RESUME_FROM")
+    resume_from = resume_path()
     if resume_from:
         state = load_checkpoint(Path(resume_from))
         start_step = int(state["step"])
@@ -191,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         bias = float(state["bias"])
         print(f"resumed from step {start_step}", flush=True)
 
+    report = reporting()
     started = time.monotonic()
     interval_losses: list[float] = []
     with open(output_dir / "metrics.jsonl", "a", encoding="utf-8") as metrics:
@@ -210,14 +229,16 @@ def main(argv: list[str] | None = None) -> int:
                 loss = sum(interval_losses) / len(interval_losses)
                 interval_losses.clear()
                 val_loss, val_accuracy = evaluate(weights, bias, valid_x, valid_y)
-                row = {
-                    "step": step,
+                values = {
                     "loss": round(loss, 6),
                     "val_loss": round(val_loss, 6),
                     "val_accuracy": round(val_accuracy, 6),
                 }
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
+                if report:
+                    tau.log_metrics(step, **values)  # returns at once; sent in the background
+                else:
+                    metrics.write(json.dumps({"step": step, **values}) + "\n")
+                    metrics.flush()
                 print(
                     f"step {step}: loss {loss:.4f} val_loss {val_loss:.4f} "
                     f"val_accuracy {val_accuracy:.3f}",
@@ -225,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
             if step % args.checkpoint_every == 0 or step == args.steps:
                 state = {"step": step, "weights": weights, "bias": bias, "seed": args.seed}
-                save_checkpoint(checkpoint_dir, step, state)
+                saved = save_checkpoint(checkpoint_dir, step, state)
+                if report:
+                    tau.checkpoint_saved(str(saved), step)
 
     val_loss, val_accuracy = evaluate(weights, bias, valid_x, valid_y)
     model = {
@@ -235,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         "val_accuracy": val_accuracy,
     }
     (output_dir / "model.json").write_text(json.dumps(model), encoding="utf-8")
+    if report and not tau.flush(timeout=10):
+        print("some metrics could not be sent to the portal in time", file=sys.stderr)
     elapsed = time.monotonic() - started
     print(
         f"done: step {args.steps} after {elapsed:.1f}s, val_loss {val_loss:.4f}, "
