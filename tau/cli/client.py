@@ -43,7 +43,7 @@ def _verify() -> ssl.SSLContext | bool:
         raise CliError(f"TAU_CA_BUNDLE={bundle}: cannot load it ({error}).", EXIT_USAGE) from None
 
 
-def _problem_text(body: Any) -> str:
+def problem_text(body: Any) -> str:
     """The server's refusal in one line: ``detail`` and any field errors."""
     if isinstance(body, dict):
         parts = []
@@ -110,7 +110,7 @@ class Api:
                 body = None
         elif media_type.startswith("text/plain"):
             body = response.text.strip()[:500]
-        said = _problem_text(body) if body else ""
+        said = problem_text(body) if body else ""
         if status == 404 and not said:
             raise CliError(
                 f"not found: {response.request.url.path} (is {self.url} a TauGrid portal?)",

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import click
+import httpx
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
@@ -37,6 +38,7 @@ from tau.cli.client import (
     EXIT_USAGE,
     Api,
     CliError,
+    problem_text,
     run_path,
     workspace_path,
 )
@@ -1291,6 +1293,136 @@ def evidence_verify(file: str, key: str | None, as_json: bool) -> int:
     from tau.evidence.verify import verify_and_report
 
     return verify_and_report(file, key, as_json=as_json)
+
+
+@evidence_group.command("pull")
+@click.argument("name")
+@workspace_option
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE",
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    help="Where to write the record (default: the portal's file name, "
+    "<run>-<n>.evidence.tar, in the current folder). - writes to standard output.",
+)
+@click.option("--force", is_flag=True, help="Replace FILE if it exists.")
+@click.option(
+    "--verify",
+    "then_verify",
+    is_flag=True,
+    help="Then check it offline against the portal's published keyring, as "
+    "`tau evidence verify FILE --key KEYS` would.",
+)
+@json_option
+@click.pass_context
+def evidence_pull(
+    ctx: click.Context,
+    name: str,
+    workspace: str | None,
+    output: Path | None,
+    force: bool,
+    then_verify: bool,
+    as_json: bool,
+) -> int:
+    """Download a finished run's sealed evidence record (one tar file).
+
+    NAME is a run name or a spec name (its newest run). The file is written under a
+    temporary name and renamed when complete, so an interrupted download leaves nothing
+    that looks whole."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    to_stdout = output is not None and str(output) == "-"
+    if to_stdout and (then_verify or as_json):
+        raise CliError(
+            "-o - writes the record to standard output: leave out --verify and --json.",
+            EXIT_USAGE,
+        )
+    if output is not None and not to_stdout and output.exists() and not force:
+        raise CliError(f"{output} exists; use --force to replace it.", EXIT_USAGE)
+    path = run_path(ws, name) + "evidence/"
+    try:
+        with api.http.stream("GET", path, headers={"Accept": "application/x-tar"}) as response:
+            if response.status_code >= 400:
+                response.read()
+                if response.status_code == 409:
+                    said = problem_text(api.json_of(response))
+                    raise CliError(f"no evidence of {name} to download yet: {said}")
+                api.check(response)
+            if to_stdout:
+                for chunk in response.iter_bytes():
+                    sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+                return EXIT_OK
+            target = output or Path(_attachment_name(response) or f"{name}.evidence.tar")
+            if output is None and target.exists() and not force:
+                raise CliError(
+                    f"{target} exists; use --force to replace it (or -o FILE).", EXIT_USAGE
+                )
+            size = _download(response, target, quiet=as_json)
+    except CliError:
+        raise
+    except KeyboardInterrupt:
+        raise CliError("download stopped; nothing was written.", EXIT_INTERRUPTED) from None
+    except httpx.HTTPError as error:
+        raise CliError(f"the download from {api.url} failed: {error}") from None
+    if not as_json:
+        out.print(f"Wrote {target} ({size:,} bytes).", markup=False)
+    if not then_verify:
+        if as_json:
+            print_json({"file": str(target), "size": size})
+        return EXIT_OK
+    keyring = api.json_of(api.request("GET", "/api/v1/evidence/keys/"))
+    from tau.evidence.verify import verify_and_report
+
+    with tempfile.TemporaryDirectory(prefix="tau-keys-") as scratch:
+        keys_file = Path(scratch) / "keys.json"
+        keys_file.write_text(json.dumps(keyring))
+        return verify_and_report(str(target), str(keys_file), as_json=as_json)
+
+
+def _attachment_name(response: httpx.Response) -> str | None:
+    """The file name the portal gives (``Content-Disposition``), if it is a plain one."""
+    found = re.search(r'filename="([^"/\\]+)"', response.headers.get("Content-Disposition", ""))
+    if found is None or found.group(1).startswith("."):
+        return None
+    return found.group(1)
+
+
+def _download(response: httpx.Response, target: Path, *, quiet: bool) -> int:
+    """Stream ``response`` into ``target`` through a temporary file beside it; the size."""
+    total = int(response.headers.get("Content-Length") or 0) or None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    written = 0
+    try:
+        with (
+            os.fdopen(handle, "wb") as file,
+            Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                console=err,
+                disable=quiet or not err.is_terminal,
+                transient=True,
+            ) as bar,
+        ):
+            task = bar.add_task(f"Downloading {target.name}", total=total)
+            for chunk in response.iter_bytes():
+                file.write(chunk)
+                written += len(chunk)
+                bar.advance(task, len(chunk))
+        if total is not None and written != total:
+            raise CliError(
+                f"the download ended after {written:,} of {total:,} bytes; nothing was written. "
+                "Try again."
+            )
+        os.replace(partial, target)
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return written
 
 
 # --- short aliases ------------------------------------------------------------------------

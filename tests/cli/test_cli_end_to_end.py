@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -90,6 +91,18 @@ def _wait_for_state(tau: Tau, name: str, wanted: set[str], timeout: float = 60) 
             return state
         time.sleep(0.3)
     raise AssertionError(f"{name} stayed {state}, not {wanted}")
+
+
+def _pull_when_sealed(
+    tau: Tau, name: str, cwd: Path, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``tau evidence pull`` once the record is sealed (until then: exit 1, "yet")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = tau("evidence", "pull", name, *args, cwd=cwd)
+        if done.returncode != 1 or "yet" not in done.stderr or time.monotonic() > deadline:
+            return done
+        time.sleep(0.5)
 
 
 def test_tau_from_login_to_resume(world: Any, portal: Portal, tmp_path: Path) -> None:
@@ -190,6 +203,11 @@ def test_tau_from_login_to_resume(world: Any, portal: Portal, tmp_path: Path) ->
             assert watcher.returncode == 130, watched_err
             assert "cli-slow goes on" in watched_err
             assert tau.json("run", "status", "cli-slow")["state"] == "running"
+            # A live run has no evidence yet: said, exit 1, nothing written.
+            early = tau("evidence", "pull", "cli-slow", cwd=tmp_path)
+            assert early.returncode == 1, _said(early)
+            assert "no evidence of cli-slow to download yet" in early.stderr
+            assert not list(tmp_path.glob("*.evidence.tar*"))
             assert follower.poll() is None, "logs -f ended while the run was running"
             cancelled = tau.json("run", "cancel", "cli-slow")
             assert cancelled["state"] in {"cancelling", "cancelled"}
@@ -221,6 +239,26 @@ def test_tau_from_login_to_resume(world: Any, portal: Portal, tmp_path: Path) ->
         assert logs.returncode == 0
         assert "done: step 1500" in logs.stdout
         assert tau("run", "status", "no-such-run").returncode == 4
+
+        # Its evidence, pulled under the portal's file name and checked against the
+        # portal's keyring (sealed by the worker a moment after the run ended).
+        pulls = tmp_path / "pulls"
+        pulls.mkdir()
+        pulled = _pull_when_sealed(tau, "cpu-quickstart", pulls, "--verify")
+        assert pulled.returncode == 0, _said(pulled)
+        (record,) = pulls.iterdir()
+        # <run>-<the seq of its ending event>.evidence.tar
+        assert re.fullmatch(rf"{status['name']}-\d+\.evidence\.tar", record.name), record.name
+        assert "a trusted key" in pulled.stdout
+        again = tau("evidence", "pull", "cpu-quickstart", cwd=pulls)
+        assert again.returncode == 2, _said(again)
+        assert "--force" in again.stderr
+        copy = tmp_path / "copy.tar"
+        as_json = tau.json("evidence", "pull", "cpu-quickstart", "-o", str(copy))
+        assert as_json == {"file": str(copy), "size": record.stat().st_size}
+        assert copy.read_bytes() == record.read_bytes()  # deterministic export
+        assert tau("evidence", "verify", str(copy)).returncode == 0
+        assert tau("evidence", "pull", "no-such-run", cwd=pulls).returncode == 4
 
         # A workload that fails on its first attempt: exit 1; resumed, it succeeds.
         failing = tau(
