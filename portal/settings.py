@@ -115,6 +115,7 @@ INSTALLED_APPS = [
     "identity",
     "runs",
     "evidence",
+    "gpus",
     "web",
 ]
 
@@ -610,3 +611,44 @@ if TAU_LOCAL_SANDBOX not in {"auto", "off"}:
 # Without a sandbox the agent runs the workloads of one workspace only, unless this says
 # that every workspace's code may run unsandboxed, as the portal's user, on purpose.
 TAU_LOCAL_EXECUTOR_UNSANDBOXED = env_bool("TAU_LOCAL_EXECUTOR_UNSANDBOXED", False)
+
+# --- GPUs: the fleet, its telemetry, GPU efficiency of runs (gpus/, telemetry/) --------------
+# Node conditions (set by node-problem-detector plugins) that make a GPU node unhealthy when
+# True; any other True condition whose type looks GPU-related (GPU, XID, NVLink, ECC, DCGM,
+# IB) is shown as a problem too.
+TAU_GPU_HEALTH_CONDITIONS = env_list(
+    "TAU_GPU_HEALTH_CONDITIONS",
+    [
+        "GPUMissing",
+        "XIDErrors",
+        "NVLinkStatusInactive",
+        "IBLinkFlapping",
+        "GPUClockThrottling",
+        "UnhealthyNvidiaDevicePlugin",
+    ],
+)
+# Cordon a node as soon as one of its GPU conditions turns True (audited, with the reason).
+TAU_GPU_AUTO_CORDON = env_bool("TAU_GPU_AUTO_CORDON", False)
+# How often the fleet is read from Kubernetes (or NVML) into the database.
+TAU_GPU_SYNC_SECONDS = env_int("TAU_GPU_SYNC_SECONDS", 15, minimum=1)
+CELERY_BEAT_SCHEDULE["sync-gpu-fleet"] = {
+    "task": "gpus.tasks.sync_fleet",
+    "schedule": float(TAU_GPU_SYNC_SECONDS),
+}
+# Prometheus scraping dcgm-exporter: per-GPU telemetry, the run pages' GPU efficiency.
+TAU_PROMETHEUS_URL = (env_str("TAU_PROMETHEUS_URL", "") or "").rstrip("/")
+TAU_PROMETHEUS_TOKEN = env_secret("TAU_PROMETHEUS_TOKEN")  # sent as a bearer token, if set
+TAU_PROMETHEUS_TIMEOUT_SECONDS = env_int("TAU_PROMETHEUS_TIMEOUT_MS", 2000, minimum=100) / 1000
+# Answers are cached this long and shared by everyone looking.
+TAU_PROMETHEUS_CACHE_SECONDS = env_int("TAU_PROMETHEUS_CACHE_SECONDS", 10, minimum=0)
+# Another exporter's names: JSON objects mapping TauGrid's fields to its metric and label
+# names, e.g. {"utilization": "nvidia_gpu_utilization"} (telemetry/dcgm.py lists the fields).
+TAU_DCGM_METRICS = env_str("TAU_DCGM_METRICS", "") or ""
+TAU_DCGM_LABELS = env_str("TAU_DCGM_LABELS", "") or ""
+# A run that holds GPUs it uses less than this (percent, on average) for this long is
+# flagged on its page: the most expensive waste on a shared cluster.
+TAU_GPU_IDLE_PERCENT = env_int("TAU_GPU_IDLE_PERCENT", 10, minimum=0)
+TAU_GPU_IDLE_MINUTES = env_int("TAU_GPU_IDLE_MINUTES", 15, minimum=1)
+# /metrics (the portal's own metrics, Prometheus format): a scraper sends this as its bearer
+# token; without it, /metrics answers only to loopback clients.
+TAU_METRICS_TOKEN = env_secret("TAU_METRICS_TOKEN")

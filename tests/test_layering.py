@@ -22,10 +22,12 @@ LAYERS: dict[str, int] = {
     "tau": 0,  # the tau.yaml contract: no Django
     "portal": 1,  # the kernel: settings, tenancy, audit, middleware, API plumbing, health
     "kube": 2,  # the one Kubernetes adapter
+    "telemetry": 2,  # the one Prometheus/DCGM (and NVML) adapter
     "workspaces": 3,  # workspaces, members, quotas, flavors, cohorts; the audit pages
     "identity": 4,  # OpenID Connect, login, API tokens
     "runs": 5,  # the run core, backends, the local agent
     "evidence": 6,  # sealed records of runs
+    "gpus": 6,  # the GPU fleet, telemetry, GPU efficiency of runs
     "web": 7,  # the UI shell: root URLconf, home pages, commands that start everything
 }
 #: Not part of the product's layering: they may import any package, and none imports them.

@@ -62,6 +62,13 @@ def ensure_node_packages() -> None:
         )
 
 
+def ensure_prometheus() -> None:
+    """Debian's Prometheus server and promtool: the GPU telemetry tests scrape a replayed
+    dcgm-exporter with a real Prometheus, and the alert rules in deploy/ are checked."""
+    if shutil.which("prometheus") is None or shutil.which("promtool") is None:
+        apt_install(["prometheus"])
+
+
 def ensure_wrk() -> None:
     if shutil.which("wrk") is None:
         apt_install(["wrk"])
@@ -70,12 +77,14 @@ def ensure_wrk() -> None:
 def main() -> int:
     if "--bench" in sys.argv[1:]:
         ensure_wrk()  # the HTTP load generator of make bench
+        ensure_prometheus()  # the GPU fleet benchmark's Prometheus
         return 0
     ensure_chromium()
     ensure_bubblewrap()
     ensure_node_packages()
     ensure_ray()
     ensure_schemathesis()
+    ensure_prometheus()
     return 0
 
 
