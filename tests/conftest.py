@@ -20,7 +20,7 @@ from workspaces.models import (
     WorkspaceQuota,
 )
 
-pytest_plugins = ["tests.browser", "tests.cluster.plugin"]
+pytest_plugins = ["tests.browser", "tests.cluster.plugin", "tests.telemetry.plugin"]
 
 CAST = ("platform_admin", "workspace_admin", "researcher", "viewer", "outsider", "anonymous")
 
