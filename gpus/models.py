@@ -67,6 +67,14 @@ class GpuNode(models.Model):
     runs = models.JSONField(default=list, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     unhealthy_since = models.DateTimeField(null=True, blank=True)
+    auto_cordon_seen = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            "The True GPU conditions (types) auto-cordon has already answered: a node staff "
+            "uncordoned is not cordoned again for one of them until it clears and comes back."
+        ),
+    )
     first_seen_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 

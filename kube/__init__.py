@@ -11,7 +11,7 @@ and credentials stay in one place::
 
 - :mod:`kube.config` — ``TAU_KUBECONFIG`` or in-cluster configuration, one ``ApiClient`` per
   process;
-- :mod:`kube.api` — :class:`KubeClient`: get/list/apply/create/update/delete for any kind,
+- :mod:`kube.api` — :class:`KubeClient`: get/list/apply/create/update/patch/delete for any kind,
   ``list_with_version`` + ``watch`` (a :class:`Watch` of :class:`WatchEvent` s),
   ``whoami`` (SelfSubjectReview), ``can_i`` (SelfSubjectAccessReview), ``served_versions``
   (of a CRD), with a timeout on
@@ -30,6 +30,7 @@ from kube.api import (
     Identity,
     KubeClient,
     Listing,
+    PatchType,
     Propagation,
     ResourceInfo,
     Timeout,
@@ -71,6 +72,7 @@ __all__ = [
     "KubeError",
     "Listing",
     "NotFound",
+    "PatchType",
     "Propagation",
     "RefusedByWebhook",
     "ResourceInfo",

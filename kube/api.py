@@ -1,5 +1,5 @@
-"""Objects of any kind as plain dicts: get, list, server-side apply, create, delete, plus the
-questions ``cluster_check`` asks (who am I? may I? which versions are served?).
+"""Objects of any kind as plain dicts: get, list, server-side apply, create, update, patch,
+delete, plus the questions ``cluster_check`` asks (who am I? may I? which versions are served?).
 
 Why not ``kubernetes.dynamic.DynamicClient``: it discovers the whole API when it is built,
 without a timeout, and caches what it found in a file under /tmp shared by every process of
@@ -60,7 +60,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import quote
@@ -89,6 +89,7 @@ __all__ = [
     "Identity",
     "KubeClient",
     "Listing",
+    "PatchType",
     "Propagation",
     "ResourceInfo",
     "Timeout",
@@ -105,6 +106,10 @@ Body = dict[str, Any]
 #: Seconds: one number for the whole call, or ``(connect, read)``.
 Timeout = float | tuple[float, float]
 Propagation = Literal["Background", "Foreground", "Orphan"]
+#: How :meth:`KubeClient.patch` merges: JSON merge patch (RFC 7386, what ``kubectl cordon``
+#: sends for ``spec.unschedulable``), strategic merge (built-in kinds only: lists merged by
+#: their key, e.g. a container by name) or JSON patch (RFC 6902, a list of operations).
+PatchType = Literal["merge", "strategic", "json"]
 
 #: The field manager of every write: ``managedFields`` show what TauGrid owns.
 FIELD_MANAGER: Final = "taugrid"
@@ -113,6 +118,11 @@ FIELD_MANAGER: Final = "taugrid"
 #: worker. Per client (``KubeClient(timeout=…)``) and per call (``timeout=…``).
 DEFAULT_TIMEOUT: Final[tuple[float, float]] = (5.0, 30.0)
 APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
+PATCH_CONTENT_TYPES: Final[dict[str, str]] = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
 #: Items per page when listing (the API server's continue tokens do the rest).
 LIST_PAGE_SIZE: Final = 500
 #: A watch's read timeout is its server-side timeout plus this: the server ends a healthy
@@ -514,6 +524,53 @@ class KubeClient:
             info.path(name, namespace),
             query=[("fieldManager", self.field_manager)],
             body=dict(body),
+            timeout=timeout,
+        )
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        body: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        namespace: str | None = None,
+        patch_type: PatchType = "merge",
+        subresource: str | None = None,
+        timeout: Timeout | None = None,
+    ) -> Body:
+        """Change some fields of an existing object (:class:`~kube.errors.NotFound` if it is
+        missing: a patch never creates); the stored object comes back.
+
+        For one field another controller does not own, such as a Node's
+        ``spec.unschedulable`` (``{"spec": {"unschedulable": True}}``), as ``kubectl cordon``
+        does: a merge patch sets exactly the keys it names (``None`` removes one) and leaves
+        the rest of the object alone, with no claim on fields as :meth:`apply` makes.
+        ``subresource`` patches e.g. ``status`` (what a node's own agents write: conditions
+        through ``nodes/status``). ``json`` takes a list of operations; the other types a
+        mapping. The body goes as given: ``spec.suspend`` is not stripped, so this is not a
+        way to resume a job behind Kueue's back (see the module docstring)."""
+        if patch_type not in PATCH_CONTENT_TYPES:
+            raise ValueError(f"patch_type must be merge, strategic or json, not {patch_type!r}")
+        if patch_type == "json":
+            if isinstance(body, Mapping | str | bytes) or not isinstance(body, Sequence):
+                raise ValueError("a JSON patch is a list of operations ({'op', 'path', …})")
+            sent: Any = [dict(operation) for operation in body]
+        else:
+            if not isinstance(body, Mapping):
+                raise ValueError(f"a {patch_type} patch is a mapping of the fields to change")
+            sent = dict(body)
+        info = self.resource(api_version, kind, timeout=timeout)
+        path = info.path(name, _scope(info, namespace))
+        if subresource:
+            path = f"{path}/{quote(subresource, safe='')}"
+        logger.debug("patch (%s) %s %s/%s", patch_type, kind, namespace or "-", name)
+        return self._call(
+            "PATCH",
+            path,
+            query=[("fieldManager", self.field_manager)],
+            body=sent,
+            content_type=PATCH_CONTENT_TYPES[patch_type],
             timeout=timeout,
         )
 
