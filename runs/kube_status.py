@@ -1,10 +1,11 @@
 """What Kubernetes says about one attempt of a run, as what TauGrid says about it: one pure
 function, :func:`observe`, from the attempt's objects (its Job or RayJob, Kueue's Workload
-for it, its pods, the warning Events about them, and the ClusterQueue it waits in) to an
-:class:`Observation`: the run state they mean, a reason in plain words, the failure class
-and exit code of an attempt that ended, and where Kueue placed it. No cluster access, no
-database: the watcher (``runs.kube_watcher``) gathers the objects and applies the
-observation through the run services; ``tests/runs/test_kube_status.py`` is the table.
+for it, its pods, the warning Events about them, the ClusterQueue it waits in, and the XID
+conditions of the Nodes its pods are bound to) to an :class:`Observation`: the run state
+they mean, a reason in plain words, the failure class and exit code of an attempt that
+ended, and where Kueue placed it. No cluster access, no database: the watcher
+(``runs.kube_watcher``) gathers the objects and applies the observation through the run
+services; ``tests/runs/test_kube_status.py`` is the table.
 
 The table, first match wins
 ===========================
@@ -33,7 +34,8 @@ a pod that cannot start: image pull errors            failed      user_error ("t
   ``ImagePullBackOff`` after ``IMAGE_PULL_PATIENCE``)
   ``CreateContainerConfigError`` (after the same),                user_error
   ``CrashLoopBackOff`` (``OOMKilled`` before it:                  user_error with the code
-  oom_killed)                                                     (oom_killed)
+  oom_killed; a machine XID on its node:                          (oom_killed;
+  node_failure)                                                   node_failure)
 Workload ``QuotaReserved`` + ``Admitted``, a pod      running
   running (or ended)
 Workload admitted, no pod running yet                 admitted    (a pod unschedulable for
@@ -47,8 +49,35 @@ Failed pods are read in this order: a container ``OOMKilled`` → oom_killed (ex
 image that cannot be pulled → user_error; an init container that failed (it fetches the code
 bundle) → infrastructure; a ``DisruptionTarget`` condition (the taint manager or pod GC after
 a node died → node_failure; eviction, kubelet termination → evicted; the scheduler's
-preemption → preempted) or a ``NodeNotReady`` warning about the pod → node_failure; a
-container that exited non-zero → user_error with its code.
+preemption → preempted) or a ``NodeNotReady`` warning about the pod → node_failure; a pod
+that ran on a node reporting a machine XID in the pod's window (below) → node_failure, with
+the XID and its meaning; a container that exited non-zero → user_error with its code (and,
+when its node reported only user-caused XIDs, their meaning; such an XID with no exit code
+at all is user_error too). OOMKilled and the image come first because the kubelet saw them
+happen to the pod itself, whereas an XID is read from its node's condition in a time window:
+whatever names the pod's own end more precisely (the bundle fetcher, a disruption, a node
+that stopped answering) goes before it, and only a plain non-zero exit is read with it. A
+crash loop is read with the XIDs the same way.
+
+XID errors
+==========
+
+The GPU driver logs an XID when a GPU hits an error, and node-problem-detector turns it into
+a Node condition: ``XIDErrors`` (any condition type containing "xid", in any case, is read
+the same), its message naming the codes (``runs.gpu_faults.xids_in``). A pod's node reported
+one *in the pod's window* when the condition is ``True`` and became so no later than the
+pod's failure plus :data:`XID_WINDOW_SLACK` (a node flagged since before the pod started
+counts: the pod ran on that GPU), or when its ``lastTransitionTime`` falls between the pod's
+start minus the slack and its failure plus the slack (it cleared while the pod ran). A
+condition that cleared before the pod started, one that came up only after it failed, one on
+a node where the attempt had no pod, or one that names no code changes nothing. The worst of
+the codes decides (``runs.gpu_faults.worst``): a machine XID (79 "GPU has fallen off the bus",
+48 "double-bit ECC error", …) makes the failure a node_failure, retried by default; the
+user-caused ones (13, 31, 43: a faulting or hung kernel) leave it the program's, with the
+meaning added, so a bug in a training script is not retried on another node as if the
+machine were to blame. The pod's times (kubelet) and the condition's (node-problem-detector)
+come from the same node's clock, so the slack is for lag, not skew: see
+:data:`XID_WINDOW_SLACK`.
 
 Kueue's waiting message
 =======================
@@ -71,10 +100,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
+from runs.gpu_faults import Xid, worst, xids_in
 from runs.models import FailureClass, RunState
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError, format_quantity, parse_quantity
@@ -123,6 +153,15 @@ RAYJOB_PLATFORM_FAILURES: Final[Mapping[str, str]] = {
 }
 #: Warning Events about a pod that say its node failed under it.
 NODE_FAILURE_EVENTS: Final = frozenset({"NodeNotReady", "NodeShutdown"})
+#: How far an XID condition's change may lie outside a pod's life and still be about it
+#: (module docstring, "XID errors"). Both sides are lag: node-problem-detector's kernel-log
+#: monitor reports within a second or two of the driver's line (it syncs conditions every
+#: second), but a custom-plugin monitor (a DCGM health check) runs every 30 s by default, so
+#: its condition can come up to half a minute after the XID, and the program itself may fail
+#: just before or just after (at its next GPU call, or once NCCL times out). A minute covers
+#: the slowest common reporter twice over, and is still short beside a training run, so a
+#: condition that came and went minutes before the pod started is not blamed for its end.
+XID_WINDOW_SLACK: Final = timedelta(seconds=60)
 
 #: Kueue ``Evicted`` reasons → (state, failure class, what happened).
 EVICTIONS: Final[Mapping[str, tuple[RunState, FailureClass, str]]] = {
@@ -199,6 +238,9 @@ class AttemptObjects:
     events: Sequence[Body] = ()  # warning Events about the pods, the job or the Workload
     cluster_queue: Body | None = None  # the ClusterQueue it is admitted to or waits in
     created: bool = False
+    #: The Nodes its pods are bound to, as much of them as :func:`node_facts` keeps (whole
+    #: Node objects read the same).
+    nodes: Sequence[Body] = ()
 
 
 @dataclass(frozen=True)
@@ -321,7 +363,9 @@ def observe(
     if evicted is not None and not admitted:
         return _evicted(evicted, placement)
 
-    stuck = _pod_that_cannot_start(objects.pods, now=now, patience=image_pull_patience)
+    stuck = _pod_that_cannot_start(
+        objects.pods, objects.nodes, now=now, patience=image_pull_patience
+    )
     if stuck is not None:
         failure_class, reason, exit_code = stuck
         return Observation(
@@ -391,7 +435,7 @@ def _finished(
     job: Body, objects: AttemptObjects, *, now: datetime, placement: dict[str, Any]
 ) -> Observation | None:
     if _is_rayjob(job):
-        return _rayjob_finished(job, objects, placement)
+        return _rayjob_finished(job, objects, now=now, placement=placement)
     if _true(job, "Complete") is not None:
         return Observation(
             state=ObservedState.SUCCEEDED,
@@ -420,7 +464,7 @@ def _finished(
             exit_code=_any_exit_code(objects.pods),
             **placement,
         )
-    from_pods = _pod_failure(objects.pods, objects.events)
+    from_pods = _pod_failure(objects.pods, objects.events, objects.nodes, now=now)
     if from_pods is not None:
         failure_class, words, exit_code = from_pods
         return Observation(
@@ -454,7 +498,7 @@ def _duration(seconds: int) -> str:
 
 
 def _rayjob_finished(
-    job: Body, objects: AttemptObjects, placement: dict[str, Any]
+    job: Body, objects: AttemptObjects, *, now: datetime, placement: dict[str, Any]
 ) -> Observation | None:
     status = _status(job)
     deployment = str(status.get("jobDeploymentStatus") or "")
@@ -481,7 +525,7 @@ def _rayjob_finished(
             exit_code=_any_exit_code(objects.pods),
             **placement,
         )
-    from_pods = _pod_failure(objects.pods, objects.events)
+    from_pods = _pod_failure(objects.pods, objects.events, objects.nodes, now=now)
     said = f" KubeRay says: {message}" if message else ""
 
     def failed(
@@ -496,7 +540,7 @@ def _rayjob_finished(
         )
 
     if from_pods is not None and from_pods[0] != FailureClass.USER_ERROR:
-        return failed(*from_pods)  # out of memory, a node, the bundle: whatever the job said
+        return failed(*from_pods)  # out of memory, a node, a GPU, the bundle: whatever the job said
     if reason in RAYJOB_PLATFORM_FAILURES:
         return failed(FailureClass.INFRASTRUCTURE, f"{RAYJOB_PLATFORM_FAILURES[reason]}.{said}")
     if deployment == "ValidationFailed":
@@ -581,10 +625,10 @@ def _any_exit_code(pods: Iterable[Body]) -> int | None:
 
 
 def _pod_failure(
-    pods: Sequence[Body], events: Sequence[Body]
+    pods: Sequence[Body], events: Sequence[Body], nodes: Sequence[Body], *, now: datetime
 ) -> tuple[FailureClass, str, int | None] | None:
-    """Why the pods of a failed job failed, from what the kubelet recorded (module
-    docstring, "Failed pods are read in this order")."""
+    """Why the pods of a failed job failed, from what the kubelet recorded and what their
+    nodes reported (module docstring, "Failed pods are read in this order")."""
     ordered = _sorted_pods(pods)
     for pod in ordered:
         for container in [*_containers(pod, init=True), *_containers(pod, init=False)]:
@@ -626,18 +670,27 @@ def _pod_failure(
             f"The node under pod {failed_nodes[0]} failed ({failed_nodes[1]}).",
             None,
         )
+    xid = xid_report(ordered, nodes, now=now)
+    exited: tuple[str | None, int | None] = (None, None)
+    exited_pod: str | None = None
     for pod in ordered:
         for container in _containers(pod, init=False):
             terminated = (container.get("state") or {}).get("terminated") or {}
             code = terminated.get("exitCode")
             if isinstance(code, int) and code != 0:
                 said = _first_sentence(str(terminated.get("message") or ""), 300)
-                return (
-                    FailureClass.USER_ERROR,
+                words = (
                     f"Container {container.get('name')} of pod {_pod_name(pod)} exited with "
-                    f"code {code}{': ' + said if said else '.'}",
-                    code,
+                    f"code {code}{': ' + said if said else '.'}"
                 )
+                exited, exited_pod = (words, code), _pod_name(pod)
+                break
+        if exited[0] is not None:
+            break
+    if xid is not None:
+        return xid.reading(*exited, exited_pod=exited_pod)
+    if exited[0] is not None:
+        return FailureClass.USER_ERROR, exited[0], exited[1]
     return None
 
 
@@ -652,6 +705,161 @@ def _node_failure_events(pods: Sequence[Body], events: Sequence[Body]) -> tuple[
         ):
             return str(involved.get("name")), str(event.get("message") or event.get("reason"))
     return None
+
+
+# --- XID errors on the pods' nodes --------------------------------------------------------------
+
+
+def is_xid_condition(condition_type: str) -> bool:
+    """node-problem-detector's ``XIDErrors``, or any condition type that names XIDs."""
+    return "xid" in condition_type.lower()
+
+
+def node_facts(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What :func:`observe` reads of a Node: its name and its XID conditions, without their
+    heartbeats (which move while nothing changes). The watcher keeps only this of each Node,
+    so a thousand nodes cost a few kilobytes, and compares it to skip the Node updates that
+    change nothing an observation reads."""
+    meta = _meta(node)
+    kept = [
+        {key: value for key, value in condition.items() if key != "lastHeartbeatTime"}
+        for condition in _status(node).get("conditions") or []
+        if isinstance(condition, Mapping) and is_xid_condition(str(condition.get("type") or ""))
+    ]
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "status": {"conditions": kept},
+    }
+
+
+@dataclass(frozen=True)
+class XidReport:
+    """An XID error that the node under one of the attempt's pods reported in that pod's
+    window (module docstring, "XID errors"): the worst of the condition's codes."""
+
+    pod: str
+    node: str
+    condition: str  # the condition's type, e.g. XIDErrors
+    standing: bool  # the condition is True now (else it cleared during the pod's life)
+    changed_at: datetime | None  # its lastTransitionTime
+    failed_at: datetime  # when the pod failed (its window's end, less the slack)
+    xid: Xid
+    also: tuple[int, ...] = ()  # the condition's other codes
+
+    @property
+    def machine(self) -> bool:
+        return not self.xid.user_caused
+
+    def _condition_words(self) -> str:
+        also = "".join(f"; also XID {code}" for code in self.also)
+        if self.changed_at is None:
+            return f"condition {self.condition}{also}"
+        changed_at = self.changed_at.astimezone(UTC)
+        same_day = changed_at.date() == self.failed_at.astimezone(UTC).date()
+        at = changed_at.strftime("%H:%M:%S UTC" if same_day else "%Y-%m-%d %H:%M:%S UTC")
+        if not self.standing:
+            return f"condition {self.condition}, cleared at {at}{also}"
+        return f"condition {self.condition} since {at}{also}"
+
+    def reading(
+        self, exited: str | None, exit_code: int | None, *, exited_pod: str | None = None
+    ) -> tuple[FailureClass, str, int | None]:
+        """The failure, read with this XID: a machine XID makes it the node's, a user-caused
+        one leaves it the program's (``exited``: what the containers of ``exited_pod`` said,
+        if anything)."""
+        reported = f"The GPU node {self.node} under pod {self.pod} reported {self.xid.sentence()}"
+        if self.machine:
+            words = (
+                f"{reported} ({self._condition_words()}): a fault of the machine, not of the "
+                "program."
+            )
+            return FailureClass.NODE_FAILURE, f"{words} {exited}" if exited else words, exit_code
+        if exited and exited_pod == self.pod:
+            reported = f"Its GPU on node {self.node} reported {self.xid.sentence()}"
+        words = (
+            f"{reported} — usually a bug in the program, not the machine "
+            f"({self._condition_words()})."
+        )
+        return FailureClass.USER_ERROR, f"{exited} {words}" if exited else words, exit_code
+
+
+def xid_report(pods: Sequence[Body], nodes: Sequence[Body], *, now: datetime) -> XidReport | None:
+    """The XID to read a failure with, if a node under ``pods`` reported one in the pod's
+    window: the first machine XID found (pods by name), else the first user-caused one."""
+    by_name = {str(_meta(node).get("name")): node for node in nodes}
+    found: list[XidReport] = []
+    for pod in pods:
+        node_name = str((pod.get("spec") or {}).get("nodeName") or "")
+        node = by_name.get(node_name)
+        if not node_name or node is None:
+            continue
+        started, failed = _pod_window(pod, now=now)
+        for condition in _status(node).get("conditions") or []:
+            if not isinstance(condition, Mapping):
+                continue
+            if not is_xid_condition(str(condition.get("type") or "")):
+                continue
+            standing = condition.get("status") == "True"
+            changed_at = parse_time(condition.get("lastTransitionTime"))
+            if not _in_window(standing, changed_at, started, failed):
+                continue
+            codes = xids_in(str(condition.get("message") or ""))
+            chosen = worst(codes)
+            if chosen is None:
+                continue  # names no code: nothing to weigh (the fleet page shows it)
+            found.append(
+                XidReport(
+                    pod=_pod_name(pod),
+                    node=node_name,
+                    condition=str(condition.get("type")),
+                    standing=standing,
+                    changed_at=changed_at,
+                    failed_at=failed,
+                    xid=chosen,
+                    also=tuple(code for code in codes if code != chosen.code),
+                )
+            )
+    for report in found:
+        if report.machine:
+            return report
+    return found[0] if found else None
+
+
+def _pod_window(pod: Body, *, now: datetime) -> tuple[datetime | None, datetime]:
+    """When the pod started (the kubelet's ``startTime``, else its first container's start,
+    else its creation) and when it failed (its containers' last ``finishedAt``, else now)."""
+    starts: list[datetime] = []
+    ends: list[datetime] = []
+    for container in [*_containers(pod, init=True), *_containers(pod, init=False)]:
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            for phase in ("running", "terminated"):
+                begun = parse_time((state.get(phase) or {}).get("startedAt"))
+                if begun is not None:
+                    starts.append(begun)
+            ended = parse_time((state.get("terminated") or {}).get("finishedAt"))
+            if ended is not None:
+                ends.append(ended)
+    started = (
+        parse_time(_status(pod).get("startTime"))
+        or (min(starts) if starts else None)
+        or parse_time(_meta(pod).get("creationTimestamp"))
+    )
+    return started, max(ends) if ends else now
+
+
+def _in_window(
+    standing: bool, changed_at: datetime | None, started: datetime | None, failed: datetime
+) -> bool:
+    latest = failed + XID_WINDOW_SLACK
+    if standing:
+        return changed_at is None or changed_at <= latest  # it stood when the pod failed
+    if changed_at is None or started is None:
+        return False  # cleared, nobody knows when: not evidence about this pod
+    return started - XID_WINDOW_SLACK <= changed_at <= latest
 
 
 def _image_pull_failure(pod: Body) -> str | None:
@@ -669,10 +877,11 @@ def _image_pull_failure(pod: Body) -> str | None:
 
 
 def _pod_that_cannot_start(
-    pods: Sequence[Body], *, now: datetime, patience: timedelta
+    pods: Sequence[Body], nodes: Sequence[Body], *, now: datetime, patience: timedelta
 ) -> tuple[FailureClass, str, int | None] | None:
     """A pod of a job that is still active but whose containers will not start: an image
-    that cannot be pulled, a container configuration error, a crash loop."""
+    that cannot be pulled, a container configuration error, a crash loop (read with what
+    its nodes reported, as a failed pod is)."""
     for pod in _sorted_pods(pods):
         started = parse_time(_status(pod).get("startTime")) or parse_time(
             _meta(pod).get("creationTimestamp")
@@ -703,12 +912,14 @@ def _pod_that_cannot_start(
                         code or 137,
                     )
                 ended = f"exit code {code}" if code is not None else "no exit code"
-                return (
-                    FailureClass.USER_ERROR,
+                words = (
                     f"Container {name} of pod {_pod_name(pod)} keeps crashing ({ended}; "
-                    f"restarted {container.get('restartCount', 0)} times).",
-                    code,
+                    f"restarted {container.get('restartCount', 0)} times)."
                 )
+                xid = xid_report(_sorted_pods(pods), nodes, now=now)
+                if xid is not None:
+                    return xid.reading(words, code, exited_pod=_pod_name(pod))
+                return FailureClass.USER_ERROR, words, code
     return None
 
 

@@ -6,7 +6,8 @@ A loop over small steps, each tested on its own:
 
 1. **Informers** (:class:`Informer`, one thread per kind) list, then watch, Workloads
    (``kueue.x-k8s.io/v1beta2``), Jobs, RayJobs (``ray.io/v1``) and Pods with TauGrid's labels,
-   warning Events, ClusterQueues and LocalQueues, in all namespaces. Each watch resumes from
+   warning Events, ClusterQueues and LocalQueues, in all namespaces, and Nodes (for the XID
+   errors node-problem-detector reports on them). Each watch resumes from
    the last ``resourceVersion`` it saw (bookmarks keep it fresh); a ``410 Gone`` means list
    again; a connection lost or an API server that does not answer (restarting) means wait
    (doubling, up to :data:`MAX_BACKOFF_SECONDS`) and list again; every
@@ -16,7 +17,11 @@ A loop over small steps, each tested on its own:
    them by attempt (the labels ``taugrid.io/run-id`` + ``taugrid.io/attempt``, never names:
    names change with the attempt number), a Workload by its job's uid (Kueue's
    ``kueue.x-k8s.io/job-uid`` label: Kueue copies no other label), an Event by the object it
-   is about. Each change marks the attempts it concerns *dirty*.
+   is about, a pod by the node it is bound to. Of a Node it keeps only what an observation
+   reads (``runs.kube_status.node_facts``: its name and XID conditions), so the fleet's
+   heartbeats change nothing and cost no memory. Each change marks the attempts it concerns
+   *dirty*: a Node's XID conditions changing, the attempts with pods on it that this watcher
+   has not seen end.
 3. **Reconcile** one dirty attempt: read its run, gather its objects from the cache (only from
    the run's workspace namespace: an object elsewhere with a run's labels is not believed),
    ask :func:`runs.kube_status.observe` what they mean, and :func:`apply_observation`.
@@ -77,7 +82,7 @@ from runs.attempts import (
     note_nodes,
 )
 from runs.backends.kubernetes import KubernetesBackend
-from runs.kube_status import AttemptObjects, Observation, ObservedState, observe
+from runs.kube_status import AttemptObjects, Observation, ObservedState, node_facts, observe
 from runs.models import (
     LIVE_STATES,
     TERMINAL_STATES,
@@ -90,6 +95,7 @@ from runs.models import (
     RunState,
 )
 from runs.state import lock_run, note_reason, transition
+from runs.watcher_heartbeat import HeartbeatWriter
 from workspaces.cluster_access import LEADER_LEASE
 
 logger = logging.getLogger(__name__)
@@ -125,6 +131,9 @@ QUEUE_SETTLE_SECONDS: Final = 2.0
 QUEUE_REFRESH_BATCH: Final = 50
 #: The most warning Events kept (the oldest are dropped first).
 MAX_EVENTS: Final = 10_000
+#: How long a kind that cannot be watched (RayJob without KubeRay, Nodes without RBAC) waits
+#: before it is tried again.
+UNAVAILABLE_RETRY_SECONDS: Final = 60.0
 
 FINISHED_ATTEMPT_STATES: Final = frozenset(
     {RunAttempt.State.SUCCEEDED, RunAttempt.State.FAILED, RunAttempt.State.CANCELLED}
@@ -137,6 +146,9 @@ class WatchedKind:
     kind: str
     label_selector: str | None = None
     field_selector: str | None = None
+    #: The watcher works without it (an installation whose RBAC predates it): a refusal
+    #: (403) counts as "none of them", logged, and is tried again later.
+    optional: bool = False
 
 
 JOB: Final = WatchedKind("batch/v1", "Job", label_selector=TAUGRID_SELECTOR)
@@ -146,7 +158,9 @@ WORKLOAD: Final = WatchedKind(KUEUE, "Workload", label_selector=labels.KUEUE_JOB
 EVENT: Final = WatchedKind("v1", "Event", field_selector="type=Warning")
 CLUSTER_QUEUE: Final = WatchedKind(KUEUE, "ClusterQueue")
 LOCAL_QUEUE: Final = WatchedKind(KUEUE, "LocalQueue")
-WATCHED: Final = (WORKLOAD, JOB, RAYJOB, POD, EVENT, CLUSTER_QUEUE, LOCAL_QUEUE)
+#: Without Nodes, a run that fails under an XID error reads as the program's failure.
+NODE: Final = WatchedKind("v1", "Node", optional=True)
+WATCHED: Final = (WORKLOAD, JOB, RAYJOB, POD, EVENT, CLUSTER_QUEUE, LOCAL_QUEUE, NODE)
 WORKLOAD_OBJECT_KINDS: Final = frozenset({JOB.kind, RAYJOB.kind})
 
 
@@ -192,6 +206,10 @@ def _what_reasons_quote(queue: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("cohortName") or spec.get("cohort"),
         status.get("flavorsReservation"),
     )
+
+
+def _node_name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
 
 
 def _owned_by_rayjob(obj: Mapping[str, Any]) -> bool:
@@ -278,12 +296,14 @@ class Informer:
                 self._watch_until_resync(version)
             except kube.Gone as error:
                 logger.info("the watch of %s expired (%s); listing again", kind, error)
-            except kube.UnknownKind as error:
-                # RayJob without KubeRay: nothing of that kind can exist; look again later.
-                logger.warning("%s cannot be watched: %s", kind, error)
-                self.sink(Listed(self.generation, kind, []))
-                backoff = 60.0
             except KubeError as error:
+                if self._unavailable(error):
+                    # RayJob without KubeRay: nothing of that kind can exist; Nodes the
+                    # watcher may not read: as if there were none. Look again later.
+                    logger.warning("%s cannot be watched: %s", kind, error)
+                    self.sink(Listed(self.generation, kind, []))
+                    backoff = UNAVAILABLE_RETRY_SECONDS
+                    continue
                 backoff = min(MAX_BACKOFF_SECONDS, max(0.5, backoff * 2))
                 logger.warning(
                     "watching %s failed (%s); listing again in %.1f s", kind, error, backoff
@@ -291,6 +311,12 @@ class Informer:
             except Exception:
                 backoff = MAX_BACKOFF_SECONDS
                 logger.exception("the %s informer failed; listing again in %.0f s", kind, backoff)
+
+    def _unavailable(self, error: KubeError) -> bool:
+        if isinstance(error, kube.UnknownKind):
+            return True
+        refused = isinstance(error, kube.Forbidden) and not isinstance(error, kube.Unauthorized)
+        return refused and self.watched.optional
 
     def _list(self) -> str:
         watched = self.watched
@@ -350,6 +376,8 @@ class ClusterCache:
         self.listed: set[str] = set()
         #: Attempts whose Job or RayJob this process has seen (so its absence is a deletion).
         self.seen: set[AttemptKey] = set()
+        #: Node name → the uids of the pods bound to it.
+        self.pods_on_node: dict[str, set[str]] = {}
 
     # -- updates, each returning the attempts it concerns --
 
@@ -377,6 +405,8 @@ class ClusterCache:
     def _put(self, kind: str, obj: Body) -> set[AttemptKey]:
         uid = _uid(obj)
         before = self.objects[kind].get(uid)
+        if kind == NODE.kind:
+            return self._put_node(uid, before, obj)
         self.objects[kind][uid] = obj
         if (
             kind in {CLUSTER_QUEUE.kind, LOCAL_QUEUE.kind}
@@ -400,7 +430,42 @@ class ClusterCache:
         self.members.setdefault(key, set()).add((kind, uid))
         if kind in WORKLOAD_OBJECT_KINDS and not _owned_by_rayjob(obj):
             self.seen.add(key)
+        if kind == POD.kind:
+            self._bind(uid, before, obj)
         return {key}
+
+    def _put_node(self, uid: str, before: Body | None, node: Body) -> set[AttemptKey]:
+        facts = node_facts(node)
+        self.objects[NODE.kind][uid] = facts
+        name = str(facts["metadata"]["name"])
+        self.named[("", NODE.kind, name)] = uid
+        if before is not None and before["status"] == facts["status"]:
+            return set()  # a heartbeat, a label, a new allocation: nothing observe reads
+        return self.keys_on_node(name)
+
+    def _bind(self, uid: str, before: Body | None, pod: Body) -> None:
+        """Index the pod by its node (``spec.nodeName`` is set once, by the binding)."""
+        old, new = _node_name(before or {}), _node_name(pod)
+        if old and old != new:
+            self._unbind(uid, old)
+        if new:
+            self.pods_on_node.setdefault(new, set()).add(uid)
+
+    def _unbind(self, uid: str, node: str) -> None:
+        bound = self.pods_on_node.get(node)
+        if bound is not None:
+            bound.discard(uid)
+            if not bound:
+                del self.pods_on_node[node]
+
+    def keys_on_node(self, name: str) -> set[AttemptKey]:
+        """The attempts with a pod bound to the node ``name``."""
+        keys: set[AttemptKey] = set()
+        for uid in self.pods_on_node.get(name, ()):
+            key = attempt_key(self.objects[POD.kind].get(uid) or {})
+            if key is not None:
+                keys.add(key)
+        return keys
 
     def _remove(self, kind: str, obj: Body) -> set[AttemptKey]:
         uid = _uid(obj)
@@ -416,6 +481,10 @@ class ClusterCache:
             return self._keys_of_job_uid(job_uid)
         if kind in {CLUSTER_QUEUE.kind, LOCAL_QUEUE.kind}:
             return self._waiting_keys(kind, stored)
+        if kind == NODE.kind:
+            return self.keys_on_node(str(_meta(stored).get("name") or ""))
+        if kind == POD.kind and _node_name(stored):
+            self._unbind(uid, _node_name(stored))
         key = attempt_key(stored)
         if key is None:
             return set()
@@ -539,7 +608,17 @@ class ClusterCache:
             events=tuple(self._events_about(namespace, workload_object, kueue_workload, pods)),
             cluster_queue=self._cluster_queue(workload_object, kueue_workload),
             created=created,
+            nodes=tuple(self._nodes_under(pods)),
         )
+
+    def _nodes_under(self, pods: list[Body]) -> list[Body]:
+        """What the cache keeps of the Nodes the pods are bound to, by name."""
+        found: list[Body] = []
+        for name in sorted({_node_name(pod) for pod in pods} - {""}):
+            node = self.objects[NODE.kind].get(self.named.get(("", NODE.kind, name), ""))
+            if node is not None:
+                found.append(node)
+        return found
 
     def _events_about(
         self,
@@ -911,8 +990,16 @@ class KubeWatcher:
             due = time.monotonic() + QUEUE_SETTLE_SECONDS
             for key in keys - self.dirty:
                 self.refresh.setdefault(key, due)
+        elif message.kind == NODE.kind:
+            # A node's XIDs decide only how a failure reads: the attempts this watcher has
+            # seen end are done with (a finished pod stays bound to its node for long).
+            self.dirty |= {key for key in keys if not self._seen_ended(key)}
         else:
             self.dirty |= keys
+
+    def _seen_ended(self, key: AttemptKey) -> bool:
+        applied = self.applied.get(key)
+        return applied is not None and applied.ended
 
     def sweep(self) -> None:
         """Reconcile every live Kubernetes run's current attempt, and every attempt that has
@@ -1284,6 +1371,7 @@ def serve(
         resync_seconds=settings.TAU_KUBE_WATCHER_RESYNC_SECONDS,
         acting=lambda: election.leading,
     )
+    heartbeat = HeartbeatWriter(election.identity)
 
     def handle(signum: int, frame: FrameType | None) -> None:
         stop.set()
@@ -1312,6 +1400,9 @@ def serve(
                 watcher.start()
             try:
                 watcher.step(timeout=0.5)
+                # How far behind it is, for /metrics (runs.watcher_heartbeat).
+                backlog = watcher.messages.qsize() + len(watcher.dirty)
+                heartbeat.beat(listed=watcher.cache.ready(), backlog=backlog)
             except DatabaseError:
                 logger.warning("database error; trying again", exc_info=True)
                 close_old_connections()

@@ -152,10 +152,14 @@ FAILURE_HINTS: dict[str, FailureHint] = {
         "written anything; retrying usually works.",
     ),
     FailureClass.NODE_FAILURE: FailureHint(
-        with_log="The machine or a GPU failed under it, not the program; a retry runs "
-        "elsewhere, and the log shows how far it got.",
-        without_log="The machine or a GPU failed before it had written anything; a retry "
-        "runs elsewhere.",
+        with_log="The machine or one of its GPUs failed under it (the node stopped answering, "
+        "or the GPU driver reported an XID error such as a GPU that fell off the bus), not "
+        "the program; node failures are retried by default (`resilience.retry_on`), and the "
+        "log shows how far it got.",
+        without_log="The machine or one of its GPUs failed (the node stopped answering, or "
+        "the GPU driver reported an XID error such as a GPU that fell off the bus) before it "
+        "had written anything, not the program; node failures are retried by default "
+        "(`resilience.retry_on`).",
     ),
     FailureClass.DEADLINE_EXCEEDED: FailureHint(
         with_log="It ran longer than `run.max_runtime` allows and was stopped; the log shows "

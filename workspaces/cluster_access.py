@@ -252,8 +252,8 @@ REQUIRED: Final[tuple[Permission, ...]] = (
         "",
         "nodes",
         (*READ, "patch"),
-        "the GPU fleet page (capacity, conditions, taints) and cordon/uncordon "
-        "(spec.unschedulable)",
+        "the GPU fleet page (capacity, conditions, taints), cordon/uncordon "
+        "(spec.unschedulable), and the watcher's XID conditions under a failed run",
     ),
     Permission(
         "coordination.k8s.io",

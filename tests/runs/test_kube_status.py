@@ -8,7 +8,10 @@ note says so: ``image_pull`` (KWOK does not pull images, so the ``ErrImagePull``
 status went through the pods/status subresource, as a kubelet writes it). The rows below that
 change a captured object (``edit``) stand for what the test cluster cannot produce (a node
 failure, a crash loop, a RayJob that succeeds: no Ray runs on KWOK) and are marked "by hand"
-with the fields they set, in the shape the API reference gives.
+with the fields they set, in the shape the API reference gives. The XID rows give the pods'
+nodes a condition as node-problem-detector writes it (``XIDErrors``, the driver's kernel-log
+line as its message); ``tests/runs/test_kube_watcher.py`` patches one into a KWOK node of the
+test cluster and follows a run to node_failure.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def objects_of(data: Body, *, created: bool = True) -> AttemptObjects:
         events=data["events"],
         cluster_queue=data["cluster_queue"],
         created=created,
+        nodes=data.get("nodes", []),
     )
 
 
@@ -176,6 +180,63 @@ def node_not_ready(data: Body) -> None:
             },
         }
     )
+
+
+#: The driver's kernel-log lines, as node-problem-detector's kernel monitor quotes them.
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2137, name=python, GPU has fallen off the bus."
+XID_31 = "NVRM: Xid (PCI:0000:3b:00): 31, pid=2137, name=python, Ch 00000008, intr 10000000."
+XID_13_THEN_48 = (
+    "NVRM: Xid (PCI:0000:3b:00): 13, pid=2137, Graphics Exception on (GPC 0, TPC 1); "
+    "NVRM: Xid (PCI:0000:86:00): 48, pid=2137, DBE (double bit error) ECC error."
+)
+
+
+def xid_condition(
+    message: str,
+    *,
+    node: str = "gpu-h100-1",
+    status: str = "True",
+    at: str = "2026-12-01T02:33:40Z",
+    condition: str = "XIDErrors",
+) -> Callable[[Body], None]:
+    """By hand: node-problem-detector's XID condition on ``node`` (the failed pods of the
+    captured Jobs ran on gpu-h100-1 from 02:33:49 to 02:33:50), with its other conditions
+    and the node's other fields as a kubelet writes them, which observe must not mind."""
+
+    def edit(data: Body) -> None:
+        data.setdefault("nodes", []).append(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": {"taugrid.io/pool": "gpu-h100"}},
+                "status": {
+                    "capacity": {"nvidia.com/gpu": "8"},
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "reason": "KubeletReady"},
+                        {
+                            "type": condition,
+                            "status": status,
+                            "reason": "XIDError" if status == "True" else "NoXIDError",
+                            "message": message,
+                            "lastHeartbeatTime": "2026-12-01T02:33:55Z",
+                            "lastTransitionTime": at,
+                        },
+                    ],
+                },
+            }
+        )
+
+    edit.__name__ = f"xid_{status.lower()}_on_{node}"
+    return edit
+
+
+def both(*edits: Callable[[Body], None]) -> Callable[[Body], None]:
+    def edit(data: Body) -> None:
+        for each in edits:
+            each(data)
+
+    edit.__name__ = "+".join(each.__name__ for each in edits)
+    return edit
 
 
 def pending_message(message: str) -> Callable[[Body], None]:
@@ -364,6 +425,137 @@ TABLE: list[Row] = [
         FailureClass.USER_ERROR,
         1,
         reason_has=("Container ray-job-submitter of pod rj-subfail-", "exited with code 1"),
+    ),
+    # -- an XID error on the node under a pod that failed (module docstring, "XID errors") ------
+    Row(
+        "failed_exit_code",
+        "failed",
+        FailureClass.NODE_FAILURE,
+        3,
+        reason="The GPU node gpu-h100-1 under pod exit3-slt7t reported XID 79: GPU has fallen "
+        "off the bus (condition XIDErrors since 02:33:40 UTC): a fault of the machine, not of "
+        "the program. Container main of pod exit3-slt7t exited with code 3.",
+        edit=xid_condition(XID_79),
+    ),
+    Row(
+        "failed_exit_code",
+        "failed",
+        FailureClass.USER_ERROR,
+        3,
+        reason="Container main of pod exit3-slt7t exited with code 3. Its GPU on node "
+        "gpu-h100-1 reported XID 31: GPU memory page fault (the program accessed memory it "
+        "does not own) — usually a bug in the program, not the machine (condition XIDErrors "
+        "since 02:33:40 UTC).",
+        edit=xid_condition(XID_31),
+    ),
+    Row(  # several XIDs: the machine's decides, the program's is named with it
+        "failed_exit_code",
+        "failed",
+        FailureClass.NODE_FAILURE,
+        3,
+        reason_has=(
+            "reported XID 48: double-bit ECC error: GPU memory is corrupt (condition XIDErrors "
+            "since 02:33:40 UTC; also XID 13): a fault of the machine",
+        ),
+        edit=xid_condition(XID_13_THEN_48),
+    ),
+    Row(  # a machine XID on one condition, a program's on another: the machine's
+        "failed_exit_code",
+        "failed",
+        FailureClass.NODE_FAILURE,
+        3,
+        reason_has=("reported XID 79: GPU has fallen off the bus (condition GpuXidFault since",),
+        edit=both(xid_condition(XID_31), xid_condition(XID_79, condition="GpuXidFault")),
+    ),
+    Row(  # it stood for days before the pod came: the pod ran on that GPU
+        "failed_exit_code",
+        "failed",
+        FailureClass.NODE_FAILURE,
+        3,
+        reason_has=("(condition XIDErrors since 2026-11-28 09:00:00 UTC)",),
+        edit=xid_condition(XID_79, at="2026-11-28T09:00:00Z"),
+    ),
+    Row(  # it cleared while the pod ran (a GPU reset): it was there during the pod's life
+        "failed_exit_code",
+        "failed",
+        FailureClass.NODE_FAILURE,
+        3,
+        reason_has=("(condition XIDErrors, cleared at 02:33:50 UTC)",),
+        edit=xid_condition(XID_79, status="False", at="2026-12-01T02:33:50Z"),
+    ),
+    Row(  # it cleared well before the pod started: not about this pod
+        "failed_exit_code",
+        "failed",
+        FailureClass.USER_ERROR,
+        3,
+        reason="Container main of pod exit3-slt7t exited with code 3.",
+        edit=xid_condition(XID_79, status="False", at="2026-12-01T02:20:00Z"),
+    ),
+    Row(  # it came up minutes after the pod failed: not what ended it
+        "failed_exit_code",
+        "failed",
+        FailureClass.USER_ERROR,
+        3,
+        reason="Container main of pod exit3-slt7t exited with code 3.",
+        edit=xid_condition(XID_79, at="2026-12-01T02:40:00Z"),
+        later=600,
+    ),
+    Row(  # on a node where the attempt had no pod
+        "failed_exit_code",
+        "failed",
+        FailureClass.USER_ERROR,
+        3,
+        reason="Container main of pod exit3-slt7t exited with code 3.",
+        edit=xid_condition(XID_79, node="gpu-h100-2"),
+    ),
+    Row(  # a condition that names no code: nothing to weigh
+        "failed_exit_code",
+        "failed",
+        FailureClass.USER_ERROR,
+        3,
+        reason="Container main of pod exit3-slt7t exited with code 3.",
+        edit=xid_condition("GPU errors were detected"),
+    ),
+    Row(  # the kubelet saw the pod run out of memory: that wins over the node's XID
+        "failed_oom",
+        "failed",
+        FailureClass.OOM_KILLED,
+        137,
+        reason_has=("ran out of memory and was killed (OOMKilled)",),
+        edit=xid_condition(XID_79),
+    ),
+    Row(  # a crash loop on a node whose GPU fell off the bus
+        "running",
+        "failed",
+        FailureClass.NODE_FAILURE,
+        2,
+        reason_has=(
+            "The GPU node gpu-h100-1 under pod blocker-t46v5 reported XID 79",
+            "Container main of pod blocker-t46v5 keeps crashing (exit code 2; restarted 4 times).",
+        ),
+        edit=both(
+            container_state(
+                state={"waiting": {"reason": "CrashLoopBackOff"}},
+                lastState={
+                    "terminated": {
+                        "exitCode": 2,
+                        "reason": "Error",
+                        "startedAt": "2026-12-01T02:33:15Z",
+                        "finishedAt": "2026-12-01T02:33:16Z",
+                    }
+                },
+                restartCount=4,
+            ),
+            xid_condition(XID_79, at="2026-12-01T02:33:12Z"),
+        ),
+    ),
+    Row(  # a RayJob whose submitter ran on a node with a machine XID (by hand: on cpu-2)
+        "rayjob_submitter_failed",
+        "failed",
+        FailureClass.NODE_FAILURE,
+        1,
+        reason_has=("The GPU node cpu-2 under pod rj-subfail-65fdb reported XID 79",),
+        edit=xid_condition(XID_79, node="cpu-2", at="2026-12-01T02:34:38Z"),
     ),
     Row(
         "rayjob_grace_failed",

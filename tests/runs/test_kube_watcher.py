@@ -1,8 +1,9 @@
 """The Kubernetes watcher (runs/kube_watcher.py).
 
 Without a cluster: how an observation is applied through the run services (each step once,
-whatever the order and however often it is seen), the cache's indexes, the 410 mapping, and
-``make run``'s command list.
+whatever the order and however often it is seen), the cache's indexes (a Node's XID change
+re-examines the live attempts with pods on it, and nothing else), the 410 mapping, Nodes the
+watcher may not read, and ``make run``'s command list.
 
 On the test cluster (``cluster``; kube-apiserver, Kueue, kube-scheduler, KWOK nodes): the
 runs are made with the factories and handed over as the Kubernetes backend would (queued,
@@ -15,6 +16,9 @@ the LocalQueue, as the backend does) and let the real watcher follow them:
   subresource: KWOK pulls no images), a deadline (``activeDeadlineSeconds``): each failed with
   its class and hint; a Job deleted behind TauGrid's back → infrastructure; a cancel → the
   Job deleted → pods gone → cancelled;
+* a GPU run whose KWOK node reports ``XIDErrors`` (XID 79, patched through nodes/status as
+  node-problem-detector writes it) while it runs, then exits 1: node_failure with the XID's
+  meaning, retried; the same failure on the other GPU node stays user_error;
 * a higher WorkloadPriorityClass in the same ClusterQueue preempts a running run: preempted,
   then queued again with a new attempt, its old Job deleted (Kueue would admit it again);
 * a watch from an expired resourceVersion (410) → the informer lists again;
@@ -42,7 +46,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +60,7 @@ from runs.events import verify_event_chain
 from runs.kube_status import AttemptObjects, Observation, ObservedState, observe
 from runs.kube_watcher import (
     JOB,
+    NODE,
     QUEUE_REFRESH_BATCH,
     QUEUE_SETTLE_SECONDS,
     Changed,
@@ -378,6 +383,171 @@ def test_the_cache_finds_an_attempts_objects_by_labels_not_names() -> None:
     assert cache.objects_for(key, namespace=namespace, created=True).workload_object is None
 
 
+def gpu_node(name: str, version: str, *conditions: dict[str, Any]) -> dict[str, Any]:
+    """A GPU Node as the API returns it: the kubelet's conditions (their heartbeat moving with
+    ``version``), capacity, and any extra ``conditions`` (node-problem-detector's)."""
+    beat = f"2026-12-01T02:{int(version):02d}:00Z"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": version,
+            "labels": {"kubernetes.io/hostname": name},
+        },
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": {"nvidia.com/gpu": "8", "cpu": "96"},
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "lastHeartbeatTime": beat,
+                    "lastTransitionTime": "2026-12-01T01:00:00Z",
+                },
+                *({**condition, "lastHeartbeatTime": beat} for condition in conditions),
+            ],
+            "images": [{"names": ["busybox"], "sizeBytes": 4_000_000}],
+        },
+    }
+
+
+XID_79 = {
+    "type": "XIDErrors",
+    "status": "True",
+    "reason": "XIDError",
+    "message": "NVRM: Xid (PCI:0000:3b:00): 79, pid=2137, GPU has fallen off the bus.",
+    "lastTransitionTime": "2026-12-01T02:33:40Z",
+}
+
+
+def test_a_node_change_re_examines_the_live_attempts_with_pods_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Node's XID conditions changing marks the attempts with a pod bound to it (not those
+    on other nodes, not one this watcher saw end); its heartbeats mark nothing; the cache
+    keeps only the Node's name and XID conditions, and hands them to observe."""
+    data = json.loads((OBJECTS / "failed_exit_code.json").read_text())  # run 9, on gpu-h100-1
+    other_job = copy.deepcopy(data["job"])
+    other_job["metadata"].update(name="other-a1", uid="other-job")
+    other_job["metadata"]["labels"][labels.RUN_ID] = "10"
+    other_pod = copy.deepcopy(data["pods"][0])
+    other_pod["metadata"].update(name="other-a1-pod", uid="other-pod")
+    other_pod["metadata"]["labels"][labels.RUN_ID] = "10"
+    other_pod["spec"]["nodeName"] = "gpu-h100-2"
+    watcher = KubeWatcher(client=None, resync_seconds=3600)  # type: ignore[arg-type]
+    watcher.swept_at = time.monotonic()  # no sweep: only what the messages say
+    reconciled: list[int] = []
+    monkeypatch.setattr(watcher, "reconcile", lambda key: reconciled.append(key.run_id))
+
+    def node_changes(*nodes: dict[str, Any]) -> list[int]:
+        reconciled.clear()
+        for node in nodes:
+            watcher.messages.put(Changed(watcher.generation, "Node", "MODIFIED", node))
+        watcher.step(0)
+        return sorted(reconciled)
+
+    for kind, items in (
+        ("Workload", [data["workload"]]),
+        ("Pod", [*data["pods"], other_pod]),
+        ("Event", data["events"]),
+        ("RayJob", []),
+        ("Job", [data["job"], other_job]),
+        ("ClusterQueue", [data["cluster_queue"]]),
+        ("LocalQueue", []),
+        ("Node", [gpu_node("gpu-h100-1", "1"), gpu_node("gpu-h100-2", "1")]),
+    ):
+        watcher.messages.put(Listed(watcher.generation, kind, items))
+    watcher.step(0)
+    assert sorted(reconciled) == [9, 10]  # the first look at everything
+
+    # Heartbeats (new resourceVersions, nothing an observation reads): nothing to do.
+    assert node_changes(gpu_node("gpu-h100-1", "2"), gpu_node("gpu-h100-2", "2")) == []
+    # An XID on gpu-h100-1 re-examines run 9 only (run 10's pod is on gpu-h100-2).
+    assert node_changes(gpu_node("gpu-h100-1", "3", XID_79)) == [9]
+    (key,) = watcher.cache.keys_on_node("gpu-h100-1")
+    found = watcher.cache.objects_for(
+        key, namespace=data["job"]["metadata"]["namespace"], created=True
+    )
+    assert found.nodes == (
+        {
+            "metadata": {"name": "gpu-h100-1", "uid": "uid-gpu-h100-1", "resourceVersion": "3"},
+            "status": {"conditions": [XID_79]},
+        },
+    )
+    seen = observe(found, now=timezone.now())
+    assert seen.failure_class == FailureClass.NODE_FAILURE
+    assert "reported XID 79: GPU has fallen off the bus" in seen.reason
+    # The XID condition's own heartbeat: still nothing new.
+    assert node_changes(gpu_node("gpu-h100-1", "4", XID_79)) == []
+    # The XID on gpu-h100-2 reaches run 10, and a node deleted re-examines its attempts.
+    assert node_changes(gpu_node("gpu-h100-2", "5", XID_79)) == [10]
+    # Once this watcher has seen run 9's attempt end, the node's changes are not its any more.
+    watcher.applied[key] = seen
+    cleared = {**XID_79, "status": "False", "lastTransitionTime": "2026-12-01T02:40:00Z"}
+    assert node_changes(gpu_node("gpu-h100-1", "6", cleared)) == []
+    reconciled.clear()
+    watcher.messages.put(
+        Changed(watcher.generation, "Node", "DELETED", gpu_node("gpu-h100-2", "7"))
+    )
+    watcher.step(0)
+    assert reconciled == [10]
+    # A pod deleted is no longer bound: the node's changes reach nobody.
+    watcher.messages.put(Changed(watcher.generation, "Pod", "DELETED", other_pod))
+    watcher.step(0)
+    assert node_changes(gpu_node("gpu-h100-2", "8", XID_79)) == []
+    assert "gpu-h100-2" not in watcher.cache.pods_on_node
+
+
+class Refusing:
+    """A client whose lists are all refused with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def list_with_version(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.error
+
+
+def informer_reports(watched: Any, error: Exception, wait: float) -> list[Message]:
+    """What an informer of ``watched`` sends within ``wait`` seconds when every list is
+    refused with ``error`` (it stops at its first message)."""
+    seen: list[Message] = []
+    stop = threading.Event()
+
+    def sink(message: Message) -> None:
+        seen.append(message)
+        stop.set()
+
+    informer = Informer(
+        Refusing(error),  # type: ignore[arg-type]
+        watched,
+        sink,
+        generation=1,
+        stop=stop,
+        resync_seconds=60,
+    )
+    informer.start()
+    stop.wait(wait)
+    stop.set()
+    informer.join(timeout=15)
+    return seen
+
+
+def test_nodes_the_watcher_may_not_read_count_as_none() -> None:
+    """An installation whose RBAC does not grant nodes: the Node informer reports an empty
+    list (so the watcher is ready and follows runs, reading failures without XIDs) and tries
+    again later; a refusal of any other kind, or of the credentials, is retried as any
+    failure is, and reports nothing."""
+    forbidden = adapter.Forbidden('nodes is forbidden: User "taugrid" cannot list', status=403)
+    assert informer_reports(NODE, forbidden, 5) == [Listed(1, "Node", [])]
+    refused_jobs = adapter.Forbidden("jobs.batch is forbidden", status=403)
+    assert informer_reports(JOB, refused_jobs, 1.5) == []
+    assert informer_reports(NODE, adapter.Unauthorized("Unauthorized", status=401), 1.5) == []
+
+
 def waiting_job(run_id: int, namespace: str, queue: str) -> dict[str, Any]:
     """A Job TauGrid made for attempt 1 of run ``run_id``, not admitted (no Workload yet)."""
     return {
@@ -449,6 +619,7 @@ def test_a_queue_change_refreshes_its_own_waiting_runs_after_real_changes_and_in
         ("Pod", []),
         ("Event", []),
         ("RayJob", []),
+        ("Node", []),
         ("Job", [*a_runs, *b_runs]),
         *queue_objects("1"),
     ):
@@ -793,6 +964,108 @@ def test_failures_deletion_and_cancel_on_the_cluster(
     for run in runs.values():
         history = states(fresh(run))
         assert len(history) == len(set(history)), history
+
+
+def attempt_failed(run: Run, number: int = 1) -> Callable[[], bool]:
+    return lambda: attempt_of(run, number).state == RunAttempt.State.FAILED
+
+
+@contextlib.contextmanager
+def xid_condition_on(kube_cluster: KubeCluster, node: str, message: str) -> Iterator[str]:
+    """node-problem-detector's ``XIDErrors`` condition, True from now, on ``node``, written
+    through nodes/status as its exporter does (a strategic merge by condition type, which
+    KWOK's heartbeat keeps); taken off again at the end, so the other tests find the shared
+    node as it was. Yields the condition's time as the failure message quotes it."""
+    from kubernetes.client import CoreV1Api
+
+    core = CoreV1Api(kube_cluster.api_client())
+    now = timezone.now().astimezone(UTC).replace(microsecond=0)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    condition = {
+        "type": "XIDErrors",
+        "status": "True",
+        "reason": "XIDError",
+        "message": message,
+        "lastHeartbeatTime": stamp,
+        "lastTransitionTime": stamp,
+    }
+    core.patch_node_status(node, {"status": {"conditions": [condition]}})
+    try:
+        yield now.strftime("%H:%M:%S UTC")
+    finally:
+        core.patch_node_status(
+            node, {"status": {"conditions": [{"type": "XIDErrors", "$patch": "delete"}]}}
+        )
+        status = core.read_node_status(node).status
+        left = [c.type for c in (status.conditions if status else None) or []]
+        assert "XIDErrors" not in left, left
+
+
+@cluster
+def test_a_gpu_run_that_fails_under_an_xid_error_is_a_node_failure_and_retried(
+    world: Any,
+    kube: Kube,
+    kube_cluster: KubeCluster,
+    place: Callable[..., str],
+    watcher: KubeWatcher,
+) -> None:
+    """Two 1-GPU runs, one on each KWOK H100 node, whose pods exit 1 after 30 s. While they
+    run, gpu-h100-1 reports XID 79 (a GPU fallen off the bus) as node-problem-detector would:
+    the run under it fails as node_failure with the XID in its failure message, and is retried
+    (node failures are, by default); the run on gpu-h100-2 stays the program's failure."""
+    place(gpus=2)
+    under_xid = kube_run(world)  # the default resilience: node_failure is retried
+    elsewhere = kube_run(world, NO_RETRIES)
+    for run, node in ((under_xid, "gpu-h100-1"), (elsewhere, "gpu-h100-2")):
+        job = labelled_job(run, gpus=1, annotations={TEST_EXIT_CODE: "1", TEST_DURATION: "30s"})
+        job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        kube.create(job)
+    for run in (under_xid, elsewhere):
+        follow(watcher, f"{run.name} running", in_state(run, RunState.RUNNING), 60, story(run))
+    (pod,) = kube.list(
+        "v1", "Pod", world.alpha.namespace, label_selector=f"{labels.RUN_ID}={under_xid.pk}"
+    )
+    assert pod["spec"]["nodeName"] == "gpu-h100-1"
+    pod_name = pod["metadata"]["name"]
+    kernel_log = (
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=2137, name=python, GPU has fallen off the bus."
+    )
+    with xid_condition_on(kube_cluster, "gpu-h100-1", kernel_log) as since:
+        for run in (under_xid, elsewhere):
+            follow(
+                watcher,
+                f"{run.name}'s attempt 1 to fail",
+                attempt_failed(run),
+                90,
+                story(run),
+            )
+
+    failed = attempt_of(under_xid)
+    assert (failed.failure_class, failed.exit_code) == (FailureClass.NODE_FAILURE, 1)
+    assert failed.node_names == ["gpu-h100-1"]
+    assert failed.failure_message == (
+        f"The GPU node gpu-h100-1 under pod {pod_name} reported XID 79: GPU has fallen off the "
+        f"bus (condition XIDErrors since {since}): a fault of the machine, not of the program. "
+        f"Container main of pod {pod_name} exited with code 1."
+    )
+    assert "XID error" in failed.failure_hint
+    retried = fresh(under_xid)
+    assert (retried.state, retried.failure_class, retried.retry_reason) == (
+        RunState.QUEUED,
+        FailureClass.NODE_FAILURE,
+        "node_failure",
+    )
+    assert retried.attempt_count == 2
+    assert retried.state_reason.startswith("Attempt 1 failed (node or gpu failure); retrying")
+
+    program = attempt_of(elsewhere)
+    assert (fresh(elsewhere).state, program.failure_class, program.exit_code) == (
+        RunState.FAILED,
+        FailureClass.USER_ERROR,
+        1,
+    )
+    assert "XID" not in program.failure_message
+    assert program.failure_message.endswith("exited with code 1.")
 
 
 @cluster
