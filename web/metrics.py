@@ -1,0 +1,514 @@
+"""``/metrics``: the portal's own metrics in the Prometheus text format, for Prometheus to
+scrape and for the alert rules and the Grafana dashboard in ``deploy/`` (docs/metrics.md).
+
+Read from the database at scrape time, never counted in the process that answers: the
+portal is several processes (gunicorn workers, the Celery worker and beat, the Kubernetes
+watcher, the local agent), so a counter kept by the web worker that happens to answer
+would count that worker's share of the work only, and start again at every restart. The
+rows (runs, deliveries, Kueue syncs, seal requests, the fleet sync) are the one source of
+truth; :class:`PortalCollector` turns them into metrics with a fixed number of aggregate
+queries (``GROUP BY``), whatever the number of runs, each under a statement timeout
+(:data:`QUERY_TIMEOUT_MS`), so a scrape costs bounded time. The watcher's lag is the age of
+the heartbeat it writes into the shared cache (``runs.watcher_heartbeat``). Every replica
+answers the same, so Prometheus scrapes one of them (the Service), not every pod.
+
+Who may read it: a scraper that sends ``TAU_METRICS_TOKEN`` as its bearer token. Without a
+token configured, loopback clients only (``make run``), and in production nobody: a reverse
+proxy on the same host that is missing from ``TAU_TRUSTED_PROXIES`` makes every client look
+like loopback, and workspace names must not leak to anyone who asks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.db.models import Aggregate, BooleanField, Count, ExpressionWrapper, F, Func, Min, Q
+from django.db.models.fields import FloatField
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from evidence.models import SealRequest
+from gpus.models import FleetSync
+from portal.middleware import PEER_ADDR_KEY, parse_address
+from runs.models import WAITING_STATES, Delivery, Run, RunState
+from runs.watcher_heartbeat import HeartbeatUnreadable, last_heartbeat
+from workspaces.models import KueueSync, Workspace
+
+logger = logging.getLogger(__name__)
+
+#: Each query of a scrape is stopped after this long (Prometheus' scrape timeout is 10 s by
+#: default): a database under strain gets a refused scrape, not a pile of slow ones.
+QUERY_TIMEOUT_MS = 5000
+#: The latencies are quantiles over what completed in this window before the scrape.
+LATENCY_WINDOW = timedelta(minutes=15)
+LATENCY_QUANTILES = (0.5, 0.9, 0.99)
+#: The one-row FleetSync (gpus.models): how the last GPU fleet syncs went.
+FLEET_SYNC_PK = 1
+
+
+class Percentile(Aggregate):
+    """PostgreSQL's ``percentile_cont(fraction) WITHIN GROUP (ORDER BY expression)``: the
+    value below which ``fraction`` of the rows fall, interpolated; NULL over no rows."""
+
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, fraction: float, expression: Any, **extra: Any) -> None:
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"a percentile's fraction is between 0 and 1, not {fraction}")
+        # A float from this module, never input: written into the SQL as a literal.
+        super().__init__(expression, fraction=repr(float(fraction)), **extra)
+
+
+class SecondsBetween(Func):
+    """``later - earlier`` in seconds, as a float."""
+
+    template = "EXTRACT(EPOCH FROM (%(expressions)s))::double precision"
+    arg_joiner = " - "
+    output_field = FloatField()
+
+    def __init__(self, later: Any, earlier: Any) -> None:
+        super().__init__(later, earlier)
+
+
+def _seconds_since(moment: datetime | None, now: datetime) -> float:
+    """How long ago ``moment`` was (0 when there is none, or it is in the future)."""
+    if moment is None:
+        return 0.0
+    return max(0.0, (now - moment).total_seconds())
+
+
+def _timestamp(moment: datetime | None) -> float:
+    """Unix time, 0 for never (the Prometheus convention for ``*_timestamp_seconds``)."""
+    return moment.timestamp() if moment is not None else 0.0
+
+
+def _quantile(value: float | None) -> float:
+    """A quantile of no observations is NaN, as Prometheus summaries say it."""
+    return float("nan") if value is None else float(value)
+
+
+def _summary(name: str, documentation: str) -> Metric:
+    """A summary of quantiles only: a ``_count`` and ``_sum`` over a sliding window would
+    not be the counters Prometheus takes them for (the ``*_sample_size`` gauges say how
+    many observations the quantiles are over)."""
+    return Metric(name, documentation, "summary")
+
+
+def _add_quantiles(
+    metric: Metric, row: Mapping[str, Any], prefix: str, labels: Mapping[str, str]
+) -> None:
+    for fraction in LATENCY_QUANTILES:
+        metric.add_sample(
+            metric.name,
+            {**labels, "quantile": str(fraction)},
+            _quantile(row.get(f"{prefix}{_quantile_column(fraction)}")),
+        )
+
+
+def _quantile_column(fraction: float) -> str:
+    """The name the query gives a quantile's column (``p990`` for 0.99)."""
+    return f"p{round(fraction * 1000)}"
+
+
+class PortalCollector(Collector):
+    """The portal's metrics, read from the database when collected (module docstring); ages
+    are measured from the moment of the scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        now = timezone.now()
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                # Only for this transaction: the scrape's queries, nothing after them.
+                cursor.execute("SET LOCAL statement_timeout = %s", [QUERY_TIMEOUT_MS])
+            families = [
+                *self._runs(now),
+                *self._deliveries(now),
+                *self._latencies(now),
+                *self._kueue_syncs(now),
+                *self._seals(now),
+                *self._fleet_sync(),
+            ]
+        yield from families
+        yield from self._watcher()
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def _runs(self, now: datetime) -> Iterable[Metric]:
+        slugs = dict(Workspace.unscoped_objects.order_by().values_list("pk", "slug"))
+        counts: dict[tuple[int, str], int] = {}
+        oldest: dict[int, datetime] = {}
+        rows = (
+            Run.objects.unscoped()
+            .order_by()
+            .values("workspace_id", "state")
+            .annotate(
+                count=Count("pk"),
+                # Where the queue has it: a run put back after an interruption keeps its
+                # original place, and so its original time.
+                waiting_since=Min(
+                    Coalesce("queued_at", "created_at"), filter=Q(state__in=WAITING_STATES)
+                ),
+            )
+        )
+        for row in rows:
+            workspace_id = row["workspace_id"]
+            counts[(workspace_id, row["state"])] = row["count"]
+            since = row["waiting_since"]
+            if since is not None and (workspace_id not in oldest or since < oldest[workspace_id]):
+                oldest[workspace_id] = since
+        runs = GaugeMetricFamily(
+            "taugrid_runs",
+            "Runs by workspace and state, finished ones included (every run ever kept).",
+            labels=["workspace", "state"],
+        )
+        depth = GaugeMetricFamily(
+            "taugrid_queue_depth",
+            "Runs waiting for resources (pending, queued, preempted, evicted), by workspace.",
+            labels=["workspace"],
+        )
+        wait = GaugeMetricFamily(
+            "taugrid_queue_oldest_wait_seconds",
+            "Seconds the longest-waiting run of the workspace has waited, since it joined the "
+            "queue (since its submission while pending); 0 when none waits.",
+            labels=["workspace"],
+        )
+        for workspace_id, slug in sorted(slugs.items(), key=lambda item: item[1]):
+            for state in RunState:
+                runs.add_metric([slug, state.value], counts.get((workspace_id, state.value), 0))
+            waiting = sum(counts.get((workspace_id, state.value), 0) for state in WAITING_STATES)
+            depth.add_metric([slug], waiting)
+            wait.add_metric([slug], _seconds_since(oldest.get(workspace_id), now))
+        return [runs, depth, wait]
+
+    # -- deliveries ---------------------------------------------------------------------------
+
+    def _deliveries(self, now: datetime) -> Iterable[Metric]:
+        rows = {
+            row["action"]: row
+            for row in Delivery.objects.unscoped()
+            .filter(delivered_at__isnull=True, given_up_at__isnull=True)
+            .order_by()
+            .values("action")
+            .annotate(
+                pending=Count("pk"),
+                failing=Count("pk", filter=~Q(last_error="")),
+                oldest_due=Min("next_try_at", filter=Q(next_try_at__lte=now)),
+            )
+        }
+        pending = GaugeMetricFamily(
+            "taugrid_deliveries_pending",
+            "Outbox rows the backend has not been told yet (submit: hand over an attempt; "
+            "cancel: stop a run), waiting backoffs included.",
+            labels=["action"],
+        )
+        failing = GaugeMetricFamily(
+            "taugrid_deliveries_failing",
+            "Pending deliveries whose last try failed: the backend refused or did not answer, "
+            "and they wait to be tried again.",
+            labels=["action"],
+        )
+        overdue = GaugeMetricFamily(
+            "taugrid_delivery_oldest_due_seconds",
+            "Seconds the longest-overdue pending delivery has been due and not delivered "
+            "(a backoff not yet over does not count); 0 when none is due.",
+            labels=["action"],
+        )
+        for action in Delivery.Action:
+            row = rows.get(action.value, {})
+            pending.add_metric([action.value], row.get("pending", 0))
+            failing.add_metric([action.value], row.get("failing", 0))
+            overdue.add_metric([action.value], _seconds_since(row.get("oldest_due"), now))
+        return [pending, failing, overdue]
+
+    def _latencies(self, now: datetime) -> Iterable[Metric]:
+        since = now - LATENCY_WINDOW
+        recent = Q(delivered_at__gte=since, delivered_at__lte=now)
+        # A run's first attempt handed over: the submission's own delivery.
+        first = recent & Q(action=Delivery.Action.SUBMIT, attempt__number=1)
+        delivery_latency = SecondsBetween(F("delivered_at"), F("created_at"))
+        submission_latency = SecondsBetween(F("delivered_at"), F("run__created_at"))
+        aggregates: dict[str, Any] = {
+            "given_up": Count("pk", filter=Q(given_up_at__isnull=False)),
+            "delivered": Count("pk", filter=recent),
+            "submitted": Count("pk", filter=first),
+        }
+        for fraction in LATENCY_QUANTILES:
+            aggregates[f"delivery_{_quantile_column(fraction)}"] = Percentile(
+                fraction, delivery_latency, filter=recent
+            )
+            aggregates[f"submission_{_quantile_column(fraction)}"] = Percentile(
+                fraction, submission_latency, filter=first
+            )
+        rows = {
+            row["action"]: row
+            for row in Delivery.objects.unscoped()
+            .filter(Q(given_up_at__isnull=False) | recent)
+            .order_by()
+            .values("action")
+            .annotate(**aggregates)
+        }
+        window = int(LATENCY_WINDOW.total_seconds())
+        given_up = CounterMetricFamily(
+            "taugrid_deliveries_given_up",
+            "Deliveries given up after their last failed try (their run failed with class "
+            "infrastructure), ever.",
+            labels=["action"],
+        )
+        delivery = _summary(
+            "taugrid_delivery_latency_seconds",
+            f"Seconds from writing a delivery to the backend having it (retries included), "
+            f"quantiles over the deliveries delivered in the last {window} s; NaN when none.",
+        )
+        delivered = GaugeMetricFamily(
+            "taugrid_delivery_latency_sample_size",
+            f"Deliveries delivered in the last {window} s: what the latency quantiles are over.",
+            labels=["action"],
+        )
+        for action in Delivery.Action:
+            row = rows.get(action.value, {})
+            given_up.add_metric([action.value], row.get("given_up", 0))
+            _add_quantiles(delivery, row, "delivery_", {"action": action.value})
+            delivered.add_metric([action.value], row.get("delivered", 0))
+        submit = rows.get(Delivery.Action.SUBMIT.value, {})
+        submission = _summary(
+            "taugrid_submission_latency_seconds",
+            f"Seconds from a run's submission to the backend having its first attempt, "
+            f"quantiles over the runs handed over in the last {window} s; NaN when none.",
+        )
+        _add_quantiles(submission, submit, "submission_", {})
+        submitted = GaugeMetricFamily(
+            "taugrid_submission_latency_sample_size",
+            f"Runs whose first attempt was handed over in the last {window} s: what the "
+            "submission latency quantiles are over.",
+            value=submit.get("submitted", 0),
+        )
+        return [given_up, delivery, delivered, submission, submitted]
+
+    # -- Kueue syncs, evidence, the GPU fleet -------------------------------------------------
+
+    def _kueue_syncs(self, now: datetime) -> Iterable[Metric]:
+        # Whether a target (a workspace's queues, the cluster-wide objects) is in step is
+        # what its newest sync says: an older failure was superseded by the rows after it.
+        newest = (
+            KueueSync.objects.order_by("scope", "workspace_slug", "-pk")
+            .distinct("scope", "workspace_slug")
+            .annotate(erroring=ExpressionWrapper(~Q(last_error=""), output_field=BooleanField()))
+            .values_list("state", "erroring", "created_at")
+        )
+        by_state: dict[str, int] = {}
+        erroring = 0
+        oldest_unfinished: datetime | None = None
+        for state, has_error, created_at in newest:
+            by_state[state] = by_state.get(state, 0) + 1
+            erroring += bool(has_error)
+            if state in (KueueSync.State.PENDING, KueueSync.State.WAITING) and (
+                oldest_unfinished is None or created_at < oldest_unfinished
+            ):
+                oldest_unfinished = created_at
+        targets = GaugeMetricFamily(
+            "taugrid_kueue_sync_targets",
+            "Kueue sync targets (a workspace's queues, or the cluster-wide flavors, cohorts and "
+            "priority classes) by the state of their newest sync: synced is in step, pending "
+            "and waiting are not yet, failed gave up (Kubernetes refused).",
+            labels=["state"],
+        )
+        for state in KueueSync.State:
+            targets.add_metric([state.value], by_state.get(state.value, 0))
+        errors = GaugeMetricFamily(
+            "taugrid_kueue_sync_errors",
+            "Kueue sync targets whose newest sync's last try failed (failed, or pending a "
+            "retry after an error): the cluster's Kueue objects are not what TauGrid says.",
+            value=erroring,
+        )
+        unfinished = GaugeMetricFamily(
+            "taugrid_kueue_sync_oldest_unfinished_seconds",
+            "Seconds since the oldest unfinished Kueue sync (pending or waiting) was asked "
+            "for; 0 when every target is done.",
+            value=_seconds_since(oldest_unfinished, now),
+        )
+        return [targets, errors, unfinished]
+
+    def _seals(self, now: datetime) -> Iterable[Metric]:
+        row = (
+            SealRequest.objects.unscoped()
+            .filter(sealed_at__isnull=True)
+            .aggregate(
+                pending=Count("pk"),
+                failing=Count("pk", filter=~Q(last_error="")),
+                oldest=Min("created_at"),
+            )
+        )
+        return [
+            GaugeMetricFamily(
+                "taugrid_evidence_seals_pending",
+                "Finished runs whose evidence record is not sealed yet.",
+                value=row["pending"],
+            ),
+            GaugeMetricFamily(
+                "taugrid_evidence_seals_failing",
+                "Pending seals whose last try failed (they are tried again, never given up).",
+                value=row["failing"],
+            ),
+            GaugeMetricFamily(
+                "taugrid_evidence_seal_oldest_pending_seconds",
+                "Seconds since the run of the oldest pending seal ended; 0 when none is pending.",
+                value=_seconds_since(row["oldest"], now),
+            ),
+        ]
+
+    def _fleet_sync(self) -> Iterable[Metric]:
+        # The row exists once the first sync has run; before that, it has never succeeded.
+        sync = FleetSync.objects.filter(pk=FLEET_SYNC_PK).first()
+        # Not last_error: a sync that read a machine without GPUs succeeded, and says so there.
+        failing = (
+            sync is not None
+            and sync.last_attempt_at is not None
+            and (sync.last_success_at is None or sync.last_attempt_at > sync.last_success_at)
+        )
+        return [
+            GaugeMetricFamily(
+                "taugrid_gpu_fleet_sync_last_success_timestamp_seconds",
+                "When the GPU fleet was last read from Kubernetes (or NVML) without an error, "
+                "Unix time; 0 for never.",
+                value=_timestamp(sync.last_success_at if sync else None),
+            ),
+            GaugeMetricFamily(
+                "taugrid_gpu_fleet_sync_last_attempt_timestamp_seconds",
+                "When the GPU fleet was last read, successfully or not, Unix time; 0 for never.",
+                value=_timestamp(sync.last_attempt_at if sync else None),
+            ),
+            GaugeMetricFamily(
+                "taugrid_gpu_fleet_sync_failing",
+                "1 when the last GPU fleet sync could not read the fleet (the fleet pages show "
+                "what an earlier one read), else 0.",
+                value=1 if failing else 0,
+            ),
+            GaugeMetricFamily(
+                "taugrid_gpu_fleet_nodes",
+                "GPU nodes the last successful fleet sync saw.",
+                value=sync.node_count if sync else 0,
+            ),
+        ]
+
+    # -- the Kubernetes watcher ---------------------------------------------------------------
+
+    def _watcher(self) -> Iterable[Metric]:
+        if settings.TAU_BACKEND != "kubernetes":
+            return []  # no watcher runs: nothing can lag
+        try:
+            heartbeat = last_heartbeat()
+        except HeartbeatUnreadable as error:
+            # Unknown is not "never": a false alarm for every cache hiccup helps nobody.
+            logger.warning("/metrics: the watcher's heartbeat is not known (%s)", error)
+            return []
+        return [
+            GaugeMetricFamily(
+                "taugrid_kube_watcher_heartbeat_timestamp_seconds",
+                "When the active Kubernetes watcher last had every kind listed and had "
+                "reconciled what it read, Unix time; 0 for never. time() minus this is "
+                "the watcher's lag.",
+                value=heartbeat.at if heartbeat else 0.0,
+            ),
+            GaugeMetricFamily(
+                "taugrid_kube_watcher_backlog",
+                "Changes the watcher had read from the cluster and not taken in yet, at its "
+                "last heartbeat.",
+                value=heartbeat.backlog if heartbeat else 0,
+            ),
+        ]
+
+
+# --- the view -------------------------------------------------------------------------------
+
+_REALM = 'Bearer realm="taugrid-metrics"'
+
+
+def _digest(text: str) -> bytes:
+    # Compared as digests: equal length whatever was sent, so the comparison says nothing
+    # about the token's length either.
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+def _bearer_token(request: HttpRequest) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def _is_loopback(text: str) -> bool:
+    address = parse_address(text)
+    return address is not None and address.is_loopback
+
+
+def _plain(text: str, status: int) -> HttpResponse:
+    return HttpResponse(text + "\n", status=status, content_type="text/plain; charset=utf-8")
+
+
+def refusal(request: HttpRequest) -> HttpResponse | None:
+    """Why this request may not read /metrics (the response to send), or None if it may."""
+    expected: str | None = settings.TAU_METRICS_TOKEN
+    if expected:
+        given = _bearer_token(request)
+        if given is not None and hmac.compare_digest(_digest(given), _digest(expected)):
+            return None
+        response = _plain(
+            "/metrics needs the scrape token: send it as 'Authorization: Bearer <token>' "
+            "(TAU_METRICS_TOKEN on the portal; docs/metrics.md).",
+            401,
+        )
+        response["WWW-Authenticate"] = (
+            _REALM if given is None else f'{_REALM}, error="invalid_token"'
+        )
+        return response
+    if settings.PRODUCTION:
+        return _plain(
+            "/metrics is off: set TAU_METRICS_TOKEN (or TAU_METRICS_TOKEN_FILE) on the portal "
+            "and give the same token to the scraper (docs/metrics.md).",
+            403,
+        )
+    # The client (as a trusted proxy says) and the peer that connected: both this machine.
+    client = str(request.META.get("REMOTE_ADDR", ""))
+    peer = str(request.META.get(PEER_ADDR_KEY, client))
+    if _is_loopback(client) and _is_loopback(peer):
+        return None
+    return _plain(
+        "/metrics answers only to this machine while TAU_METRICS_TOKEN is not set; set it to "
+        "scrape from elsewhere (docs/metrics.md).",
+        403,
+    )
+
+
+@never_cache
+@require_safe
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The Prometheus exposition of :class:`PortalCollector` (OpenMetrics when asked for)."""
+    refused = refusal(request)
+    if refused is not None:
+        return refused
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    try:
+        body = encoder(PortalCollector())
+    except DatabaseError:
+        logger.warning("/metrics: the database did not answer in time", exc_info=True)
+        return _plain("The database did not answer; the metrics cannot be read now.", 503)
+    return HttpResponse(body, content_type=content_type)
