@@ -369,8 +369,9 @@ if PRODUCTION:
                 "proxy whose X-Forwarded-Proto is believed (from anyone else it is ignored)"
             )
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    # /healthz and /readyz are probed over plain HTTP by the orchestrator.
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+    # /healthz and /readyz are probed over plain HTTP by the orchestrator, and /metrics is
+    # scraped so inside the cluster (a redirect would not protect its token: it is sent first).
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
@@ -503,6 +504,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("TAU_LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        # httpx logs every request at INFO (Prometheus is asked several times a page).
+        "httpx": {"level": "WARNING"},
         # The filesystem broker has no host; kombu's warning about it means nothing here.
         **(
             {"kombu.connection": {"filters": ["filesystem_broker"]}}
@@ -641,6 +644,13 @@ TAU_PROMETHEUS_TOKEN = env_secret("TAU_PROMETHEUS_TOKEN")  # sent as a bearer to
 TAU_PROMETHEUS_TIMEOUT_SECONDS = env_int("TAU_PROMETHEUS_TIMEOUT_MS", 2000, minimum=100) / 1000
 # Answers are cached this long and shared by everyone looking.
 TAU_PROMETHEUS_CACHE_SECONDS = env_int("TAU_PROMETHEUS_CACHE_SECONDS", 10, minimum=0)
+if TAU_PROMETHEUS_URL or TAU_BACKEND == "local":
+    # The fleet's GPU telemetry (Prometheus, or this machine's NVML) read in the background
+    # for the fleet page, which then never waits on it (gpus/telemetry.py).
+    CELERY_BEAT_SCHEDULE["refresh-gpu-telemetry"] = {
+        "task": "gpus.tasks.refresh_fleet_telemetry",
+        "schedule": float(max(5, TAU_PROMETHEUS_CACHE_SECONDS)),
+    }
 # Another exporter's names: JSON objects mapping TauGrid's fields to its metric and label
 # names, e.g. {"utilization": "nvidia_gpu_utilization"} (telemetry/dcgm.py lists the fields).
 TAU_DCGM_METRICS = env_str("TAU_DCGM_METRICS", "") or ""
@@ -649,6 +659,7 @@ TAU_DCGM_LABELS = env_str("TAU_DCGM_LABELS", "") or ""
 # flagged on its page: the most expensive waste on a shared cluster.
 TAU_GPU_IDLE_PERCENT = env_int("TAU_GPU_IDLE_PERCENT", 10, minimum=0)
 TAU_GPU_IDLE_MINUTES = env_int("TAU_GPU_IDLE_MINUTES", 15, minimum=1)
-# /metrics (the portal's own metrics, Prometheus format): a scraper sends this as its bearer
-# token; without it, /metrics answers only to loopback clients.
+# /metrics (the portal's own metrics, Prometheus format; web/metrics.py): a scraper sends this
+# as its bearer token; without it, /metrics answers only to loopback clients, and in
+# production to nobody (an untrusted proxy on the same host would make everyone loopback).
 TAU_METRICS_TOKEN = env_secret("TAU_METRICS_TOKEN")

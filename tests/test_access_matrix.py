@@ -27,6 +27,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from evidence import sealing
 from evidence.models import SealRequest
+from gpus.models import GpuNode
 from identity import tokens
 from portal import audit
 from portal.models import AuditEvent
@@ -141,6 +142,36 @@ def STAFF_API(ok: int) -> dict[str, int]:
     return codes(ok, 403, 403, 403, 403, 401)
 
 
+#: Platform pages: staff only; other people signed in get 403, visitors the login page.
+STAFF_PAGE = codes(200, 403, 403, 403, 403, 302)
+STAFF_ACTION = codes(302, 403, 403, 403, 403, 302)
+
+
+def GPU_NODE(world: Any) -> dict[str, Any]:
+    """A GPU node as a fleet sync writes it, with a run of alpha on it."""
+    GpuNode.objects.create(
+        name="gpu-node-1",
+        source="kubernetes",
+        pool="h100",
+        gpus_total=8,
+        gpus_allocatable=8,
+        gpus_in_use=2,
+        ready=True,
+        healthy=True,
+        runs=[
+            {"workspace": "alpha", "run": "r-1", "namespace": "tau-alpha", "pod": "p", "gpus": 2}
+        ],
+    )
+    return {"node_name": "gpu-node-1"}
+
+
+def GPU_RUN(world: Any) -> dict[str, Any]:
+    """A run on the cluster that asks for a GPU (this machine has none for local runs)."""
+    with override_settings(TAU_BACKEND="kubernetes"):
+        run = make_run(world, spec=TINY_SPEC.replace(b"cpus: 1", b"cpus: 1\n  gpus: 1"))
+    return {"workspace_slug": "alpha", "run_name": run.name}
+
+
 def NAMED(name: str) -> Kwargs:
     return lambda world: {"name": name}
 
@@ -150,6 +181,9 @@ MATRIX: dict[str, Route] = {
     "healthz": Route({"GET": same(200)}),
     "favicon": Route({"GET": same(302)}),  # to the icon's static file, for everyone
     "readyz": Route({"GET": same(200)}),
+    # Loopback clients while TAU_METRICS_TOKEN is unset, signed in or not; with a token, only
+    # the token counts (tests/web/test_metrics.py).
+    "metrics": Route({"GET": same(200)}),
     "login": Route({"GET": same(302, anon=200)}),
     "logout": Route({"POST": same(302), "GET": same(405)}),
     "workspace-home": Route(
@@ -234,6 +268,8 @@ MATRIX: dict[str, Route] = {
     # Evidence: a run's export for anyone who reads the workspace; the public keys for anyone.
     "api:run-evidence": Route({"GET": API_READ}, SEALED_RUN, api=True),
     "api:evidence-keys": Route({"GET": same(200)}, api=True),
+    "api:gpu-nodes": Route({"GET": STAFF_API(200)}, api=True),
+    "api:run-gpus": Route({"GET": API_READ}, GPU_RUN, api=True),
     # Only a run's own token may report on it (tests/runs/test_api.py covers that token).
     "api:run-report-metrics": Route(
         {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"rows": []}, api=True
@@ -278,6 +314,18 @@ MATRIX: dict[str, Route] = {
     "run-page-evidence": Route(
         {"GET": PAGE_READ, "POST": codes(302, 302, 302, 302, 404, 302)}, FAILED_RUN
     ),
+    # GPUs: the fleet and its nodes are the platform team's; a workspace's GPUs and a run's
+    # are read by whoever reads the workspace (they show that workspace's runs only).
+    "gpu-fleet": Route({"GET": STAFF_PAGE}),
+    "gpu-node": Route({"GET": STAFF_PAGE}, GPU_NODE),
+    "gpu-node-telemetry": Route({"GET": STAFF_PAGE}, GPU_NODE),
+    # Staff confirm (GET) and act (POST, then back to the node: there is no cluster here,
+    # so the page says it could not be done).
+    "gpu-node-cordon": Route({"GET": STAFF_PAGE, "POST": STAFF_ACTION}, GPU_NODE),
+    "gpu-node-uncordon": Route({"GET": STAFF_PAGE, "POST": STAFF_ACTION}, GPU_NODE),
+    "workspace-gpus": Route({"GET": PAGE_READ}, ALPHA),
+    "workspace-gpus-usage": Route({"GET": PAGE_READ}, ALPHA),
+    "run-page-gpus": Route({"GET": PAGE_READ}, GPU_RUN),
     "profile": Route({"GET": same(200, anon=302)}),
     "tokens": Route(
         {"GET": same(200, anon=302), "POST": same(201, anon=302)},

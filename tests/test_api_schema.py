@@ -24,6 +24,7 @@ from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.http import HttpResponseBase
 from django.urls import resolve
+from django.utils import timezone
 from openapi_core import OpenAPI
 from openapi_core.contrib.django import DjangoOpenAPIRequest, DjangoOpenAPIResponse
 from openapi_core.exceptions import OpenAPIError
@@ -31,6 +32,7 @@ from rest_framework.test import APIClient
 
 from evidence import sealing
 from evidence.models import SealRequest
+from gpus.models import GpuNode
 from identity import tokens
 from runs.artifacts import store_artifact
 from runs.models import Checkpoint, MetricPoint, RunEvent, RunState
@@ -831,6 +833,63 @@ def evidence_with_a_run_token(world: Any, tmp: Path, settings: Any) -> HttpRespo
 def evidence_keys(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     settings.TAU_EVIDENCE_SIGNING_KEY = TEST_SIGNING_KEY
     return APIClient().get("/api/v1/evidence/keys/")
+
+
+def gpu_node(**fields: Any) -> GpuNode:
+    return GpuNode.objects.create(
+        **{
+            "name": "gpu-h100-1",
+            "source": "kubernetes",
+            "pool": "gpu-h100",
+            "gpus_total": 8,
+            "gpus_allocatable": 7,
+            "gpus_in_use": 4,
+            "ready": True,
+            "healthy": False,
+            "problems": ["XIDErrors since 12:03 UTC: XID 79 — GPU has fallen off the bus"],
+            "unhealthy_since": timezone.now(),
+            "conditions": [
+                {
+                    "type": "XIDErrors",
+                    "status": "True",
+                    "reason": "",
+                    "message": "XID 79",
+                    "last_transition_time": "2026-12-01T12:03:07Z",
+                    "gpu": True,
+                    "problem": True,
+                }
+            ],
+            "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+            "runs": [
+                {"workspace": "alpha", "run": "r", "namespace": "tau-alpha", "pod": "p", "gpus": 4}
+            ],
+            **fields,
+        }
+    )
+
+
+@call("GET", "/api/v1/gpus/nodes/", 200)
+def gpu_nodes(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    gpu_node()
+    gpu_node(name="gpu-h100-2", healthy=True, problems=[], unhealthy_since=None, runs=[])
+    return client(world, "platform_admin").get("/api/v1/gpus/nodes/")
+
+
+@call("GET", "/api/v1/gpus/nodes/", 403)
+def gpu_nodes_for_a_researcher(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).get("/api/v1/gpus/nodes/")
+
+
+@call("GET", f"{RUN}/gpus/", 200)
+def run_gpus(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    settings.TAU_BACKEND = "kubernetes"
+    run = make_run(world, spec=TINY_SPEC.replace(b"cpus: 1", b"cpus: 1\n  gpus: 2"))
+    return client(world, "viewer").get(run_path(run.name, "gpus/"))
+
+
+@call("GET", f"{RUN}/gpus/", 404)
+def run_gpus_of_another_workspace(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "outsider").get(run_path(make_run(world).name, "gpus/"))
 
 
 # --- The tests ------------------------------------------------------------------------------

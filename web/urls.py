@@ -7,10 +7,11 @@ from django.templatetags.static import static
 from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from gpus.urls import platform_urlpatterns as gpu_platform_urls
 from identity.api import MeView
 from portal import health
 from runs.urls import platform_urlpatterns as run_platform_urls
-from web import views, workspace_home
+from web import metrics, views, workspace_home
 from web.api_docs import ApiDocsView
 from workspaces.audit_views import PlatformAuditView
 
@@ -25,6 +26,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("workspaces.api.urls")),
     path("", include("runs.api.urls")),
     path("", include("evidence.api.urls")),
+    path("", include("gpus.api.urls")),
     path("me/", MeView.as_view(), name="me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", ApiDocsView.as_view(), name="docs"),
@@ -35,6 +37,7 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("", include("workspaces.urls")),
     path("", include("runs.urls")),
     path("", include("evidence.urls")),
+    path("", include("gpus.urls")),
 ]
 
 # Under /api/ a 404 is JSON, as the schema says, also where no route matches.
@@ -44,10 +47,12 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("", views.HomeView.as_view(), name="home"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("favicon.ico", favicon, name="favicon"),
     path("", include("identity.urls")),
     path("audit/", PlatformAuditView.as_view(), name="audit"),
     path("", include(run_platform_urls)),
+    path("", include(gpu_platform_urls)),
     path("w/<slug:workspace_slug>/", include(workspace_patterns)),
     path("api/v1/", include((api_patterns, "api"))),
     path("admin/", admin.site.urls),
