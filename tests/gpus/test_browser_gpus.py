@@ -154,6 +154,7 @@ def test_a_platform_admin_follows_the_fleet_and_cordons_a_node(
     event = AuditEvent.objects.unscoped().filter(action="gpu.node.cordon").get()
     assert event.actor_username == world.users["platform_admin"].username
     assert event.object_repr == NODE
+    assert event.after is not None
     assert event.after["reason"] == "XID 79 on GPU 3; vendor ticket 4711"
     assert "Uncordon…" in page.inner_text(".page-actions")
     page.click("text=Uncordon…")
