@@ -359,3 +359,19 @@ def test_the_api_lists_the_fleet_for_staff(world: Any, cluster: None) -> None:
     assert "TAU_PROMETHEUS_URL" in row["telemetry_notice"]
     assert json.dumps(row)  # plain JSON
     assert world.api_client_for("researcher").get("/api/v1/gpus/nodes/").status_code == 403
+
+
+def test_a_workspaces_gpu_page_costs_the_same_queries_for_one_run_or_many(world: Any) -> None:
+    now = timezone.now()
+    client = world.client_for("viewer")
+    started(gpu_run(world, 1), at=now - timedelta(minutes=5))
+    with CaptureQueriesContext(connection) as few:
+        assert client.get("/w/alpha/gpus/").status_code == 200
+        assert client.get("/w/alpha/gpus/usage/").status_code == 200
+    for minutes in range(6, 16):
+        started(gpu_run(world, 1), at=now - timedelta(minutes=minutes))
+    with CaptureQueriesContext(connection) as many:
+        page = client.get("/w/alpha/gpus/")
+        assert client.get("/w/alpha/gpus/usage/").status_code == 200
+    assert "11 GPUs held by 11 runs now" in text_of(page.content.decode())
+    assert len(few) == len(many), [query["sql"] for query in many.captured_queries]
