@@ -108,7 +108,9 @@ def _read(what: str, compute: Callable[[], T]) -> Reading[T]:
     try:
         return Reading(compute(), at=now)
     except TelemetryUnavailable as error:
-        logger.warning("GPU telemetry unavailable (%s): %s", what, error)
+        # A machine without GPUs is read every few seconds; saying so each time is noise.
+        level = logging.DEBUG if isinstance(error, NoLocalGpus) else logging.WARNING
+        logger.log(level, "GPU telemetry unavailable (%s): %s", what, error)
         return Reading(
             None,
             f"GPU telemetry is unavailable right now: {error}. Node health and capacity "
@@ -171,10 +173,14 @@ def local() -> bool:
     return settings.TAU_BACKEND == "local"
 
 
+class NoLocalGpus(TelemetryUnavailable):
+    """This machine has no GPU NVML can read: the normal case of a laptop, not a fault."""
+
+
 def _local_samples() -> list[GpuSample]:
     found = nvml.probe_local_gpus(socket.gethostname())
     if found.gpus is None:
-        raise TelemetryUnavailable(found.reason)
+        raise NoLocalGpus(found.reason)
     return found.gpus
 
 
