@@ -8,8 +8,11 @@ Django's test client (server time: the view, its queries and the cache, not the 
 - the background read of the fleet's telemetry (``gpus.telemetry.refresh_fleet``: nine
   queries answering 8,000 series each), which pages never wait for;
 - the fleet page as most requests find it (its rendering shared through the cache) and as
-  the first request after a change does (read from the database and written, with the
-  telemetry from the cache) — the target is p95 < 50 ms;
+  the first request after a new telemetry reading does (the rows from the cache, their
+  telemetry cells written again) — the target is p95 < 50 ms — with Prometheus and the
+  exporter paused meanwhile (the page reads the background task's answer from the cache, and
+  on a cluster neither runs beside the portal), and as the first request after a node
+  changed does (everything read from the database and written);
 - a poller whose ETag is current (304), a node's page (its own nine queries to Prometheus,
   cached), and the staff API with every GPU.
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -108,6 +112,16 @@ def start_telemetry(
     return exporter, prometheus, f"http://127.0.0.1:{prometheus_port}"
 
 
+def pause(*processes: subprocess.Popen[bytes]) -> None:
+    for process in processes:
+        process.send_signal(signal.SIGSTOP)
+
+
+def resume(*processes: subprocess.Popen[bytes]) -> None:
+    for process in processes:
+        process.send_signal(signal.SIGCONT)
+
+
 def write_fleet() -> None:
     from django.utils import timezone
 
@@ -177,8 +191,10 @@ def main() -> int:
             from django.contrib.auth import get_user_model
             from django.core.cache import cache
             from django.test import Client
+            from django.utils import timezone
 
             from gpus import telemetry
+            from gpus.models import GpuNode
             from telemetry.prometheus import PrometheusClient
 
             write_fleet()
@@ -205,6 +221,10 @@ def main() -> int:
             assert b"XID" in first.content or b" %" in first.content
             etag = first["ETag"]
 
+            # The fleet page reads telemetry from the cache only (the background task's
+            # answer, read above): Prometheus and the replayed exporter are paused while it
+            # is measured, since on a real cluster neither runs on the portal's two cores.
+            pause(exporter, prometheus)
             shared = measure(lambda: browser.get("/gpus/"), iterations=300, warmup=20)
 
             def rendered() -> None:
@@ -220,14 +240,23 @@ def main() -> int:
                 browser.get("/gpus/")
 
             cold = measure(rendered, iterations=60, warmup=5)
+
+            def changed() -> None:
+                # A node changed (the sync wrote it): the rows are read and written again.
+                GpuNode.objects.filter(name=host(1)).update(updated_at=timezone.now())
+                browser.get("/gpus/")
+
+            node_changed = measure(changed, iterations=30, warmup=3)
             not_modified = measure(
                 lambda: browser.get("/gpus/", HTTP_HX_REQUEST="true", HTTP_IF_NONE_MATCH=etag),
                 iterations=300,
                 warmup=20,
             )
+            resume(exporter, prometheus)
             node = measure(lambda: browser.get(f"/gpus/nodes/{host(7)}/"), iterations=50, warmup=5)
             api = measure(lambda: browser.get("/api/v1/gpus/nodes/"), iterations=10, warmup=2)
     finally:
+        resume(exporter, prometheus)
         for process in (prometheus, exporter):
             process.terminate()
             try:
@@ -241,14 +270,16 @@ def main() -> int:
             "fleet": {"nodes": NODES, "gpus_per_node": GPUS, "gpus_read": gpus_read},
             "telemetry_refresh_in_background": refresh,
             "fleet_page_shared": shared,
-            "fleet_page_rendered": {**cold, "bytes": page_bytes},
+            "fleet_page_new_telemetry": {**cold, "bytes": page_bytes},
+            "fleet_page_node_changed": node_changed,
             "fleet_page_304": not_modified,
             "node_page": node,
             "api_gpu_nodes": api,
             "target": {
                 "fleet_page_p95_ms": TARGET_P95_MS,
                 "met_when_shared": shared["p95_ms"] < TARGET_P95_MS,
-                "met_when_rendered": cold["p95_ms"] < TARGET_P95_MS,
+                "met_at_new_telemetry": cold["p95_ms"] < TARGET_P95_MS,
+                "met_when_a_node_changed": node_changed["p95_ms"] < TARGET_P95_MS,
             },
         },
     )

@@ -15,7 +15,7 @@ from urllib.parse import quote
 from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
-from gpus.models import GpuNode
+from gpus.selectors import FleetNode
 from gpus.telemetry import NodeSummary
 
 UNKNOWN = '<span class="muted">\u2013</span>'
@@ -27,7 +27,7 @@ def _e(value: object) -> str:
     return escape(str(value), quote=True)
 
 
-def _health(node: GpuNode) -> str:
+def _health(node: FleetNode) -> str:
     if node.healthy:
         cell = '<span class="state state-succeeded">Healthy</span>'
     elif not node.ready:
@@ -43,7 +43,7 @@ def _health(node: GpuNode) -> str:
     return cell
 
 
-def _taints(node: GpuNode) -> str:
+def _taints(node: FleetNode) -> str:
     if not node.taints:
         return '<span class="muted">none</span>'
     return "<br>".join(
@@ -56,7 +56,7 @@ def _taints(node: GpuNode) -> str:
     )
 
 
-def _runs(node: GpuNode, node_url: str, run_url: str) -> str:
+def _runs(node: FleetNode, node_url: str, run_url: str) -> str:
     if not node.runs:
         if node.other_gpus_in_use:
             count = node.other_gpus_in_use
@@ -105,14 +105,19 @@ def _telemetry_cells(summary: NodeSummary | None) -> str:
     )
 
 
-def node_rows(nodes: Iterable[GpuNode], summaries: dict[str, NodeSummary]) -> SafeString:
-    """The ``<tr>`` of each node, in order."""
+#: A node's row without its telemetry: the HTML before and after the telemetry cells.
+RowParts = tuple[str, str, str]  # (node name, before, after)
+
+
+def row_parts(nodes: Iterable[FleetNode]) -> list[RowParts]:
+    """Each node's row around its telemetry cells: what changes only when the sync changes
+    the node, so the page keeps it between telemetry readings."""
     # One reverse() for all rows: node names need no more than quoting.
     base = reverse("gpu-node", kwargs={"node_name": "NODE"}).replace("NODE", "{}")
     run_url = reverse(
         "run-page", kwargs={"workspace_slug": "WORKSPACE-SLUG", "run_name": "RUN-NAME"}
     )
-    rows = []
+    parts = []
     for node in nodes:
         url = base.format(quote(node.name, safe=""))
         classes = ("node-unhealthy" if not node.healthy else "") + (
@@ -126,14 +131,26 @@ def node_rows(nodes: Iterable[GpuNode], summaries: dict[str, NodeSummary]) -> Sa
             if node.gpus_allocatable != node.gpus_total
             else ""
         )
-        rows.append(
+        before = (
             f'<tr class="{classes.strip()}" data-node="{_e(node.name)}">'
             f'<th scope="row"><a class="mono" href="{_e(url)}">{_e(node.name)}</a>{model}</th>'
             f"<td>{_health(node)}</td>"
             f'<td class="num">{node.gpus_in_use} / {node.gpus_allocatable}{capacity}</td>'
-            f"{_telemetry_cells(summaries.get(node.name))}"
+        )
+        after = (
             f'<td class="small">{_taints(node)}</td>'
             f'<td class="small">{_runs(node, url, run_url)}</td>'
             "</tr>"
         )
-    return mark_safe("".join(rows))  # noqa: S308 - every value above is escaped
+        parts.append((node.name, before, after))
+    return parts
+
+
+def node_rows(parts: Iterable[RowParts], summaries: dict[str, NodeSummary]) -> SafeString:
+    """The ``<tr>`` of each node, in order, with its telemetry now."""
+    return mark_safe(  # noqa: S308 - every value is escaped where the parts are written
+        "".join(
+            f"{before}{_telemetry_cells(summaries.get(name))}{after}"
+            for name, before, after in parts
+        )
+    )

@@ -26,7 +26,7 @@ from django.views.decorators.vary import vary_on_headers
 from django.views.generic import TemplateView
 
 from gpus import actions, fleet_table, run_gpus, selectors, telemetry, workspace_gpus
-from gpus.models import GpuNode
+from gpus.models import FleetSync, GpuNode
 from portal.requests import signed_in_user
 from runs.models import Run
 from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
@@ -87,13 +87,13 @@ class FleetView(StaffRequiredMixin, TemplateView):
         key = f"gpus:fleet-page:{fragment}:{etag.strip(chr(34))}"
         html = cache.get(key)
         if html is None:
-            fleet = selectors.fleet(sync)
+            fleet, parts = _fleet_rows(sync, state)
             by_host = summaries.value or {}
             context = {
                 "fleet": fleet,
                 "pools": [
-                    {"pool": pool, "rows": fleet_table.node_rows(pool.nodes, by_host)}
-                    for pool in fleet.pools
+                    {"pool": pool, "rows": fleet_table.node_rows(rows, by_host)}
+                    for pool, rows in zip(fleet.pools, parts, strict=True)
                 ],
                 "unhealthy": fleet.unhealthy_nodes,
                 "telemetry_notice": summaries.notice,
@@ -108,6 +108,22 @@ class FleetView(StaffRequiredMixin, TemplateView):
         response["ETag"] = etag
         response["Cache-Control"] = "no-cache"
         return response
+
+
+def _fleet_rows(
+    sync: FleetSync | None, state: tuple[int, object]
+) -> tuple[selectors.Fleet, list[list[fleet_table.RowParts]]]:
+    """The fleet and its rows around their telemetry, kept while no node changes (``state``):
+    a new telemetry reading, every few seconds, then costs only its own cells."""
+    key = "gpus:fleet-rows:" + hashlib.sha256(repr(state).encode()).hexdigest()[:32]
+    found = cache.get(key)
+    if found is None:
+        fleet = selectors.fleet(sync)
+        found = (fleet, [fleet_table.row_parts(pool.nodes) for pool in fleet.pools])
+        cache.set(key, found, timeout=FLEET_PAGE_CACHE_SECONDS)
+    cached_fleet, parts = found
+    # The sync row is the one just read (its times move at every sync; the rows do not).
+    return selectors.Fleet(pools=cached_fleet.pools, sync=sync), parts
 
 
 def _node_or_404(name: str) -> GpuNode:

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpus import run_gpus, selectors, telemetry
+from gpus import run_gpus, telemetry
 from gpus.api.serializers import GpuNodeSerializer, RunGpusSerializer
 from gpus.models import GpuNode
 from portal.api import refusals
@@ -54,7 +54,6 @@ class GpuNodeListView(APIView):
         responses={200: GpuNodeSerializer(many=True), **refusals(in_workspace=False)},
     )
     def get(self, request: Request) -> Response:
-        fleet = selectors.fleet()
         reading = telemetry.fleet_gpus()
         by_host = reading.value or {}
         rows = [
@@ -63,7 +62,7 @@ class GpuNodeListView(APIView):
                 [run_gpus.gpu_dict(sample) for sample in by_host.get(node.name, [])],
                 reading.notice,
             )
-            for node in fleet.nodes
+            for node in GpuNode.objects.select_related("flavor").order_by("pool", "name")
         ]
         return Response(GpuNodeSerializer(rows, many=True).data)
 
