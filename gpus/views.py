@@ -16,7 +16,6 @@ from typing import Any
 from django.contrib import messages
 from django.core.cache import cache
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
-from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -27,6 +26,7 @@ from django.views.generic import TemplateView
 
 from gpus import actions, fleet_table, run_gpus, selectors, telemetry, workspace_gpus
 from gpus.models import FleetSync, GpuNode
+from portal import live
 from portal.requests import signed_in_user
 from runs.models import Run
 from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
@@ -36,25 +36,6 @@ FLEET_POLL_MS = 10_000
 TELEMETRY_POLL_MS = 15_000
 #: A rendered fleet page is reused this long at most (its ETag changes with the fleet).
 FLEET_PAGE_CACHE_SECONDS = 60
-
-
-def _etag(*parts: Any) -> str:
-    return '"' + hashlib.sha256("|".join(str(p) for p in parts).encode()).hexdigest()[:32] + '"'
-
-
-def _not_modified(request: HttpRequest, etag: str) -> bool:
-    return etag in {tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")}
-
-
-def _live(request: HttpRequest, template: str, context: dict[str, Any], etag: str) -> HttpResponse:
-    """A page, or (for the poller) its live fragment, or 304 when nothing changed."""
-    if _not_modified(request, etag):
-        response = HttpResponse(status=304)
-    else:
-        response = render(request, template, {**context, "etag": etag})
-    response["ETag"] = etag
-    response["Cache-Control"] = "no-cache"
-    return response
 
 
 def _reading_tag(reading: telemetry.Reading[Any]) -> str:
@@ -73,14 +54,14 @@ class FleetView(StaffRequiredMixin, TemplateView):
         sync = selectors.fleet_sync()
         state = selectors.fleet_state()
         summaries = telemetry.fleet_summaries()
-        etag = _etag(
+        etag = live.etag(
             sync.last_success_at if sync else "",
             sync.last_error if sync else "",
             state,
             _reading_tag(summaries),
         )
-        if _not_modified(request, etag):
-            return _live(request, self.template_name, {}, etag)
+        if live.not_modified(request, etag):
+            return live.tagged(HttpResponse(status=304), etag)
         fragment = request.headers.get("HX-Request") == "true"
         # The rendered page is the same for every member of the platform team until the
         # fleet or its telemetry changes: rendered once, shared through the cache.
@@ -104,10 +85,7 @@ class FleetView(StaffRequiredMixin, TemplateView):
             template = "gpus/fleet.html#live" if fragment else self.template_name
             html = render_to_string(template, context, request=request)
             cache.set(key, html, timeout=FLEET_PAGE_CACHE_SECONDS)
-        response = HttpResponse(html)
-        response["ETag"] = etag
-        response["Cache-Control"] = "no-cache"
-        return response
+        return live.tagged(HttpResponse(html), etag)
 
 
 def _fleet_rows(
@@ -145,7 +123,7 @@ class NodeView(StaffRequiredMixin, TemplateView):
         gpus = telemetry.node_gpus(node.name)
         samples = gpus.value or []
         window, _ = telemetry.window_of(request.GET.get("window"))
-        etag = _etag(node.updated_at, node.cordoned, _reading_tag(gpus), window)
+        etag = live.etag(node.updated_at, node.cordoned, _reading_tag(gpus), window)
         context = {
             "node": node,
             "samples": samples,
@@ -158,7 +136,7 @@ class NodeView(StaffRequiredMixin, TemplateView):
             "poll_ms": TELEMETRY_POLL_MS,
         }
         template = "gpus/node.html#live" if request.headers.get("HX-Request") else None
-        return _live(request, template or self.template_name, context, etag)
+        return live.fragment_response(request, template or self.template_name, context, etag)
 
 
 class NodeTelemetryView(StaffRequiredMixin, View):
@@ -168,11 +146,11 @@ class NodeTelemetryView(StaffRequiredMixin, View):
         node = _node_or_404(kwargs["node_name"])
         window, span = telemetry.window_of(request.GET.get("window"))
         reading = telemetry.node_charts(node.name, span)
-        etag = _etag(node.name, window, _reading_tag(reading))
-        if _not_modified(request, etag):
-            response: HttpResponse = HttpResponse(status=304)
-        else:
-            response = JsonResponse(
+        etag = live.etag(node.name, window, _reading_tag(reading))
+        if live.not_modified(request, etag):
+            return live.tagged(HttpResponse(status=304), etag)
+        return live.tagged(
+            JsonResponse(
                 {
                     "node": node.name,
                     "window": window,
@@ -182,10 +160,9 @@ class NodeTelemetryView(StaffRequiredMixin, View):
                         for chart in reading.value or []
                     ],
                 }
-            )
-        response["ETag"] = etag
-        response["Cache-Control"] = "no-cache"
-        return response
+            ),
+            etag,
+        )
 
 
 class NodeActionView(StaffRequiredMixin, TemplateView):
@@ -236,7 +213,7 @@ class WorkspaceGpusView(WorkspaceViewMixin, TemplateView):
     def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         window, _ = telemetry.window_of(request.GET.get("window") or "24h")
         now_view = workspace_gpus.now(self.workspace)
-        etag = _etag(now_view.etag, window)
+        etag = live.etag(now_view.etag, window)
         context = {
             **self.get_context_data(**kwargs),
             "view": now_view,
@@ -245,7 +222,7 @@ class WorkspaceGpusView(WorkspaceViewMixin, TemplateView):
             "poll_ms": TELEMETRY_POLL_MS,
         }
         template = "gpus/workspace.html#live" if request.headers.get("HX-Request") else None
-        return _live(request, template or self.template_name, context, etag)
+        return live.fragment_response(request, template or self.template_name, context, etag)
 
 
 class WorkspaceGpuUsageView(WorkspaceViewMixin, View):
@@ -266,11 +243,11 @@ class RunGpusView(WorkspaceViewMixin, View):
         if run is None:
             raise Http404("No such run in this workspace.")
         report = run_gpus.report(run)
-        etag = _etag(run.state, run.updated_at, report.etag)
+        etag = live.etag(run.state, run.updated_at, report.etag)
         context = {
             "run": run,
             "workspace": self.workspace,
             "report": report,
             "poll_ms": TELEMETRY_POLL_MS,
         }
-        return _live(request, "gpus/_run_gpus.html", context, etag)
+        return live.fragment_response(request, "gpus/_run_gpus.html", context, etag)

@@ -7,7 +7,6 @@ answers 304 after one small query, and the browser keeps what it shows.
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import re
 from datetime import UTC, datetime
@@ -27,6 +26,7 @@ from django.views import View
 from django.views.decorators.vary import vary_on_headers
 from django.views.generic import TemplateView
 
+from portal import live
 from portal.requests import signed_in_user
 from runs import bundles, compare, kube_queue, lifecycle, selectors, submission
 from runs.access import REFUSAL, may_act_on
@@ -52,26 +52,6 @@ from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
 from workspaces.models import Role, Workspace
 
 PAGE_SIZE = 25
-
-
-def _etag(*parts: Any) -> str:
-    return '"' + hashlib.sha256("|".join(str(p) for p in parts).encode()).hexdigest()[:32] + '"'
-
-
-def _not_modified(request: HttpRequest, etag: str) -> bool:
-    return etag in {tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")}
-
-
-def _fragment_response(
-    request: HttpRequest, template: str, context: dict[str, Any], etag: str
-) -> HttpResponse:
-    if _not_modified(request, etag):
-        response = HttpResponse(status=304)
-    else:
-        response = render(request, template, {**context, "etag": etag})
-    response["ETag"] = etag
-    response["Cache-Control"] = "no-cache"
-    return response
 
 
 @method_decorator(vary_on_headers("HX-Request"), name="dispatch")  # fragments for htmx
@@ -180,10 +160,10 @@ class RunListView(WorkspaceViewMixin, TemplateView):
             return self.render_to_response(context, status=400)
         if request.headers.get("HX-Request"):
             rows = context["runs"]
-            etag = _etag(
+            etag = live.etag(
                 "list", *[(r.pk, r.state, r.attempt_count, r.queue_position) for r in rows]
             )
-            return _fragment_response(request, "runs/list.html#rows", context, etag)
+            return live.fragment_response(request, "runs/list.html#rows", context, etag)
         return self.render_to_response(context)
 
 
@@ -281,11 +261,13 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
         reading = self._queue(run)
         if request.headers.get("HX-Request"):
             # The live part polls: answer "nothing changed" after one small query.
-            etag = _etag("run", *self._version(run), reading.position(run.pk), reading.unavailable)
-            if _not_modified(request, etag):
-                return _fragment_response(request, "runs/detail.html#live", {}, etag)
+            etag = live.etag(
+                "run", *self._version(run), reading.position(run.pk), reading.unavailable
+            )
+            if live.not_modified(request, etag):
+                return live.fragment_response(request, "runs/detail.html#live", {}, etag)
             context = {**self.get_context_data(**kwargs), **self._context(run, reading)}
-            return _fragment_response(request, "runs/detail.html#live", context, etag)
+            return live.fragment_response(request, "runs/detail.html#live", context, etag)
         context = {**self.get_context_data(**kwargs), **self._context(run, reading)}
         return self.render_to_response(context)
 
@@ -503,7 +485,7 @@ class QueueView(WorkspaceViewMixin, TemplateView):
     def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         context = self.get_context_data(**kwargs)
         if request.headers.get("HX-Request"):
-            etag = _etag(
+            etag = live.etag(
                 "queue",
                 *[
                     (run.pk, run.state, run.queue_position, run.state_reason)
@@ -513,7 +495,7 @@ class QueueView(WorkspaceViewMixin, TemplateView):
                 *[(line.resource, line.used) for line in context["usage"]],
                 context["queue_note"],
             )
-            return _fragment_response(request, "runs/queue.html#live", context, etag)
+            return live.fragment_response(request, "runs/queue.html#live", context, etag)
         return self.render_to_response(context)
 
 
