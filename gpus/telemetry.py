@@ -13,10 +13,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from django.conf import settings
 from django.core.cache import cache
@@ -29,8 +29,6 @@ from telemetry.prometheus import (
     TelemetryQueryError,
     TelemetryUnavailable,
     fit_step,
-    quote,
-    regex_alternation,
 )
 from telemetry.samples import GpuSample
 
@@ -375,81 +373,34 @@ def summary(samples: list[GpuSample]) -> NodeSummary | None:
     )
 
 
-# --- Queries narrowed to one workspace's pods -------------------------------------------------
-# Written here rather than in the adapter because they decide what a workspace may see: every
-# selector below names the workspace's namespace, and pods only by the names of its own runs.
-
-
-def metric_of(names: MetricNames, field_name: str) -> str:
-    return names.metric(field_name)
-
-
-def names_of_labels(names: MetricNames) -> dict[str, Any]:
-    labels = names.labels
-    return {
-        "host": list(labels.host),
-        "gpu": labels.gpu,
-        "uuid": labels.uuid,
-        "namespace": labels.namespace,
-        "pod": labels.pod,
-    }
-
-
-def pods_selector(names: MetricNames, namespace: str, prefixes: list[str] | None = None) -> str:
-    """The label matchers for pods of ``namespace`` (whose names start with one of
-    ``prefixes``, when given)."""
-    labels = names_of_labels(names)
-    matchers = [f"{labels['namespace']}={quote(namespace)}"]
-    if prefixes is not None:
-        # RE2 has no "match nothing"; a run without a workload name has no pod to match, and
-        # a pod name never holds a slash.
-        alternatives = regex_alternation(prefixes) if prefixes else "/"
-        matchers.append(f"{labels['pod']}=~{quote(f'({alternatives}).+')}")
-    return "{" + ",".join(matchers) + "}"
+# --- One workspace's pods ---------------------------------------------------------------------
+# Every question here names the workspace's namespace (and its runs' pods by name): nothing of
+# another tenant is asked for, so nothing of it comes back.
 
 
 def pod_values(namespace: str) -> Reading[dict[str, tuple[float | None, float | None]]]:
     """Per pod of ``namespace``: its GPUs' average utilisation and their memory in use, now
-    (two queries, whatever the number of pods)."""
+    (one query per metric, whatever the number of pods)."""
 
     def read() -> dict[str, tuple[float | None, float | None]]:
-        names = metric_names()
-        labels = names_of_labels(names)
-        selector = pods_selector(names, namespace)
-        client = prometheus()
-        pod = labels["pod"]
-        utilization = {
-            sample.labels.get(pod, ""): sample.value
-            for sample in client.query(
-                f"avg by ({pod}) ({metric_of(names, 'utilization')}{selector})"
+        by_pod: dict[str, list[GpuSample]] = {}
+        for sample in dcgm().current(namespace=namespace):
+            if sample.pod:
+                by_pod.setdefault(sample.pod, []).append(sample)
+        values: dict[str, tuple[float | None, float | None]] = {}
+        for pod, samples in by_pod.items():
+            utilization = _known([sample.utilization for sample in samples])
+            memory = _known([sample.memory_used_mib for sample in samples])
+            values[pod] = (
+                sum(utilization) / len(utilization) if utilization else None,
+                sum(memory) if memory else None,
             )
-        }
-        memory = {
-            sample.labels.get(pod, ""): sample.value
-            for sample in client.query(
-                f"sum by ({pod}) ({metric_of(names, 'memory_used_mib')}{selector})"
-            )
-        }
-        return {
-            name: (utilization.get(name), memory.get(name))
-            for name in set(utilization) | set(memory)
-            if name
-        }
+        return values
 
     return cached("pods", read, namespace)
 
 
 GpuSeries = dict[tuple[str, int, str], list[tuple[datetime, float]]]
-
-
-def _gpu_key(labels: Mapping[str, str], names: MetricNames) -> tuple[str, int, str] | None:
-    found = names_of_labels(names)
-    host = next((labels[name] for name in found["host"] if labels.get(name)), "")
-    try:
-        index = int(labels.get(found["gpu"], ""))
-    except ValueError:
-        return None
-    return (host, index, labels.get(found["uuid"], ""))
 
 
 def run_history(
@@ -466,27 +417,23 @@ def run_history(
     shared by everyone asking with the same ``shared`` (default: the same window)."""
 
     def read() -> tuple[GpuSeries, GpuSeries, GpuSeries]:
-        names = metric_names()
-        labels = names_of_labels(names)
-        selector = pods_selector(names, namespace, prefixes)
-        by = ", ".join([*labels["host"], labels["gpu"], labels["uuid"]])
-        window = f"[{int(step)}s]"
-        client = prometheus()
+        telemetry = dcgm()
 
-        def ask(expr: str) -> GpuSeries:
-            series: GpuSeries = {}
-            for found in client.query_range(expr, start, end, step):
-                key = _gpu_key(found.labels, names)
-                if key is not None:
-                    series.setdefault(key, []).extend(found.points)
-            return series
+        def ask(field_name: str, over: Literal["avg", "max"]) -> GpuSeries:
+            return telemetry.step_stats(
+                field_name,
+                start,
+                end,
+                step=step,
+                over=over,
+                namespace=namespace,
+                pod_prefixes=prefixes,
+            )
 
-        utilization = metric_of(names, "utilization")
-        memory = metric_of(names, "memory_used_mib")
         return (
-            ask(f"avg by ({by}) (avg_over_time({utilization}{selector}{window}))"),
-            ask(f"max by ({by}) (max_over_time({utilization}{selector}{window}))"),
-            ask(f"max by ({by}) (max_over_time({memory}{selector}{window}))"),
+            ask("utilization", "avg"),
+            ask("utilization", "max"),
+            ask("memory_used_mib", "max"),
         )
 
     window = shared or f"{start.isoformat()}|{end.isoformat()}"
@@ -499,8 +446,6 @@ def run_current(namespace: str, pods: list[str]) -> Reading[list[GpuSample]]:
         return Reading([], at=timezone.now())
 
     def read() -> list[GpuSample]:
-        return sorted(
-            dcgm().current(namespace=namespace, pods=pods), key=lambda s: (s.host, s.index)
-        )
+        return dcgm().current(namespace=namespace, pods=pods)
 
     return cached("run-current", read, namespace, *sorted(pods))

@@ -63,6 +63,7 @@ from telemetry.prometheus import (
     fit_step,
     match_any,
     quote,
+    regex_alternation,
 )
 from telemetry.samples import GpuSample
 
@@ -394,6 +395,49 @@ class DcgmTelemetry:
             for key, stats in sorted(collected.items())
             if "mean" in stats and "peak" in stats
         }
+
+    def step_stats(
+        self,
+        field_name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        step: float,
+        over: Literal["avg", "max"],
+        namespace: str,
+        pod_prefixes: Collection[str],
+    ) -> dict[GpuKey, Points]:
+        """Per GPU held by the pods of ``namespace`` whose names start with one of
+        ``pod_prefixes`` (a run's: its Jobs' and RayJobs' names), one value per step: the
+        average (``over="avg"``) or the peak (``"max"``) of the samples *in* that step, not
+        one sample of it — a run's efficiency over its life, in one range query. The range
+        is over the raw samples, where dcgm's blank codes cannot be filtered out first:
+        points at or above the lowest blank are dropped (a field a GPU does not support is
+        blank in every sample)."""
+        if over not in ("avg", "max"):
+            raise ValueError(f"over must be avg or max, not {over!r}")
+        metric = self.names.metric(field_name)
+        if not self._asks_anything(namespace, None, None) or not pod_prefixes:
+            return {}
+        matchers = [
+            f"{self.names.labels.namespace}={quote(namespace)}",
+            f"{self.names.labels.pod}=~{quote(f'({regex_alternation(pod_prefixes)}).+')}",
+        ]
+        labels = self.names.labels
+        by = ", ".join(dict.fromkeys([*labels.host, labels.gpu, labels.uuid]))
+        # PromQL durations are whole units: milliseconds keep any step exact.
+        window = f"[{max(round(step * 1000), 1)}ms]"
+        expr = f"{over} by ({by}) ({over}_over_time({selector(metric, matchers)}{window}))"
+        found: dict[GpuKey, dict[datetime, float]] = {}
+        for series in self.client.query_range(expr, start, end, step):
+            key = self._key(series.labels)
+            if key is None:
+                continue
+            line = found.setdefault(key, {})
+            for moment, value in series.points:
+                if value < DCGM_BLANK_MIN:
+                    line[moment] = max(value, line.get(moment, value))
+        return {key: sorted(found[key].items()) for key in sorted(found) if found[key]}
 
     # --- PromQL -----------------------------------------------------------------------------
 

@@ -53,6 +53,10 @@ def telemetry_on(settings: Any, prometheus: Any, dcgm_exporter: Any) -> Any:
         )
     yield dcgm_exporter
     cache.clear()
+    # The pods this test mapped go stale before the next test asks who holds GPUs.
+    dcgm_exporter.reset(HOSTS)
+    prometheus.start()  # (a test may have stopped it)
+    prometheus.wait_for('DCGM_FI_DEV_GPU_UTIL{pod!=""}', lambda samples: not samples, timeout=30)
 
 
 def text_of(html: str) -> str:

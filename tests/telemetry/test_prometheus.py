@@ -277,6 +277,47 @@ def test_window_stats_show_an_idle_gpu_among_busy_ones(
     ]
 
 
+def test_step_stats_average_and_peak_each_step_of_a_runs_pods_only(
+    prometheus: PrometheusServer, dcgm_exporter: Any
+) -> None:
+    """A run's GPUs by its pods' name prefix, in its namespace only: per step, the average
+    and the peak of the samples in it."""
+    dcgm_exporter.frame = 20
+    for gpu, value in ((0, 80), (1, 60)):
+        dcgm_exporter.set_value(HOST_1, gpu, "utilization", value)
+        dcgm_exporter.assign(HOST_1, gpu, namespace="tau-alpha", pod=f"run-a1-a1-{gpu}-xyz")
+    # The same prefix in another namespace, and a neighbour whose name only looks alike.
+    dcgm_exporter.assign(HOST_2, 0, namespace="tau-beta", pod="run-a1-a1-0-zzz")
+    dcgm_exporter.assign(HOST_2, 1, namespace="tau-alpha", pod="run-a10-a1-0-www")
+    dcgm_exporter.set_value(HOST_2, 1, "utilization", 5)
+    prometheus.wait_until_served()
+    time.sleep(4.5)
+    end = now()
+    telemetry = prometheus.telemetry()
+    start = end - timedelta(seconds=4)
+
+    def stats(over: Any, prefixes: list[str]) -> dict[Any, Any]:
+        return telemetry.step_stats(
+            "utilization",
+            start,
+            end,
+            step=2.0,
+            over=over,
+            namespace="tau-alpha",
+            pod_prefixes=prefixes,
+        )
+
+    average, peak = stats("avg", ["run-a1-a1-"]), stats("max", ["run-a1-a1-"])
+    expected = {(HOST_1, gpu, dcgm_exporter.uuid(HOST_1, gpu)) for gpu in (0, 1)}
+    assert set(average) == set(peak) == expected
+    for (_host, gpu, _uuid), points in average.items():
+        assert len(points) == 3  # a point every 2 s, both ends included
+        assert {value for _moment, value in points} == {80.0 if gpu == 0 else 60.0}
+    assert stats("avg", []) == {}
+    with pytest.raises(ValueError, match="over must be avg or max"):
+        stats("sum", ["run-a1-a1-"])
+
+
 def test_unsupported_values_and_missing_metrics_are_none_and_an_xid_shows(
     prometheus: PrometheusServer, dcgm_exporter: Any
 ) -> None:
