@@ -20,7 +20,6 @@ operation with the other workspace's token and ids itself, as a floor under the 
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -46,18 +45,14 @@ from runs.state import transition
 from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from tests.runs.processes import Portal, portal_processes
+from tests.scripts import load_script
 from workspaces.models import Membership, Role
 
 
 def ensure_schemathesis() -> Path:
     """deploy/dev/schemathesis_venv.py's installer, loaded by path (deploy/ is no package)."""
     script = Path(__file__).resolve().parents[1] / "deploy" / "dev" / "schemathesis_venv.py"
-    spec = importlib.util.spec_from_file_location("taugrid_schemathesis_venv", script)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Path(module.ensure_schemathesis())
+    return Path(load_script(script, "taugrid_schemathesis_venv").ensure_schemathesis())
 
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]

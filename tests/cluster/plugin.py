@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -36,6 +35,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
+
+from tests.scripts import load_script
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -52,15 +53,7 @@ T = TypeVar("T")
 
 def load_controlplane() -> ModuleType:
     """Import deploy/cluster/controlplane.py by path (deploy/ is not a Python package)."""
-    spec = importlib.util.spec_from_file_location("taugrid_controlplane", CONTROLPLANE)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {CONTROLPLANE}")
-    module = sys.modules.get(spec.name)
-    if module is None:
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return module
+    return load_script(CONTROLPLANE, "taugrid_controlplane")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -28,11 +28,9 @@ installed or started, the test fails with the reason (no skip).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -59,6 +57,7 @@ from tests.runs.test_kube_backend import (  # noqa: F401 (fixtures)
     make_place,
     uid,
 )
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_HEAD_SCRIPT = REPO / "deploy" / "dev" / "ray_head.py"
@@ -79,15 +78,7 @@ def ray_spec(name: str, entrypoint: str) -> bytes:
 
 def load_ray_head() -> ModuleType:
     """deploy/dev/ray_head.py by path (deploy/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("taugrid_ray_head", RAY_HEAD_SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = sys.modules.get(spec.name)
-    if module is None:
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return module
+    return load_script(RAY_HEAD_SCRIPT, "taugrid_ray_head")
 
 
 @pytest.fixture(scope="session")

@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import importlib.util
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from telemetry.dcgm import DcgmTelemetry, MetricNames
 from telemetry.prometheus import InstantSample, PrometheusClient, TelemetryError
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 REPLAY_SCRIPT = REPO / "deploy" / "dev" / "dcgm_replay.py"
@@ -80,15 +79,7 @@ scrape_configs:
 
 def load_replay() -> ModuleType:
     """Import deploy/dev/dcgm_replay.py by path (deploy/ is not a Python package)."""
-    spec = importlib.util.spec_from_file_location("taugrid_dcgm_replay", REPLAY_SCRIPT)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {REPLAY_SCRIPT}")
-    module = sys.modules.get(spec.name)
-    if module is None:
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return module
+    return load_script(REPLAY_SCRIPT, "taugrid_dcgm_replay")
 
 
 def free_port() -> int:

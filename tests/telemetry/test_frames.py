@@ -18,6 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.scripts import load_script
 from tests.telemetry.plugin import free_port, load_replay
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,18 +27,6 @@ GENERATOR = DATA / "generate_frames.py"
 REPLAY = REPO / "deploy" / "dev" / "dcgm_replay.py"
 RECORDER = REPO / "deploy" / "dev" / "record_dcgm.py"
 DEMO_CONFIG = REPO / "deploy" / "dev" / "prometheus-demo.yml"
-
-
-def load_script(path: Path, name: str) -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_committed_frames_are_exactly_what_the_seeded_generator_writes(tmp_path: Path) -> None:
