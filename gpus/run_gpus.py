@@ -10,7 +10,6 @@ per step, its peak per step, framebuffer used at its highest per step — give t
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -21,6 +20,7 @@ from django.utils import timezone
 
 from gpus import efficiency, selectors, telemetry
 from gpus.workspace_gpus import gpus_of, workload_prefixes
+from portal import live
 from runs.models import Backend, Run, RunAttempt
 from telemetry.prometheus import fit_step
 from telemetry.samples import GpuSample
@@ -99,16 +99,12 @@ def step_for(start: datetime, end: datetime) -> float:
     return max(min(fit_step(start, end, minimum=MIN_STEP_SECONDS), finest), span / MAX_POINTS)
 
 
-def _tag(*parts: object) -> str:
-    return hashlib.sha256("|".join(str(part) for part in parts).encode()).hexdigest()[:32]
-
-
 def report(run: Run, *, now: datetime | None = None) -> RunGpus:
     requested = gpus_of(run.spec)
     result = RunGpus(requested=requested)
     if requested == 0:
         result.notice = "This run asks for no GPUs."
-        result.etag = _tag("none")
+        result.etag = live.etag("none")
         return result
     if run.backend != Backend.KUBERNETES:
         result.notice = (
@@ -116,7 +112,7 @@ def report(run: Run, *, now: datetime | None = None) -> RunGpus:
             "on this machine's local executor has none. The machine's GPUs are on the GPU "
             "fleet page."
         )
-        result.etag = _tag("local")
+        result.etag = live.etag("local")
         return result
     attempts = list(
         RunAttempt.objects.for_workspace(run.workspace_id)
@@ -127,11 +123,11 @@ def report(run: Run, *, now: datetime | None = None) -> RunGpus:
     started = [attempt.started_at for attempt in attempts if attempt.started_at is not None]
     if not started:
         result.notice = "Its GPUs show here once the run has started."
-        result.etag = _tag("waiting", run.state)
+        result.etag = live.etag("waiting", run.state)
         return result
     if not telemetry.configured():
         result.notice = telemetry.NOT_CONFIGURED
-        result.etag = _tag("unconfigured")
+        result.etag = live.etag("unconfigured")
         return result
     moment = now or timezone.now()
     start = min(started)
@@ -177,5 +173,7 @@ def report(run: Run, *, now: datetime | None = None) -> RunGpus:
         result.notice = current.notice
         result.gpus = current.value or []
         result.nodes = sorted(set(result.nodes) | {sample.host for sample in result.gpus})
-    result.etag = _tag(start, end, step, result.notice, len(result.gpus), len(result.utilization))
+    result.etag = live.etag(
+        start, end, step, result.notice, len(result.gpus), len(result.utilization)
+    )
     return result

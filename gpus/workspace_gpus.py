@@ -8,7 +8,6 @@ to its runs by their pods' names. Nothing about the nodes, or who else runs on t
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from gpus import telemetry
+from portal import live
 from runs.models import RUNNING_STATES, Run, RunAttempt
 from runs.usage import UsageLine, usage_lines
 from tau.k8s_names import GPU_RESOURCE
@@ -118,7 +118,7 @@ def now(workspace: Workspace) -> WorkspaceNow:
         held=held,
         quota=quota,
         notice=notice,
-        etag=hashlib.sha256(tag.encode()).hexdigest()[:32],
+        etag=live.etag(tag),
         telemetry_configured=telemetry.configured(),
     )
 
