@@ -637,6 +637,9 @@ TAU_GPU_SYNC_SECONDS = env_int("TAU_GPU_SYNC_SECONDS", 15, minimum=1)
 CELERY_BEAT_SCHEDULE["sync-gpu-fleet"] = {
     "task": "gpus.tasks.sync_fleet",
     "schedule": float(TAU_GPU_SYNC_SECONDS),
+# How long the watcher waits after a GPU pod exits non-zero before calling it the program's
+# failure, for an XID condition node-problem-detector reports late (runs/kube_status.py).
+TAU_XID_SETTLE_SECONDS = env_int("TAU_XID_SETTLE_SECONDS", 30, minimum=0)
 }
 # Prometheus scraping dcgm-exporter: per-GPU telemetry, the run pages' GPU efficiency.
 TAU_PROMETHEUS_URL = (env_str("TAU_PROMETHEUS_URL", "") or "").rstrip("/")

@@ -79,6 +79,13 @@ machine were to blame. The pod's times (kubelet) and the condition's (node-probl
 come from the same node's clock, so the slack is for lag, not skew: see
 :data:`XID_WINDOW_SLACK`.
 
+The condition can also come *after* the program died of the fault (a DCGM health-check plugin
+runs every 30 s), so a GPU pod's non-zero exit that no XID explains yet is not read as the
+program's failure at once: the observation carries ``settles_at`` (the pod's end plus
+:data:`XID_SETTLE`, ``TAU_XID_SETTLE_SECONDS``) and the watcher applies it only then, or
+sooner with the node_failure reading if a Node condition arrives meanwhile. Failures of
+pods without GPUs, out-of-memory kills and image problems are read at once.
+
 Kueue's waiting message
 =======================
 
@@ -99,7 +106,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
@@ -162,6 +169,11 @@ NODE_FAILURE_EVENTS: Final = frozenset({"NodeNotReady", "NodeShutdown"})
 #: the slowest common reporter twice over, and is still short beside a training run, so a
 #: condition that came and went minutes before the pod started is not blamed for its end.
 XID_WINDOW_SLACK: Final = timedelta(seconds=60)
+#: How long a GPU pod's non-zero exit is held before it is read as the program's failure,
+#: when no XID explains it yet (module docstring, "XID errors"): node-problem-detector's
+#: condition may come after the program has already died of the fault (a DCGM health-check
+#: plugin runs every 30 s by default). A condition that arrives meanwhile makes it the node's.
+XID_SETTLE: Final = timedelta(seconds=30)
 
 #: Kueue ``Evicted`` reasons → (state, failure class, what happened).
 EVICTIONS: Final[Mapping[str, tuple[RunState, FailureClass, str]]] = {
@@ -262,6 +274,9 @@ class Observation:
     object_active: bool = False
     #: The Job or RayJob is gone or being deleted (a cancel's deletion, or someone else's).
     deleted: bool = False
+    #: A GPU program's failure that an XID reported late may still explain (:data:`XID_SETTLE`):
+    #: not to be applied before this time; looked at again then, or when a Node changes.
+    settles_at: datetime | None = None
 
     @property
     def ended(self) -> bool:
@@ -332,6 +347,7 @@ def observe(
     now: datetime,
     image_pull_patience: timedelta = IMAGE_PULL_PATIENCE,
     scheduling_patience: timedelta = SCHEDULING_PATIENCE,
+    xid_settle: timedelta = XID_SETTLE,
 ) -> Observation:
     """What the attempt's objects mean for the run (see the module docstring's table)."""
     job = objects.workload_object
@@ -356,7 +372,7 @@ def observe(
 
     finished = _finished(job, objects, now=now, placement=placement)
     if finished is not None:
-        return finished
+        return _held_for_a_late_xid(finished, objects.pods, now=now, settle=xid_settle)
 
     admitted = bool(workload is not None and _true(workload, "Admitted"))
     evicted = _true(workload, "Evicted")
@@ -692,6 +708,40 @@ def _pod_failure(
     if exited[0] is not None:
         return FailureClass.USER_ERROR, exited[0], exited[1]
     return None
+
+
+def _held_for_a_late_xid(
+    observation: Observation, pods: Sequence[Body], *, now: datetime, settle: timedelta
+) -> Observation:
+    """``observation`` with :attr:`Observation.settles_at` set while a GPU program's non-zero
+    exit, read as its own failure, is younger than ``settle``: its node's XID condition may
+    still be on its way (module docstring, "XID errors")."""
+    if (
+        observation.failure_class != FailureClass.USER_ERROR
+        or observation.exit_code is None
+        or not settle
+    ):
+        return observation
+    ended = [
+        _pod_window(pod, now=now)[1]
+        for pod in pods
+        if (pod.get("spec") or {}).get("nodeName") and _requests_gpus(pod)
+    ]
+    if not ended or max(ended) + settle <= now:
+        return observation
+    return replace(observation, settles_at=max(ended) + settle)
+
+
+def _requests_gpus(pod: Body) -> bool:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for amounts in (resources.get("limits") or {}, resources.get("requests") or {}):
+            if any(
+                _is_gpu(str(name)) and str(value) not in {"", "0"}
+                for name, value in amounts.items()
+            ):
+                return True
+    return False
 
 
 def _node_failure_events(pods: Sequence[Body], events: Sequence[Body]) -> tuple[str, str] | None:

@@ -1056,7 +1056,16 @@ class KubeWatcher:
             return None
         created = self._created(key)
         objects = self.cache.objects_for(key, namespace=namespace, created=created)
-        observation = observe(objects, now=timezone.now())
+        now = timezone.now()
+        observation = observe(
+            objects, now=now, xid_settle=timedelta(seconds=settings.TAU_XID_SETTLE_SECONDS)
+        )
+        if observation.settles_at is not None:
+            # A GPU program's failure its node's XID condition may still explain: read it
+            # again when the hold is over (or sooner, if the Node changes meanwhile).
+            wait = (observation.settles_at - now).total_seconds()
+            self.retry_at[key] = time.monotonic() + max(0.0, wait)
+            return None
         if self.applied.get(key) == observation:
             self._recheck_if_waiting_for_a_node(key, observation)
             return None  # nothing new since the last time

@@ -20,7 +20,7 @@ import copy
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import pytest
 
 from runs.kube_status import (
     IMAGE_HINT,
+    XID_SETTLE,
     AttemptObjects,
     Observation,
     amount_words,
@@ -741,3 +742,36 @@ def test_amounts_in_words(resource: str, amount: str, words: str) -> None:
     from tau.quantity import parse_quantity
 
     assert amount_words(resource, parse_quantity(amount)) == words
+
+
+def test_a_gpu_programs_failure_waits_for_a_late_xid() -> None:
+    """A GPU pod's non-zero exit with no XID in its window yet carries ``settles_at`` (its end
+    plus the hold) while the hold lasts: node-problem-detector may still report the XID that
+    killed it. The reading itself is already the program's; the watcher applies it only then."""
+    data = captured("failed_exit_code")  # the 1-GPU pod on gpu-h100-1 exited 3 at 02:33:50
+    ended = datetime(2026, 12, 1, 2, 33, 50, tzinfo=UTC)
+    for seconds_after, settles_at in (
+        (5, ended + XID_SETTLE),
+        (29, ended + XID_SETTLE),
+        (31, None),
+    ):
+        seen = observe(objects_of(data), now=ended + timedelta(seconds=seconds_after))
+        assert (seen.failure_class, seen.exit_code) == (FailureClass.USER_ERROR, 3)
+        assert seen.settles_at == settles_at, seconds_after
+    early = ended + timedelta(seconds=5)
+    assert observe(objects_of(data), now=early, xid_settle=timedelta(0)).settles_at is None
+
+    # The late XID arrives within the hold: a node failure, read at once.
+    late = copy.deepcopy(data)
+    xid_condition(XID_79, at="2026-12-01T02:34:10Z")(late)
+    seen = observe(objects_of(late), now=ended + timedelta(seconds=21))
+    assert (seen.failure_class, seen.settles_at) == (FailureClass.NODE_FAILURE, None)
+    assert "reported XID 79: GPU has fallen off the bus" in seen.reason
+
+    # Without GPUs, or killed for memory: nothing for an XID to explain, read at once.
+    cpu_only = copy.deepcopy(data)
+    for place in ("limits", "requests"):
+        del cpu_only["pods"][0]["spec"]["containers"][0]["resources"][place]["nvidia.com/gpu"]
+    assert observe(objects_of(cpu_only), now=early).settles_at is None
+    oom = captured("failed_oom")
+    assert observe(objects_of(oom), now=when(oom)).settles_at is None

@@ -1068,6 +1068,75 @@ def test_a_gpu_run_that_fails_under_an_xid_error_is_a_node_failure_and_retried(
     assert program.failure_message.endswith("exited with code 1.")
 
 
+def pod_of(kube: Kube, run: Run) -> dict[str, Any]:
+    (pod,) = kube.list(
+        "v1", "Pod", run.workspace.namespace, label_selector=f"{labels.RUN_ID}={run.pk}"
+    )
+    return pod
+
+
+def pod_exited(kube: Kube, run: Run) -> Callable[[], bool]:
+    def exited() -> bool:
+        pods = kube.list(
+            "v1", "Pod", run.workspace.namespace, label_selector=f"{labels.RUN_ID}={run.pk}"
+        )
+        statuses = [
+            s for pod in pods for s in (pod.get("status") or {}).get("containerStatuses") or []
+        ]
+        return any("terminated" in (status.get("state") or {}) for status in statuses)
+
+    return exited
+
+
+@cluster
+def test_an_xid_reported_after_the_gpu_program_died_still_makes_it_a_node_failure(
+    world: Any,
+    kube: Kube,
+    kube_cluster: KubeCluster,
+    place: Callable[..., str],
+    watcher: KubeWatcher,
+) -> None:
+    """The program dies of the fault first (exit 1 after 2 s) and node-problem-detector's
+    condition comes a few seconds later, as a DCGM health-check plugin reports. The watcher
+    holds the GPU pod's failure (TAU_XID_SETTLE_SECONDS) instead of calling it the program's
+    at once, and the Node change makes it a node_failure, retried."""
+    place(gpus=1)
+    run = kube_run(world)
+    job = labelled_job(run, gpus=1, annotations={TEST_EXIT_CODE: "1", TEST_DURATION: "2s"})
+    job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gpu-h100-1"}
+    kube.create(job)
+    follow(watcher, f"{run.name}'s pod to exit", pod_exited(kube, run), 60, story(run))
+    pod_name = pod_of(kube, run)["metadata"]["name"]
+    # The Job fails with its pod; the watcher sees it and holds the reading.
+    follow(
+        watcher,
+        f"{run.name}'s Job to fail",
+        lambda: any(
+            c.get("type") == "Failed" and c.get("status") == "True"
+            for c in (
+                kube.get("batch/v1", "Job", job["metadata"]["name"], run.workspace.namespace) or {}
+            )
+            .get("status", {})
+            .get("conditions", [])
+        ),
+        60,
+        story(run),
+    )
+    held_until = time.monotonic() + 3
+    follow(watcher, "three seconds of the hold", lambda: time.monotonic() > held_until, 10)
+    assert attempt_of(run).state == RunAttempt.State.RUNNING, story(run)()
+
+    kernel_log = "NVRM: Xid (PCI:0000:3b:00): 48, pid=2137, name=python, DBE (double bit error)."
+    with xid_condition_on(kube_cluster, "gpu-h100-1", kernel_log):
+        follow(watcher, f"{run.name}'s attempt 1 to fail", attempt_failed(run), 20, story(run))
+    failed = attempt_of(run)
+    assert (failed.failure_class, failed.exit_code) == (FailureClass.NODE_FAILURE, 1)
+    assert failed.failure_message.startswith(
+        f"The GPU node gpu-h100-1 under pod {pod_name} reported XID 48: double-bit ECC error"
+    ), failed.failure_message
+    assert fresh(run).retry_reason == "node_failure"
+
+
 @cluster
 def test_a_higher_priority_run_preempts_a_running_one(
     world: Any,
