@@ -371,7 +371,11 @@ if PRODUCTION:
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     # /healthz and /readyz are probed over plain HTTP by the orchestrator, and /metrics is
     # scraped so inside the cluster (a redirect would not protect its token: it is sent first).
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    # The API likewise: run pods report to the portal's Service over plain HTTP inside the
+    # cluster (TAU_API_URL), and every API credential is a bearer token sent with the first
+    # request, which a redirect comes too late to protect. Browsers' session cookies are
+    # Secure (never sent over HTTP), and HSTS keeps browsers on HTTPS.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$", r"^api/"]
 
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
@@ -397,7 +401,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "staticfiles"
+# The image collects them at build time outside VAR_DIR (deploy/Containerfile).
+STATIC_ROOT = Path(env_str("TAU_STATIC_ROOT", "") or VAR_DIR / "staticfiles").resolve()
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
@@ -632,14 +637,14 @@ TAU_GPU_HEALTH_CONDITIONS = env_list(
 )
 # Cordon a node as soon as one of its GPU conditions turns True (audited, with the reason).
 TAU_GPU_AUTO_CORDON = env_bool("TAU_GPU_AUTO_CORDON", False)
+# How long the watcher waits after a GPU pod exits non-zero before calling it the program's
+# failure, for an XID condition node-problem-detector reports late (runs/kube_status.py).
+TAU_XID_SETTLE_SECONDS = env_int("TAU_XID_SETTLE_SECONDS", 30, minimum=0)
 # How often the fleet is read from Kubernetes (or NVML) into the database.
 TAU_GPU_SYNC_SECONDS = env_int("TAU_GPU_SYNC_SECONDS", 15, minimum=1)
 CELERY_BEAT_SCHEDULE["sync-gpu-fleet"] = {
     "task": "gpus.tasks.sync_fleet",
     "schedule": float(TAU_GPU_SYNC_SECONDS),
-# How long the watcher waits after a GPU pod exits non-zero before calling it the program's
-# failure, for an XID condition node-problem-detector reports late (runs/kube_status.py).
-TAU_XID_SETTLE_SECONDS = env_int("TAU_XID_SETTLE_SECONDS", 30, minimum=0)
 }
 # Prometheus scraping dcgm-exporter: per-GPU telemetry, the run pages' GPU efficiency.
 TAU_PROMETHEUS_URL = (env_str("TAU_PROMETHEUS_URL", "") or "").rstrip("/")

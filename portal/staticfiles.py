@@ -23,7 +23,14 @@ PACKAGED_ASSETS = {
     # Swagger UI for /api/v1/docs/ (web/api_docs.py), from drf-spectacular-sidecar.
     **{
         f"vendor/swagger-ui/{name}": ("drf_spectacular_sidecar", f"{_SWAGGER_UI}/{name}")
-        for name in ("swagger-ui.css", "swagger-ui-bundle.js", "swagger-ui-standalone-preset.js")
+        for name in (
+            "swagger-ui.css",
+            # The CSS names its source map: production's manifest storage (collectstatic)
+            # refuses a reference to a file it cannot find.
+            "swagger-ui.css.map",
+            "swagger-ui-bundle.js",
+            "swagger-ui-standalone-preset.js",
+        )
     },
 }
 

@@ -580,6 +580,19 @@ class ClusterCache:
     def keys(self) -> set[AttemptKey]:
         return set(self.members)
 
+    def describe(self, key: AttemptKey) -> str:
+        """The attempt's objects for a person: its Job or RayJob, else its pods, by
+        ``kind namespace/name``."""
+        found = [
+            self.objects[kind][uid] | {"kind": kind}
+            for kind, uid in sorted(self.members.get(key, set()))
+            if uid in self.objects[kind]
+        ]
+        main = [o for o in found if o["kind"] in WORKLOAD_OBJECT_KINDS and not _owned_by_rayjob(o)]
+        shown = main or found
+        names = [f"{o['kind']} {_meta(o).get('namespace')}/{_meta(o).get('name')}" for o in shown]
+        return ", ".join(names) or f"the objects of run {key.run_id} attempt {key.attempt}"
+
     def objects_for(self, key: AttemptKey, *, namespace: str, created: bool) -> AttemptObjects:
         """The attempt's objects in ``namespace`` (objects elsewhere are not believed)."""
         found: dict[str, list[Body]] = {}
@@ -884,6 +897,10 @@ class KubeWatcher:
         self.namespaces: dict[int, str | None] = {}
         self.swept_at: float | None = None
         self.started_at = 0.0
+        #: Attempts whose objects carry TauGrid's labels but that the database does not know
+        #: (a run deleted, or a database restored from a backup older than the cluster), each
+        #: with the objects named; found at each sweep (:meth:`report_unknown`).
+        self.unknown: dict[AttemptKey, str] = {}
 
     @property
     def running(self) -> bool:
@@ -1012,6 +1029,45 @@ class KubeWatcher:
         self.dirty |= self.cache.keys()
         self.applied.clear()
         self.namespaces.clear()
+        self.report_unknown()
+
+    def report_unknown(self) -> None:
+        """Log, once each, the attempts that have objects in the cluster (labelled by TauGrid)
+        but no run or attempt in the database: after a database restore, the objects of runs
+        submitted since the backup. TauGrid leaves them alone (it cannot know whose they
+        are); the warning names them so that a person can look and delete them. Runs the
+        database knows whose objects are gone are the other half: their attempts fail as
+        ``infrastructure`` ("deleted outside TauGrid …") when reconciled."""
+        keys = self.cache.keys()
+        attempts = dict(
+            Run.objects.unscoped()
+            .filter(pk__in={key.run_id for key in keys}, backend=Backend.KUBERNETES)
+            .values_list("pk", "attempt_count")
+        )
+        unknown = {
+            key
+            for key in keys
+            if key.run_id not in attempts or key.attempt > (attempts[key.run_id] or 0)
+        }
+        for key in sorted(unknown - set(self.unknown)):
+            named = self.cache.describe(key)
+            self.unknown[key] = named
+            what = (
+                "no run"
+                if key.run_id not in attempts
+                else f"a run with {attempts[key.run_id]} attempt(s) only"
+            )
+            logger.warning(
+                "%s carries TauGrid's labels for run %s attempt %s, but the database has %s "
+                "(was it restored from an older backup?). TauGrid leaves it alone: check "
+                "whose it is, and delete it if nothing needs it.",
+                named,
+                key.run_id,
+                key.attempt,
+                what,
+            )
+        for key in set(self.unknown) - unknown:
+            del self.unknown[key]
 
     # -- one attempt --
 
@@ -1411,7 +1467,9 @@ def serve(
                 watcher.step(timeout=0.5)
                 # How far behind it is, for /metrics (runs.watcher_heartbeat).
                 backlog = watcher.messages.qsize() + len(watcher.dirty)
-                heartbeat.beat(listed=watcher.cache.ready(), backlog=backlog)
+                heartbeat.beat(
+                    listed=watcher.cache.ready(), backlog=backlog, unknown=len(watcher.unknown)
+                )
             except DatabaseError:
                 logger.warning("database error; trying again", exc_info=True)
                 close_old_connections()

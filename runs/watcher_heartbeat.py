@@ -32,12 +32,15 @@ WRITE_EVERY_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """One heartbeat: when (Unix time), which replica, and how many changes it had read from
-    the cluster and not yet taken in (``backlog``) when it wrote it."""
+    """One heartbeat: when (Unix time), which replica, how many changes it had read from
+    the cluster and not yet taken in (``backlog``) when it wrote it, and how many attempts'
+    objects it found in the cluster that the database does not know (``unknown``: after a
+    database restore; ``runs.kube_watcher.KubeWatcher.report_unknown``)."""
 
     at: float
     identity: str
     backlog: int
+    unknown: int = 0
 
 
 class HeartbeatWriter:
@@ -58,7 +61,7 @@ class HeartbeatWriter:
         self._written_at: float | None = None
         self._failing = False
 
-    def beat(self, *, listed: bool, backlog: int) -> bool:
+    def beat(self, *, listed: bool, backlog: int, unknown: int = 0) -> bool:
         """Write the heartbeat if the watcher has every kind listed (``listed``) and the last
         one is old enough. True if it was written. The cache being down is logged once per
         outage and never stops the watcher."""
@@ -67,7 +70,12 @@ class HeartbeatWriter:
         now = self.monotonic()
         if self._written_at is not None and now - self._written_at < self.every:
             return False
-        value = {"at": self.clock(), "identity": self.identity, "backlog": int(backlog)}
+        value = {
+            "at": self.clock(),
+            "identity": self.identity,
+            "backlog": int(backlog),
+            "unknown": int(unknown),
+        }
         try:
             cache.set(HEARTBEAT_KEY, value, timeout=None)
         except Exception as error:  # a heartbeat is not worth stopping the watcher for
@@ -97,7 +105,10 @@ def last_heartbeat() -> Heartbeat | None:
         return None
     try:
         return Heartbeat(
-            at=float(value["at"]), identity=str(value["identity"]), backlog=int(value["backlog"])
+            at=float(value["at"]),
+            identity=str(value["identity"]),
+            backlog=int(value["backlog"]),
+            unknown=int(value.get("unknown", 0)),
         )
     except (KeyError, TypeError, ValueError):
         logger.warning("the watcher's heartbeat in the cache is malformed: %r", value)

@@ -434,6 +434,13 @@ class PortalCollector(Collector):
                 "last heartbeat.",
                 value=heartbeat.backlog if heartbeat else 0,
             ),
+            GaugeMetricFamily(
+                "taugrid_kube_unknown_attempts",
+                "Attempts whose objects carry TauGrid's labels in the cluster but which the "
+                "database does not know (after a database restore), at the watcher's last "
+                "heartbeat; the watcher's log names them.",
+                value=heartbeat.unknown if heartbeat else 0,
+            ),
         ]
 
 

@@ -345,8 +345,16 @@ def render_cluster_role() -> str:
         "  labels:",
         *(f"    {key}: {value}" for key, value in role["metadata"]["labels"].items()),
         "rules:",
+        render_rules().rstrip("\n"),
     ]
-    for permission, rule in zip(REQUIRED, role["rules"], strict=True):
+    return "\n".join(lines) + "\n"
+
+
+def render_rules() -> str:
+    """The ClusterRole's ``rules:`` list, each rule after its reason as a comment: the body of
+    deploy/rbac/clusterrole.yaml and of the Helm chart's ``files/clusterrole-rules.yaml``."""
+    lines: list[str] = []
+    for permission, rule in zip(REQUIRED, cluster_role()["rules"], strict=True):
         reason = f"{permission.label}: {permission.why}"
         lines.extend(f"# {line}" for line in textwrap.wrap(reason, COMMENT_WIDTH))
         entry = [
@@ -360,5 +368,16 @@ def render_cluster_role() -> str:
     return "\n".join(lines) + "\n"
 
 
+HELM_RULES_HEADER = (
+    "# The rules of the chart's ClusterRole (templates/clusterrole.yaml), the same as\n"
+    "# deploy/rbac/clusterrole.yaml. Generated from workspaces/cluster_access.py; do not edit:\n"
+    "#   .venv/bin/python -m workspaces.cluster_access --helm-rules \\\n"
+    "#     > deploy/helm/taugrid/files/clusterrole-rules.yaml\n"
+)
+
+
 if __name__ == "__main__":
-    sys.stdout.write(render_cluster_role())
+    if sys.argv[1:] == ["--helm-rules"]:
+        sys.stdout.write(HELM_RULES_HEADER + render_rules())
+    else:
+        sys.stdout.write(render_cluster_role())

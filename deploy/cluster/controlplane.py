@@ -164,6 +164,7 @@ def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
         "KUEUE_VERSION",
         "KUBERAY_VERSION",
         "KWOK_VERSION",
+        "HELM_VERSION",
     )
     for required in required_keys:
         if required not in versions:
@@ -255,6 +256,7 @@ class Component:
     binaries: tuple[str, ...]
     package: str  # `go install` path, or "" for the kube-apiserver wrapper module
     version_package: str = ""  # Go package whose GitVersion/GitCommit/BuildDate we set
+    ldflags: str = ""  # or the -X flags a project's own Makefile sets, "{version}" filled in
 
     def version(self, versions: Mapping[str, str]) -> str:
         return versions[self.version_key]
@@ -294,7 +296,29 @@ KUBERAY = Component(
 KUBE_SCHEDULER = Component("kube-scheduler", "KUBERNETES_VERSION", ("kube-scheduler",), "")
 # KWOK: the kubelet of fake nodes (node heartbeats, pod lifecycle from Stages, pods/log).
 KWOK = Component("kwok", "KWOK_VERSION", ("kwok",), "sigs.k8s.io/kwok/cmd/kwok")
-COMPONENTS = (KINE, KUBERNETES, KUBE_SCHEDULER, KUEUE, KUBERAY, KWOK)
+# Helm: not part of the control plane, but built and cached the same way, for the chart's
+# lint, template and dry-run tests (deploy/helm/taugrid).
+# The -X flags are those of Helm's Makefile: its version, and the Kubernetes version it
+# assumes without a cluster (1.37, from the k8s.io/client-go v0.37 it is built with;
+# without them `helm template` assumes 1.20).
+HELM = Component(
+    "helm",
+    "HELM_VERSION",
+    ("helm",),
+    "helm.sh/helm/v3/cmd/helm",
+    ldflags=" ".join(
+        (
+            "-X helm.sh/helm/v3/internal/version.version={version}",
+            "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+            *(
+                f"-X helm.sh/helm/v3/pkg/{pkg}.k8sVersion{part}={number}"
+                for pkg in ("lint/rules", "chartutil")
+                for part, number in (("Major", 1), ("Minor", 37))
+            ),
+        )
+    ),
+)
+COMPONENTS = (KINE, KUBERNETES, KUBE_SCHEDULER, KUEUE, KUBERAY, KWOK, HELM)
 
 
 def go_binary() -> str | None:
@@ -444,6 +468,8 @@ def _build_go_install(component: Component, versions: Mapping[str, str], staging
             "-ldflags",
             f"-X {pkg}.GitVersion={version} -X {pkg}.GitCommit= -X {pkg}.BuildDate={released}",
         ]
+    elif component.ldflags:
+        args += ["-ldflags", component.ldflags.format(version=version)]
     args.append(f"{component.package}@{version}")
     run_logged(
         args,

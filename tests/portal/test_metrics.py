@@ -345,10 +345,12 @@ def test_the_watchers_heartbeat_on_the_kubernetes_backend(no_heartbeat: None) ->
         assert value(never, "taugrid_kube_watcher_heartbeat_timestamp_seconds") == 0
         assert value(never, "taugrid_kube_watcher_backlog") == 0
         written = HeartbeatWriter("watcher-a", clock=lambda: 1_700_000_000.5)
-        assert written.beat(listed=True, backlog=7)
+        assert value(never, "taugrid_kube_unknown_attempts") == 0
+        assert written.beat(listed=True, backlog=7, unknown=2)
         samples = scrape()
     assert value(samples, "taugrid_kube_watcher_heartbeat_timestamp_seconds") == 1_700_000_000.5
     assert value(samples, "taugrid_kube_watcher_backlog") == 7
+    assert value(samples, "taugrid_kube_unknown_attempts") == 2
 
 
 def test_a_cache_that_does_not_answer_leaves_the_watcher_unknown_not_never(

@@ -236,3 +236,19 @@ def test_every_environment_variable_is_documented() -> None:
     undocumented = sorted(name for name in read if f"`{name}`" not in readme)
     assert len(read) > 10
     assert undocumented == []
+
+
+def test_production_redirects_pages_to_https_but_not_the_api_or_the_probes(
+    tmp_path: Path,
+) -> None:
+    """Run pods report over plain HTTP to the portal's Service (the Helm chart's TAU_API_URL),
+    and the orchestrator probes over HTTP: those paths are exempt, the pages are not."""
+    code = (
+        "import json, django; django.setup(); from django.conf import settings as s; "
+        "print(json.dumps([s.SECURE_SSL_REDIRECT, s.SECURE_REDIRECT_EXEMPT]))"
+    )
+    done = run_python(code, clean_env(tmp_path, **PRODUCTION_ENV))
+    assert done.returncode == 0, done.stderr
+    redirect, exempt = json.loads(done.stdout)
+    assert redirect is True
+    assert exempt == ["^healthz$", "^readyz$", "^metrics$", "^api/"]

@@ -133,6 +133,16 @@ def test_x_forwarded_proto_from_a_trusted_proxy_is_believed() -> None:
     assert plain.status_code == 301
 
 
+@pytest.mark.django_db
+@override_settings(**HTTPS_BEHIND_PROXY, SECURE_REDIRECT_EXEMPT=[r"^api/"])
+def test_the_api_over_plain_http_is_answered_not_redirected() -> None:
+    """Run pods call the portal's Service over plain HTTP inside the cluster: the API answers
+    them (its bearer token was sent with the request already); pages still redirect."""
+    inside = Client(REMOTE_ADDR="10.244.3.7")
+    assert inside.get("/api/v1/workspaces/").status_code == 401  # not 301: the API answered
+    assert inside.get(reverse("login")).status_code == 301
+
+
 def test_make_run_starts_gunicorn_trusting_no_forwarded_headers() -> None:
     web = Command()._commands("127.0.0.1", 8000)["web"]
     assert web[web.index("--forwarded-allow-ips") + 1] == ""

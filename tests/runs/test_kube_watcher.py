@@ -63,6 +63,7 @@ from runs.kube_watcher import (
     NODE,
     QUEUE_REFRESH_BATCH,
     QUEUE_SETTLE_SECONDS,
+    AttemptKey,
     Changed,
     ClusterCache,
     Informer,
@@ -381,6 +382,66 @@ def test_the_cache_finds_an_attempts_objects_by_labels_not_names() -> None:
     # Deleted: the attempt is dirty again, and the Job is gone from it.
     assert cache.change("Job", "DELETED", job) == {key}
     assert cache.objects_for(key, namespace=namespace, created=True).workload_object is None
+
+
+def relabelled(obj: dict[str, Any], run_id: int, attempt: int, suffix: str) -> dict[str, Any]:
+    """A captured object as another attempt's (labels, name and uid changed)."""
+    copied = copy.deepcopy(obj)
+    copied["metadata"]["labels"].update({labels.RUN_ID: str(run_id), labels.ATTEMPT: str(attempt)})
+    copied["metadata"]["name"] = f"{copied['metadata']['name']}-{suffix}"
+    copied["metadata"]["uid"] = f"{copied['metadata'].get('uid', 'uid')}-{suffix}"
+    return copied
+
+
+def test_objects_of_attempts_the_database_does_not_know_are_reported_once(
+    world: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a database restore the cluster holds jobs of runs (or attempts) submitted since
+    the backup: each sweep finds them, the log names them once, the count is kept for the
+    heartbeat (/metrics), and they leave the report when they leave the cluster. Known
+    attempts are not reported."""
+    data = json.loads((OBJECTS / "failed_exit_code.json").read_text())
+    run = kube_run(world)  # attempt 1 known
+    missing_run = run.pk + 10_000
+    objects = {
+        "known": (
+            relabelled(data["job"], run.pk, 1, "known"),
+            relabelled(data["pods"][0], run.pk, 1, "known"),
+        ),
+        "later": (
+            relabelled(data["job"], run.pk, 2, "later"),
+            relabelled(data["pods"][0], run.pk, 2, "later"),
+        ),
+        "gone": (
+            relabelled(data["job"], missing_run, 1, "gone"),
+            relabelled(data["pods"][0], missing_run, 1, "gone"),
+        ),
+    }
+    watcher = KubeWatcher(client=None, resync_seconds=300)  # type: ignore[arg-type]
+    watcher.cache.replace("Job", [job for job, _ in objects.values()])
+    watcher.cache.replace("Pod", [pod for _, pod in objects.values()])
+    namespace = data["job"]["metadata"]["namespace"]
+    with caplog.at_level("WARNING", logger="runs.kube_watcher"):
+        watcher.sweep()
+        watcher.sweep()  # again: nothing new to say
+    assert set(watcher.unknown) == {AttemptKey(run.pk, 2), AttemptKey(missing_run, 1)}
+    job = data["job"]["metadata"]["name"]
+    assert watcher.unknown[AttemptKey(run.pk, 2)] == f"Job {namespace}/{job}-later"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith(
+        f"Job {namespace}/{job}-later carries TauGrid's labels for run {run.pk} attempt 2, but "
+        "the database has a run with 1 attempt(s) only (was it restored from an older backup?)"
+    )
+    assert warnings[1].startswith(
+        f"Job {namespace}/{job}-gone carries TauGrid's labels for run {missing_run} attempt 1, "
+        "but the database has no run"
+    )
+    # Someone deleted the unknown run's objects: it leaves the report.
+    watcher.cache.change("Job", "DELETED", objects["gone"][0])
+    watcher.cache.change("Pod", "DELETED", objects["gone"][1])
+    watcher.sweep()
+    assert set(watcher.unknown) == {AttemptKey(run.pk, 2)}
 
 
 def gpu_node(name: str, version: str, *conditions: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,470 @@
+"""The Helm chart, without a cluster: ``helm lint`` and ``helm template`` (the helm that
+``make cluster-build`` builds from Go modules) for the default values and a production-like
+file (deploy/helm/taugrid/ci/production-values.yaml), the rendered output pinned by golden
+files, static policy checks on every object, values the schema refuses with a message, the
+ClusterRole and namespace guard the same as deploy/rbac's, and the settings the chart gives
+the portal accepted by ``manage.py check --deploy``.
+
+``UPDATE_GOLDEN=1 pytest tests/deploy/test_helm_chart.py`` rewrites tests/deploy/golden/
+after a deliberate change to the chart (never in CI); review the diff like code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets as secrets_module
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from tau.evidence.keys import keyring_document, public_key_bytes
+from tests.deploy.helm import (
+    CHART,
+    GOLDEN,
+    PRODUCTION_VALUES,
+    REPO,
+    Body,
+    Helm,
+    by_kind_and_name,
+    documents,
+    helm_binary,
+    pod_specs,
+)
+from workspaces.cluster_access import HELM_RULES_HEADER, render_rules
+
+VALUES = {"default": (), "production": (PRODUCTION_VALUES,)}
+WORKLOADS = {"web", "worker", "beat", "watcher"}
+
+
+@pytest.fixture(scope="module")
+def helm() -> Helm:
+    return Helm(helm_binary())
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: Helm) -> dict[str, list[Body]]:
+    return {name: helm.objects(*files) for name, files in VALUES.items()}
+
+
+def test_helm_is_the_pinned_version(helm: Helm) -> None:
+    versions = (REPO / "deploy" / "cluster" / "versions.env").read_text()
+    pinned = re.search(r"^HELM_VERSION=(\S+)$", versions, re.MULTILINE)
+    assert pinned is not None
+    assert f'Version:"{pinned.group(1)}"' in helm.run("version").stdout
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_the_chart_lints_clean(helm: Helm, values: str) -> None:
+    args = ["lint", str(CHART), "--strict"]
+    for path in VALUES[values]:
+        args += ["--values", str(path)]
+    done = helm.run(*args)
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+    assert "[WARNING]" not in done.stdout, done.stdout
+    assert "[ERROR]" not in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_the_rendered_chart_is_pinned_by_a_golden_file(helm: Helm, values: str) -> None:
+    text = helm.template(*VALUES[values]).stdout
+    path = GOLDEN / f"{values}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        if os.environ.get("CI"):
+            pytest.fail("UPDATE_GOLDEN is set in CI: golden files are only rewritten by hand")
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing: run with UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(), (
+        f"the chart renders differently from {path.relative_to(REPO)}: if the change is "
+        "meant, rerun with UPDATE_GOLDEN=1 and review the diff"
+    )
+
+
+def test_every_part_of_the_portal_is_there(rendered: dict[str, list[Body]]) -> None:
+    objects = by_kind_and_name(rendered["default"])
+    assert {name for kind, name in objects if kind == "Deployment"} == {
+        f"taugrid-{part}" for part in WORKLOADS
+    }
+    assert objects[("Deployment", "taugrid-web")]["spec"]["replicas"] >= 2
+    assert objects[("Deployment", "taugrid-beat")]["spec"]["replicas"] == 1
+    assert objects[("Deployment", "taugrid-beat")]["spec"]["strategy"] == {"type": "Recreate"}
+    assert objects[("PodDisruptionBudget", "taugrid-web")]["spec"]["minAvailable"] == 1
+    migrate = objects[("Job", "taugrid-migrate")]
+    assert migrate["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    container = migrate["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "manage.py", "migrate", "--noinput"]
+    for kind in ("Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        assert any(k == kind for k, _ in objects), kind
+    assert ("PersistentVolumeClaim", "taugrid-data") in objects
+    assert objects[("PersistentVolumeClaim", "taugrid-data")]["spec"]["accessModes"] == [
+        "ReadWriteMany"
+    ]
+    assert {name for kind, name in objects if kind == "NetworkPolicy"} == {
+        "taugrid-web",
+        "taugrid-no-ingress",
+        "taugrid-egress",
+    }
+    # Optional parts appear when asked for.
+    production = by_kind_and_name(rendered["production"])
+    assert ("Ingress", "taugrid") in production
+    assert production[("Ingress", "taugrid")]["spec"]["tls"] == [
+        {"secretName": "taugrid-tls", "hosts": ["taugrid.example.org"]}
+    ]
+    hpa = production[("HorizontalPodAutoscaler", "taugrid-web")]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 10)
+    assert "replicas" not in production[("Deployment", "taugrid-web")]["spec"]  # the HPA's
+
+
+def test_probes_ask_the_portal_as_its_service_host(rendered: dict[str, list[Body]]) -> None:
+    """Django answers only the allowed hosts: the probes send the Service's name, which the
+    chart always allows, as their Host header."""
+    web = by_kind_and_name(rendered["default"])[("Deployment", "taugrid-web")]
+    (container,) = web["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    host = "taugrid.taugrid.svc.cluster.local"
+    assert host in env["TAU_ALLOWED_HOSTS"].split(",")
+    assert env["TAU_API_URL"] == f"http://{host}:8000"
+    for probe, path in (
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ):
+        get = container[probe]["httpGet"]
+        assert (get["path"], get["port"], get["httpHeaders"]) == (
+            path,
+            "http",
+            [{"name": "Host", "value": host}],
+        )
+
+
+# -- static policy ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_no_container_runs_as_root_or_escalates_or_goes_unbounded(
+    rendered: dict[str, list[Body]], values: str
+) -> None:
+    specs = dict(pod_specs(rendered[values]))
+    assert len(specs) == 5  # four Deployments and the migrations Job
+    for where, spec in specs.items():
+        pod = spec.get("securityContext") or {}
+        assert pod.get("runAsNonRoot") is True, where
+        assert pod.get("runAsUser", 0) != 0, where
+        assert pod.get("seccompProfile") == {"type": "RuntimeDefault"}, where
+        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not spec.get(flag), (where, flag)
+        for volume in spec.get("volumes") or []:
+            assert "hostPath" not in volume, (where, volume["name"])
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            what = f"{where} container {container['name']}"
+            context = container.get("securityContext") or {}
+            assert context.get("runAsNonRoot") is True, what
+            assert context.get("runAsUser", 1) != 0, what
+            assert context.get("allowPrivilegeEscalation") is False, what
+            assert context.get("privileged") is not True, what
+            assert context.get("readOnlyRootFilesystem") is True, what
+            assert context.get("capabilities") == {"drop": ["ALL"]}, what
+            limits = (container.get("resources") or {}).get("limits") or {}
+            assert {"cpu", "memory"} <= set(limits), what
+            image = container["image"]
+            name = image.split("@")[0].rsplit("/", 1)[-1]
+            assert ":" in name, f"{what}: image {image} has no tag"
+            assert not name.endswith(":latest"), f"{what}: image {image} is latest"
+            # Secrets only by reference: no value of a secret-looking variable in the spec.
+            for item in container.get("env") or []:
+                secretish = re.search(
+                    r"SECRET|PEPPER|PASSWORD|TOKEN|DATABASE_URL|BROKER_URL", item["name"]
+                )
+                if secretish:
+                    assert item["name"].endswith("_FILE"), f"{what}: {item['name']} has a value"
+            # Writable paths only where mounted: /tmp and the shared volume.
+            writable = {
+                m["mountPath"] for m in container.get("volumeMounts") or [] if not m.get("readOnly")
+            }
+            assert writable <= {"/tmp", "/var/lib/taugrid"}, (what, writable)
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_the_chart_holds_no_secret_and_mounts_the_named_ones(
+    rendered: dict[str, list[Body]], values: str
+) -> None:
+    assert not [obj for obj in rendered[values] if obj["kind"] in {"Secret", "ConfigMap"}]
+    for where, spec in pod_specs(rendered[values]):
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "secrets"]
+        sources = {
+            (s["secret"]["name"], s["secret"]["items"][0]["key"]): s["secret"]["items"][0]["path"]
+            for s in volume["projected"]["sources"]
+        }
+        env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+        for (secret, key), path in sources.items():
+            assert env[f"{path}_FILE"] == f"/run/secrets/taugrid/{path}", (where, secret, key)
+        if values == "default":
+            assert set(sources) == {
+                ("taugrid", "secret-key"),
+                ("taugrid", "database-url"),
+                ("taugrid", "broker-url"),
+                ("taugrid", "token-peppers"),
+                ("taugrid", "evidence-signing-key"),
+            }
+        else:
+            assert ("taugrid-oidc", "client-secret") in sources
+            assert env["TAU_OIDC_ISSUER"] == "https://login.example.org/realms/research"
+
+
+def test_only_the_pods_that_talk_to_kubernetes_get_a_token(rendered: dict[str, list[Body]]) -> None:
+    objects = by_kind_and_name(rendered["default"])
+    assert objects[("ServiceAccount", "taugrid")]["automountServiceAccountToken"] is False
+    mounts = {
+        where: spec["automountServiceAccountToken"]
+        for where, spec in pod_specs(rendered["default"])
+    }
+    assert mounts == {
+        "Deployment/taugrid-web": True,
+        "Deployment/taugrid-worker": True,
+        "Deployment/taugrid-watcher": True,
+        "Deployment/taugrid-beat": False,
+        "Job/taugrid-migrate": False,
+    }
+
+
+def test_network_policies_admit_the_ingress_and_run_pods_and_limit_egress(
+    rendered: dict[str, list[Body]],
+) -> None:
+    objects = by_kind_and_name(rendered["production"])
+    web = objects[("NetworkPolicy", "taugrid-web")]["spec"]
+    (rule,) = web["ingress"]
+    sources = rule["from"]
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}
+    } in sources
+    assert {
+        "namespaceSelector": {
+            "matchExpressions": [{"key": "taugrid.io/workspace", "operator": "Exists"}]
+        }
+    } in sources
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    } in sources
+    closed = objects[("NetworkPolicy", "taugrid-no-ingress")]["spec"]
+    assert closed["policyTypes"] == ["Ingress"]
+    assert "ingress" not in closed
+    egress = objects[("NetworkPolicy", "taugrid-egress")]["spec"]["egress"]
+    ports = [sorted(p["port"] for p in rule["ports"]) for rule in egress]
+    assert ports[:5] == [[53, 53], [5432], [6379], [443], [443, 6443]]
+    assert egress[1]["to"] == [{"ipBlock": {"cidr": "10.10.4.0/24"}}]
+    assert egress[2]["to"] == [{"ipBlock": {"cidr": "10.10.5.0/24"}}]
+
+
+# -- the ClusterRole and the namespace guard are deploy/rbac's ----------------------------------
+
+
+def test_the_charts_cluster_role_is_the_one_cluster_check_verifies(
+    rendered: dict[str, list[Body]],
+) -> None:
+    chart_rules = (CHART / "files" / "clusterrole-rules.yaml").read_text()
+    assert chart_rules == HELM_RULES_HEADER + render_rules(), (
+        "deploy/helm/taugrid/files/clusterrole-rules.yaml is stale: "
+        ".venv/bin/python -m workspaces.cluster_access --helm-rules "
+        "> deploy/helm/taugrid/files/clusterrole-rules.yaml"
+    )
+    shipped = yaml.safe_load((REPO / "deploy" / "rbac" / "clusterrole.yaml").read_text())
+    objects = by_kind_and_name(rendered["default"])
+    role = objects[("ClusterRole", "taugrid-portal")]
+    assert role["rules"] == shipped["rules"]
+    for rule in role["rules"]:
+        for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+            assert "*" not in rule.get(key, []), rule
+    binding = objects[("ClusterRoleBinding", "taugrid-portal")]
+    assert binding["roleRef"]["name"] == "taugrid-portal"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "taugrid", "namespace": "taugrid"}
+    ]
+
+
+def test_the_charts_namespace_guard_is_deploy_rbacs_for_its_service_account(helm: Helm) -> None:
+    objects = by_kind_and_name(helm.objects(release="tg", namespace="research-platform"))
+    policy = objects[("ValidatingAdmissionPolicy", "tg-taugrid-namespaces")]
+    shipped, _ = yaml.safe_load_all((REPO / "deploy" / "rbac" / "namespace-guard.yaml").read_text())
+    expected = json.loads(
+        json.dumps(shipped["spec"]).replace(
+            "system:serviceaccount:taugrid:taugrid",
+            "system:serviceaccount:research-platform:tg-taugrid",
+        )
+    )
+    assert policy["spec"] == expected
+    binding = objects[("ValidatingAdmissionPolicyBinding", "tg-taugrid-namespaces")]
+    assert binding["spec"] == {"policyName": "tg-taugrid-namespaces", "validationActions": ["Deny"]}
+
+
+# -- values the schema refuses ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("image.tag=latest", "at '/image/tag'"),
+        ("web.replicass=3", "additional properties 'replicass' not allowed"),
+        ("web.replicas=zero", "at '/web/replicas'"),
+        ("portal.behindTlsProxy=true", "at '/portal/trustedProxies': minItems"),
+        ("portal.extraEnv.TAU_SECRET_KEY=hunter2", "TAU_SECRET_KEY"),
+        ("secrets.secretKey.name=", "at '/secrets/secretKey/name'"),
+        ("ingress.enabled=true", "at '/ingress/hosts': minItems"),
+        ("storage.accessModes[0]=ReadWriteSometimes", "at '/storage/accessModes/0'"),
+    ],
+)
+def test_a_wrong_value_fails_at_install_with_a_message(helm: Helm, setting: str, said: str) -> None:
+    done = helm.template(set_values=[setting], check=False)
+    assert done.returncode != 0, f"--set {setting} was accepted"
+    assert "values don't meet the specifications of the schema" in done.stderr
+    assert said in done.stderr, done.stderr
+
+
+# -- what the chart gives the portal is a valid production configuration ------------------------
+
+
+def test_the_charts_settings_pass_the_deploy_check(
+    rendered: dict[str, list[Body]], tmp_path: Path
+) -> None:
+    """Each workload's environment as the chart renders it (production values), with the
+    Secrets it names written as the files it mounts: settings load and ``manage.py check
+    --deploy`` finds nothing."""
+    secrets = {
+        "TAU_SECRET_KEY": secrets_module.token_urlsafe(50),
+        "DATABASE_URL": "postgres://taugrid:pw@db.internal:5432/taugrid",
+        "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
+        "TAU_TOKEN_PEPPERS": "1:a-pepper-for-the-deploy-check-only",
+        "TAU_EVIDENCE_SIGNING_KEY": "-----BEGIN PRIVATE KEY-----\n"
+        "MC4CAQAwBQYDK2VwBCIEIFSl0sUQ7Sa7YRpqm8Ql6wcL7t6mFqSkM8i1b1hcg3Hj\n"
+        "-----END PRIVATE KEY-----\n",
+        "TAU_OIDC_CLIENT_SECRET": "client-secret-for-the-check",
+        "TAU_METRICS_TOKEN": "metrics-token-for-the-check-0123456789",
+    }
+    for name, value in secrets.items():
+        (tmp_path / name).write_text(value)
+    earlier = public_key_bytes(Ed25519PrivateKey.generate())
+    (tmp_path / "evidence-keyring.json").write_text(
+        json.dumps(keyring_document([(earlier, False)]))
+    )
+    checked = 0
+    for where, spec in pod_specs(rendered["production"]):
+        env = {
+            item["name"]: item["value"]
+            .replace("/run/secrets/taugrid", str(tmp_path))
+            .replace("/etc/taugrid", str(tmp_path))
+            for item in spec["containers"][0]["env"]
+        }
+        env["TAU_VAR_DIR"] = str(tmp_path / "var")
+        env.update(PATH=os.environ["PATH"], DJANGO_SETTINGS_MODULE="portal.settings")
+        done = subprocess.run(
+            [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"{where}:\n{done.stdout}{done.stderr}"
+        assert "System check identified no issues" in done.stdout, done.stdout
+        checked += 1
+        # And the keyring the chart mounts reads as one.
+        read = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import django; django.setup(); "
+                "from evidence.keys import previous_public_keys as p; print(len(p()))",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert read.stdout.strip() == "1", read.stderr
+    assert checked == 5
+
+
+def test_the_workloads_commands_are_the_portals(rendered: dict[str, list[Body]]) -> None:
+    """gunicorn reads the web command as meant (no forwarded headers believed, the port the
+    Service targets); Celery's and Django's commands exist."""
+    from gunicorn.config import Config  # type: ignore[import-untyped]
+
+    objects = by_kind_and_name(rendered["default"])
+    command = objects[("Deployment", "taugrid-web")]["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
+    assert command[:2] == ["gunicorn", "portal.wsgi:application"]
+    config = Config()
+    parsed = config.parser().parse_args(command[2:])
+    for name, value in vars(parsed).items():
+        if value is not None and name in config.settings:
+            config.set(name, value)
+    assert config.forwarded_allow_ips == []
+    assert config.bind == ["0.0.0.0:8000"]
+    assert config.worker_tmp_dir == "/tmp"
+    commands = {
+        name: obj["spec"]["template"]["spec"]["containers"][0]["command"]
+        for (kind, name), obj in objects.items()
+        if kind == "Deployment" and name != "taugrid-web"
+    }
+    assert commands["taugrid-watcher"] == ["python", "manage.py", "run_kube_watcher"]
+    assert commands["taugrid-worker"][:3] == ["celery", "--app=portal", "worker"]
+    assert commands["taugrid-beat"][:3] == ["celery", "--app=portal", "beat"]
+    for argv in (commands["taugrid-worker"], commands["taugrid-beat"]):
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "celery"), *argv[1:3], "--help"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        for option in argv[3:]:
+            assert option.split("=")[0] in done.stdout, option
+
+
+def test_documents_parse_the_way_the_api_server_will(helm: Helm) -> None:
+    """No document that YAML reads one way and a person another: every rendered document
+    is one object with apiVersion, kind and a name."""
+    for doc in documents(helm.template(PRODUCTION_VALUES).stdout):
+        assert {"apiVersion", "kind", "metadata"} <= set(doc), doc
+        assert doc["metadata"].get("name"), doc
+
+
+def test_the_readme_leads_production_with_helm_install_the_secrets_and_the_guide(
+    rendered: dict[str, list[Body]],
+) -> None:
+    """The README's production section: ``helm install`` first, then the Secrets to create
+    (with the very keys the chart's defaults name), and the operations guide, which covers
+    every workload the chart renders."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Production: install on Kubernetes with Helm\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    blocks = re.findall(r"```(?:sh|yaml)\n(.*?)```", section, re.DOTALL)
+    assert blocks[0].startswith("helm install taugrid deploy/helm/taugrid --namespace taugrid")
+    assert "kubectl --namespace taugrid create secret generic taugrid" in blocks[1]
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["secrets"]
+    for ref in defaults.values():
+        if ref["name"] == "taugrid":
+            assert f"--from-literal={ref['key']}=" in blocks[1] or (
+                f"--from-file={ref['key']}=" in blocks[1]
+            ), ref
+    assert "[docs/operations.md](docs/operations.md)" in section
+    guide = (REPO / "docs" / "operations.md").read_text()
+    for obj in rendered["default"]:
+        if obj["kind"] in {"Deployment", "Job"}:
+            assert f"`{obj['metadata']['name']}`" in guide, obj["metadata"]["name"]
+    for heading in (
+        "## Install",
+        "## Upgrade",
+        "## Backup and restore",
+        "## Rotating secrets",
+        "## Scaling",
+        "## What to watch",
+    ):
+        assert heading in guide, heading
