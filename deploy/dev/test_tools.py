@@ -3,8 +3,9 @@
 browser tests, bubblewrap (the local executor's sandbox; its tests never skip), npm
 packages (the test OpenID provider, axe-core), and a pinned Ray in its own cached venv (the
 real Ray dashboard KubeRay's operator polls in tests/runs/test_kube_rayjob_ray.py;
-deploy/dev/ray_head.py), and a pinned schemathesis in its own cached venv (the outside client
-of tests/test_api_contract.py; deploy/dev/schemathesis_venv.py). Idempotent and quick when
+deploy/dev/ray_head.py), a pinned schemathesis in its own cached venv (the outside client
+of tests/test_api_contract.py; deploy/dev/schemathesis_venv.py), Prometheus, and buildah with
+debootstrap (the image build of tests/deploy/test_image.py). Idempotent and quick when
 everything is already there. Standard library only.
 """
 
@@ -69,6 +70,14 @@ def ensure_prometheus() -> None:
         apt_install(["prometheus"])
 
 
+def ensure_image_tools() -> None:
+    """buildah and debootstrap: tests/deploy/test_image.py builds deploy/Containerfile
+    (deploy/dev/oci_image.py)."""
+    missing = [tool for tool in ("buildah", "debootstrap") if shutil.which(tool) is None]
+    if missing:
+        apt_install(missing)
+
+
 def ensure_wrk() -> None:
     if shutil.which("wrk") is None:
         apt_install(["wrk"])
@@ -85,6 +94,7 @@ def main() -> int:
     ensure_ray()
     ensure_schemathesis()
     ensure_prometheus()
+    ensure_image_tools()
     return 0
 
 

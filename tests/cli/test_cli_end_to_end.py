@@ -65,6 +65,10 @@ class Tau:
 
 
 @pytest.fixture
+def _sigint_as_at_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def portal(tmp_path: Path, settings: Any) -> Iterator[Portal]:
     yield from portal_processes(tmp_path, settings.CELERY_BROKER_URL)
 
@@ -196,6 +200,10 @@ def test_tau_from_login_to_resume(world: Any, portal: Portal, tmp_path: Path) ->
                 stderr=subprocess.PIPE,
                 text=True,
                 env=tau.env,
+                # As at a terminal: a suite started in the background (`make test &`) runs
+                # with SIGINT ignored, which children inherit, and Python then installs no
+                # KeyboardInterrupt handler at all.
+                preexec_fn=_sigint_as_at_a_terminal,
             )
             time.sleep(2)
             watcher.send_signal(signal.SIGINT)

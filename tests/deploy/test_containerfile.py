@@ -1,7 +1,6 @@
-"""deploy/Containerfile, checked statically (no OCI build here: no builder can fetch the
-Python base image, since only package registries are reachable from this machine and CI), and
-its build-time ``collectstatic`` step run against the checkout with the very environment the
-Containerfile gives it.
+"""deploy/Containerfile, read as text (tests/deploy/test_image.py builds it and looks inside
+the image), and its build-time ``collectstatic`` step run against the checkout with the very
+environment the Containerfile gives it.
 
 What is checked: two stages, the final one without compilers or pip, as the unprivileged user
 10001, gunicorn by default (trusting no forwarded header); dependencies installed with the
@@ -106,19 +105,47 @@ def test_the_default_command_is_gunicorn_trusting_no_forwarded_header() -> None:
     assert argv[argv.index("--worker-tmp-dir") + 1] == "/tmp"
 
 
+def containerignore_lets_in() -> set[str]:
+    """What .containerignore lets back into the build context after ignoring everything."""
+    lines = [line.strip() for line in (REPO / ".containerignore").read_text().splitlines()]
+    rules = [line for line in lines if line and not line.startswith("#")]
+    assert rules[0] == "*", "the context starts from nothing"
+    return {rule[1:] for rule in rules if rule.startswith("!")}
+
+
 def test_dependencies_are_the_pinned_ones_and_every_package_is_copied() -> None:
     _, (build, _) = parse()
     installs = [run for run in build.all("RUN") if "pip install" in run]
     assert len(installs) == 1, installs
-    assert "--constraint requirements/constraints.txt '.[server]'" in installs[0]
-    copied = {shlex.split(copy)[-1] for copy in build.all("COPY")}
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
-    missing = packages - copied
-    assert not missing, f"deploy/Containerfile does not copy {sorted(missing)}"
-    for directory in ("templates", "static", "requirements/constraints.txt", "./"):
-        assert directory in copied, directory
-    assert all((REPO / path).exists() for path in copied - {"./", "."}), copied
+    assert "--constraint /opt/taugrid/build/constraints.txt" in installs[0]
+    assert "--requirement /opt/taugrid/build/requirements.txt" in installs[0]
+    # The dependencies come before the code, and from pyproject.toml's own lists.
+    copies = build.all("COPY")
+    assert copies[0].split()[:-1] == [
+        "pyproject.toml",
+        "requirements/constraints.txt",
+        "deploy/image/requirements.py",
+    ]
+    assert copies[1] == ". ./"
+    listed = subprocess.run(
+        [sys.executable, "deploy/image/requirements.py", "pyproject.toml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert listed == [*project["dependencies"], *project["optional-dependencies"]["server"]]
+    # Every package of the portal is let into the build context, with what it serves.
+    allowed = containerignore_lets_in()
+    found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {p.rstrip("*") for p in found["packages"]["find"]["include"]}
+    missing = packages - allowed
+    assert not missing, f".containerignore leaves {sorted(missing)} out of the image"
+    for needed in ("templates", "static", "manage.py", "requirements/constraints.txt"):
+        assert needed in allowed, needed
+    assert all((REPO / path).exists() for path in allowed), allowed
+    assert not {"tests", "benchmarks", "examples", ".venv", "var"} & allowed
 
 
 def test_collectstatic_as_the_build_runs_it_succeeds(tmp_path: Path) -> None:

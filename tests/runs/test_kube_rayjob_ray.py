@@ -46,7 +46,7 @@ from runs import render, workload_sdk
 from runs.kube_watcher import KubeWatcher
 from runs.models import FailureClass, Run, RunEvent, RunState
 from tau.spec import load_spec
-from tests.cluster.plugin import Kube, KubeCluster
+from tests.cluster.plugin import Kube, KubeCluster, wait_until
 from tests.runs.render_cases import target_for
 from tests.runs.test_kube_backend import (  # noqa: F401 (fixtures)
     RAY,
@@ -226,8 +226,18 @@ def test_rayjobs_end_through_the_real_operator_polling_a_real_ray_dashboard(
     assert any(c["type"] == "Complete" for c in submitter["status"]["conditions"])
 
     # The failure: the entry point exited 1 in Ray; KubeRay says AppFailed; the program's fault.
-    failed = kube.get(*RAY, names["fails"], namespace)
-    assert failed is not None
+    # KubeRay records the Ray job's FAILED (which ends the run) one reconcile before it moves
+    # the RayJob's own deployment status to Failed.
+    failed = wait_until(
+        "KubeRay to mark the failed RayJob Failed",
+        lambda: (
+            job
+            if (job := kube.get(*RAY, names["fails"], namespace))
+            and (job.get("status") or {}).get("jobDeploymentStatus") == "Failed"
+            else None
+        ),
+        timeout=60,
+    )
     status = failed["status"]
     assert (status["jobDeploymentStatus"], status["jobStatus"]) == ("Failed", "FAILED")
     assert status["reason"] == "AppFailed"
