@@ -92,7 +92,11 @@ REVIEW_WORKERS: Final = 8
 VISIBILITY_VERSION: Final = "v1beta2"
 #: A ClusterQueue name that no cluster has: Kueue's "not found" proves it answered.
 VISIBILITY_PROBE: Final = "taugrid-cluster-check-probe"
-RBAC_FIX: Final = "kubectl apply -f deploy/rbac/"
+#: Where the shipped permissions come from: the Helm chart's ClusterRole (the same rules), or
+#: deploy/rbac/ for an installation without the chart.
+RBAC_FIX: Final = (
+    "helm upgrade TauGrid's release (its ClusterRole), or kubectl apply -f deploy/rbac/"
+)
 
 INSTALL: Final[dict[str, str]] = {
     KUEUE: (

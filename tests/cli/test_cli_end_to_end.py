@@ -64,11 +64,11 @@ class Tau:
         return json.loads(done.stdout)
 
 
-@pytest.fixture
 def _sigint_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.fixture
 def portal(tmp_path: Path, settings: Any) -> Iterator[Portal]:
     yield from portal_processes(tmp_path, settings.CELERY_BROKER_URL)
 

@@ -54,7 +54,7 @@ from tests.cluster.kueue_objects import (
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
 from workspaces import cluster_check
 from workspaces.cluster_access import LEADER_LEASE, REQUIRED, REQUIRED_CRDS, access_checks
-from workspaces.cluster_check import Check, Flavor, Report, Result, run_checks
+from workspaces.cluster_check import RBAC_FIX, Check, Flavor, Report, Result, run_checks
 from workspaces.models import ResourceFlavor
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,7 +232,8 @@ def test_a_crd_the_identity_may_not_read_points_at_the_rbac() -> None:
     )
     failed = row(checks(fake), "Kueue CRD workloads.kueue.x-k8s.io")
     assert failed.detail.startswith("Forbidden: cannot get")
-    assert failed.fix.startswith("kubectl apply -f deploy/rbac/")
+    assert failed.fix.startswith(RBAC_FIX)
+    assert "kubectl apply -f deploy/rbac/" in failed.fix
 
 
 def test_the_visibility_api_unregistered_or_down_is_reported() -> None:
@@ -266,7 +267,8 @@ def test_each_permission_missing_a_verb_is_a_row_with_the_fix() -> None:
         "(needed for each workspace's ClusterQueue"
     )
     assert queues.fix == (
-        "kubectl apply -f deploy/rbac/ (the ClusterRole taugrid-portal grants it; bind it to "
+        "helm upgrade TauGrid's release (its ClusterRole), or kubectl apply -f deploy/rbac/ "
+        "(the ClusterRole taugrid-portal grants it; bind it to "
         "system:serviceaccount:taugrid:taugrid), or grant patch on "
         "clusterqueues.kueue.x-k8s.io to system:serviceaccount:taugrid:taugrid"
     )
@@ -393,7 +395,7 @@ def test_no_flavor_yet_is_a_warning() -> None:
 def test_nodes_the_identity_may_not_list_fail_both_node_checks() -> None:
     report = checks(FakeKube(nodes=adapter.Forbidden('cannot list resource "nodes"', status=403)))
     assert row(report, "flavors").result is Result.FAILED
-    assert row(report, "GPU nodes").fix == "kubectl apply -f deploy/rbac/"
+    assert row(report, "GPU nodes").fix == RBAC_FIX
 
 
 @pytest.mark.django_db
@@ -637,7 +639,8 @@ def test_as_the_serviceaccount_bound_to_the_shipped_role_it_passes_and_a_removed
         f"{portal_sa.user} may not patch clusterqueues.kueue.x-k8s.io (needed for"
     )
     assert failed[0]["fix"].startswith(
-        "kubectl apply -f deploy/rbac/ (the ClusterRole taugrid-portal"
+        "helm upgrade TauGrid's release (its ClusterRole), or kubectl apply -f deploy/rbac/ "
+        "(the ClusterRole taugrid-portal"
     )
 
 
