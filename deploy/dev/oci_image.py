@@ -179,7 +179,7 @@ def build_base() -> None:
             )
             buildah("commit", "--quiet", container, BASE, capture=True)
         finally:
-            subprocess.run([*buildah_args(), "rm", container], capture_output=True)
+            remove_container(container)
     log(f"base {BASE}: built in {time.monotonic() - started:.0f}s")
 
 

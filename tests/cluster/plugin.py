@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from kubernetes.dynamic import DynamicClient
     from kubernetes.dynamic.resource import Resource
 
+    from kube import KubeClient
+
 REPO = Path(__file__).resolve().parents[2]
 CONTROLPLANE = REPO / "deploy" / "cluster" / "controlplane.py"
 # A cold build (Go module download + compile on 2 cores) plus start; CI's limit is 90 minutes.
@@ -83,6 +85,19 @@ def wait_until(
             detail = f"\nlast seen: {describe()}" if describe else ""
             pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}{detail}", pytrace=False)
         time.sleep(interval)
+
+
+def wait_for_access(
+    client: KubeClient, verb: str, resource: str, *, allowed: bool = True, **where: Any
+) -> None:
+    """Wait until the API server's answer to ``client``'s "may I ``verb`` ``resource``?" is
+    ``allowed``: RBAC changes take a moment to be in force."""
+    wait_until(
+        f"{verb} {resource} to be {'allowed' if allowed else 'refused'}",
+        lambda: True if client.can_i(verb, resource, **where).allowed is allowed else None,
+        timeout=30,
+        interval=0.2,
+    )
 
 
 @dataclass

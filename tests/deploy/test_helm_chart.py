@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets as secrets_module
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +35,7 @@ from tests.deploy.helm import (
     helm_binary,
     pod_specs,
 )
+from tests.portal.test_settings import PRODUCTION_SECRETS, deploy_check
 from workspaces.cluster_access import HELM_RULES_HEADER, render_rules
 
 VALUES = {"default": (), "production": (PRODUCTION_VALUES,)}
@@ -330,17 +330,11 @@ def test_a_wrong_value_fails_at_install_with_a_message(helm: Helm, setting: str,
 def test_the_charts_settings_pass_the_deploy_check(
     rendered: dict[str, list[Body]], tmp_path: Path
 ) -> None:
-    """Each workload's environment as the chart renders it (production values), with the
+    """The workloads' environment as the chart renders it (production values), with the
     Secrets it names written as the files it mounts: settings load and ``manage.py check
     --deploy`` finds nothing."""
     secrets = {
-        "TAU_SECRET_KEY": secrets_module.token_urlsafe(50),
-        "DATABASE_URL": "postgres://taugrid:pw@db.internal:5432/taugrid",
-        "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
-        "TAU_TOKEN_PEPPERS": "1:a-pepper-for-the-deploy-check-only",
-        "TAU_EVIDENCE_SIGNING_KEY": "-----BEGIN PRIVATE KEY-----\n"
-        "MC4CAQAwBQYDK2VwBCIEIFSl0sUQ7Sa7YRpqm8Ql6wcL7t6mFqSkM8i1b1hcg3Hj\n"
-        "-----END PRIVATE KEY-----\n",
+        **PRODUCTION_SECRETS,
         "TAU_OIDC_CLIENT_SECRET": "client-secret-for-the-check",
         "TAU_METRICS_TOKEN": "metrics-token-for-the-check-0123456789",
     }
@@ -350,43 +344,40 @@ def test_the_charts_settings_pass_the_deploy_check(
     (tmp_path / "evidence-keyring.json").write_text(
         json.dumps(keyring_document([(earlier, False)]))
     )
-    checked = 0
-    for where, spec in pod_specs(rendered["production"]):
-        env = {
-            item["name"]: item["value"]
-            .replace("/run/secrets/taugrid", str(tmp_path))
-            .replace("/etc/taugrid", str(tmp_path))
-            for item in spec["containers"][0]["env"]
-        }
-        env["TAU_VAR_DIR"] = str(tmp_path / "var")
-        env.update(PATH=os.environ["PATH"], DJANGO_SETTINGS_MODULE="portal.settings")
-        done = subprocess.run(
-            [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
+    # Every process of the portal gets the same settings: one check covers them all.
+    environments = {
+        where: [(item["name"], item["value"]) for item in spec["containers"][0]["env"]]
+        for where, spec in pod_specs(rendered["production"])
+    }
+    assert len(environments) == 5
+    first, *others = environments.values()
+    assert all(other == first for other in others), environments
+    env = {
+        name: value.replace("/run/secrets/taugrid", str(tmp_path)).replace(
+            "/etc/taugrid", str(tmp_path)
         )
-        assert done.returncode == 0, f"{where}:\n{done.stdout}{done.stderr}"
-        assert "System check identified no issues" in done.stdout, done.stdout
-        checked += 1
-        # And the keyring the chart mounts reads as one.
-        read = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import django; django.setup(); "
-                "from evidence.keys import previous_public_keys as p; print(len(p()))",
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert read.stdout.strip() == "1", read.stderr
-    assert checked == 5
+        for name, value in first
+    }
+    env["TAU_VAR_DIR"] = str(tmp_path / "var")
+    env.update(PATH=os.environ["PATH"], DJANGO_SETTINGS_MODULE="portal.settings")
+    done = deploy_check(env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "System check identified no issues" in done.stdout, done.stdout
+    # And the keyring the chart mounts reads as one.
+    read = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); "
+            "from evidence.keys import previous_public_keys as p; print(len(p()))",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert read.stdout.strip() == "1", read.stderr
 
 
 def test_the_workloads_commands_are_the_portals(rendered: dict[str, list[Body]]) -> None:

@@ -24,19 +24,23 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import transaction
-from django.utils import timezone
 
 import kube as adapter
 from kube import KubeClient, new_api_client
 from runs import submission
 from runs.kube_watcher import KubeWatcher, LeaderElection
-from runs.models import Backend, Delivery, Run, RunAttempt, RunState
-from runs.state import lock_run, transition
-from tests.cluster.plugin import Kube, KubeCluster, wait_until
+from runs.models import Run, RunAttempt, RunState
+from tests.cluster.plugin import Kube, KubeCluster, wait_for_access
 from tests.deploy.helm import PRODUCTION_VALUES, Body, Helm, helm_binary
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
-from tests.runs.test_kube_watcher import attempt_of, follow, fresh, labelled_job, story
+from tests.runs.test_kube_watcher import (
+    attempt_of,
+    follow,
+    fresh,
+    handed_to_kueue,
+    labelled_job,
+    story,
+)
 from tests.workspaces.test_cluster_check import h100_flavor_row, run_command
 from tests.workspaces.test_kueue_sync import gpu_flavor, make_workspace
 from workspaces import kueue_cluster
@@ -154,13 +158,7 @@ def kube_run_in(workspace: Any, user: Any) -> Run:
         spec_source=TINY_SPEC,
         bundle=io.BytesIO(zip_bytes(TINY_FILES)),
     )
-    Run.objects.unscoped().filter(pk=run.pk).update(backend=Backend.KUBERNETES)
-    with transaction.atomic():
-        transition(lock_run(run.pk), RunState.QUEUED, reason="Handed to Kueue.")
-    Delivery.objects.unscoped().filter(run_id=run.pk, action=Delivery.Action.SUBMIT).update(
-        delivered_at=timezone.now()
-    )
-    return Run.objects.unscoped().get(pk=run.pk)
+    return handed_to_kueue(run)
 
 
 def test_the_sync_and_the_watcher_work_as_the_charts_service_account(
@@ -182,16 +180,7 @@ def test_the_sync_and_the_watcher_work_as_the_charts_service_account(
     portal = KubeClient(new_api_client(kube_cluster.kubeconfig, impersonate_user=user))
     slug = f"helm-{uid}"
     try:
-        wait_until(
-            "the chart's binding to be in force",
-            lambda: (
-                True
-                if portal.can_i("create", "clusterqueues", group="kueue.x-k8s.io").allowed
-                else None
-            ),
-            timeout=30,
-            interval=0.2,
-        )
+        wait_for_access(portal, "create", "clusterqueues", group="kueue.x-k8s.io")
         # The Kueue sync, as the ServiceAccount: namespace, ClusterQueue, LocalQueue, flavor.
         workspace = make_workspace(slug, gpu_flavor(uid), 2)
         outcome = kueue_cluster.sync_workspace(slug, client=portal)
@@ -249,16 +238,7 @@ def test_the_sync_and_the_watcher_work_as_the_charts_service_account(
         )
         rule["verbs"] = [verb for verb in rule["verbs"] if verb != "create"]
         admin.apply(narrower)
-        wait_until(
-            "the narrower role to be in force",
-            lambda: (
-                None
-                if portal.can_i("create", "localqueues", group="kueue.x-k8s.io").allowed
-                else True
-            ),
-            timeout=30,
-            interval=0.2,
-        )
+        wait_for_access(portal, "create", "localqueues", group="kueue.x-k8s.io", allowed=False)
         code, table = run_command("--as", user)
         assert code == 1, table
         report = json.loads(run_command("--as", user, "--json")[1])

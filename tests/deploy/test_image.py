@@ -15,13 +15,13 @@ registry is reachable here) and looked into:
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from tests.deploy.helm import PRODUCTION_VALUES, Helm, helm_binary, pod_specs
+from tests.portal.test_settings import PRODUCTION_SECRETS
 from tests.scripts import load_script
 
 from .helm import REPO
@@ -29,13 +29,7 @@ from .helm import REPO
 image_tool = load_script(REPO / "deploy" / "dev" / "oci_image.py", "taugrid_oci_image")
 
 SECRETS = {
-    "TAU_SECRET_KEY": secrets.token_urlsafe(50),
-    "DATABASE_URL": "postgres://taugrid:pw@db.internal:5432/taugrid",
-    "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
-    "TAU_TOKEN_PEPPERS": "1:a-pepper-for-the-image-check-only",
-    "TAU_EVIDENCE_SIGNING_KEY": "-----BEGIN PRIVATE KEY-----\n"
-    "MC4CAQAwBQYDK2VwBCIEIFSl0sUQ7Sa7YRpqm8Ql6wcL7t6mFqSkM8i1b1hcg3Hj\n"
-    "-----END PRIVATE KEY-----",
+    **PRODUCTION_SECRETS,
     "TAU_OIDC_CLIENT_SECRET": "client-secret-for-the-image-check",
     "TAU_METRICS_TOKEN": "metrics-token-for-the-image-check-0123456789",
 }

@@ -27,6 +27,17 @@ PRODUCTION_ENV = {
     "MC4CAQAwBQYDK2VwBCIEIFSl0sUQ7Sa7YRpqm8Ql6wcL7t6mFqSkM8i1b1hcg3Hj\n"
     "-----END PRIVATE KEY-----",
 }
+#: The secrets of PRODUCTION_ENV: what an installation keeps in Secrets (the Helm chart's).
+PRODUCTION_SECRETS = {
+    name: PRODUCTION_ENV[name]
+    for name in (
+        "TAU_SECRET_KEY",
+        "DATABASE_URL",
+        "CELERY_BROKER_URL",
+        "TAU_TOKEN_PEPPERS",
+        "TAU_EVIDENCE_SIGNING_KEY",
+    )
+}
 SHOW_SETTINGS = """
 import json, django
 django.setup()
@@ -49,6 +60,18 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def deploy_check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``manage.py check --deploy``, failing on warnings too, with exactly ``env``."""
+    return subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -130,14 +153,7 @@ def test_production_refuses_unsafe_or_missing_settings(
 
 
 def test_production_passes_the_deployment_checklist(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT,
-        env=clean_env(tmp_path, **PRODUCTION_ENV),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = deploy_check(clean_env(tmp_path, **PRODUCTION_ENV))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout
 
@@ -149,14 +165,7 @@ def test_behind_a_trusted_tls_proxy_passes_the_deployment_checklist(tmp_path: Pa
         TAU_BEHIND_TLS_PROXY="true",
         TAU_TRUSTED_PROXIES="10.0.0.7, 2001:db8::/32",
     )
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = deploy_check(env)
     assert result.returncode == 0, result.stdout + result.stderr
     shown = run_python(
         "import django, json; django.setup(); from django.conf import settings as s; "
@@ -174,14 +183,7 @@ def test_behind_a_trusted_tls_proxy_passes_the_deployment_checklist(tmp_path: Pa
 def test_the_deployment_checklist_would_catch_a_weak_setting(tmp_path: Path) -> None:
     """The previous test is meaningful only if the checklist does fail on a bad setting."""
     env = clean_env(tmp_path, **PRODUCTION_ENV, TAU_HSTS_SECONDS="0")
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = deploy_check(env)
     assert result.returncode != 0
     assert "security.W004" in result.stdout + result.stderr
 

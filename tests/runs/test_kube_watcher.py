@@ -98,6 +98,7 @@ from tests.cluster.kueue_objects import (
 )
 from tests.cluster.plugin import Kube, KubeCluster, load_controlplane, wait_until
 from tests.runs.factories import TINY_SPEC, make_run
+from tests.runs.test_kube_backend import pods_of_attempt
 
 REPO = Path(__file__).resolve().parents[2]
 OBJECTS = Path(__file__).parent / "kube_objects"
@@ -119,7 +120,11 @@ def no_broker(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def kube_run(world: Any, spec: bytes = TINY_SPEC) -> Run:
     """A run on the Kubernetes backend, handed over: queued, its first attempt waiting, its
     submit delivered (as the backend leaves it once the objects exist)."""
-    run = make_run(world, spec=spec)
+    return handed_to_kueue(make_run(world, spec=spec))
+
+
+def handed_to_kueue(run: Run) -> Run:
+    """A submitted run as the Kubernetes backend leaves it once its objects exist."""
     Run.objects.unscoped().filter(pk=run.pk).update(backend=Backend.KUBERNETES)
     with transaction.atomic():
         transition(lock_run(run.pk), RunState.QUEUED, reason="Handed to Kueue.")
@@ -1129,18 +1134,9 @@ def test_a_gpu_run_that_fails_under_an_xid_error_is_a_node_failure_and_retried(
     assert program.failure_message.endswith("exited with code 1.")
 
 
-def pod_of(kube: Kube, run: Run) -> dict[str, Any]:
-    (pod,) = kube.list(
-        "v1", "Pod", run.workspace.namespace, label_selector=f"{labels.RUN_ID}={run.pk}"
-    )
-    return pod
-
-
 def pod_exited(kube: Kube, run: Run) -> Callable[[], bool]:
     def exited() -> bool:
-        pods = kube.list(
-            "v1", "Pod", run.workspace.namespace, label_selector=f"{labels.RUN_ID}={run.pk}"
-        )
+        pods = pods_of_attempt(kube, run, 1)
         statuses = [
             s for pod in pods for s in (pod.get("status") or {}).get("containerStatuses") or []
         ]
@@ -1167,7 +1163,8 @@ def test_an_xid_reported_after_the_gpu_program_died_still_makes_it_a_node_failur
     job["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gpu-h100-1"}
     kube.create(job)
     follow(watcher, f"{run.name}'s pod to exit", pod_exited(kube, run), 60, story(run))
-    pod_name = pod_of(kube, run)["metadata"]["name"]
+    (pod,) = pods_of_attempt(kube, run, 1)
+    pod_name = pod["metadata"]["name"]
     # The Job fails with its pod; the watcher sees it and holds the reading.
     follow(
         watcher,

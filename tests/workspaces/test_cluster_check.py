@@ -51,7 +51,7 @@ from tests.cluster.kueue_objects import (
     QUEUE_LABEL,
     batch_job,
 )
-from tests.cluster.plugin import Kube, KubeCluster, wait_until
+from tests.cluster.plugin import Kube, KubeCluster, wait_for_access, wait_until
 from workspaces import cluster_check
 from workspaces.cluster_access import LEADER_LEASE, REQUIRED, REQUIRED_CRDS, access_checks
 from workspaces.cluster_check import RBAC_FIX, Check, Flavor, Report, Result, run_checks
@@ -580,16 +580,7 @@ def portal_sa(kube: Kube, kube_cluster: KubeCluster) -> Iterator[PortalIdentity]
     kube.create(policy)
     kube.create(policy_binding)
     client = KubeClient(new_api_client(kube_cluster.kubeconfig, impersonate_user=user))
-    wait_until(
-        "the new binding to be in force",
-        lambda: (
-            True
-            if client.can_i("create", "clusterqueues", group="kueue.x-k8s.io").allowed
-            else None
-        ),
-        timeout=30,
-        interval=0.2,
-    )
+    wait_for_access(client, "create", "clusterqueues", group="kueue.x-k8s.io")
     yield PortalIdentity(namespace, user, role, client)
     client.close()
 
@@ -617,15 +608,8 @@ def test_as_the_serviceaccount_bound_to_the_shipped_role_it_passes_and_a_removed
         admin.apply(role)
     finally:
         admin.close()
-    wait_until(
-        "the narrower role to be in force",
-        lambda: (
-            None
-            if portal_sa.client.can_i("patch", "clusterqueues", group="kueue.x-k8s.io").allowed
-            else True
-        ),
-        timeout=30,
-        interval=0.2,
+    wait_for_access(
+        portal_sa.client, "patch", "clusterqueues", group="kueue.x-k8s.io", allowed=False
     )
 
     code, table = run_command("--as", portal_sa.user)
@@ -926,12 +910,7 @@ def identity_without_finalizers(kube: Kube, cluster: KubeCluster, namespace: str
     )
     user = f"system:serviceaccount:{namespace}:no-finalizers"
     client = KubeClient(new_api_client(cluster.kubeconfig, impersonate_user=user))
-    wait_until(
-        "the binding to be in force",
-        lambda: True if client.can_i("create", "secrets", namespace=namespace).allowed else None,
-        timeout=30,
-        interval=0.2,
-    )
+    wait_for_access(client, "create", "secrets", namespace=namespace)
     return client
 
 
