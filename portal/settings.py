@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+import zoneinfo
 from pathlib import Path
 
 import django_stubs_ext
@@ -116,6 +117,8 @@ INSTALLED_APPS = [
     "runs",
     "evidence",
     "gpus",
+    "accounting",
+    "notifications",
     "web",
 ]
 
@@ -667,7 +670,59 @@ TAU_DCGM_LABELS = env_str("TAU_DCGM_LABELS", "") or ""
 # flagged on its page: the most expensive waste on a shared cluster.
 TAU_GPU_IDLE_PERCENT = env_int("TAU_GPU_IDLE_PERCENT", 10, minimum=0)
 TAU_GPU_IDLE_MINUTES = env_int("TAU_GPU_IDLE_MINUTES", 15, minimum=1)
+# --- Accounting: GPU-hours used, monthly GPU-hour budgets (runs/accounting.py, accounting/) ---
+# Months and days of the usage pages, the API and the budgets are this zone's calendar's.
+TAU_ACCOUNTING_TIME_ZONE = env_str("TAU_ACCOUNTING_TIME_ZONE", "") or TIME_ZONE
+try:
+    zoneinfo.ZoneInfo(TAU_ACCOUNTING_TIME_ZONE)
+except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    raise ImproperlyConfiguredEnv(
+        f"TAU_ACCOUNTING_TIME_ZONE is {TAU_ACCOUNTING_TIME_ZONE!r}, which is not a time zone; "
+        "use an IANA name such as Europe/Berlin or UTC"
+    ) from None
+# How often running runs' GPU-hours are checked against the budgets' 80% and 100% marks.
+TAU_BUDGET_CHECK_SECONDS = env_int("TAU_BUDGET_CHECK_SECONDS", 300, minimum=10)
+CELERY_BEAT_SCHEDULE["check-gpu-budgets"] = {
+    "task": "accounting.tasks.check_budgets",
+    "schedule": float(TAU_BUDGET_CHECK_SECONDS),
+}
+
 # /metrics (the portal's own metrics, Prometheus format; web/metrics.py): a scraper sends this
 # as its bearer token; without it, /metrics answers only to loopback clients, and in
 # production to nobody (an untrusted proxy on the same host would make everyone loopback).
 TAU_METRICS_TOKEN = env_secret("TAU_METRICS_TOKEN")
+
+# --- Notifications: e-mail and webhooks (notifications/) ------------------------------------
+# E-mail goes through Django's SMTP backend; with no TAU_EMAIL_HOST no e-mail is sent (webhooks
+# still are). TAU_EMAIL_USE_TLS is STARTTLS on the submission port.
+EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+EMAIL_HOST = env_str("TAU_EMAIL_HOST", "") or ""
+EMAIL_PORT = env_int("TAU_EMAIL_PORT", 587, minimum=1)
+EMAIL_HOST_USER = env_str("TAU_EMAIL_USER", "") or ""
+EMAIL_HOST_PASSWORD = env_secret("TAU_EMAIL_PASSWORD") or ""
+EMAIL_USE_TLS = env_bool("TAU_EMAIL_USE_TLS", True)
+EMAIL_TIMEOUT = env_int("TAU_EMAIL_TIMEOUT_SECONDS", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("TAU_EMAIL_FROM", "TauGrid <taugrid@localhost>") or "taugrid@localhost"
+# The address people reach the portal at, for the links in e-mails and webhook payloads.
+TAU_PUBLIC_URL = (env_str("TAU_PUBLIC_URL", "") or TAU_API_URL).rstrip("/")
+# A failed delivery (webhook POST or e-mail) is tried again after TAU_NOTIFY_RETRY_SECONDS,
+# doubling up to TAU_NOTIFY_RETRY_MAX_SECONDS, and given up after TAU_NOTIFY_MAX_TRIES tries.
+TAU_NOTIFY_RETRY_SECONDS = env_int("TAU_NOTIFY_RETRY_SECONDS", 30, minimum=1)
+TAU_NOTIFY_RETRY_MAX_SECONDS = env_int("TAU_NOTIFY_RETRY_MAX_SECONDS", 3600, minimum=1)
+TAU_NOTIFY_MAX_TRIES = env_int("TAU_NOTIFY_MAX_TRIES", 8, minimum=1)
+# run.waiting: told of once per wait, for runs queued longer than this.
+TAU_NOTIFY_WAITING_MINUTES = env_int("TAU_NOTIFY_WAITING_MINUTES", 60, minimum=1)
+# Seconds a webhook endpoint has to accept the connection and to answer each read.
+TAU_WEBHOOK_TIMEOUT_SECONDS = env_int("TAU_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1)
+# Webhooks to loopback, private, link-local and other non-public addresses are refused
+# (at save and at each delivery) unless this is true.
+TAU_WEBHOOK_ALLOW_PRIVATE_ADDRESSES = env_bool("TAU_WEBHOOK_ALLOW_PRIVATE_ADDRESSES", False)
+CELERY_BEAT_SCHEDULE["reconcile-notifications"] = {
+    "task": "notifications.tasks.reconcile_notifications",
+    "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
+}
+CELERY_BEAT_SCHEDULE["notify-waiting-runs"] = {
+    "task": "notifications.tasks.notify_waiting",
+    "schedule": 60.0,
+}
+# --- End of notifications ---------------------------------------------------------------------

@@ -78,8 +78,11 @@ def hand_over(*, run: Run, resume_from: Checkpoint | None, retry_reason: str) ->
 
 
 @transaction.atomic
-def admit_attempt(*, run: Run) -> RunAttempt:
-    """The backend admitted the run: its waiting attempt starts. The run must be queued."""
+def admit_attempt(*, run: Run, admitted_at: datetime | None = None) -> RunAttempt:
+    """The backend admitted the run: its waiting attempt starts. The run must be queued.
+
+    ``admitted_at``: when the backend says it reserved the resources (Kueue's admission
+    time), if earlier than now: usage counts from then. Never before the attempt existed."""
     locked = lock_run(run.pk)
     attempt = (
         RunAttempt.objects.for_workspace(locked.workspace_id)
@@ -95,8 +98,10 @@ def admit_attempt(*, run: Run) -> RunAttempt:
         reason="Resources reserved; starting.",
         data={"attempt": attempt.number},
     )
+    now = timezone.now()
     attempt.state = RunAttempt.State.STARTING
-    attempt.save(update_fields=["state"])
+    attempt.admitted_at = min(max(admitted_at or now, attempt.created_at), now)
+    attempt.save(update_fields=["state", "admitted_at"])
     return attempt
 
 

@@ -277,6 +277,11 @@ class Observation:
     #: A GPU program's failure that an XID reported late may still explain (:data:`XID_SETTLE`):
     #: not to be applied before this time; looked at again then, or when a Node changes.
     settles_at: datetime | None = None
+    #: When Kueue admitted it and when its Workload finished, as Kueue's conditions say:
+    #: what the attempt used is counted between them (runs.accounting), not from when the
+    #: watcher happened to look.
+    admitted_at: datetime | None = None
+    ended_at: datetime | None = None
 
     @property
     def ended(self) -> bool:
@@ -417,12 +422,16 @@ def _placement(workload: Body | None, pods: Sequence[Body]) -> dict[str, Any]:
         {str(p["spec"]["nodeName"]) for p in pods if (p.get("spec") or {}).get("nodeName")}
     )
     ran = any(_pod_ran(pod) for pod in pods)
+    admitted = _true(workload, "Admitted") or _true(workload, "QuotaReserved")
+    finished = _true(workload, "Finished")
     return {
         "cluster_queue": str(admission.get("clusterQueue") or ""),
         "flavors": flavors,
         "node_names": tuple(nodes),
         "ran": ran,
         "admitted": bool(admission) or _true(workload, "Admitted") is not None,
+        "admitted_at": parse_time((admitted or {}).get("lastTransitionTime")),
+        "ended_at": parse_time((finished or {}).get("lastTransitionTime")),
     }
 
 

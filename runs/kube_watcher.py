@@ -821,7 +821,7 @@ def _catch_up(
     if attempt.state == RunAttempt.State.WAITING:
         if run.state != RunState.QUEUED:
             return
-        started = admit_attempt(run=run)
+        started = admit_attempt(run=run, admitted_at=observation.admitted_at)
         attempt.state = started.state
         applied.actions.append("admitted")
     if running and attempt.state == RunAttempt.State.STARTING:
@@ -844,8 +844,14 @@ def _finish(attempt: RunAttempt, observation: Observation, applied: Applied) -> 
     # finish_attempt saves the whole row: what note_admission and note_nodes wrote (and the
     # run token) must be in it.
     attempt.refresh_from_db()
+    # It used its resources until Kueue saw its Workload finish, not until the watcher
+    # looked (a late XID's hold can be 30 s later); never before it was admitted.
+    ended_at = observation.ended_at
+    if ended_at is not None and attempt.admitted_at is not None:
+        ended_at = max(ended_at, attempt.admitted_at)
     finish_attempt(
         attempt=attempt,
+        now=ended_at if ended_at is not None and ended_at < timezone.now() else None,
         outcome=AttemptOutcome(
             succeeded=observation.succeeded,
             exit_code=observation.exit_code,

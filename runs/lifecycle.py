@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import string
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -60,6 +60,8 @@ class Submission:
     backend: str
     #: The project zip's single top-level folder, when the bundle kept is its contents.
     unwrapped_folder: str | None = None
+    #: What it may cost in GPU-hours and the budgets it draws on (``runs.policy.Cost``).
+    cost: dict[str, Any] | None = None
 
 
 def create_run(*, workspace: Workspace, user: User, submission: Submission) -> Run:
@@ -115,9 +117,11 @@ def create_run(*, workspace: Workspace, user: User, submission: Submission) -> R
                     if submission.unwrapped_folder
                     else {}
                 ),
+                **({"cost": submission.cost} if submission.cost else {}),
             },
             first=True,
         )
+        run.submitted_cost = submission.cost
         # The first attempt, written with the run (attempt_count is 1 already).
         first = RunAttempt.objects.create(run=run, number=1)
         write_delivery(run=run, action=Delivery.Action.SUBMIT, attempt=first)
@@ -144,6 +148,7 @@ def cancel_run(*, run: Run, user: User | None) -> Run:
             RunState.CANCELLED,
             reason=wording.cancelled_reason(who),
             kind=EventKind.CANCELLED,
+            data={"by": who},
         )
     else:
         # Who asked is kept with the event, so the reason can still name them once it stops.

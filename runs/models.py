@@ -281,6 +281,10 @@ class Run(TenantModel):
     )
     retry_reason = models.CharField(max_length=30, blank=True)
 
+    #: Set by submission on the run it has just created (not a column: the submitted event
+    #: keeps it): what the run may cost in GPU-hours, for the submitter's answer.
+    submitted_cost: dict[str, Any] | None = None
+
     class Meta(TenantModel.Meta):
         constraints = [
             models.UniqueConstraint(
@@ -355,6 +359,9 @@ class RunAttempt(TenantModel):
     )
     node_names = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # When it got its resources (Kueue's admission on a cluster, the local agent's on one
+    # machine): what it used is counted from here to finished_at (runs.accounting).
+    admitted_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -362,6 +369,10 @@ class RunAttempt(TenantModel):
         ordering = ["run", "number"]
         constraints = [
             models.UniqueConstraint(fields=["run", "number"], name="attempt_unique_number")
+        ]
+        indexes = [
+            # Usage of a period: the attempts that held resources in it.
+            models.Index(fields=["admitted_at"], name="attempt_admitted"),
         ]
 
     def __str__(self) -> str:

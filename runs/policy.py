@@ -35,10 +35,98 @@ class PolicyRefused(ValueError):
 
 
 @dataclass(frozen=True)
+class BudgetLine:
+    """One budget a run would draw on, as it stands this month."""
+
+    label: str  # "all flavors" or the flavor's name
+    used_gpu_hours: float
+    gpu_hours: Decimal  # the soft limit
+    hard_limit: Decimal
+    over_limit: str  # workspaces.models.OverBudget
+
+    @property
+    def left_gpu_hours(self) -> float:
+        return max(0.0, float(self.gpu_hours) - self.used_gpu_hours)
+
+    @property
+    def past_hard_limit(self) -> bool:
+        return self.used_gpu_hours >= float(self.hard_limit)
+
+    # A meter's scale: yellow from 80% of the budget, red past it, never off its end.
+    @property
+    def meter_max(self) -> float:
+        return max(float(self.hard_limit), self.used_gpu_hours)
+
+    @property
+    def meter_low(self) -> float:
+        return 0.8 * float(self.gpu_hours)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a run may cost in GPU-hours, and the budgets it would draw on (``runs.budgets``)."""
+
+    gpus: int
+    max_runtime: int | None  # seconds
+    budgets: tuple[BudgetLine, ...] = ()
+    month: str = ""  # "December 2026"
+    #: What a budget past its hard limit did to the run ("submitted at the lowest priority").
+    note: str = ""
+
+    @property
+    def max_gpu_hours(self) -> float | None:
+        if self.max_runtime is None:
+            return None
+        return self.gpus * self.max_runtime / 3600
+
+    @property
+    def summary(self) -> str:
+        if not self.gpus:
+            return "It uses no GPUs, so no GPU-hour budget."
+        hours = self.max_gpu_hours
+        if hours is None:
+            said = (
+                f"{self.gpus} GPU-hour{'s' if self.gpus != 1 else ''} for each hour it runs "
+                "(no run.max_runtime, so no upper bound)"
+            )
+        else:
+            said = f"Up to {_hours(hours)} GPU-hours if it runs to its max_runtime"
+        for line in self.budgets:
+            said += (
+                f"; {_hours(line.left_gpu_hours)} of {_hours(float(line.gpu_hours))} left "
+                f"this month ({line.label})"
+            )
+        return said + "." + (f" {self.note}" if self.note else "")
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "gpus": self.gpus,
+            "max_gpu_hours": None if self.max_gpu_hours is None else round(self.max_gpu_hours, 3),
+            "summary": self.summary,
+            "budgets": [
+                {
+                    "flavor": line.label,
+                    "used_gpu_hours": round(line.used_gpu_hours, 3),
+                    "gpu_hours": float(line.gpu_hours),
+                    "hard_limit_gpu_hours": float(line.hard_limit),
+                    "left_gpu_hours": round(line.left_gpu_hours, 3),
+                    "over_limit": line.over_limit,
+                }
+                for line in self.budgets
+            ],
+        }
+
+
+def _hours(value: float) -> str:
+    return f"{value:,.1f}".removesuffix(".0")
+
+
+@dataclass(frozen=True)
 class Placement:
     spec: Spec  # with workspace defaults filled in
     priority: str
     priority_value: int
+    cost: Cost | None = None
 
 
 def _registry_of(image: str) -> str:

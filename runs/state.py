@@ -33,6 +33,12 @@ from runs.models import (
 #: request commits with the change that needs it, or neither does.
 run_ended = Signal()
 
+#: Sent by ``transition`` inside the transaction of every change of state, with ``run``
+#: (locked, already in its new state), ``old_state``, ``new_state`` and ``event`` (the event
+#: that records it). The notifications app, above runs, turns the changes people are told of
+#: into deliveries in that same transaction; a receiver must only write rows, never call out.
+run_changed = Signal()
+
 
 class IllegalTransition(RuntimeError):
     """A state change the transition table does not allow: a bug, never user input."""
@@ -110,6 +116,7 @@ def transition(
     )
     if new_state in TERMINAL_STATES:
         run_ended.send(sender=Run, run=locked, event=event)
+    run_changed.send(sender=Run, run=locked, old_state=old_state, new_state=new_state, event=event)
     return locked
 
 

@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
 
-from runs import bundles, lifecycle, policy
+from runs import budgets, bundles, lifecycle, policy
 from runs.backends import RunBackend
 from runs.backends.registry import available_backend_names, backend_named
 from runs.models import Run
@@ -111,6 +111,7 @@ def check_spec(
     placement = None
     try:
         placement = policy.apply_policy(spec, workspace, backend=backend)
+        placement = budgets.apply_budgets(placement, workspace, backend=backend)
     except policy.PolicyRefused as exc:
         # The backend may have said the same (what Kubernetes cannot carry): once is enough.
         said = {(p.path, p.message) for p in problems}
@@ -229,6 +230,7 @@ def submit(
             priority_value=placement.priority_value,
             backend=settings.TAU_BACKEND,
             unwrapped_folder=unwrap,
+            cost=placement.cost.to_dict() if placement.cost else None,
         ),
     )
 

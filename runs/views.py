@@ -414,6 +414,7 @@ class ValidateView(WorkspaceViewMixin, View):
             {
                 "spec": placement.spec,
                 "priority": placement.priority,
+                "cost": placement.cost,
                 "local": settings.TAU_BACKEND == Backend.LOCAL,
                 "python_version": platform.python_version(),
                 "totals": [

@@ -25,10 +25,13 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
+from accounting.models import BudgetAlert, WorkspaceUsage
 from evidence import sealing
 from evidence.models import SealRequest
 from gpus.models import GpuNode
 from identity import tokens
+from notifications.models import NotificationDelivery, Webhook
+from notifications.unsubscribe import make_token
 from portal import audit
 from portal.models import AuditEvent
 from runs.artifacts import store_artifact
@@ -43,6 +46,7 @@ from workspaces.models import (
     PriorityClass,
     ResourceFlavor,
     Workspace,
+    WorkspaceBudget,
     WorkspaceQuota,
 )
 
@@ -172,6 +176,25 @@ def GPU_RUN(world: Any) -> dict[str, Any]:
     return {"workspace_slug": "alpha", "run_name": run.name}
 
 
+def WEBHOOK(world: Any) -> dict[str, Any]:
+    """A webhook of alpha, with one delivery in its log (for the admin's pages)."""
+    webhook = Webhook.objects.create(
+        workspace=world.alpha, url="https://93.184.215.14/hook", secret="matrix-secret-0123456"
+    )
+    NotificationDelivery.objects.create(
+        workspace=world.alpha, channel="webhook", webhook=webhook, event="run.failed"
+    )
+    return {"workspace_slug": "alpha", "webhook_id": webhook.pk}
+
+
+def UNSUBSCRIBE(world: Any) -> dict[str, Any]:
+    return {"token": make_token(user_id=world.users["researcher"].pk, event="run.failed")}
+
+
+#: A webhook the API and the page accept (an address literal: no DNS in the matrix).
+NEW_WEBHOOK = {"url": "https://93.184.215.14/hook", "secret": "matrix-secret-0123456"}
+
+
 def NAMED(name: str) -> Kwargs:
     return lambda world: {"name": name}
 
@@ -270,6 +293,8 @@ MATRIX: dict[str, Route] = {
     "api:evidence-keys": Route({"GET": same(200)}, api=True),
     "api:gpu-nodes": Route({"GET": STAFF_API(200)}, api=True),
     "api:run-gpus": Route({"GET": API_READ}, GPU_RUN, api=True),
+    # Usage: a workspace's for whoever reads it; every workspace's for the platform team.
+    "api:workspace-usage": Route({"GET": API_READ}, ALPHA, api=True),
     # Only a run's own token may report on it (tests/runs/test_api.py covers that token).
     "api:run-report-metrics": Route(
         {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"rows": []}, api=True
@@ -326,6 +351,34 @@ MATRIX: dict[str, Route] = {
     "workspace-gpus": Route({"GET": PAGE_READ}, ALPHA),
     "workspace-gpus-usage": Route({"GET": PAGE_READ}, ALPHA),
     "run-page-gpus": Route({"GET": PAGE_READ}, GPU_RUN),
+    "workspace-usage": Route({"GET": PAGE_READ}, ALPHA),
+    "workspace-usage-csv": Route({"GET": PAGE_READ}, ALPHA),
+    "platform-usage": Route({"GET": STAFF_PAGE}),
+    "platform-usage-csv": Route({"GET": STAFF_PAGE}),
+    # Webhooks are for the workspace's admins only, reading them too (a chat's webhook URL
+    # is a credential); staff read workspaces as viewers, so not these.
+    "api:webhook-list": Route(
+        {"GET": codes(403, 200, 403, 403, 404, 401), "POST": API_ADMIN_WRITE(201)},
+        ALPHA,
+        data=NEW_WEBHOOK,
+        api=True,
+    ),
+    "api:webhook-detail": Route({"DELETE": API_ADMIN_WRITE(204)}, WEBHOOK, api=True),
+    "workspace-webhooks": Route(
+        {"GET": codes(403, 200, 403, 403, 404, 302), "POST": codes(403, 302, 403, 403, 404, 302)},
+        ALPHA,
+        data=NEW_WEBHOOK,
+    ),
+    "workspace-webhook-delete": Route(
+        {"POST": codes(403, 302, 403, 403, 404, 302), "GET": codes(403, 405, 403, 403, 404, 302)},
+        WEBHOOK,
+    ),
+    # Your own e-mail preferences; the unsubscribe link works for anyone holding it (the
+    # signed token is the proof), and its GET only asks.
+    "notification-preferences": Route(
+        {"GET": same(200, anon=302), "POST": same(302, anon=302)}, data={"events": ["run.failed"]}
+    ),
+    "notification-unsubscribe": Route({"GET": same(200), "POST": same(200)}, UNSUBSCRIBE),
     "profile": Route({"GET": same(200, anon=302)}),
     "tokens": Route(
         {"GET": same(200, anon=302), "POST": same(201, anon=302)},
@@ -364,9 +417,25 @@ ADMIN_OBJECTS: dict[type, Callable[[Any], Any]] = {
     AuditEvent: lambda world: AuditEvent.objects.unscoped().first(),
     get_user_model(): lambda world: world.users["researcher"],
     Group: lambda world: Group.objects.create(name="matrix"),
+    WorkspaceUsage: lambda world: WorkspaceUsage.unscoped_objects.get(pk=world.alpha.pk),
+    BudgetAlert: lambda world: BudgetAlert.objects.create(
+        budget=WorkspaceBudget.objects.create(workspace=world.alpha, gpu_hours=10),
+        month="2026-12",
+        threshold_percent=80,
+        used_gpu_hours=8,
+        budget_gpu_hours=10,
+    ),
+    Webhook: lambda world: Webhook.objects.for_workspace(world.alpha).get(
+        pk=WEBHOOK(world)["webhook_id"]
+    ),
+    NotificationDelivery: lambda world: NotificationDelivery.objects.for_workspace(world.alpha).get(
+        webhook_id=WEBHOOK(world)["webhook_id"]
+    ),
 }
-# The audit log is view-only even for superusers.
-READ_ONLY_ADMIN_MODELS = {AuditEvent}
+# The audit log is view-only even for superusers; so is usage (what runs used) and the
+# budget warnings sent.
+# Webhooks too (their workspace's admins manage them, on their page), and their delivery log.
+READ_ONLY_ADMIN_MODELS = {AuditEvent, WorkspaceUsage, BudgetAlert, Webhook, NotificationDelivery}
 
 
 def _object_kwargs(model: type) -> Kwargs:

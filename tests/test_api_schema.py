@@ -892,6 +892,84 @@ def run_gpus_of_another_workspace(world: Any, tmp: Path, settings: Any) -> HttpR
     return client(world, "outsider").get(run_path(make_run(world).name, "gpus/"))
 
 
+@call("GET", f"{WS}/usage/", 200)
+def workspace_usage(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from tests.accounting.helpers import PREEMPTED, attempt_at
+    from workspaces.models import WorkspaceBudget
+
+    WorkspaceBudget.objects.create(workspace=world.alpha, gpu_hours=Decimal("40"))
+    run = make_run(world)
+    attempt_at(
+        run, 1, datetime(2026, 11, 2, tzinfo=UTC), datetime(2026, 11, 2, 1, tzinfo=UTC), **PREEMPTED
+    )
+    return client(world, "viewer").get(f"{API}/alpha/usage/", {"month": "2026-11"})
+
+
+@call("GET", f"{WS}/usage/", 400)
+def workspace_usage_of_no_month(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{API}/alpha/usage/", {"month": "someday"})
+
+
+@call("GET", f"{WS}/usage/", 404)
+def workspace_usage_of_another_workspace(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "outsider").get(f"{API}/alpha/usage/")
+
+
+# Webhooks: the workspace's admins list, add and remove them; the secret never comes back.
+WEBHOOKS = f"{WS}/webhooks/"
+NEW_WEBHOOK = {"url": "https://93.184.215.14/hook", "secret": "schema-secret-0123456789"}
+
+
+def alpha_webhook(world: Any) -> Any:
+    from notifications.models import Webhook
+
+    return Webhook.objects.create(
+        workspace=world.alpha, url=NEW_WEBHOOK["url"], secret=NEW_WEBHOOK["secret"]
+    )
+
+
+@call("GET", WEBHOOKS, 200)
+def webhooks(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    alpha_webhook(world)
+    return client(world, "workspace_admin").get(f"{API}/alpha/webhooks/")
+
+
+@call("GET", WEBHOOKS, 403)
+def webhooks_for_a_researcher(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).get(f"{API}/alpha/webhooks/")
+
+
+@call("GET", WEBHOOKS, 404)
+def webhooks_of_another_workspace(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "outsider").get(f"{API}/alpha/webhooks/")
+
+
+@call("POST", WEBHOOKS, 201)
+def webhook_create(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    body = {**NEW_WEBHOOK, "events": ["run.failed"], "format": "slack"}
+    return client(world, "workspace_admin").post(f"{API}/alpha/webhooks/", body, format="json")
+
+
+@call("POST", WEBHOOKS, 400)
+def webhook_create_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    body = {**NEW_WEBHOOK, "url": "http://10.0.0.1/hook", "events": ["run.done"]}
+    return client(world, "workspace_admin").post(f"{API}/alpha/webhooks/", body, format="json")
+
+
+@call("DELETE", f"{WEBHOOKS}{{webhook_id}}/", 204)
+def webhook_delete(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    webhook = alpha_webhook(world)
+    return client(world, "workspace_admin").delete(f"{API}/alpha/webhooks/{webhook.pk}/")
+
+
+@call("DELETE", f"{WEBHOOKS}{{webhook_id}}/", 404)
+def webhook_delete_missing(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "workspace_admin").delete(f"{API}/alpha/webhooks/999999/")
+
+
 # --- The tests ------------------------------------------------------------------------------
 
 

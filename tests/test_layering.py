@@ -28,6 +28,8 @@ LAYERS: dict[str, int] = {
     "runs": 5,  # the run core, backends, the local agent
     "evidence": 6,  # sealed records of runs
     "gpus": 6,  # the GPU fleet, telemetry, GPU efficiency of runs
+    "accounting": 6,  # GPU-hours used, usage pages and API, budget warnings
+    "notifications": 6,  # e-mail and webhooks about runs and budgets
     "web": 7,  # the UI shell: root URLconf, home pages, commands that start everything
 }
 #: Not part of the product's layering: they may import any package, and none imports them.

@@ -7,8 +7,10 @@ from django.templatetags.static import static
 from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from accounting.urls import platform_urlpatterns as accounting_platform_urls
 from gpus.urls import platform_urlpatterns as gpu_platform_urls
 from identity.api import MeView
+from notifications.urls import personal_urlpatterns as notification_personal_urls
 from portal import health
 from runs.urls import platform_urlpatterns as run_platform_urls
 from web import metrics, views, workspace_home
@@ -27,6 +29,8 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("runs.api.urls")),
     path("", include("evidence.api.urls")),
     path("", include("gpus.api.urls")),
+    path("", include("accounting.api.urls")),
+    path("", include("notifications.api.urls")),
     path("me/", MeView.as_view(), name="me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", ApiDocsView.as_view(), name="docs"),
@@ -38,6 +42,8 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("", include("runs.urls")),
     path("", include("evidence.urls")),
     path("", include("gpus.urls")),
+    path("", include("accounting.urls")),
+    path("", include("notifications.urls")),
 ]
 
 # Under /api/ a 404 is JSON, as the schema says, also where no route matches.
@@ -53,6 +59,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("audit/", PlatformAuditView.as_view(), name="audit"),
     path("", include(run_platform_urls)),
     path("", include(gpu_platform_urls)),
+    path("", include(accounting_platform_urls)),
+    path("", include(notification_personal_urls)),
     path("w/<slug:workspace_slug>/", include(workspace_patterns)),
     path("api/v1/", include((api_patterns, "api"))),
     path("admin/", admin.site.urls),

@@ -23,6 +23,7 @@ from workspaces.models import (
     PriorityClass,
     ResourceFlavor,
     Workspace,
+    WorkspaceBudget,
     WorkspaceQuota,
 )
 
@@ -44,6 +45,16 @@ class MembershipInline(PlatformScopeMixin, admin.TabularInline):  # type: ignore
     autocomplete_fields = ["user"]
     fields = ["user", "role", "created_at"]
     readonly_fields = ["created_at"]
+
+
+class BudgetInline(PlatformScopeMixin, admin.TabularInline):  # type: ignore[type-arg]
+    model = WorkspaceBudget
+    extra = 0
+    fields = ["flavor", "gpu_hours", "hard_limit_gpu_hours", "over_limit"]
+    verbose_name_plural = (
+        "GPU-hour budgets (per calendar month; warnings at 80% and 100%; running runs are "
+        "never stopped)"
+    )
 
 
 class QuotaInline(PlatformScopeMixin, admin.TabularInline):  # type: ignore[type-arg]
@@ -108,7 +119,7 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ["active", "cohort"]
     search_fields = ["slug", "name", "namespace", "description"]
     list_select_related = ["cohort"]
-    inlines = [MembershipInline, QuotaInline]
+    inlines = [MembershipInline, QuotaInline, BudgetInline]
     readonly_fields = ["created_at", "kueue_sync"]
     actions = ["sync_now"]
     fieldsets = [

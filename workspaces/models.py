@@ -749,3 +749,104 @@ class KueueSync(models.Model):
 # Installed here because every process, commands included, loads this module once the user
 # model exists; PortalConfig.ready() would be the natural home.
 usernames.install()
+
+
+class OverBudget(models.TextChoices):
+    """What happens to a new GPU run once a workspace has used its month's hard limit. A run
+    that is already running is never stopped by a budget, whichever is chosen."""
+
+    REFUSE = "refuse", "Refuse new GPU runs"
+    LOWEST_PRIORITY = "lowest_priority", "Submit them at the lowest priority"
+    ALLOW = "allow", "Allow them"
+
+
+class WorkspaceBudget(AuditedModel, TenantModel):
+    """How many GPU-hours a workspace may use in a calendar month, on one flavor or on all.
+
+    Quotas limit how many GPUs a workspace holds at once; a budget limits what it burns over
+    a month. The soft limit (``gpu_hours``) warns at 80% and 100%; past the hard limit
+    (``hard_limit_gpu_hours``, the soft limit when empty) new GPU runs meet the policy the
+    platform team chose. Months are calendar months in ``TAU_ACCOUNTING_TIME_ZONE``.
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="budgets")
+    flavor = models.ForeignKey(
+        ResourceFlavor,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="budgets",
+        help_text="Only GPU-hours on this flavor count; empty: GPU-hours on every flavor.",
+    )
+    gpu_hours = models.DecimalField(
+        "GPU-hours per month",
+        max_digits=12,
+        decimal_places=1,
+        validators=[MinValueValidator(Decimal("0.1"))],
+        help_text="The soft limit: its admins are warned at 80% and 100% of it.",
+    )
+    hard_limit_gpu_hours = models.DecimalField(
+        "hard limit (GPU-hours)",
+        max_digits=12,
+        decimal_places=1,
+        null=True,
+        blank=True,
+        help_text="Where the policy below starts to apply; empty: at the soft limit.",
+    )
+    over_limit = models.CharField(
+        "past the hard limit",
+        max_length=20,
+        choices=OverBudget.choices,
+        default=OverBudget.REFUSE,
+    )
+
+    class Meta(TenantModel.Meta):
+        ordering = ["workspace", "flavor"]
+        verbose_name = "GPU-hour budget"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "flavor"],
+                condition=Q(flavor__isnull=False),
+                name="budget_unique_flavor",
+                violation_error_message=(
+                    "This workspace already has a budget for this flavor; edit that one "
+                    "instead of adding another."
+                ),
+            ),
+            # Partial, not nulls_distinct=False: SQLite (the embedded default) has no such thing.
+            models.UniqueConstraint(
+                fields=["workspace"],
+                condition=Q(flavor__isnull=True),
+                name="budget_unique_all_flavors",
+                violation_error_message=(
+                    "This workspace already has a budget for all flavors; edit that one "
+                    "instead of adding another."
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        on = f" on {self.flavor}" if self.flavor_id else ""
+        return f"{self.workspace}: {self.gpu_hours} GPU-hours a month{on}"
+
+    def audit_workspace(self) -> Workspace:
+        return self.workspace
+
+    @property
+    def hard_limit(self) -> Decimal:
+        return self.gpu_hours if self.hard_limit_gpu_hours is None else self.hard_limit_gpu_hours
+
+    def clean(self) -> None:
+        if (
+            self.hard_limit_gpu_hours is not None
+            and self.gpu_hours is not None
+            and self.hard_limit_gpu_hours < self.gpu_hours
+        ):
+            raise ValidationError(
+                {
+                    "hard_limit_gpu_hours": (
+                        f"The hard limit cannot be below the soft limit ({self.gpu_hours}); "
+                        "leave it empty to stop at the soft limit."
+                    )
+                }
+            )

@@ -282,6 +282,48 @@ class RunDetailSerializer(RunSummarySerializer):
         return data
 
 
+class BudgetStandingSerializer(serializers.Serializer[Any]):
+    flavor = serializers.CharField(help_text='The budget\'s flavor, or "all flavors".')
+    used_gpu_hours = serializers.FloatField(help_text="Used this month so far.")
+    gpu_hours = serializers.FloatField(help_text="The month's budget (the soft limit).")
+    hard_limit_gpu_hours = serializers.FloatField()
+    left_gpu_hours = serializers.FloatField()
+    over_limit = serializers.ChoiceField(
+        choices=["refuse", "lowest_priority", "allow"],
+        help_text="What happens to new GPU runs past the hard limit.",
+    )
+
+
+class CostSerializer(serializers.Serializer[Any]):
+    """What a run may cost in GPU-hours, and the budgets it draws on."""
+
+    gpus = serializers.IntegerField(help_text="GPUs it holds while it runs (all workers).")
+    max_gpu_hours = serializers.FloatField(
+        allow_null=True, help_text="If it runs to its max_runtime; null without one."
+    )
+    summary = serializers.CharField(
+        help_text='In words, e.g. "Up to 16 GPU-hours if it runs to its max_runtime; 120 of '
+        '400 left this month (all flavors)."'
+    )
+    budgets = BudgetStandingSerializer(many=True)
+
+
+class RunCreatedSerializer(RunDetailSerializer):
+    """The run just submitted, and what it may cost."""
+
+    cost = CostSerializer(read_only=True, allow_null=True)
+
+    class Meta(RunDetailSerializer.Meta):
+        fields = [*RunDetailSerializer.Meta.fields, "cost"]
+        read_only_fields = fields
+
+    def to_representation(self, instance: Run | Mapping[str, Any]) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        assert isinstance(instance, Run)
+        data["cost"] = instance.submitted_cost
+        return data
+
+
 class EventSerializer(serializers.ModelSerializer[RunEvent]):
     class Meta:
         model = RunEvent

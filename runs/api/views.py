@@ -59,6 +59,7 @@ from runs.api.serializers import (
     ReportEventSerializer,
     ReportMetricsSerializer,
     ResumeSerializer,
+    RunCreatedSerializer,
     RunDetailSerializer,
     RunSummarySerializer,
     SubmitSerializer,
@@ -254,7 +255,7 @@ class RunViewSet(WorkspaceScopedViewSet):
         # Files only: a JSON body cannot carry them.
         request={"multipart/form-data": SubmitSerializer},
         responses={
-            201: RunDetailSerializer,
+            201: RunCreatedSerializer,
             **refusals(
                 400,
                 413,
@@ -285,7 +286,7 @@ class RunViewSet(WorkspaceScopedViewSet):
         # The run as just written, in the detail's shape: the run, its bundle and its
         # workspace are in memory; its attempts are read only if submission wrote any.
         prefetch_related_objects([run], self._attempts(new=True))
-        return Response(RunDetailSerializer(run).data, status=status.HTTP_201_CREATED)
+        return Response(RunCreatedSerializer(run).data, status=status.HTTP_201_CREATED)
 
     def _attempts(self, *, new: bool = False) -> Prefetch[Any]:
         """A run's attempts with the checkpoints they resume from; for a ``new`` run, the one

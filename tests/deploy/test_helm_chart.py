@@ -255,7 +255,7 @@ def test_network_policies_admit_the_ingress_and_run_pods_and_limit_egress(
     assert "ingress" not in closed
     egress = objects[("NetworkPolicy", "taugrid-egress")]["spec"]["egress"]
     ports = [sorted(p["port"] for p in rule["ports"]) for rule in egress]
-    assert ports[:5] == [[53, 53], [5432], [6379], [443], [443, 6443]]
+    assert ports[:6] == [[53, 53], [5432], [6379], [443], [587], [443, 6443]]
     assert egress[1]["to"] == [{"ipBlock": {"cidr": "10.10.4.0/24"}}]
     assert egress[2]["to"] == [{"ipBlock": {"cidr": "10.10.5.0/24"}}]
 
@@ -337,6 +337,7 @@ def test_the_charts_settings_pass_the_deploy_check(
         **PRODUCTION_SECRETS,
         "TAU_OIDC_CLIENT_SECRET": "client-secret-for-the-check",
         "TAU_METRICS_TOKEN": "metrics-token-for-the-check-0123456789",
+        "TAU_EMAIL_PASSWORD": "smtp-password-for-the-check",
     }
     for name, value in secrets.items():
         (tmp_path / name).write_text(value)

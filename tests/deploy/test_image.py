@@ -32,6 +32,7 @@ SECRETS = {
     **PRODUCTION_SECRETS,
     "TAU_OIDC_CLIENT_SECRET": "client-secret-for-the-image-check",
     "TAU_METRICS_TOKEN": "metrics-token-for-the-image-check-0123456789",
+    "TAU_EMAIL_PASSWORD": "smtp-password-for-the-image-check",
 }
 
 

@@ -69,6 +69,7 @@ def test_admin_creates_workspace_with_members_and_quota(world: Any) -> None:
             "quotas-0-lending_limit": "",
         }
     )
+    data.update(inline_management("budgets", 0))
     response = client.post(reverse("admin:workspaces_workspace_add"), data)
     assert response.status_code == 302, response.content.decode()[:2000]
     gamma = Workspace.unscoped_objects.get(slug="gamma")
@@ -136,6 +137,7 @@ def test_admin_change_records_only_what_changed(world: Any) -> None:
                 f"quotas-{index}-lending_limit": "",
             }
         )
+    data.update(inline_management("budgets", 0))
     before = AuditEvent.objects.unscoped().count()
     response = client.post(reverse("admin:workspaces_workspace_change", args=[alpha.pk]), data)
     assert response.status_code == 302, response.content.decode()[:3000]

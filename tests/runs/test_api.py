@@ -535,14 +535,16 @@ def test_following_a_log_never_splits_a_character(world: Any, tmp_path: Path) ->
 
 def test_the_answer_to_a_submission_is_the_run_in_full(world: Any) -> None:
     """The 201 is the run's detail (the shape the schema declares), the same as reading the
-    run back right after."""
+    run back right after, and what the run may cost (said once, at submission)."""
     client = world.api_client_for("researcher")
     created = submit(client, TINY_SPEC, zip_bytes(TINY_FILES))
     assert created.status_code == 201
     body = created.json()
+    cost = body.pop("cost")
     assert body == client.get(body["url"]).json()
     assert set(body) == set(RunDetailSerializer.Meta.fields)
     assert body["bundle"]["files"] == 1
+    assert cost["summary"] == "It uses no GPUs, so no GPU-hour budget."
 
 
 def test_a_submission_costs_a_fixed_number_of_queries(

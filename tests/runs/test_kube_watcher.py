@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -57,7 +58,7 @@ from django.utils import timezone
 import kube as adapter
 from runs import delivery, labels
 from runs.events import verify_event_chain
-from runs.kube_status import AttemptObjects, Observation, ObservedState, observe
+from runs.kube_status import AttemptObjects, Observation, ObservedState, observe, parse_time
 from runs.kube_watcher import (
     JOB,
     NODE,
@@ -227,6 +228,20 @@ def test_each_step_is_recorded_once_however_often_it_is_seen(world: Any) -> None
         {"nvidia.com/gpu": "h100"},
         ["gpu-h100-1"],
     )
+
+
+def test_usage_is_counted_between_kueues_admission_and_end_times(world: Any) -> None:
+    """The watcher records Kueue's admission time and the Workload's end, not its own
+    clock (a late XID's hold or a slow watcher would otherwise count as GPU time)."""
+    run = kube_run(world)
+    created = timezone.now() - timedelta(minutes=1)
+    RunAttempt.objects.unscoped().filter(run_id=run.pk).update(created_at=created)
+    admitted_at = created + timedelta(seconds=3)
+    ended_at = created + timedelta(seconds=9)
+    apply(run, dataclasses.replace(ADMITTED, admitted_at=admitted_at))
+    apply(run, dataclasses.replace(SUCCEEDED, admitted_at=admitted_at, ended_at=ended_at))
+    attempt = attempt_of(run)
+    assert (attempt.admitted_at, attempt.finished_at) == (admitted_at, ended_at)
 
 
 def test_a_watcher_that_missed_steps_catches_up_in_order(world: Any) -> None:
@@ -925,6 +940,19 @@ def test_a_run_goes_from_queued_over_quota_to_succeeded(
     assert attempt.node_names
     assert attempt.node_names[0].startswith("gpu-h100-")
     assert (attempt.state, attempt.exit_code) == (RunAttempt.State.SUCCEEDED, 0)
+    # What it used is counted between Kueue's own times: its admission and its end, not when
+    # the watcher looked.
+    [workload] = [
+        w
+        for w in kube.list(KUEUE, "Workload", world.alpha.namespace)
+        if any(o.get("name") == f"{run.name}-a1" for o in w["metadata"].get("ownerReferences", []))
+    ]
+    times = {c["type"]: c["lastTransitionTime"] for c in workload["status"]["conditions"]}
+    assert attempt.admitted_at == parse_time(times["Admitted"])
+    assert attempt.finished_at == parse_time(times["Finished"])
+    assert attempt.admitted_at is not None
+    assert attempt.finished_at is not None
+    assert attempt.admitted_at < attempt.finished_at
 
     # The same status again, in full: a resync lists everything and reconciles every attempt.
     before = event_count(run)

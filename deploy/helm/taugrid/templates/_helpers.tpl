@@ -84,6 +84,7 @@ oidcClientSecret: TAU_OIDC_CLIENT_SECRET
 cacheUrl: TAU_CACHE_URL
 metricsToken: TAU_METRICS_TOKEN
 prometheusToken: TAU_PROMETHEUS_TOKEN
+emailPassword: TAU_EMAIL_PASSWORD
 {{- end -}}
 
 {{/* The settings every process of the portal reads (README, "Configuration"). */}}

@@ -1,0 +1,110 @@
+"""The platform team's view of webhooks and their delivery log: read-only (a workspace's
+admins manage their webhooks; the log is a record). A webhook's secret is never shown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+
+from notifications.models import NotificationDelivery, Webhook
+
+# Never "secret": it signs deliveries and is shown nowhere.
+WEBHOOK_FIELDS = (
+    "workspace",
+    "url",
+    "events",
+    "format",
+    "created_at",
+    "created_by_username",
+    "log",
+)
+
+DELIVERY_FIELDS = (
+    "workspace",
+    "channel",
+    "webhook",
+    "user",
+    "event",
+    "key",
+    "status",
+    "count",
+    "tries",
+    "last_status_code",
+    "last_error",
+    "created_at",
+    "last_tried_at",
+    "next_try_at",
+    "delivered_at",
+    "given_up_at",
+    "payload",
+)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).unscoped()  # type: ignore[attr-defined, no-any-return]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Webhook)
+class WebhookAdmin(ReadOnlyAdmin):
+    list_display = ["id", "workspace", "url", "events_display", "format", "created_at", "log"]
+    list_filter = ["format"]
+    search_fields = ["url", "workspace__slug"]
+    list_select_related = ["workspace"]
+    fields = WEBHOOK_FIELDS
+    readonly_fields = WEBHOOK_FIELDS
+
+    @admin.display(description="Events")
+    def events_display(self, webhook: Webhook) -> str:
+        return ", ".join(webhook.events) or "all"
+
+    @admin.display(description="Delivery log")
+    def log(self, webhook: Webhook) -> str:
+        url = reverse("admin:notifications_notificationdelivery_changelist")
+        return format_html('<a href="{}?webhook__id__exact={}">deliveries</a>', url, webhook.pk)
+
+
+@admin.register(NotificationDelivery)
+class NotificationDeliveryAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "event",
+        "channel",
+        "webhook",
+        "status",
+        "tries",
+        "count",
+        "last_status_code",
+        "short_error",
+        "created_at",
+        "last_tried_at",
+        "next_try_at",
+        "delivered_at",
+        "given_up_at",
+    ]
+    list_filter = ["channel", "event", "webhook"]
+    list_select_related = ["webhook"]
+    search_fields = ["key", "last_error"]
+    date_hierarchy = "created_at"
+    show_full_result_count = False
+    fields = DELIVERY_FIELDS
+    readonly_fields = DELIVERY_FIELDS
+
+    @admin.display(description="Last error")
+    def short_error(self, delivery: NotificationDelivery) -> str:
+        return Truncator(delivery.last_error).chars(120)
