@@ -377,6 +377,7 @@ def observe(
 
     finished = _finished(job, objects, now=now, placement=placement)
     if finished is not None:
+        finished = replace(finished, ended_at=_ended_at(job, workload))
         return _held_for_a_late_xid(finished, objects.pods, now=now, settle=xid_settle)
 
     admitted = bool(workload is not None and _true(workload, "Admitted"))
@@ -423,7 +424,6 @@ def _placement(workload: Body | None, pods: Sequence[Body]) -> dict[str, Any]:
     )
     ran = any(_pod_ran(pod) for pod in pods)
     admitted = _true(workload, "Admitted") or _true(workload, "QuotaReserved")
-    finished = _true(workload, "Finished")
     return {
         "cluster_queue": str(admission.get("clusterQueue") or ""),
         "flavors": flavors,
@@ -431,8 +431,22 @@ def _placement(workload: Body | None, pods: Sequence[Body]) -> dict[str, Any]:
         "ran": ran,
         "admitted": bool(admission) or _true(workload, "Admitted") is not None,
         "admitted_at": parse_time((admitted or {}).get("lastTransitionTime")),
-        "ended_at": parse_time((finished or {}).get("lastTransitionTime")),
     }
+
+
+def _ended_at(job: Body, workload: Body | None) -> datetime | None:
+    """When the job ended by itself, as Kubernetes stamped it: the Job's Complete or Failed
+    condition (a RayJob's ``endTime``), else Kueue's Finished on its Workload (which Kueue
+    sets a moment after the Job's)."""
+    for condition in ("Complete", "Failed"):
+        found = _true(job, condition)
+        if found is not None and found.get("lastTransitionTime"):
+            return parse_time(found.get("lastTransitionTime"))
+    end = parse_time(_status(job).get("endTime"))
+    if end is not None:
+        return end
+    finished = _true(workload, "Finished")
+    return parse_time((finished or {}).get("lastTransitionTime"))
 
 
 def _pod_ran(pod: Body) -> bool:

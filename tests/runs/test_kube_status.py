@@ -33,6 +33,7 @@ from runs.kube_status import (
     Observation,
     amount_words,
     observe,
+    parse_time,
     waiting_reason,
 )
 from runs.models import FailureClass
@@ -775,3 +776,30 @@ def test_a_gpu_programs_failure_waits_for_a_late_xid() -> None:
     assert observe(objects_of(cpu_only), now=early).settles_at is None
     oom = captured("failed_oom")
     assert observe(objects_of(oom), now=when(oom)).settles_at is None
+
+
+@pytest.mark.parametrize(
+    ("case", "ended_by"),
+    [("succeeded", "Complete"), ("failed_exit_code", "Failed"), ("failed_deadline", "Failed")],
+)
+def test_kueues_admission_and_the_jobs_end_are_read_as_stamped(case: str, ended_by: str) -> None:
+    """What an attempt used is counted between these (runs.accounting): Kueue's admission and
+    the Job's own end, from the captured objects, not the time the watcher looked."""
+    data = captured(case)
+    observation = observe(objects_of(data), now=when(data, 60))
+    assert observation.admitted_at == parse_time(
+        _condition(data["workload"], "Admitted")["lastTransitionTime"]
+    )
+    assert observation.ended_at == parse_time(
+        _condition(data["job"], ended_by)["lastTransitionTime"]
+    )
+    assert observation.admitted_at is not None
+    assert observation.ended_at is not None
+    assert observation.admitted_at <= observation.ended_at
+
+
+def test_a_running_attempt_has_an_admission_and_no_end() -> None:
+    data = captured("running")
+    observation = observe(objects_of(data), now=when(data))
+    assert observation.admitted_at is not None
+    assert observation.ended_at is None

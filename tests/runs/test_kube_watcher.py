@@ -947,9 +947,12 @@ def test_a_run_goes_from_queued_over_quota_to_succeeded(
         for w in kube.list(KUEUE, "Workload", world.alpha.namespace)
         if any(o.get("name") == f"{run.name}-a1" for o in w["metadata"].get("ownerReferences", []))
     ]
-    times = {c["type"]: c["lastTransitionTime"] for c in workload["status"]["conditions"]}
-    assert attempt.admitted_at == parse_time(times["Admitted"])
-    assert attempt.finished_at == parse_time(times["Finished"])
+    admitted = {c["type"]: c["lastTransitionTime"] for c in workload["status"]["conditions"]}
+    job = kube.get("batch/v1", "Job", f"{run.name}-a1", world.alpha.namespace)
+    assert job is not None
+    ended = {c["type"]: c["lastTransitionTime"] for c in job["status"]["conditions"]}
+    assert attempt.admitted_at == parse_time(admitted["Admitted"])
+    assert attempt.finished_at == parse_time(ended["Complete"])
     assert attempt.admitted_at is not None
     assert attempt.finished_at is not None
     assert attempt.admitted_at < attempt.finished_at
