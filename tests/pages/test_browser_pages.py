@@ -91,8 +91,11 @@ def test_researcher_submits_and_watches_a_run_live(
         "() => document.getElementById('log-follow').textContent === 'Finished'", timeout=20_000
     )
     assert "val_accuracy" in page.inner_text("#log") or "accuracy" in page.inner_text("#log")
-    # Finished: nothing polls any more.
-    assert page.evaluate("document.querySelectorAll('[data-poll-url]').length") == 0
+    # Finished: nothing polls any more once its evidence is sealed and checked (the
+    # evidence card follows that, from the worker, for a moment after the run ended).
+    page.wait_for_function(
+        "() => document.querySelectorAll('[data-poll-url]').length === 0", timeout=60_000
+    )
     check_page(page, "run-succeeded")
     assert problems == []
 
