@@ -27,13 +27,13 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
 from notifications import sending
 from notifications.models import NotificationDelivery, Webhook
-from portal.outbox import claim_is_live, doubling_delay, unclaimed_or_lapsed
+from portal.outbox import claim_is_live, doubling_delay, once_on_commit, unclaimed_or_lapsed
 
 logger = logging.getLogger(__name__)
 
@@ -43,23 +43,9 @@ SEND_TASK = "notifications.tasks.send_notification"
 Channel = NotificationDelivery.Channel
 
 
-class _Publish:
-    """The on-commit callback for one row (a class, so that one already registered in this
-    transaction is recognised: a row folded into three times is published once)."""
-
-    def __init__(self, delivery_id: int) -> None:
-        self.delivery_id = delivery_id
-
-    def __call__(self) -> None:
-        publish(self.delivery_id)
-
-
 def publish_on_commit(delivery_id: int) -> None:
-    for entry in getattr(connection, "run_on_commit", None) or []:
-        callback = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None
-        if isinstance(callback, _Publish) and callback.delivery_id == delivery_id:
-            return
-    transaction.on_commit(_Publish(delivery_id))
+    """Publish the row once its transaction commits (once, however often it is folded into)."""
+    once_on_commit(SEND_TASK, delivery_id, lambda pk: publish(pk))
 
 
 def publish(delivery_id: int) -> None:

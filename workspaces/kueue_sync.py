@@ -60,7 +60,7 @@ from django.db.models.signals import post_delete, post_save, pre_save
 from django.utils import timezone
 
 from portal import audit
-from portal.outbox import claim_is_live, doubling_delay, unclaimed_or_lapsed
+from portal.outbox import claim_is_live, doubling_delay, once_on_commit, unclaimed_or_lapsed
 from workspaces.kueue_cluster import (
     Outcome,
     Repair,
@@ -132,25 +132,9 @@ def request_sync(*, scope: str, workspace_slug: str = "", reason: str) -> KueueS
     return sync
 
 
-class _Publish:
-    """The on-commit callback for one row (a class, so that one already registered in this
-    transaction can be recognised and not registered twice)."""
-
-    def __init__(self, sync_id: int) -> None:
-        self.sync_id = sync_id
-
-    def __call__(self) -> None:
-        publish(self.sync_id)
-
-
 def _publish_on_commit(sync_id: int) -> None:
-    pending = getattr(connection, "run_on_commit", None) or []
-    for entry in pending:
-        # Django keeps (savepoint ids, callback, robust) per registered callback.
-        callback = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None
-        if isinstance(callback, _Publish) and callback.sync_id == sync_id:
-            return
-    transaction.on_commit(_Publish(sync_id))
+    # Looked up when the transaction commits: tests replace ``publish``.
+    once_on_commit(SYNC_TASK, sync_id, lambda pk: publish(pk))
 
 
 def publish(sync_id: int) -> None:

@@ -17,10 +17,10 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from notifications import delivery, sending
-from notifications.delivery import _Publish
 from notifications.models import NotificationDelivery, NotifiedWait, PayloadFormat, Webhook
 from notifications.waiting import notify_waiting_runs
 from portal.notices import Notice, announce
+from portal.outbox import _OnCommit
 from runs.lifecycle import cancel_run
 from runs.models import FailureClass, Run, RunState, failure_hint_for
 from runs.state import transition
@@ -70,7 +70,10 @@ def test_a_finished_run_is_posted_signed_to_the_webhook(
     (row,) = rows(world)
     # Written in the run's transaction, published only once it commits.
     every_row = NotificationDelivery.objects.for_workspace(world.alpha).values_list("pk", flat=True)
-    assert sorted(c.delivery_id for c in callbacks if isinstance(c, _Publish)) == sorted(every_row)
+    published = [
+        c.row_id for c in callbacks if isinstance(c, _OnCommit) and c.key == delivery.SEND_TASK
+    ]
+    assert sorted(published) == sorted(every_row)
     assert row.pk in every_row
     assert endpoint.received == []
     assert delivery.deliver(row.pk) is True
