@@ -140,15 +140,20 @@ class PlatformReport:
     usage: Usage
     workspaces: dict[int, Workspace]
 
+    def _by_gpu_hours(self) -> list[tuple[int, Totals]]:
+        return sorted(self.usage.by_workspace.items(), key=lambda item: -item[1].gpu_seconds)
+
+    def _slug(self, workspace_id: int) -> str:
+        workspace = self.workspaces.get(workspace_id)
+        return workspace.slug if workspace else str(workspace_id)
+
     def workspace_rows(self) -> list[dict[str, Any]]:
         rows = []
-        for workspace_id, totals in sorted(
-            self.usage.by_workspace.items(), key=lambda item: -item[1].gpu_seconds
-        ):
+        for workspace_id, totals in self._by_gpu_hours():
             workspace = self.workspaces.get(workspace_id)
             rows.append(
                 {
-                    "workspace": workspace.slug if workspace else str(workspace_id),
+                    "workspace": self._slug(workspace_id),
                     "name": workspace.name if workspace else "",
                     **totals.as_dict(),
                 }
@@ -161,27 +166,21 @@ class PlatformReport:
             "days": [day.isoformat() for day in days],
             "series": [
                 {
-                    "name": row["workspace"],
+                    "name": self._slug(workspace_id),
                     "gpu_hours": [
                         round(
                             self.usage.by_day_workspace.get(day, {})
-                            .get(self._id(row["workspace"]), Totals())
+                            .get(workspace_id, Totals())
                             .gpu_hours,
                             3,
                         )
                         for day in days
                     ],
                 }
-                for row in self.workspace_rows()
+                for workspace_id, _totals in self._by_gpu_hours()
             ],
             "flavors": _rows(self.usage.by_flavor, "flavor"),
         }
-
-    def _id(self, slug: str) -> int:
-        for workspace_id, workspace in self.workspaces.items():
-            if workspace.slug == slug:
-                return workspace_id
-        return int(slug) if slug.isdigit() else -1
 
 
 def platform_report(period: Period, *, now: datetime | None = None) -> PlatformReport:

@@ -192,6 +192,14 @@ def test_the_platform_page_is_for_staff_and_lists_every_workspace(world: Any) ->
     ).decode()
     assert {row["workspace"] for row in csv.DictReader(io.StringIO(body))} == {"alpha", "beta"}
     assert world.client_for("researcher").get("/usage.csv").status_code == 403
+    from accounting.reports import platform_report
+
+    chart = platform_report(Period(2026, 11), now=datetime(2026, 12, 1, tzinfo=UTC)).chart()
+    assert [series["name"] for series in chart["series"]] == ["beta", "alpha"]  # most first
+    assert {series["name"]: sum(series["gpu_hours"]) for series in chart["series"]} == {
+        "alpha": pytest.approx(6.0),
+        "beta": pytest.approx(8.0),
+    }
 
 
 def test_the_admin_shows_each_workspace_s_month(world: Any) -> None:
