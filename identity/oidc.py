@@ -2,15 +2,26 @@
 
 Built on mozilla-django-oidc, with what it leaves to the application done here:
 
-- endpoints come from the provider's discovery document, cached;
+- endpoints come from the provider's discovery document, cached for a few minutes and
+  fetched again at once when a login or logout meets something the cached copy does not
+  explain (a token from another issuer, a logout without an ``end_session_endpoint``);
 - ID tokens must be signed with an allowed asymmetric algorithm (RS256/ES256 by default;
   ``none`` and HMAC algorithms are refused) by a key from the provider's JWKS, which is
-  cached and re-fetched when a token names a key id it does not know;
-- ``iss``, ``aud`` (and ``azp``), ``exp``, ``iat`` and the ``nonce`` are checked, and a nonce
-  is accepted once only;
+  cached and fetched again when a token names a key id it does not know (at most every
+  ``JWKS_MIN_REFRESH_SECONDS``, which a login then waits for, so a key rotation fails no
+  login and forged key ids cannot flood the provider);
+- ``iss`` must be exactly the ``issuer`` the provider publishes in its discovery document
+  (which may differ from ``TAU_OIDC_ISSUER`` by a trailing slash, nothing else); ``aud`` (and
+  ``azp``), ``exp``, ``iat`` and the ``nonce`` are checked, and a nonce is accepted once only;
+- what goes wrong is told apart: a setup mistake (:class:`OIDCSetupError`, which no retry
+  fixes: it says what to change), the provider being unreachable (:class:`OIDCUnavailable`),
+  or one login refused (:class:`OIDCError`). The last setup or reachability problem is kept
+  in the cache for the login page, staff pages and ``/readyz`` (:func:`sso_status`);
 - users are identified by (issuer, subject), never by e-mail; e-mail and name follow the
-  provider's claims at each login; a new user's username is ASCII, never a look-alike of
-  another (portal/usernames.py);
+  provider's claims at each login; a new user's username comes from
+  ``TAU_OIDC_USERNAME_CLAIM``, else ``preferred_username``, the e-mail's local part or the
+  name, and only then the (often opaque) subject; it is ASCII, never a look-alike of another
+  (portal/usernames.py);
 - optional mapping of a groups claim to platform staff and workspace roles, applied at each
   login and audited;
 - a session refresh that answers HTMX requests with ``HX-Redirect``;
@@ -19,6 +30,8 @@ Built on mozilla-django-oidc, with what it leaves to the application done here:
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import hmac
 import logging
 import threading
@@ -58,14 +71,130 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-METADATA_TTL_SECONDS = 3600
-JWKS_MIN_REFRESH_SECONDS = 30
+#: How long a discovery document or key set is used before it is fetched again anyway.
+METADATA_TTL_SECONDS = 300
+#: The least time between two fetches that something unexplained asked for: a token naming
+#: an unknown key id (a rotation: a login waits out the rest of this rather than fail), a
+#: token from an issuer the cached document does not name, a logout the cached document
+#: offers no endpoint for.
+JWKS_MIN_REFRESH_SECONDS = 2
+METADATA_MIN_REFRESH_SECONDS = 5
+#: /readyz looks at the provider itself at most this often, with this short a timeout.
+STATUS_CHECK_SECONDS = 300
+STATUS_CHECK_TIMEOUT_SECONDS = 2
+STATUS_KEY = "oidc:status"  # + a fingerprint of the settings
 CLOCK_SKEW_SECONDS = 60
 NONCE_MEMORY_SECONDS = 24 * 3600
+ISSUER_HINT = (
+    "TAU_OIDC_ISSUER must be the issuer URL the provider publishes, the one under which "
+    "/.well-known/openid-configuration is served (Keycloak: https://HOST/realms/REALM; "
+    "Dex: its `issuer` setting; Entra ID: https://login.microsoftonline.com/TENANT-ID/v2.0)."
+)
 
 
 class OIDCError(SuspiciousOperation):
     """A response from the provider that must not log anyone in."""
+
+
+class OIDCSetupError(OIDCError):
+    """The portal's settings and the provider's disagree: no retry helps until one of them
+    is changed. ``problem`` says what does not match (both values), ``fix`` what to change."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+
+class OIDCUnavailable(Exception):
+    """The provider cannot be reached or answered with a server error: try again later."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the login page, staff and /readyz are told about a failed step."""
+
+    kind: str  # "misconfigured", "unavailable" or "refused"
+    detail: str
+    fix: str = ""
+
+
+def problem_of(exc: BaseException) -> Problem:
+    if isinstance(exc, OIDCSetupError):
+        return Problem("misconfigured", exc.problem, exc.fix)
+    if isinstance(exc, OIDCUnavailable | requests.RequestException):
+        return Problem("unavailable", str(exc))
+    return Problem("refused", str(exc))
+
+
+def _status_key() -> str:
+    """Per configuration: once the settings are corrected (a restart), old problems are gone."""
+    fingerprint = "\n".join(
+        [
+            settings.TAU_OIDC_ISSUER,
+            settings.OIDC_RP_CLIENT_ID,
+            settings.OIDC_RP_SCOPES,
+            ",".join(settings.TAU_OIDC_SIGNING_ALGORITHMS),
+        ]
+    )
+    return f"{STATUS_KEY}:{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}"
+
+
+def record_status(problem: Problem | None, *, source: str = "login") -> None:
+    """Keep the provider's state for the login page, staff pages and /readyz (shared by all
+    processes through the cache). A refused login says nothing about the setup. ``source``
+    is "login" (a real login or logout) or "discovery" (the /readyz check, which only
+    fetches the discovery document and so cannot clear what a login found)."""
+    if problem is not None and problem.kind == "refused":
+        return
+    key = _status_key()
+    previous: dict[str, Any] = cache.get(key) or {}
+    now = timezone.now().isoformat(timespec="seconds")
+    if problem is None:
+        if (
+            source == "discovery"
+            and previous.get("source") == "login"
+            and previous.get("status") == "misconfigured"
+        ):
+            return  # the document is fine; what the last login met may still be wrong
+        status: dict[str, Any] = {"status": "ok", "checked_at": now, "source": source}
+    else:
+        same = previous.get("status") == problem.kind and previous.get("detail") == problem.detail
+        status = {
+            "status": problem.kind,
+            "detail": problem.detail,
+            "checked_at": now,
+            "since": previous.get("since", now) if same else now,
+            "source": source,
+        }
+        if problem.fix:
+            status["fix"] = problem.fix
+    cache.set(key, status, timeout=24 * 3600)
+
+
+def sso_status(*, check: bool = False) -> dict[str, Any] | None:
+    """The last known state of single sign-on, or None when it is not configured. With
+    ``check``, a state older than ``STATUS_CHECK_SECONDS`` (or none) is refreshed by fetching
+    the discovery document with a short timeout."""
+    if not settings.TAU_OIDC_ENABLED:
+        return None
+    status: dict[str, Any] | None = cache.get(_status_key())
+    fresh = False
+    if status is not None:
+        try:
+            checked = dt.datetime.fromisoformat(str(status.get("checked_at")))
+            fresh = (timezone.now() - checked).total_seconds() < STATUS_CHECK_SECONDS
+        except ValueError:
+            fresh = False
+    if check and not fresh:
+        try:
+            provider().metadata(refresh=True, timeout=STATUS_CHECK_TIMEOUT_SECONDS)
+        except (OIDCError, OIDCUnavailable) as exc:
+            record_status(problem_of(exc), source="discovery")
+        else:
+            record_status(None, source="discovery")
+        status = cache.get(_status_key())
+    return status
 
 
 @dataclass
@@ -73,42 +202,93 @@ class _Cached:
     value: dict[str, Any]
     fetched_at: float
 
+    @property
+    def age(self) -> float:
+        return time.monotonic() - self.fetched_at
+
 
 class ProviderClient:
     """Discovery document and signing keys of the configured provider, cached per process."""
 
     def __init__(self, issuer: str) -> None:
-        self.issuer = issuer
+        self.issuer = issuer.rstrip("/")
         self._lock = threading.Lock()
         self._metadata: _Cached | None = None
         self._jwks: _Cached | None = None
 
-    def _get_json(self, url: str) -> dict[str, Any]:
-        response = requests.get(url, timeout=settings.OIDC_TIMEOUT, verify=settings.OIDC_VERIFY_SSL)
-        response.raise_for_status()
-        document = response.json()
+    @property
+    def discovery_url(self) -> str:
+        return f"{self.issuer}/.well-known/openid-configuration"
+
+    def _get_json(self, url: str, what: str, *, timeout: float | None = None) -> dict[str, Any]:
+        try:
+            response = requests.get(
+                url, timeout=timeout or settings.OIDC_TIMEOUT, verify=settings.OIDC_VERIFY_SSL
+            )
+        except requests.exceptions.SSLError as exc:
+            raise OIDCSetupError(
+                f"the TLS connection to {url} failed: {exc}",
+                "If the provider's certificate is from a private CA, set TAU_OIDC_CA_BUNDLE to "
+                "a file with that CA's certificate; else check that the URL's host name is on "
+                "the provider's certificate.",
+            ) from None
+        except requests.RequestException as exc:
+            raise OIDCUnavailable(f"{what} at {url} cannot be fetched: {exc}") from None
+        if response.status_code >= 500 or response.status_code == 429:
+            raise OIDCUnavailable(f"{what} at {url} answered HTTP {response.status_code}")
+        if response.status_code != 200:
+            raise OIDCSetupError(
+                f"{what} at {url} answered HTTP {response.status_code}",
+                ISSUER_HINT if what == "the discovery document" else "Check the provider.",
+            )
+        try:
+            document = response.json()
+        except ValueError:
+            document = None
         if not isinstance(document, dict):
-            raise OIDCError(f"{url} did not return a JSON object")
+            raise OIDCSetupError(f"{what} at {url} is not a JSON object", ISSUER_HINT)
         return document
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self, *, refresh: bool = False, timeout: float | None = None) -> dict[str, Any]:
+        """The discovery document; ``refresh`` asks for a new copy unless the cached one is
+        only seconds old."""
         with self._lock:
             cached = self._metadata
-            if cached is None or time.monotonic() - cached.fetched_at > METADATA_TTL_SECONDS:
-                document = self._get_json(f"{self.issuer}/.well-known/openid-configuration")
-                if document.get("issuer", "").rstrip("/") != self.issuer:
-                    # OpenID Connect Discovery 1.0, section 4.3.
-                    raise OIDCError(
-                        f"the provider says its issuer is {document.get('issuer')!r}, "
-                        f"not the configured {self.issuer!r}"
+            if (
+                cached is None
+                or cached.age > METADATA_TTL_SECONDS
+                or (refresh and cached.age > METADATA_MIN_REFRESH_SECONDS)
+            ):
+                document = self._get_json(
+                    self.discovery_url, "the discovery document", timeout=timeout
+                )
+                published = document.get("issuer")
+                # OpenID Connect Discovery 1.0, section 4.3: the document is for the issuer it
+                # was fetched for. A trailing slash is the one difference tolerated (tokens
+                # must then carry the issuer exactly as published: verify_id_token).
+                if not isinstance(published, str) or published.rstrip("/") != self.issuer:
+                    raise OIDCSetupError(
+                        f"the provider at {self.discovery_url} says its issuer is "
+                        f"{published!r}, but TAU_OIDC_ISSUER is {self.issuer!r}",
+                        f"Set TAU_OIDC_ISSUER to {published!r} exactly, or change the "
+                        "provider's issuer setting: the scheme, host name, port and path must "
+                        "be the same ('localhost' and '127.0.0.1' are different issuers).",
                     )
+                if cached is not None and cached.value.get("issuer") != published:
+                    logger.info("the provider's issuer is now %r", published)
                 cached = self._metadata = _Cached(document, time.monotonic())
             return cached.value
+
+    def published_issuer(self, *, refresh: bool = False) -> str:
+        return str(self.metadata(refresh=refresh)["issuer"])
 
     def endpoint(self, name: str) -> str:
         value = self.metadata().get(name)
         if not isinstance(value, str) or not value:
-            raise OIDCError(f"the provider's discovery document has no {name}")
+            raise OIDCSetupError(
+                f"the provider's discovery document ({self.discovery_url}) has no {name}",
+                ISSUER_HINT,
+            )
         return value
 
     def signing_key(self, kid: str | None, alg: str) -> jwt.PyJWK:
@@ -117,19 +297,36 @@ class ProviderClient:
         if key is None:
             key = self._find_key(kid, alg, refresh=True)
         if key is None:
-            raise OIDCError(f"the provider has no signing key {kid!r} for {alg}")
+            raise OIDCError(
+                f"the provider has no signing key {kid!r} for {alg} in its key set "
+                f"({self.metadata().get('jwks_uri')})"
+            )
         return key
 
     def _find_key(self, kid: str | None, alg: str, *, refresh: bool) -> jwt.PyJWK | None:
         jwks_uri = self.endpoint("jwks_uri")
+        asked = time.monotonic()
+        if refresh:
+            # A new kid justifies a refetch (a rotation), but not a flood of them from forged
+            # tokens: at most one every JWKS_MIN_REFRESH_SECONDS. A provider restarted
+            # moments after the last fetch is the usual rotation, so wait out the rest of the
+            # interval rather than fail the login.
+            with self._lock:
+                cached = self._jwks
+                wait = 0.0 if cached is None else JWKS_MIN_REFRESH_SECONDS - cached.age
+            if wait > 0:
+                time.sleep(wait)
         with self._lock:
             cached = self._jwks
-            age = None if cached is None else time.monotonic() - cached.fetched_at
-            stale = age is None or age > METADATA_TTL_SECONDS
-            # A new kid justifies a refetch, but not a flood of them from forged tokens.
-            may_refresh = age is None or age > JWKS_MIN_REFRESH_SECONDS
-            if stale or (refresh and may_refresh):
-                cached = self._jwks = _Cached(self._get_json(jwks_uri), time.monotonic())
+            stale = cached is None or cached.age > METADATA_TTL_SECONDS
+            # Fetched by another request since this one asked: that copy will do.
+            fetched_since = cached is not None and cached.fetched_at >= asked
+            if stale or (refresh and not fetched_since):
+                cached = self._jwks = _Cached(
+                    self._get_json(jwks_uri, "the key set"), time.monotonic()
+                )
+                if refresh:
+                    logger.info("fetched the provider's key set again for key id %r", kid)
         assert cached is not None
         candidates = [
             jwk
@@ -160,33 +357,70 @@ def provider() -> ProviderClient:
         return client
 
 
+#: Algorithms that are never acceptable for an ID token from a provider (alg=none, and HMAC,
+#: whose "key" would be the client secret or, in the classic confusion, the public key).
+_FORBIDDEN_ALGORITHMS = ("none", "HS256", "HS384", "HS512")
+
+
 def verify_id_token(
     token: str, *, nonce: str | None, client: ProviderClient | None = None
 ) -> dict[str, Any]:
-    """Check an ID token completely and return its claims, or raise :class:`OIDCError`."""
+    """Check an ID token completely and return its claims, or raise :class:`OIDCError`
+    (:class:`OIDCSetupError` when the token shows the settings disagree)."""
     client = client or provider()
     try:
         header = jwt.get_unverified_header(token)
+        unverified = jwt.decode(token, options={"verify_signature": False})
     except jwt.PyJWTError as exc:
         raise OIDCError(f"the ID token is malformed: {exc}") from None
     alg = header.get("alg")
-    if alg not in settings.TAU_OIDC_SIGNING_ALGORITHMS:
-        raise OIDCError(f"ID tokens signed with {alg!r} are not accepted")
-    key = client.signing_key(header.get("kid"), alg)
+    allowed = settings.TAU_OIDC_SIGNING_ALGORITHMS
+    if alg not in allowed:
+        if alg in _FORBIDDEN_ALGORITHMS or not isinstance(alg, str):
+            raise OIDCError(f"ID tokens signed with {alg!r} are not accepted")
+        raise OIDCSetupError(
+            f"the provider signs ID tokens with {alg}, which TAU_OIDC_SIGNING_ALGORITHMS "
+            f"({', '.join(allowed)}) does not allow",
+            f"Add {alg} to TAU_OIDC_SIGNING_ALGORITHMS, or have the provider sign this client's "
+            f"ID tokens with one of {', '.join(allowed)}.",
+        )
     client_id = settings.OIDC_RP_CLIENT_ID
+    audiences = unverified.get("aud")
+    audiences = audiences if isinstance(audiences, list) else [audiences]
+    if audiences != [None] and client_id not in audiences:
+        raise OIDCSetupError(
+            f"the ID token is for the client {', '.join(map(repr, audiences))}, "
+            f"but TAU_OIDC_CLIENT_ID is {client_id!r}",
+            "Set TAU_OIDC_CLIENT_ID to the client id registered at the provider for TauGrid.",
+        )
+    key = client.signing_key(header.get("kid"), alg)
     try:
         claims: dict[str, Any] = jwt.decode(
             token,
             key=key,
             algorithms=[alg],
             audience=client_id,
-            issuer=client.issuer,
             leeway=CLOCK_SKEW_SECONDS,
             options={"require": ["iss", "sub", "aud", "exp", "iat"]},
         )
+    except (jwt.ExpiredSignatureError, jwt.ImmatureSignatureError) as exc:
+        raise OIDCError(
+            f"the ID token was refused: {exc} (if this repeats, compare the clocks of the "
+            "portal and the provider)"
+        ) from None
     except jwt.PyJWTError as exc:
         raise OIDCError(f"the ID token was refused: {exc}") from None
-    audiences = claims["aud"] if isinstance(claims["aud"], list) else [claims["aud"]]
+    if claims["iss"] != client.published_issuer():
+        # The cached discovery document may be older than a change at the provider.
+        published = client.published_issuer(refresh=True)
+        if claims["iss"] != published:
+            raise OIDCSetupError(
+                f"the ID token's issuer (iss) is {claims['iss']!r}, but the provider's "
+                f"discovery document ({client.discovery_url}) says its issuer is {published!r}",
+                "The provider signs tokens under another name than it publishes: make its "
+                "public URL setting agree with the URL it is reached at (Keycloak: KC_HOSTNAME; "
+                "Dex: `issuer`), then TAU_OIDC_ISSUER with both.",
+            )
     if len(audiences) > 1 and claims.get("azp") != client_id:
         raise OIDCError("the ID token is for several parties and not authorised for this one")
     if nonce is None or not hmac.compare_digest(str(claims.get("nonce", "")), nonce):
@@ -277,6 +511,23 @@ def apply_group_mapping(user: User, groups: list[str]) -> None:
                 membership.save(update_fields=["role"])
 
 
+def username_source(claims: dict[str, Any], subject: str) -> str:
+    """What a new user's username is made from: ``TAU_OIDC_USERNAME_CLAIM`` (any claim),
+    else ``preferred_username``, else the e-mail's local part, else the name, and only then
+    the subject, which many providers make opaque (Dex: ``Cg0wLTM4NS0y…``)."""
+    for name in dict.fromkeys((settings.TAU_OIDC_USERNAME_CLAIM, "preferred_username")):
+        value = claims.get(name)
+        if isinstance(value, int | str) and not isinstance(value, bool) and str(value).strip():
+            return str(value).strip()
+    email = claims.get(settings.TAU_OIDC_EMAIL_CLAIM)
+    if isinstance(email, str) and "@" in email.strip("@"):
+        return email.strip().rpartition("@")[0]
+    full_name = claims.get(settings.TAU_OIDC_NAME_CLAIM)
+    if isinstance(full_name, str) and full_name.strip():
+        return ".".join(full_name.lower().split())
+    return subject
+
+
 def _unique_username(wanted: str) -> str:
     user_model = get_user_model()
     base = (wanted or "user")[:140]
@@ -309,6 +560,40 @@ class OIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
     def verify_token(self, token: str, **kwargs: Any) -> dict[str, Any]:
         return verify_id_token(token, nonce=kwargs.get("nonce"))
 
+    def get_token(self, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            token: dict[str, Any] = super().get_token(payload)
+        except requests.RequestException as exc:
+            raise OIDCUnavailable(f"the token endpoint cannot be reached: {exc}") from None
+        return token
+
+    def raise_token_response_error(self, response: requests.Response) -> None:
+        """Tell a setup mistake (wrong client id or secret, wrong authentication method)
+        from an outage and from one bad login code. The body is the provider's OAuth error,
+        never our secret; only its error code and description are kept."""
+        if response.status_code == 200:
+            return
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        error = str(body.get("error", ""))[:100]
+        description = str(body.get("error_description", ""))[:300]
+        said = f"{error}: {description}" if description else error or "no error code"
+        where = f"the token endpoint ({response.url}) answered HTTP {response.status_code}"
+        if response.status_code >= 500 or response.status_code == 429:
+            raise OIDCUnavailable(f"{where} ({said})")
+        if error in ("invalid_client", "unauthorized_client") or response.status_code == 401:
+            raise OIDCSetupError(
+                f"{where}: the provider refused TauGrid's client credentials ({said})",
+                "Check TAU_OIDC_CLIENT_ID and TAU_OIDC_CLIENT_SECRET against the client "
+                "registered at the provider, and TAU_OIDC_CLIENT_SECRET_BASIC (true: HTTP "
+                "Basic, false: in the form) against the client's token endpoint authentication "
+                "method.",
+            )
+        raise OIDCError(f"{where} ({said})")
+
     def get_userinfo(
         self, access_token: str, id_token: str, payload: dict[str, Any]
     ) -> dict[str, Any]:
@@ -332,7 +617,9 @@ class OIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
             # OpenID Connect Core 1.0, section 5.3.2: the sub values must match.
             raise OIDCError("userinfo is about a different subject than the ID token")
         claims = {**userinfo, **payload}
-        issuer, subject = payload["iss"], payload["sub"]
+        # Keyed as TAU_OIDC_ISSUER is written (no trailing slash), so that a provider whose
+        # published issuer gains or loses its slash keeps its users.
+        issuer, subject = str(payload["iss"]).rstrip("/"), payload["sub"]
         with transaction.atomic():
             identity = (
                 OIDCIdentity.objects.select_related("user")
@@ -343,9 +630,7 @@ class OIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
             if identity is None:
                 # ASCII only, never a look-alike of someone else's name (usernames.py).
                 wanted = usernames.from_claim(
-                    str(claims.get(settings.TAU_OIDC_USERNAME_CLAIM) or subject),
-                    issuer=issuer,
-                    subject=subject,
+                    username_source(claims, subject), issuer=issuer, subject=subject
                 )
                 user = self.UserModel._default_manager.create_user(
                     username=_unique_username(wanted)
@@ -398,6 +683,24 @@ def authorization_url(request: HttpRequest, *, prompt: str | None = None) -> str
     return f"{provider().endpoint('authorization_endpoint')}?{urlencode(params)}"
 
 
+def _failure_url(problem: Problem) -> str:
+    kind = {"misconfigured": "misconfigured", "unavailable": "unavailable"}.get(
+        problem.kind, "failed"
+    )
+    return f"{reverse('login')}?oidc={kind}"
+
+
+def _log_problem(what: str, problem: Problem) -> None:
+    if problem.kind == "misconfigured":
+        logger.error(
+            "%s: single sign-on is misconfigured: %s. %s", what, problem.detail, problem.fix
+        )
+    elif problem.kind == "unavailable":
+        logger.warning("%s: the OpenID provider is unavailable: %s", what, problem.detail)
+    else:
+        logger.warning("%s: OpenID Connect login refused: %s", what, problem.detail)
+
+
 class OIDCLoginView(View):
     """Send the browser to the provider's login page."""
 
@@ -409,10 +712,26 @@ class OIDCLoginView(View):
         request.session["oidc_login_next"] = get_next_url(request, "next")
         try:
             url = authorization_url(request)
-        except (requests.RequestException, OIDCError) as exc:
-            logger.warning("cannot reach the OpenID provider: %s", exc)
-            return HttpResponseRedirect(reverse("login") + "?oidc=unavailable")
+        except (OIDCUnavailable, OIDCError) as exc:
+            problem = problem_of(exc)
+            _log_problem("login", problem)
+            record_status(problem)
+            return HttpResponseRedirect(_failure_url(problem))
         return HttpResponseRedirect(url)
+
+
+#: Errors a provider sends back to the callback (OAuth 2.0 section 4.1.2.1, OpenID Connect
+#: section 3.1.2.6) that mean the client's registration or request is wrong, not the user.
+_SETUP_ERRORS = {
+    "unauthorized_client",
+    "invalid_scope",
+    "unsupported_response_type",
+    "invalid_request",
+    "invalid_client",
+    "request_not_supported",
+    "registration_not_supported",
+}
+_OUTAGE_ERRORS = {"server_error", "temporarily_unavailable"}
 
 
 class OIDCCallbackView(OIDCAuthenticationCallbackView):  # type: ignore[misc]
@@ -423,16 +742,35 @@ class OIDCCallbackView(OIDCAuthenticationCallbackView):  # type: ignore[misc]
             return HttpResponse("Single sign-on is not configured.", status=404)
         try:
             response: HttpResponseBase = super().get(request)
-        except (SuspiciousOperation, requests.RequestException) as exc:
-            logger.warning("OpenID Connect login refused: %s", exc)
-            self._audit_failure(request, str(exc))
-            return HttpResponseRedirect(settings.LOGIN_REDIRECT_URL_FAILURE)
+        except (SuspiciousOperation, OIDCUnavailable, requests.RequestException) as exc:
+            problem = problem_of(exc)
+            _log_problem("callback", problem)
+            record_status(problem)
+            self._audit_failure(request, problem.detail)
+            return HttpResponseRedirect(_failure_url(problem))
+        if request.user.is_authenticated:
+            record_status(None)
         return response
 
     def login_failure(self) -> HttpResponseBase:
-        error = self.request.GET.get("error")
-        self._audit_failure(self.request, error or "the provider did not authenticate the user")
-        return HttpResponseRedirect(settings.LOGIN_REDIRECT_URL_FAILURE)
+        error = str(self.request.GET.get("error") or "")[:100]
+        description = str(self.request.GET.get("error_description") or "")[:300]
+        said = f"{error}: {description}" if description else error
+        if error in _SETUP_ERRORS:
+            problem = Problem(
+                "misconfigured",
+                f"the provider refused TauGrid's login request ({said})",
+                "Compare the client registered at the provider with TAU_OIDC_CLIENT_ID and "
+                "TAU_OIDC_SCOPES (each scope must be one the provider offers to this client).",
+            )
+        elif error in _OUTAGE_ERRORS:
+            problem = Problem("unavailable", f"the provider could not log the user in ({said})")
+        else:
+            problem = Problem("refused", said or "the provider did not authenticate the user")
+        _log_problem("callback", problem)
+        record_status(problem)
+        self._audit_failure(self.request, problem.detail)
+        return HttpResponseRedirect(_failure_url(problem))
 
     @staticmethod
     def _audit_failure(request: HttpRequest, reason: str) -> None:
@@ -440,12 +778,17 @@ class OIDCCallbackView(OIDCAuthenticationCallbackView):  # type: ignore[misc]
 
 
 def provider_logout_url(request: HttpRequest, id_token: str | None) -> str | None:
-    """Where to send the browser so the provider ends its session too (RP-initiated logout)."""
+    """Where to send the browser so the provider ends its session too (RP-initiated logout);
+    None when the provider offers no such endpoint (or cannot be asked right now)."""
     if not (settings.TAU_OIDC_ENABLED and settings.TAU_OIDC_PROVIDER_LOGOUT and id_token):
         return None
     try:
         end_session = provider().metadata().get("end_session_endpoint")
-    except (requests.RequestException, OIDCError):
+        if not end_session:
+            # The provider may have started offering it since the document was cached.
+            end_session = provider().metadata(refresh=True).get("end_session_endpoint")
+    except (OIDCUnavailable, OIDCError) as exc:
+        _log_problem("logout", problem_of(exc))
         return None
     if not end_session:
         return None
@@ -471,8 +814,10 @@ class OIDCSessionRefreshMiddleware:
         if self._needs_refresh(request):
             try:
                 url = authorization_url(request, prompt="none")
-            except (requests.RequestException, OIDCError) as exc:
-                logger.warning("session refresh skipped, provider unreachable: %s", exc)
+            except (OIDCUnavailable, OIDCError) as exc:
+                problem = problem_of(exc)
+                _log_problem("session refresh skipped", problem)
+                record_status(problem)
             else:
                 request.session["oidc_login_next"] = request.get_full_path()
                 if getattr(request, "htmx", False):

@@ -40,7 +40,12 @@ if TYPE_CHECKING:
 
 OIDC_PROBLEMS = {
     "failed": "Single sign-on did not log you in. Try again, or ask your platform team.",
-    "unavailable": "The identity provider cannot be reached right now. Try again in a minute.",
+    "unavailable": "{provider} cannot be reached right now. Try again in a minute.",
+    "misconfigured": (
+        "Single sign-on with {provider} is not set up correctly, so it cannot log anyone in "
+        "right now. Trying again will not help: ask your platform team to check TauGrid's "
+        "single sign-on settings."
+    ),
 }
 
 
@@ -204,13 +209,19 @@ class LoginView(auth_views.LoginView):
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
-        problem = self.request.GET.get("oidc")
+        problem = self.request.GET.get("oidc") or ""
+        # What to change is shown to platform staff only, on every page once they are
+        # signed in (identity/context_processors.py): the details name URLs and settings.
+        message = OIDC_PROBLEMS.get(problem)
         context.update(
             {
                 "oidc_enabled": settings.TAU_OIDC_ENABLED,
                 "oidc_provider_name": settings.TAU_OIDC_PROVIDER_NAME,
                 "local_login": settings.TAU_LOCAL_LOGIN,
-                "oidc_problem": OIDC_PROBLEMS.get(problem or ""),
+                "oidc_problem": message.format(provider=settings.TAU_OIDC_PROVIDER_NAME)
+                if message
+                else None,
+                "logged_out_locally": self.request.GET.get("logged_out") == "portal",
             }
         )
         return context
@@ -222,7 +233,12 @@ def logout_view(request: HttpRequest) -> HttpResponseBase:
     id_token = request.session.get("oidc_id_token")
     provider_url = oidc.provider_logout_url(request, id_token)
     auth.logout(request)
-    return HttpResponseRedirect(provider_url or reverse("login"))
+    if provider_url:
+        return HttpResponseRedirect(provider_url)
+    if id_token and settings.TAU_OIDC_ENABLED:
+        # The provider offers no logout for other sites: say its session may still be open.
+        return HttpResponseRedirect(f"{reverse('login')}?logged_out=portal")
+    return HttpResponseRedirect(reverse("login"))
 
 
 def admin_login(request: HttpRequest) -> HttpResponseBase:

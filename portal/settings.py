@@ -158,6 +158,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "web.context_processors.navigation",
+                "identity.context_processors.sso_problem",
             ],
             "builtins": ["django.contrib.humanize.templatetags.humanize"],
         },

@@ -7,8 +7,8 @@ CLUSTER_TOOL := deploy/cluster/controlplane.py
 
 .PHONY: cluster-build cluster-up cluster-down cluster-status
 
-## Build every component once (kine, Kubernetes, Kueue, KubeRay, KWOK, and helm for the chart's
-## tests; cached).
+## Build every component once (kine, Kubernetes, Kueue, KubeRay, KWOK, and helm and Dex for the
+## chart's and the login tests; cached).
 cluster-build: install
 	$(PYTHON) $(CLUSTER_TOOL) build
 

@@ -69,6 +69,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 HERE = Path(__file__).resolve().parent
 VERSIONS_FILE = HERE / "versions.env"
 APISERVER_GOMOD_TEMPLATE = HERE / "kube-apiserver" / "go.mod.in"
+DEX_GOMOD_TEMPLATE = HERE / "dex" / "go.mod.in"
 NODES_DIR = HERE / "nodes"  # the fake nodes, one YAML file per pool
 KWOK_STAGES = HERE / "kwok" / "stages.yaml"  # what KWOK does to nodes and pods
 
@@ -165,6 +166,8 @@ def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
         "KUBERAY_VERSION",
         "KWOK_VERSION",
         "HELM_VERSION",
+        "DEX_VERSION",
+        "DEX_API_VERSION",
     )
     for required in required_keys:
         if required not in versions:
@@ -257,6 +260,9 @@ class Component:
     package: str  # `go install` path, or "" for the kube-apiserver wrapper module
     version_package: str = ""  # Go package whose GitVersion/GitCommit/BuildDate we set
     ldflags: str = ""  # or the -X flags a project's own Makefile sets, "{version}" filled in
+    # A wrapper go.mod (its @KEY@ placeholders filled from versions.env) for a module that
+    # cannot be `go install`ed; `package` is then built inside it.
+    wrapper: Path | None = None
 
     def version(self, versions: Mapping[str, str]) -> str:
         return versions[self.version_key]
@@ -318,7 +324,18 @@ HELM = Component(
         )
     ),
 )
-COMPONENTS = (KINE, KUBERNETES, KUBE_SCHEDULER, KUEUE, KUBERAY, KWOK, HELM)
+# Dex: the second real OpenID provider of the login tests (tests/identity/dex.py); like Helm
+# not part of the control plane. Its go.mod replaces api/v2 locally, hence the wrapper; the -X
+# flag is that of Dex's Makefile.
+DEX = Component(
+    "dex",
+    "DEX_VERSION",
+    ("dex",),
+    "github.com/dexidp/dex/cmd/dex",
+    ldflags="-w -X main.version={version}",
+    wrapper=DEX_GOMOD_TEMPLATE,
+)
+COMPONENTS = (KINE, KUBERNETES, KUBE_SCHEDULER, KUEUE, KUBERAY, KWOK, HELM, DEX)
 
 
 def go_binary() -> str | None:
@@ -480,6 +497,53 @@ def _build_go_install(component: Component, versions: Mapping[str, str], staging
     )
 
 
+def render_wrapper_gomod(template: Path, versions: Mapping[str, str]) -> str:
+    """A wrapper go.mod with every @KEY@ replaced by that key of versions.env."""
+
+    def fill(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key not in versions:
+            raise ControlPlaneError(f"{template}: @{key}@ is not in versions.env")
+        return versions[key]
+
+    return re.sub(r"@([A-Z][A-Z0-9_]*)@", fill, template.read_text())
+
+
+def _build_wrapper(component: Component, versions: Mapping[str, str], staging: Path) -> None:
+    assert component.wrapper is not None
+    go = require_go()
+    version = component.version(versions)
+    directory = component.directory(versions)
+    src = directory / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    (src / "go.mod").write_text(render_wrapper_gomod(component.wrapper, versions))
+    env = go_env(go)
+    run_logged(
+        [go, "mod", "tidy"],
+        cwd=src,
+        env=env,
+        log_path=directory / "tidy.log",
+        what=f"go mod tidy ({component.name} {version} wrapper)",
+    )
+    run_logged(
+        [
+            go,
+            "build",
+            "-v",
+            "-ldflags",
+            component.ldflags.format(version=version),
+            "-o",
+            str(staging) + "/",
+            component.package,
+        ],
+        cwd=src,
+        env=env,
+        log_path=directory / "build.log",
+        what=f"go build {component.package} {version}",
+    )
+
+
 def render_apiserver_gomod(version: str) -> str:
     """Fill the wrapper go.mod: k8s.io/kubernetes at `version`, staging modules at v0.Y.Z."""
     match = re.fullmatch(r"v1\.(\d+)\.(\d+)", version)
@@ -563,7 +627,12 @@ def build(versions: Mapping[str, str], only: Sequence[str] = ()) -> None:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
             # No `go install` path: a k8s.io/kubernetes command, built in the wrapper module.
-            builder = _build_go_install if component.package else _build_kubernetes
+            if component.wrapper is not None:
+                builder = _build_wrapper
+            elif component.package:
+                builder = _build_go_install
+            else:
+                builder = _build_kubernetes
             builder(component, versions, staging)
             shutil.rmtree(directory / "bin", ignore_errors=True)
             staging.rename(directory / "bin")

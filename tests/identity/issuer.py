@@ -48,11 +48,21 @@ class Issuer:
     def __init__(self) -> None:
         self.keys: list[Key] = [Key("key-1")]
         self.jwks_requests = 0
+        self.discovery_requests = 0
+        #: What the discovery document says its issuer is (None: the server's own URL), its
+        #: HTTP status, and fields to add to it or (None) take out of it.
+        self.published_issuer: str | None = None
+        self.discovery_status = 200
+        self.discovery_changes: dict[str, Any] = {}
         issuer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path.endswith("/.well-known/openid-configuration"):
+                    issuer.discovery_requests += 1
+                    if issuer.discovery_status != 200:
+                        self.send_error(issuer.discovery_status)
+                        return
                     body = issuer.discovery()
                 elif self.path == "/jwks":
                     issuer.jwks_requests += 1
@@ -78,14 +88,16 @@ class Issuer:
         self.thread.start()
 
     def discovery(self) -> dict[str, Any]:
-        return {
-            "issuer": self.url,
+        document = {
+            "issuer": self.published_issuer or self.url,
             "authorization_endpoint": f"{self.url}/auth",
             "token_endpoint": f"{self.url}/token",
             "userinfo_endpoint": f"{self.url}/me",
             "jwks_uri": f"{self.url}/jwks",
             "end_session_endpoint": f"{self.url}/session/end",
         }
+        document.update(self.discovery_changes)
+        return {key: value for key, value in document.items() if value is not None}
 
     def close(self) -> None:
         self.server.shutdown()

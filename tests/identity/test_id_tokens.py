@@ -57,7 +57,7 @@ def test_es256_is_accepted_too(issuer: Issuer, client: ProviderClient) -> None:
 @pytest.mark.parametrize(
     ("claims", "reason"),
     [
-        ({"aud": "someone-else"}, "Audience"),
+        ({"aud": "someone-else"}, "for the client 'someone-else', but TAU_OIDC_CLIENT_ID is"),
         ({"iss": "https://evil.example.org"}, "issuer"),
         ({"exp": int(time.time()) - 3600, "iat": int(time.time()) - 7200}, "expired"),
         ({"exp": None}, "exp"),
