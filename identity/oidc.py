@@ -370,7 +370,6 @@ def verify_id_token(
     client = client or provider()
     try:
         header = jwt.get_unverified_header(token)
-        unverified = jwt.decode(token, options={"verify_signature": False})
     except jwt.PyJWTError as exc:
         raise OIDCError(f"the ID token is malformed: {exc}") from None
     alg = header.get("alg")
@@ -385,23 +384,16 @@ def verify_id_token(
             f"ID tokens with one of {', '.join(allowed)}.",
         )
     client_id = settings.OIDC_RP_CLIENT_ID
-    audiences = unverified.get("aud")
-    audiences = audiences if isinstance(audiences, list) else [audiences]
-    if audiences != [None] and client_id not in audiences:
-        raise OIDCSetupError(
-            f"the ID token is for the client {', '.join(map(repr, audiences))}, "
-            f"but TAU_OIDC_CLIENT_ID is {client_id!r}",
-            "Set TAU_OIDC_CLIENT_ID to the client id registered at the provider for TauGrid.",
-        )
     key = client.signing_key(header.get("kid"), alg)
     try:
+        # The audience is checked below, once the signature is known to be the provider's,
+        # so that a wrong client id can be told apart (and named) from a forged token.
         claims: dict[str, Any] = jwt.decode(
             token,
             key=key,
             algorithms=[alg],
-            audience=client_id,
             leeway=CLOCK_SKEW_SECONDS,
-            options={"require": ["iss", "sub", "aud", "exp", "iat"]},
+            options={"require": ["iss", "sub", "aud", "exp", "iat"], "verify_aud": False},
         )
     except (jwt.ExpiredSignatureError, jwt.ImmatureSignatureError) as exc:
         raise OIDCError(
@@ -410,6 +402,13 @@ def verify_id_token(
         ) from None
     except jwt.PyJWTError as exc:
         raise OIDCError(f"the ID token was refused: {exc}") from None
+    audiences = claims["aud"] if isinstance(claims["aud"], list) else [claims["aud"]]
+    if client_id not in audiences:
+        raise OIDCSetupError(
+            f"the ID token is for the client {', '.join(map(repr, audiences))}, "
+            f"but TAU_OIDC_CLIENT_ID is {client_id!r}",
+            "Set TAU_OIDC_CLIENT_ID to the client id registered at the provider for TauGrid.",
+        )
     if claims["iss"] != client.published_issuer():
         # The cached discovery document may be older than a change at the provider.
         published = client.published_issuer(refresh=True)
