@@ -509,23 +509,33 @@ def render_wrapper_gomod(template: Path, versions: Mapping[str, str]) -> str:
     return re.sub(r"@([A-Z][A-Z0-9_]*)@", fill, template.read_text())
 
 
-def _build_wrapper(component: Component, versions: Mapping[str, str], staging: Path) -> None:
-    assert component.wrapper is not None
+def _tidy_wrapper(
+    component: Component, versions: Mapping[str, str], gomod: str, what: str
+) -> tuple[str, dict[str, str], Path]:
+    """A fresh ``src/`` build directory holding ``gomod``, tidied; (go, its env, src)."""
     go = require_go()
-    version = component.version(versions)
     directory = component.directory(versions)
     src = directory / "src"
     shutil.rmtree(src, ignore_errors=True)
     src.mkdir(parents=True)
-    (src / "go.mod").write_text(render_wrapper_gomod(component.wrapper, versions))
+    (src / "go.mod").write_text(gomod)
     env = go_env(go)
     run_logged(
         [go, "mod", "tidy"],
         cwd=src,
         env=env,
         log_path=directory / "tidy.log",
-        what=f"go mod tidy ({component.name} {version} wrapper)",
+        what=f"go mod tidy ({what} wrapper)",
     )
+    return go, env, src
+
+
+def _build_wrapper(component: Component, versions: Mapping[str, str], staging: Path) -> None:
+    assert component.wrapper is not None
+    version = component.version(versions)
+    directory = component.directory(versions)
+    gomod = render_wrapper_gomod(component.wrapper, versions)
+    go, env, src = _tidy_wrapper(component, versions, gomod, f"{component.name} {version}")
     run_logged(
         [
             go,
@@ -567,21 +577,10 @@ def render_apiserver_gomod(version: str) -> str:
 
 
 def _build_kubernetes(component: Component, versions: Mapping[str, str], staging: Path) -> None:
-    go = require_go()
     version = component.version(versions)
     directory = component.directory(versions)
-    src = directory / "src"
-    shutil.rmtree(src, ignore_errors=True)
-    src.mkdir(parents=True)
-    (src / "go.mod").write_text(render_apiserver_gomod(version))
-    env = go_env(go)
-    run_logged(
-        [go, "mod", "tidy"],
-        cwd=src,
-        env=env,
-        log_path=directory / "tidy.log",
-        what=f"go mod tidy (k8s.io/kubernetes {version} wrapper)",
-    )
+    gomod = render_apiserver_gomod(version)
+    go, env, src = _tidy_wrapper(component, versions, gomod, f"k8s.io/kubernetes {version}")
     # What hack/lib/version.sh would stamp. The proxy has no commit hash (left empty); the
     # release time stands in for the build date, so rebuilds are reproducible.
     released = release_time("k8s.io/kubernetes", version)

@@ -367,17 +367,22 @@ def test_a_token_from_a_changed_issuer_refetches_discovery(
     assert claims["iss"] == issuer.url + "/"
 
 
+def sign_in_with_sso(browser: Client, user: Any) -> None:
+    """A session as a single sign-on login leaves it (with the ID token logout needs)."""
+    browser.force_login(user, backend=OIDC_BACKEND)
+    session = browser.session
+    session["oidc_id_token"] = "the-id-token"
+    session["oidc_id_token_expiration"] = time.time() + 600
+    session.save()
+
+
 def test_logout_refetches_discovery_when_the_cached_copy_has_no_end_session(
     issuer: Issuer, django_user_model: Any
 ) -> None:
     issuer.discovery_changes = {"end_session_endpoint": None}
     user = django_user_model.objects.create_user("grace")
     browser = Client()
-    browser.force_login(user, backend=OIDC_BACKEND)
-    session = browser.session
-    session["oidc_id_token"] = "the-id-token"
-    session["oidc_id_token_expiration"] = time.time() + 600
-    session.save()
+    sign_in_with_sso(browser, user)
     response = browser.post(reverse("logout"))
     assert response["Location"] == "/login/?logged_out=portal"
     page = browser.get(response["Location"]).content.decode()
@@ -386,11 +391,7 @@ def test_logout_refetches_discovery_when_the_cached_copy_has_no_end_session(
     # The provider starts offering it: the next logout uses it, without a portal restart.
     issuer.discovery_changes = {}
     oidc.provider()._metadata.fetched_at -= oidc.METADATA_MIN_REFRESH_SECONDS + 1  # type: ignore[union-attr]
-    browser.force_login(user, backend=OIDC_BACKEND)
-    session = browser.session
-    session["oidc_id_token"] = "the-id-token"
-    session["oidc_id_token_expiration"] = time.time() + 600
-    session.save()
+    sign_in_with_sso(browser, user)
     response = browser.post(reverse("logout"))
     assert response["Location"].startswith(f"{issuer.url}/session/end?")
 
