@@ -153,7 +153,7 @@ def cluster_totals(spec: Spec) -> dict[str, Decimal]:
     the Ray head and KubeRay's submitter pod (``runs.render`` fixes their size)."""
     totals = requested_totals(spec)
     if spec.run.workload_kind == "rayjob":
-        for fixed in (render.HEAD_RESOURCES, render.SUBMITTER_RESOURCES):
+        for fixed in (render.head_requests(spec), render.SUBMITTER_RESOURCES):
             for resource, amount in fixed.items():
                 totals[resource] = totals.get(resource, Decimal(0)) + parse_quantity(amount)
     return totals

@@ -48,11 +48,16 @@ requires it), ``ttlSecondsAfterFinished: 60`` (Kueue releases the quota when the
 finishes, but the Ray cluster's pods hold their GPUs until KubeRay deletes them after the
 TTL, so it stays short; the driver log is the submitter pod's log, which outlives it),
 ``backoffLimit: 0`` (TauGrid retries itself, as a new attempt). The head group is CPU-only:
-``HEAD_RESOURCES`` (2 CPUs, 8 GiB — room for the GCS, the dashboard and the driver, which
-runs on the head) and ``num-cpus: 0`` so that Ray schedules no task or actor there: all work
-lands on the worker group, which is exactly ``compute`` (``workers`` replicas, min = max =
-replicas, requests = limits including ``nvidia.com/gpu``). The submitter (KubeRay's default
-command) gets ``SUBMITTER_RESOURCES`` so Kueue counts what it really uses.
+``compute.head``, else ``HEAD_RESOURCES`` (2 CPUs, 8 GiB — room for the GCS, the dashboard
+and the driver, which runs on the head), and ``num-cpus: 0`` so that Ray schedules no task or
+actor there: all work lands on the worker group, which is exactly ``compute`` (``workers``
+replicas, min = max = replicas; limits equal requests unless ``compute.limits`` says more;
+``nvidia.com/gpu`` always equal). The submitter (KubeRay's default command) gets
+``SUBMITTER_RESOURCES`` so Kueue counts what it really uses.
+
+**Data volume.** ``storage.data_pvc`` is mounted at ``/data`` (read-only unless
+``storage.data_access: read-write``) in the head, every worker and every Job pod, and
+``TAU_DATA_DIR`` says where.
 
 **Entry point.** ``spec.run.command()`` is the exact argument vector. For a Job it is the
 container's ``command`` as is. A RayJob's ``entrypoint`` string passes through three parsers
@@ -155,11 +160,15 @@ from tau.k8s_names import (
     label_value_problem,
 )
 from tau.spec import RAYJOB_NAME_MAX_LENGTH, Spec, spec_hash
+from tau.spec.model import HEAD_DEFAULT, Storage
 
 Manifest = dict[str, Any]
 
-#: The Ray head: CPU-only and fixed, whatever ``compute`` says (that is the worker group).
-HEAD_RESOURCES: Final[Mapping[str, str]] = {"cpu": "2", "memory": "8Gi"}
+#: The Ray head when ``compute.head`` is unset: CPU-only (``compute`` sizes the workers).
+HEAD_RESOURCES: Final[Mapping[str, str]] = {
+    "cpu": HEAD_DEFAULT.cpus,
+    "memory": HEAD_DEFAULT.memory,
+}
 #: KubeRay's submitter pod (``ray job submit`` + ``ray job logs --follow``; it also zips and
 #: uploads the bundle for ``working_dir``).
 SUBMITTER_RESOURCES: Final[Mapping[str, str]] = {"cpu": "500m", "memory": "1Gi"}
@@ -186,6 +195,8 @@ FETCH_DIR: Final = "/tau/fetch"
 SDK_DIR: Final = "/tau/sdk"
 OUTPUT_DIR: Final = "/tau/outputs"
 CHECKPOINT_DIR: Final = "/tau/checkpoints"
+#: Where ``storage.data_pvc`` is mounted (``TAU_DATA_DIR``).
+DATASET_DIR: Final = Storage.MOUNT_PATH
 SHM_DIR: Final = "/dev/shm"  # noqa: S108 - the shared-memory mount point, not a temp file
 
 #: The key of the run token in the run-token Secret.
@@ -195,6 +206,8 @@ RAY_WORKER_GROUP: Final = "workers"
 # Volume and container names.
 _CODE_VOLUME = "tau-code"
 _DATA_VOLUME = "tau-data"
+#: The spec's own data volume (``storage.data_pvc``), at ``DATASET_DIR``.
+_DATASET_VOLUME = "tau-dataset"
 _SHM_VOLUME = "tau-shm"
 _FETCHER = "tau-fetch-bundle"
 
@@ -207,6 +220,8 @@ ENV_OUTPUT_DIR: Final = "TAU_OUTPUT_DIR"
 ENV_CHECKPOINT_DIR: Final = "TAU_CHECKPOINT_DIR"
 ENV_RESUME_FROM: Final = "TAU_RESUME_FROM"
 ENV_RETRY_REASON: Final = "TAU_RETRY_REASON"
+#: Where the data volume (``storage.data_pvc``) is, when the spec has one.
+ENV_DATA_DIR: Final = "TAU_DATA_DIR"
 ENV_API_URL: Final = "TAU_API_URL"
 ENV_RUN_TOKEN: Final = "TAU_RUN_TOKEN"  # noqa: S105 - a variable name
 PLATFORM_ENV: Final = (
@@ -489,10 +504,21 @@ def _literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
+#: Sweeps validate, and running their trials is being built: until then they are refused at
+#: submission rather than run once as if they were not sweeps.
+SWEEP_NOT_YET: Final = (
+    "execution.launcher",
+    "sweeps cannot run yet: TauGrid checks them, and running their trials is being built; "
+    "remove `execution` to run the entry point once",
+)
+
+
 def kubernetes_problems(spec: Spec) -> list[tuple[str, str]]:
     """(path, message) for what the Kubernetes backend cannot run exactly as the spec says
     (for policy, at submission, so it never surfaces later as a failed delivery)."""
     problems: list[tuple[str, str]] = []
+    if spec.execution.is_sweep:
+        problems.append(SWEEP_NOT_YET)
     if spec.run.workload_kind == "rayjob":
         for index, argument in enumerate(spec.run.args):
             if "\t" in argument:
@@ -607,11 +633,29 @@ def _resources(amounts: Mapping[str, str]) -> Manifest:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _worker_resources(spec: Spec) -> dict[str, str]:
-    amounts = {"cpu": spec.compute.cpus, "memory": spec.compute.memory}
-    if spec.compute.gpus:
-        amounts[GPU_RESOURCE] = str(spec.compute.gpus)
-    return amounts
+def _worker_resources(spec: Spec) -> Manifest:
+    """A worker's requests and limits: ``compute.limits`` where it says more than the
+    request (Burstable QoS), else the request (Guaranteed). GPUs are never overcommitted."""
+    compute = spec.compute
+    requests = {"cpu": compute.cpus, "memory": compute.memory}
+    limits = {"cpu": compute.cpu_limit, "memory": compute.memory_limit}
+    if compute.gpus:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(compute.gpus)
+    return {"requests": requests, "limits": limits}
+
+
+def _head_resources(spec: Spec) -> Manifest:
+    head = spec.compute.ray_head
+    return {
+        "requests": {"cpu": head.cpus, "memory": head.memory},
+        "limits": {"cpu": head.cpu_limit, "memory": head.memory_limit},
+    }
+
+
+def head_requests(spec: Spec) -> dict[str, str]:
+    """What the Ray head asks for (and Kueue counts): ``compute.head`` or the default."""
+    head = spec.compute.ray_head
+    return {"cpu": head.cpus, "memory": head.memory}
 
 
 def _env_var(name: str, value: str) -> Manifest:
@@ -647,6 +691,8 @@ def _platform_env(target: RunTarget) -> list[Manifest]:
 
 def _spec_env(spec: Spec) -> list[Manifest]:
     env: list[Manifest] = [_env_var(variable.name, variable.value) for variable in spec.runtime.env]
+    if spec.storage.data_pvc is not None:
+        env.append({"name": ENV_DATA_DIR, "value": DATASET_DIR})
     env += [
         {"name": ref.env, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
         for ref in spec.runtime.secrets
@@ -660,17 +706,24 @@ def _spec_env_names(spec: Spec) -> set[str]:
     }
 
 
-def _data_volumes(target: RunTarget) -> list[Manifest]:
+def _data_volumes(spec: Spec, target: RunTarget) -> list[Manifest]:
     source = dict(target.data_volume) if target.data_volume is not None else {"emptyDir": {}}
-    return [
+    volumes: list[Manifest] = [
         {"name": _DATA_VOLUME, **source},
         {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
     ]
+    storage = spec.storage
+    if storage.data_pvc is not None:
+        claim: Manifest = {"claimName": storage.data_pvc}
+        if storage.read_only:
+            claim["readOnly"] = True
+        volumes.append({"name": _DATASET_VOLUME, "persistentVolumeClaim": claim})
+    return volumes
 
 
-def _data_mounts(target: RunTarget) -> list[Manifest]:
+def _data_mounts(spec: Spec, target: RunTarget) -> list[Manifest]:
     run_dir = f"runs/{target.run_name}"
-    return [
+    mounts: list[Manifest] = [
         {
             "name": _DATA_VOLUME,
             "mountPath": OUTPUT_DIR,
@@ -679,6 +732,12 @@ def _data_mounts(target: RunTarget) -> list[Manifest]:
         {"name": _DATA_VOLUME, "mountPath": CHECKPOINT_DIR, "subPath": f"{run_dir}/checkpoints"},
         {"name": _SHM_VOLUME, "mountPath": SHM_DIR},
     ]
+    if spec.storage.data_pvc is not None:
+        mount: Manifest = {"name": _DATASET_VOLUME, "mountPath": DATASET_DIR}
+        if spec.storage.read_only:
+            mount["readOnly"] = True
+        mounts.append(mount)
+    return mounts
 
 
 def bundle_url(target: RunTarget) -> str:
@@ -793,11 +852,11 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
                 "name": "ray-head",
                 "image": image,
                 "env": env(),
-                "resources": _resources(HEAD_RESOURCES),
-                "volumeMounts": _data_mounts(target),
+                "resources": _head_resources(spec),
+                "volumeMounts": _data_mounts(spec, target),
             }
         ],
-        "volumes": _data_volumes(target),
+        "volumes": _data_volumes(spec, target),
     }
     worker_pod: Manifest = {
         "enableServiceLinks": False,
@@ -806,11 +865,11 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
                 "name": "ray-worker",
                 "image": image,
                 "env": env(),
-                "resources": _resources(_worker_resources(spec)),
-                "volumeMounts": _data_mounts(target),
+                "resources": _worker_resources(spec),
+                "volumeMounts": _data_mounts(spec, target),
             }
         ],
-        "volumes": _data_volumes(target),
+        "volumes": _data_volumes(spec, target),
     }
     if target.flavor is not None:
         worker_pod["nodeSelector"] = dict(target.flavor.node_labels)
@@ -924,14 +983,14 @@ def render_job(spec: Spec, target: RunTarget) -> Manifest:
     if indexed:
         env += _rendezvous_env(spec, name)
     env += _spec_env(spec)
-    mounts = _data_mounts(target)
-    volumes = _data_volumes(target)
+    mounts = _data_mounts(spec, target)
+    volumes = _data_volumes(spec, target)
     container: Manifest = {
         "name": "workload",
         "image": spec.runtime.image,
         "command": [_literal(word) for word in spec.run.command()],
         "env": env,
-        "resources": _resources(_worker_resources(spec)),
+        "resources": _worker_resources(spec),
     }
     pod: Manifest = {"restartPolicy": "Never", "enableServiceLinks": False}
     if target.bundle_sha256 is not None:

@@ -25,12 +25,32 @@ from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
 from runs.logs import LogChunk, WholeLog, open_log_file, read_log_file
 from runs.models import RUNNING_STATES, Backend, Checkpoint, Run, RunAttempt, RunState
 from runs.policy import requested_totals
+from runs.render import SWEEP_NOT_YET
 from runs.state import lock_run, transition
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError
 from tau.spec import Spec
 
+
 #: The tau.yaml field each resource of the machine is asked for in.
+def unsupported_here(spec: Spec) -> list[tuple[str, str]]:
+    """What a spec asks for that runs on a cluster only."""
+    problems: list[tuple[str, str]] = []
+    if spec.storage.data_pvc is not None:
+        problems.append(
+            (
+                "storage.data_pvc",
+                f"the data volume {spec.storage.data_pvc} is a Kubernetes PersistentVolumeClaim, "
+                "and this installation runs on one machine: remove `storage.data_pvc` and "
+                "keep the data in the project folder (or read it from a path the program is "
+                "given), or submit it to a cluster",
+            )
+        )
+    if spec.execution.is_sweep:
+        problems.append(SWEEP_NOT_YET)
+    return problems
+
+
 FIELD_OF = {
     admission.CPU: "compute.cpus",
     admission.MEMORY: "compute.memory",
@@ -86,9 +106,11 @@ class LocalBackend:
         try:
             capacity = admission.machine_capacity()
         except (QuantityError, OSError, RuntimeError):
-            return []  # a broken TAU_LOCAL_MEMORY stops the agent, which says so at start
+            # A broken TAU_LOCAL_MEMORY stops the agent, which says so at start.
+            return unsupported_here(spec)
         never = admission.never_fits(requested_totals(spec), capacity)
-        return [(FIELD_OF[resource], message) for resource, message in never.items()]
+        problems = [(FIELD_OF[resource], message) for resource, message in never.items()]
+        return unsupported_here(spec) + problems
 
     def submit(self, run: Run, attempt: RunAttempt) -> None:
         # The agent reads the queue: a run handed over is a queued run. A retried or resumed

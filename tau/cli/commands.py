@@ -52,8 +52,9 @@ from tau.cli.config import (
 )
 from tau.cli.templates import TAUIGNORE, TEMPLATES, TRAIN_PY
 from tau.spec import SpecProblem
+from tau.spec.cli import reading_lines, reading_records
 from tau.spec.loader import MAX_FILE_BYTES
-from tau.spec.schema import check_source, json_schema
+from tau.spec.schema import check_source, json_schema, read_source
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -414,7 +415,7 @@ def init(
 
 
 def _problem_record(name: str, problem: SpecProblem) -> dict[str, Any]:
-    return {"file": name, **problem.to_dict()}
+    return {"file": name, **problem.to_dict(), "severity": "error"}
 
 
 @click.command("validate")
@@ -442,15 +443,13 @@ def validate_command(files: Sequence[str], as_json: bool) -> int:
             if not as_json:
                 err.print(f"{shown}: cannot read the file: {error.strerror}")
             continue
-        spec, problems = check_source(data)
-        if problems:
+        reading = read_source(data)
+        if reading.problems:
             status = EXIT_USAGE
-        for problem in problems:
-            records.append(_problem_record(shown, problem))
-            if not as_json:
-                out.print(problem.format(shown))
-        if spec is not None and not as_json:
-            out.print(f"{shown}: ok")
+        records.extend(reading_records(shown, reading))
+        if not as_json:
+            for line in reading_lines(shown, reading):
+                out.print(line)
     if as_json:
         print_json(records)
     return status

@@ -19,10 +19,11 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from tau.spec.dialects import Reading
 from tau.spec.loader import MAX_FILE_BYTES
 from tau.spec.model import spec_hash
 from tau.spec.problems import SpecProblem
-from tau.spec.schema import check_source, json_schema
+from tau.spec.schema import check_source, json_schema, read_source
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -48,6 +49,31 @@ def _display_name(name: str) -> str:
     return "<stdin>" if name == "-" else name
 
 
+def reading_lines(shown: str, reading: Reading) -> list[str]:
+    """What ``validate`` prints for one file: its problems, or ``FILE: ok (how it was read)``,
+    then its warnings and notes."""
+    lines = [problem.format(shown) for problem in reading.problems]
+    if reading.spec is not None:
+        lines.append(f"{shown}: ok ({reading.summary()})")
+    lines.extend(
+        f"{shown}:{warning.line}:{warning.column}: warning: {warning.path}: {warning.message}"
+        + (f" ({warning.hint})" if warning.hint else "")
+        for warning in reading.warnings
+    )
+    lines.extend(f"{shown}: note: {note}" for note in reading.notes)
+    return lines
+
+
+def reading_records(shown: str, reading: Reading) -> list[dict[str, object]]:
+    """``--json`` records: each problem (severity ``error``) and warning (``warning``)."""
+    records: list[dict[str, object]] = [
+        {"file": shown, **problem.to_dict(), "severity": "error"} for problem in reading.problems
+    ]
+    return records + [
+        {"file": shown, **warning.to_dict(), "severity": "warning"} for warning in reading.warnings
+    ]
+
+
 def _file_problem(message: str) -> SpecProblem:
     return SpecProblem("(file)", 0, 0, message, None)
 
@@ -63,19 +89,17 @@ def validate_files(names: Sequence[str], *, as_json: bool, out: TextIO, err: Tex
         except _Unreadable as error:
             status = EXIT_INVALID
             problem = _file_problem(f"cannot read the file: {error}")
-            records.append({"file": shown, **problem.to_dict()})
+            records.append({"file": shown, **problem.to_dict(), "severity": "error"})
             if not as_json:
                 print(f"{shown}: cannot read the file: {error}", file=err)
             continue
-        spec, problems = check_source(data)
-        if problems:
+        reading = read_source(data)
+        if reading.problems:
             status = EXIT_INVALID
-        for problem in problems:
-            records.append({"file": shown, **problem.to_dict()})
-            if not as_json:
-                print(problem.format(shown), file=out)
-        if spec is not None and not as_json:
-            print(f"{shown}: ok", file=out)
+        records.extend(reading_records(shown, reading))
+        if not as_json:
+            for line in reading_lines(shown, reading):
+                print(line, file=out)
     if as_json:
         json.dump(records, out, indent=2, ensure_ascii=False)
         out.write("\n")

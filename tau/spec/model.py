@@ -128,6 +128,10 @@ class Compute:
     workers: int
     #: A flavor the workspace offers (a Kueue ResourceFlavor name), or None for any.
     gpu_type: str | None
+    #: Each worker's limits where they differ from its requests (``cpus``/``memory``).
+    limits: Limits
+    #: The Ray head's size; None = the platform's (``HEAD_DEFAULT``). RayJobs only.
+    head: Head | None
 
     @property
     def cpu_cores(self) -> Decimal:
@@ -141,14 +145,76 @@ class Compute:
     def total_gpus(self) -> int:
         return self.gpus * self.workers
 
+    @property
+    def cpu_limit(self) -> str:
+        """Each worker's CPU limit: its request unless ``limits.cpus`` says otherwise."""
+        return self.limits.cpus or self.cpus
+
+    @property
+    def memory_limit(self) -> str:
+        return self.limits.memory or self.memory
+
+    @property
+    def ray_head(self) -> Head:
+        """The Ray head's size, the platform's default filled in."""
+        return self.head or HEAD_DEFAULT
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "gpus": self.gpus,
             "cpus": self.cpus,
             "memory": self.memory,
             "workers": self.workers,
             "gpu_type": self.gpu_type,
         }
+        # Present only when set, so that specs written before these fields existed keep
+        # their normal form (and spec hash).
+        if self.limits.cpus is not None or self.limits.memory is not None:
+            data["limits"] = self.limits.to_dict()
+        if self.head is not None:
+            data["head"] = self.head.to_dict()
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Limits that differ from the requests; None = the same as the request."""
+
+    cpus: str | None
+    memory: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            key: value for key, value in (("cpus", self.cpus), ("memory", self.memory)) if value
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The Ray head pod: CPU only; it runs the driver, the GCS and the dashboard, and Ray
+    schedules no task there."""
+
+    cpus: str
+    memory: str
+    limits: Limits
+
+    @property
+    def cpu_limit(self) -> str:
+        return self.limits.cpus or self.cpus
+
+    @property
+    def memory_limit(self) -> str:
+        return self.limits.memory or self.memory
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"cpus": self.cpus, "memory": self.memory}
+        if self.limits.cpus is not None or self.limits.memory is not None:
+            data["limits"] = self.limits.to_dict()
+        return data
+
+
+#: The Ray head when ``compute.head`` is unset: room for the GCS, the dashboard and the driver.
+HEAD_DEFAULT = Head(cpus="2", memory="8Gi", limits=Limits(None, None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,9 +339,94 @@ class Experiment:
     group: str | None
     #: Sorted.
     tags: tuple[str, ...]
+    #: The experiment within the project (runs of one experiment are compared together).
+    name: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"project": self.project, "group": self.group, "tags": list(self.tags)}
+        data: dict[str, Any] = {
+            "project": self.project,
+            "group": self.group,
+            "tags": list(self.tags),
+        }
+        if self.name is not None:
+            data["name"] = self.name
+        return data
+
+
+DataAccess: TypeAlias = Literal["read-only", "read-write"]
+
+
+@dataclass(frozen=True, slots=True)
+class Storage:
+    """A data volume: an existing PersistentVolumeClaim mounted at ``/data`` in every pod."""
+
+    data_pvc: str | None
+    data_access: DataAccess
+
+    #: Where the data volume is mounted (``TAU_DATA_DIR`` names it too).
+    MOUNT_PATH = "/data"
+
+    @property
+    def read_only(self) -> bool:
+        return self.data_access == "read-only"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"data_pvc": self.data_pvc, "data_access": self.data_access}
+
+
+SweepMode: TypeAlias = Literal["min", "max"]
+#: A sweep parameter's value as written: text, a number or a boolean.
+ParameterValue: TypeAlias = str | int | float | bool
+
+
+@dataclass(frozen=True, slots=True)
+class SweepParameter:
+    """One key of ``execution.configs``: a list of values to try, or one value for all."""
+
+    name: str
+    values: tuple[ParameterValue, ...]
+    #: True for a list (each value is tried: a grid axis); False for a constant.
+    grid: bool
+
+    def to_json(self) -> Any:
+        return list(self.values) if self.grid else self.values[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """How the entry point is launched: once (``launcher`` None) or as a Ray Tune sweep."""
+
+    launcher: Literal["ray-tune"] | None
+    metric: str | None
+    mode: SweepMode
+    num_samples: int
+    max_concurrent_trials: int
+    #: Ordered by name.
+    configs: tuple[SweepParameter, ...]
+
+    @property
+    def is_sweep(self) -> bool:
+        return self.launcher == "ray-tune"
+
+    def trials(self) -> list[dict[str, ParameterValue]]:
+        """Each trial's config, in order: every combination of the grid (the last parameter
+        varying fastest), the whole grid repeated ``num_samples`` times."""
+        grid: list[dict[str, ParameterValue]] = [{}]
+        for parameter in self.configs:
+            grid = [
+                {**config, parameter.name: value} for config in grid for value in parameter.values
+            ]
+        return [dict(config) for _sample in range(self.num_samples) for config in grid]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "launcher": self.launcher,
+            "metric": self.metric,
+            "mode": self.mode,
+            "num_samples": self.num_samples,
+            "max_concurrent_trials": self.max_concurrent_trials,
+            "configs": {parameter.name: parameter.to_json() for parameter in self.configs},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,9 +442,21 @@ class Spec:
     resilience: Resilience
     outputs: Outputs
     experiment: Experiment
+    storage: Storage
+    execution: Execution
 
     def to_dict(self) -> dict[str, Any]:
         """The normal form as JSON-ready data; ``Spec.from_dict`` reads it back exactly."""
+        data = self._base_dict()
+        # Blocks newer than the first specs are present only when used, so that older specs
+        # keep their normal form and spec hash.
+        if self.storage != NO_STORAGE:
+            data["storage"] = self.storage.to_dict()
+        if self.execution != NO_EXECUTION:
+            data["execution"] = self.execution.to_dict()
+        return data
+
+    def _base_dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
             "name": self.name,
@@ -318,6 +481,12 @@ class Spec:
 
     def canonical_json(self) -> str:
         return canonical_json(self.to_dict())
+
+
+NO_STORAGE = Storage(data_pvc=None, data_access="read-only")
+NO_EXECUTION = Execution(
+    launcher=None, metric=None, mode="min", num_samples=1, max_concurrent_trials=1, configs=()
+)
 
 
 def canonical_json(data: Any) -> str:

@@ -20,6 +20,8 @@ from tau.k8s_names import (
     dns1123_subdomain_problem,
     label_value_problem,
 )
+from tau.quantity import parse_quantity
+from tau.spec.dialects import Reading, read_document
 from tau.spec.fields import (
     INVALID,
     BlockValues,
@@ -44,12 +46,16 @@ from tau.spec.loader import load_yaml
 from tau.spec.model import (
     DEFAULT_RETRY_ON,
     FAILURE_CLASSES,
+    HEAD_DEFAULT,
     SCHEMA_VERSION,
     WORKLOAD_KINDS,
     Backoff,
     Compute,
     EnvVar,
+    Execution,
     Experiment,
+    Head,
+    Limits,
     Outputs,
     Queue,
     Resilience,
@@ -57,6 +63,8 @@ from tau.spec.model import (
     Runtime,
     SecretRef,
     Spec,
+    Storage,
+    SweepParameter,
     script_interpreter,
 )
 from tau.spec.nodes import MappingNode, Node, NotJsonLike, ScalarNode, SequenceNode, from_python
@@ -80,6 +88,10 @@ MAX_NAME_LENGTH = RAYJOB_NAME_MAX_LENGTH - 1 - RUN_NAME_SUFFIX_MAX_LENGTH
 MAX_GPUS_PER_WORKER = 16
 MAX_WORKERS = 1024
 MAX_RETRIES = 20
+#: A sweep's trials: every combination of its grid, times ``num_samples``.
+MAX_TRIALS = 256
+MAX_SWEEP_PARAMETERS = 32
+MAX_SWEEP_VALUES = 64
 MAX_RUNTIME_SECONDS = 30 * 86400
 MAX_ENV_VARS = 128
 MAX_ENV_VALUE_LENGTH = 32 * 1024
@@ -355,7 +367,42 @@ class EnvKind(Kind[tuple[EnvVar, ...]]):
         }
 
 
+def _limit_problems(
+    block: BlockValues, requests: Mapping[str, str], problems: ProblemCollector
+) -> None:
+    """Limits below their requests: Kubernetes refuses such a pod."""
+    limits = block.values.get("limits")
+    if not isinstance(limits, Limits):
+        return
+    node = block.nodes.get("limits")
+    for resource, limit in (("cpus", limits.cpus), ("memory", limits.memory)):
+        request = requests.get(resource)
+        if limit is None or request is None:
+            continue
+        if parse_quantity(limit) < parse_quantity(request):
+            where: Any = block.node
+            if isinstance(node, MappingNode):
+                where = next((v for k, v in node.entries if k.text == resource), node)
+            problems.add(
+                join_path(block.path_of("limits"), resource),
+                where,
+                f"the limit {limit} is below the request of {request} (`{resource}`)",
+                "a limit is at least the request; remove it to make it equal the request",
+            )
+
+
+def _check_head(block: BlockValues, problems: ProblemCollector) -> None:
+    if block.valid("cpus", "memory"):
+        _limit_problems(
+            block, {"cpus": block.values["cpus"], "memory": block.values["memory"]}, problems
+        )
+
+
 def _check_compute(block: BlockValues, problems: ProblemCollector) -> None:
+    if block.valid("cpus", "memory"):
+        _limit_problems(
+            block, {"cpus": block.values["cpus"], "memory": block.values["memory"]}, problems
+        )
     if block.valid("gpus", "gpu_type") and block.values["gpu_type"] and block.values["gpus"] == 0:
         problems.add(
             block.path_of("gpu_type"),
@@ -494,6 +541,93 @@ RUN = ObjectKind(
     },
 )
 
+
+def _cpu_kind() -> QuantityKind:
+    return QuantityKind("cpu", minimum=Decimal("0.001"), maximum=Decimal(1024))
+
+
+def _memory_kind() -> QuantityKind:
+    return QuantityKind("memory", minimum=Decimal(2**20), maximum=Decimal(16 * 2**40))
+
+
+LIMITS = ObjectKind(
+    (
+        Field(
+            "cpus",
+            _cpu_kind(),
+            "The CPU limit, at least the request. Unset: the request.",
+            default=None,
+            example="16",
+        ),
+        Field(
+            "memory",
+            _memory_kind(),
+            "The memory limit, at least the request. Unset: the request.",
+            default=None,
+            example="128Gi",
+        ),
+    ),
+    lambda values: Limits(**values),
+    description="Limits that differ from the requests.",
+    aliases={"cpu": "cpus", "mem": "memory"},
+)
+
+
+def _same_limits(limits: Limits, cpus: str, memory: str) -> Limits:
+    """Limits equal to the requests are written as unset: one meaning, one normal form."""
+    return Limits(
+        cpus=None if limits.cpus in (None, cpus) else limits.cpus,
+        memory=None if limits.memory in (None, memory) else limits.memory,
+    )
+
+
+def _build_head(values: dict[str, Any]) -> Head:
+    return Head(
+        cpus=values["cpus"],
+        memory=values["memory"],
+        limits=_same_limits(values["limits"], values["cpus"], values["memory"]),
+    )
+
+
+HEAD = ObjectKind(
+    (
+        Field(
+            "cpus",
+            _cpu_kind(),
+            "CPU cores requested for the Ray head.",
+            default=HEAD_DEFAULT.cpus,
+            example="1",
+        ),
+        Field(
+            "memory",
+            _memory_kind(),
+            "Memory requested for the Ray head.",
+            default=HEAD_DEFAULT.memory,
+            example="4Gi",
+        ),
+        Field("limits", LIMITS, "The head's limits where they differ from its requests."),
+    ),
+    _build_head,
+    description="The Ray head: it runs the driver, the GCS and the dashboard; no GPUs.",
+    checks=(_check_head,),
+    aliases={"cpu": "cpus", "mem": "memory"},
+)
+
+
+def _build_compute(values: dict[str, Any]) -> Compute:
+    head = values["head"]
+    # The platform's default head, written out, is the same as no head at all.
+    if head == HEAD_DEFAULT:
+        head = None
+    return Compute(
+        **{
+            **values,
+            "limits": _same_limits(values["limits"], values["cpus"], values["memory"]),
+            "head": head,
+        }
+    )
+
+
 COMPUTE = ObjectKind(
     (
         Field(
@@ -543,8 +677,22 @@ COMPUTE = ObjectKind(
             default=None,
             example="h100",
         ),
+        Field(
+            "limits",
+            LIMITS,
+            "Each worker's limits where they differ from its requests (`cpus`, `memory`). "
+            "Unset: limits equal requests.",
+        ),
+        Field(
+            "head",
+            HEAD,
+            "The Ray head's size (RayJobs only). Unset: "
+            f"{HEAD_DEFAULT.cpus} CPUs and {HEAD_DEFAULT.memory}.",
+            default=None,
+            example="{cpus: 1, memory: 4Gi}",
+        ),
     ),
-    lambda values: Compute(**values),
+    _build_compute,
     description="Resources of each worker, and how many workers.",
     checks=(_check_compute,),
     aliases={
@@ -796,6 +944,13 @@ EXPERIMENT = ObjectKind(
             example="lr-sweep",
         ),
         Field(
+            "name",
+            StringKind(max_length=100, verbatim=True, rule=_label_text_problem),
+            "The experiment within the project: runs of one experiment are compared together.",
+            default=None,
+            example="resnet-baseline",
+        ),
+        Field(
             "tags",
             ListKind(
                 StringKind(max_length=63, verbatim=True, rule=_tag_problem),
@@ -810,8 +965,345 @@ EXPERIMENT = ObjectKind(
     ),
     lambda values: Experiment(**values),
     description="Labels for comparing runs; they do not change how a run executes.",
-    aliases={"labels": "tags", "name": "project"},
+    aliases={"labels": "tags", "experiment": "name"},
 )
+
+
+def _pvc_name_problem(text: str) -> str | None:
+    reason = dns1123_subdomain_problem(text)
+    return (
+        f"{quote(text)} is not a valid PersistentVolumeClaim name: it {reason}" if reason else None
+    )
+
+
+def _check_storage(block: BlockValues, problems: ProblemCollector) -> None:
+    if (
+        block.valid("data_pvc", "data_access")
+        and block.values["data_pvc"] is None
+        and "data_access" in block.nodes
+    ):
+        problems.add(
+            block.path_of("data_access"),
+            block.where("data_access"),
+            "`data_access` is set but there is no `data_pvc`",
+            "name the PersistentVolumeClaim to mount in `data_pvc`, or remove `data_access`",
+        )
+
+
+STORAGE = ObjectKind(
+    (
+        Field(
+            "data_pvc",
+            StringKind(max_length=253, rule=_pvc_name_problem),
+            f"An existing PersistentVolumeClaim in the workspace's namespace, mounted at "
+            f"`{Storage.MOUNT_PATH}` in every pod (`TAU_DATA_DIR` names the path). Unset: no "
+            "data volume.",
+            default=None,
+            example="training-data",
+        ),
+        Field(
+            "data_access",
+            EnumKind(("read-only", "read-write")),
+            "How the data volume is mounted.",
+            default="read-only",
+            example="read-only",
+        ),
+    ),
+    lambda values: Storage(**values),
+    description="A data volume mounted into the run.",
+    checks=(_check_storage,),
+    aliases={"pvc": "data_pvc", "volume": "data_pvc", "data": "data_pvc", "mode": "data_access"},
+)
+
+_PARAMETER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
+
+
+def _metric_problem(text: str) -> str | None:
+    if _METRIC_NAME.fullmatch(text):
+        return None
+    return f"{quote(text)} is not a metric name: use letters, digits, `_`, `.`, `/` and `-`"
+
+
+class SweepConfigsKind(Kind[tuple[SweepParameter, ...]]):
+    """``name: [values…]`` (a grid axis: every value is tried) or ``name: value`` (the same
+    for every trial); Ray Tune's own ``{grid_search: [values…]}`` is read as a list."""
+
+    null_is_empty = True
+    expected = "a mapping of parameter names to values or lists of values"
+
+    def check_node(
+        self, node: Node, path: str, problems: ProblemCollector
+    ) -> tuple[SweepParameter, ...] | Invalid:
+        if not isinstance(node, MappingNode):
+            hint = "write one `name: [values…]` per line, indented below `configs:`"
+            return self.type_problem(node, path, problems, hint)
+        if len(node.entries) > MAX_SWEEP_PARAMETERS:
+            problems.add(
+                path,
+                node,
+                f"has {len(node.entries)} parameters; at most {MAX_SWEEP_PARAMETERS} are allowed",
+            )
+            return INVALID
+        parameters: list[SweepParameter] = []
+        failed = False
+        for key, value in node.entries:
+            parameter_path = join_path(path, key.text)
+            if not _PARAMETER_NAME.fullmatch(key.text) or len(key.text) > 64:
+                problems.add(
+                    parameter_path,
+                    key,
+                    f"{quote(key.text)} is not a parameter name",
+                    "use letters, digits, `_`, `.` and `-` (at most 64), starting with a letter",
+                )
+                failed = True
+                continue
+            parameter = self._parameter(key.text, value, parameter_path, problems)
+            if parameter is None:
+                failed = True
+            else:
+                parameters.append(parameter)
+        if failed:
+            return INVALID
+        return tuple(sorted(parameters, key=lambda parameter: parameter.name))
+
+    def _parameter(
+        self, name: str, node: Node, path: str, problems: ProblemCollector
+    ) -> SweepParameter | None:
+        if isinstance(node, MappingNode):
+            keys = [key.text for key, _value in node.entries]
+            if keys == ["grid_search"]:
+                return self._grid(
+                    name, node.entries[0][1], join_path(path, "grid_search"), problems
+                )
+            problems.add(
+                path,
+                node,
+                "only lists of values (a grid) are supported: "
+                + (f"`{keys[0]}` is not" if keys else "an empty mapping is not"),
+                "list the values to try, e.g. `lr: [0.001, 0.01]`",
+            )
+            return None
+        if isinstance(node, SequenceNode):
+            return self._grid(name, node, path, problems)
+        value = self._value(node, path, problems)
+        return None if value is None else SweepParameter(name, (value,), grid=False)
+
+    def _grid(
+        self, name: str, node: Node, path: str, problems: ProblemCollector
+    ) -> SweepParameter | None:
+        if not isinstance(node, SequenceNode) or not node.items:
+            problems.add(path, node, "expected a list of at least one value to try")
+            return None
+        if len(node.items) > MAX_SWEEP_VALUES:
+            problems.add(
+                path, node, f"has {len(node.items)} values; at most {MAX_SWEEP_VALUES} are allowed"
+            )
+            return None
+        values: list[Any] = []
+        for index, item in enumerate(node.items):
+            value = self._value(item, index_path(path, index), problems)
+            if value is None:
+                return None
+            seen = [(type(earlier), earlier) for earlier in values]
+            if (type(value), value) in seen:
+                problems.add(index_path(path, index), item, f"{quote(str(value))} is listed twice")
+                return None
+            values.append(value)
+        return SweepParameter(name, tuple(values), grid=True)
+
+    @staticmethod
+    def _value(node: Node, path: str, problems: ProblemCollector) -> Any:
+        if not isinstance(node, ScalarNode) or node.kind in ("null", "invalid"):
+            if not (isinstance(node, ScalarNode) and node.kind == "invalid"):
+                problems.add(
+                    path,
+                    node,
+                    f"expected a value (text, a number or a boolean), got {describe(node)}",
+                )
+            return None
+        if node.kind == "float" and (
+            not isinstance(node.value, float)
+            or node.value != node.value
+            or abs(node.value) == float("inf")
+        ):
+            problems.add(path, node, f"{quote(node.text)} is not a finite number")
+            return None
+        if node.kind in ("timestamp",):
+            return node.text
+        if isinstance(node.value, str) and len(node.value) > 1024:
+            problems.add(path, node, "is longer than 1024 characters")
+            return None
+        return node.value
+
+    def empty(self) -> tuple[SweepParameter, ...]:
+        return ()
+
+    def json_schema(self) -> JsonSchema:
+        scalar: JsonSchema = {"type": ["string", "number", "boolean"]}
+        values: JsonSchema = {
+            "type": "array",
+            "items": scalar,
+            "minItems": 1,
+            "maxItems": MAX_SWEEP_VALUES,
+        }
+        return {
+            "type": "object",
+            "maxProperties": MAX_SWEEP_PARAMETERS,
+            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_.-]*$", "maxLength": 64},
+            "additionalProperties": {
+                "anyOf": [
+                    scalar,
+                    values,
+                    {
+                        "type": "object",
+                        "properties": {"grid_search": values},
+                        "required": ["grid_search"],
+                        "additionalProperties": False,
+                    },
+                ]
+            },
+        }
+
+
+_SWEEP_ONLY = ("metric", "mode", "num_samples", "max_concurrent_trials", "configs")
+
+
+def _check_execution(block: BlockValues, problems: ProblemCollector) -> None:
+    if not block.valid("launcher"):
+        return
+    if block.values["launcher"] is None:
+        for name in _SWEEP_ONLY:
+            if name in block.nodes:
+                problems.add(
+                    block.path_of(name),
+                    block.where(name),
+                    f"`{name}` is only used by a sweep",
+                    "add `launcher: ray-tune` to run a sweep, or remove it",
+                )
+        return
+    if block.valid("metric") and block.values["metric"] is None:
+        problems.add(
+            block.path_of("metric"),
+            block.node,
+            "a sweep needs the `metric` its trials are compared by",
+            "add e.g. `metric: val_loss` (a key of the rows the program reports)",
+        )
+    if block.valid("configs") and not block.values["configs"]:
+        problems.add(
+            block.path_of("configs"),
+            block.where("configs"),
+            "a sweep needs the values to try in `configs`",
+            "add e.g. `configs: {lr: [0.001, 0.01]}`",
+        )
+    if block.valid("configs", "num_samples"):
+        grid = 1
+        for parameter in block.values["configs"]:
+            grid *= len(parameter.values)
+        trials = grid * block.values["num_samples"]
+        if trials > MAX_TRIALS:
+            problems.add(
+                block.path_of("configs"),
+                block.where("configs"),
+                f"the sweep has {trials} trials; at most {MAX_TRIALS} are allowed",
+                "try fewer values, or split the sweep into several runs",
+            )
+
+
+EXECUTION = ObjectKind(
+    (
+        Field(
+            "launcher",
+            EnumKind(("ray-tune",)),
+            "`ray-tune`: the run is a sweep, one trial per combination of `configs`. "
+            "Unset: the entry point runs once.",
+            default=None,
+            example="ray-tune",
+        ),
+        Field(
+            "metric",
+            StringKind(max_length=128, rule=_metric_problem),
+            "The reported metric trials are compared by (sweeps).",
+            default=None,
+            example="val_loss",
+        ),
+        Field(
+            "mode",
+            EnumKind(("min", "max")),
+            "Whether the best trial has the lowest (`min`) or highest (`max`) `metric`.",
+            default="min",
+            example="min",
+        ),
+        Field(
+            "num_samples",
+            IntegerKind(1, MAX_TRIALS),
+            "How many times the whole grid is tried.",
+            default=1,
+            example="1",
+        ),
+        Field(
+            "max_concurrent_trials",
+            IntegerKind(1, MAX_TRIALS),
+            "How many trials run at once, at most.",
+            default=1,
+            example="2",
+        ),
+        Field(
+            "configs",
+            SweepConfigsKind(),
+            "Parameter name → list of values to try (a grid axis) or one value for every "
+            "trial. Each trial's values reach the program as `TAU_TRIAL_CONFIG` (JSON) and as "
+            "the `config` argument of a `train_func(config)` the entry point defines.",
+            example="{lr: [0.001, 0.01], batch_size: [32, 64]}",
+        ),
+    ),
+    lambda values: Execution(**values),
+    description="How the entry point is launched: once, or as a sweep of trials.",
+    checks=(_check_execution,),
+    aliases={
+        "search": "configs",
+        "grid": "configs",
+        "param_space": "configs",
+        "samples": "num_samples",
+    },
+)
+
+
+def _check_root(block: BlockValues, problems: ProblemCollector) -> None:
+    if not block.valid("run"):
+        return
+    kind = block.values["run"].workload_kind
+    if kind != "job":
+        return
+    compute = block.values.get("compute")
+    if isinstance(compute, Compute) and compute.head is not None:
+        compute_node = block.nodes.get("compute")
+        where = _entry(compute_node, "head") or block.where("compute")
+        problems.add(
+            "compute.head",
+            where,
+            "a Job has no Ray head to size",
+            "remove `compute.head`, or set `run.workload_kind: rayjob`",
+        )
+    execution = block.values.get("execution")
+    if isinstance(execution, Execution) and execution.is_sweep:
+        execution_node = block.nodes.get("execution")
+        where = _entry(execution_node, "launcher") or block.where("execution")
+        problems.add(
+            "execution.launcher",
+            where,
+            "a sweep runs Ray Tune, which needs a Ray cluster",
+            "set `run.workload_kind: rayjob`",
+        )
+
+
+def _entry(node: Node | None, name: str) -> Node | None:
+    if isinstance(node, MappingNode):
+        for key, value in node.entries:
+            if key.text == name:
+                return value
+    return None
+
 
 ROOT = ObjectKind(
     (
@@ -838,9 +1330,12 @@ ROOT = ObjectKind(
         Field("resilience", RESILIENCE, "Retries and checkpoints."),
         Field("outputs", OUTPUTS, "What the run writes, and what is kept."),
         Field("experiment", EXPERIMENT, "Labels for comparing runs."),
+        Field("storage", STORAGE, "A data volume mounted into the run."),
+        Field("execution", EXECUTION, "How the entry point is launched: once, or as a sweep."),
     ),
     lambda values: Spec(**values),
     description="A TauGrid workload (tau.yaml, schema version 1).",
+    checks=(_check_root,),
     aliases={"version": "schema_version", "resources": "compute", "job": "run"},
 )
 
@@ -909,14 +1404,24 @@ def _other_schema_version(root: MappingNode, problems: ProblemCollector) -> bool
     return False
 
 
-def check_source(source: str | bytes) -> tuple[Spec | None, list[SpecProblem]]:
-    """Load, check and normalise tau.yaml text: the Spec, or None and every problem."""
+def read_source(source: str | bytes) -> Reading:
+    """Load, check and normalise tau.yaml text in any dialect TauGrid reads (its own v1, the
+    reference's direct run config or managed manifest): the Spec or every problem, the
+    warnings, and how the file was read."""
     problems = ProblemCollector()
     root = load_yaml(source, problems)
-    spec = check_document(root, problems)
+    if root is None:
+        return Reading("tau", None, problems.sorted())
+    dialect, spec, warnings, notes = read_document(root, problems, check_document)
     if problems:
-        return None, problems.sorted()
-    return spec, []
+        return Reading(dialect, None, problems.sorted(), warnings, notes)
+    return Reading(dialect, spec, [], warnings, notes)
+
+
+def check_source(source: str | bytes) -> tuple[Spec | None, list[SpecProblem]]:
+    """Load, check and normalise tau.yaml text: the Spec, or None and every problem."""
+    reading = read_source(source)
+    return reading.spec, reading.problems
 
 
 def spec_from_data(data: Mapping[str, Any]) -> Spec:

@@ -26,6 +26,7 @@ from tests.cluster.kueue_objects import H100_LABELS
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 GOLDEN = Path(__file__).resolve().parent / "golden"
+REFERENCE = REPO / "tests" / "spec" / "reference"
 
 #: Fixed inputs, so the rendered objects are byte-for-byte stable.
 RUN_ID = 42
@@ -100,6 +101,18 @@ def cases() -> list[Case]:
     )
     cpu = example_spec("cpu-quickstart")
     found.append(Case("cpu-quickstart-no-bundle", cpu, target_for(cpu, bundle_sha256=None)))
+    # Configs written for the reference TauGrid CLI: a head and workers sized apart with
+    # limits above requests, a GPU RayJob with a read-write data volume, a tiny CPU Job.
+    for name in ("kind-ray", "gpu-data-volume", "kind-job"):
+        spec = load_spec((REFERENCE / f"{name}.yaml").read_bytes())
+        flavor = Flavor(spec.compute.gpu_type, H100_LABELS) if spec.compute.gpu_type else None
+        found.append(Case(f"reference-{name}", spec, target_for(spec, flavor=flavor)))
+    # TauGrid's own v1: a read-only data volume.
+    data = load_spec(
+        (EXAMPLES / "cpu-quickstart" / "tau.yaml").read_text()
+        + "storage:\n  data_pvc: shared-datasets\n"
+    )
+    found.append(Case("cpu-quickstart-data-volume", data, target_for(data)))
     return found
 
 

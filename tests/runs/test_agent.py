@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sqlite3
+import textwrap
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -106,6 +107,10 @@ def start_agent(agents: list[Agent], var_dir: Path) -> Any:
     return start
 
 
+def all_revoked(run: Run) -> bool:
+    return all(token.revoked_at is not None for token in tokens_of(run))
+
+
 def read_pids(var_dir: Path, run: Run, agent: Agent) -> dict[str, int]:
     """The pids the workload wrote (as its sandbox numbers them), as this machine knows them."""
     path = attempt_dir(var_dir, run, 1) / "output" / "pids.json"
@@ -181,6 +186,42 @@ def test_cpu_quickstart_runs_to_success(
     assert audited.filter(action="token.revoke").count() == 1
 
 
+def test_a_config_written_for_the_reference_cli_runs_to_success(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    """A direct run config (the reference TauGrid CLI's dialect) runs here as written."""
+    local_quota(world.alpha)
+    direct = textwrap.dedent(
+        """\
+        name: direct-cpu
+        engine: job
+        entrypoint: main.py
+        compute:
+          cpu_request: 250m
+          memory_request: 64Mi
+        runtime:
+          env:
+            GREETING: from a direct config
+        policy:
+          namespace: ray
+        experiment:
+          project: Tau Local
+          name: direct-smoke
+        """
+    ).encode()
+    workload = """\
+        import os
+        print(os.environ["GREETING"], flush=True)
+        """
+    run = submit(world, direct, {"main.py": workload})
+    agent = start_agent()
+    wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=60, agent=agent)
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    (attempt,) = attempts(run)
+    assert "from a direct config" in Path(attempt.log_path).read_text()
+    assert run.spec["resilience"]["max_retries"] == 0  # the reference's default
+
+
 def test_a_killed_agent_is_recovered_on_restart(
     world: Any, var_dir: Path, start_agent: Any
 ) -> None:
@@ -208,7 +249,17 @@ def test_a_killed_agent_is_recovered_on_restart(
     assert retried.retry_reason == FailureClass.INFRASTRUCTURE
     assert "attempt 2, retry reason infrastructure" in Path(retried.log_path).read_text()
     assert verify_event_chain(run)
-    assert all(token.revoked_at is not None for token in tokens_of(run))
+    # Both attempts' tokens are revoked: the crashed one's by the recovery, the retry's right
+    # after its end commits (so the run can be seen ended a moment before).
+    wait_until(
+        lambda: (
+            len(tokens_of(run)) == 2
+            and all(token.revoked_at is not None for token in tokens_of(run))
+        ),
+        timeout=10,
+        what="both attempts' run tokens revoked",
+        agent=second,
+    )
 
 
 def test_cancel_stops_the_whole_process_tree(world: Any, var_dir: Path, start_agent: Any) -> None:
@@ -803,7 +854,13 @@ def test_work_finished_while_the_agent_was_down_is_not_run_again(
         starts = var_dir / "runs" / str(run.pk) / "checkpoints" / "starts.txt"
         assert starts.read_text() == "attempt 1\n"  # started once, never again
         assert verify_event_chain(run)
-        assert all(token.revoked_at is not None for token in tokens_of(run))
+        # Revoked by the recovery right after it closes the attempt.
+        wait_until(
+            partial(all_revoked, run),
+            timeout=10,
+            what=f"{run.name}'s run token revoked",
+            agent=second,
+        )
 
 
 WAITS_ON_FIRST_ATTEMPT = """\

@@ -334,12 +334,24 @@ def test_every_key_is_spelt_in_the_labels_module() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
-def test_requests_equal_limits_everywhere(case: Case) -> None:
+def test_requests_equal_limits_unless_the_spec_says_otherwise(case: Case) -> None:
     workload = render_case(case.spec, case.target)[0]
-    for _, pod in pod_specs(workload):
+    compute = case.spec.compute
+    for component, pod in pod_specs(workload):
         for container in containers_of(pod):
             resources = container["resources"]
-            assert resources["requests"] == resources["limits"], container["name"]
+            if component == "worker" and container is pod["containers"][0]:
+                limits = {"cpu": compute.cpu_limit, "memory": compute.memory_limit}
+            elif component == "head" and container is pod["containers"][0]:
+                head = compute.ray_head
+                limits = {"cpu": head.cpu_limit, "memory": head.memory_limit}
+            else:
+                assert resources["requests"] == resources["limits"], container["name"]
+                continue
+            gpus = resources["requests"].get("nvidia.com/gpu")
+            if gpus is not None:
+                limits["nvidia.com/gpu"] = gpus  # never overcommitted
+            assert resources["limits"] == limits, container["name"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
@@ -350,19 +362,23 @@ def test_workers_get_compute_and_gpus_only_there(case: Case) -> None:
     if compute.gpus:
         expected["nvidia.com/gpu"] = str(compute.gpus)
     for component, pod in pod_specs(workload):
-        limits = pod["containers"][0]["resources"]["limits"]
+        requests = pod["containers"][0]["resources"]["requests"]
         if component == "worker":
-            assert limits == expected
+            assert requests == expected
         else:
-            assert "nvidia.com/gpu" not in limits
+            assert "nvidia.com/gpu" not in requests
     if workload["kind"] == "RayJob":
         group = workload["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
         assert group["replicas"] == group["minReplicas"] == group["maxReplicas"]
         assert group["replicas"] == compute.workers
         head = workload["spec"]["rayClusterSpec"]["headGroupSpec"]
-        assert head["template"]["spec"]["containers"][0]["resources"]["limits"] == dict(
-            render.HEAD_RESOURCES
-        )
+        sized = compute.ray_head
+        assert head["template"]["spec"]["containers"][0]["resources"]["requests"] == {
+            "cpu": sized.cpus,
+            "memory": sized.memory,
+        }
+        if compute.head is None:
+            assert render.head_requests(case.spec) == dict(render.HEAD_RESOURCES)
         assert head["rayStartParams"] == {"num-cpus": "0"}
     else:
         assert workload["spec"]["completions"] == workload["spec"]["parallelism"]
@@ -688,3 +704,40 @@ def test_rendering_imports_neither_django_nor_kubernetes() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_the_data_volume_is_mounted_at_data_in_every_pod(case: Case) -> None:
+    workload = render_case(case.spec, case.target)[0]
+    storage = case.spec.storage
+    for component, pod in pod_specs(workload):
+        claims = [
+            volume["persistentVolumeClaim"]
+            for volume in pod.get("volumes", [])
+            if volume["name"] == "tau-dataset"
+        ]
+        main = pod["containers"][0]
+        mounts = [m for m in main.get("volumeMounts", []) if m["mountPath"] == "/data"]
+        env = {variable["name"]: variable.get("value") for variable in main.get("env", [])}
+        if component == "submitter":
+            # KubeRay's submitter only submits the job: it never mounts the data.
+            assert (claims, mounts) == ([], []), component
+            continue
+        if storage.data_pvc is None:
+            assert (claims, mounts, "TAU_DATA_DIR" in env) == ([], [], False), component
+            continue
+        expected_claim: dict[str, object] = {"claimName": storage.data_pvc}
+        expected_mount: dict[str, object] = {"name": "tau-dataset", "mountPath": "/data"}
+        if storage.read_only:
+            expected_claim["readOnly"] = expected_mount["readOnly"] = True
+        assert claims == [expected_claim], component
+        assert mounts == [expected_mount], component
+        assert env["TAU_DATA_DIR"] == "/data", component
+
+
+def test_the_reference_cases_carry_what_they_say() -> None:
+    by_name = {case.name: case for case in CASES}
+    assert by_name["reference-gpu-data-volume"].spec.storage.data_access == "read-write"
+    assert by_name["cpu-quickstart-data-volume"].spec.storage.data_access == "read-only"
+    assert by_name["reference-kind-ray"].spec.compute.head is not None
+    assert by_name["reference-kind-ray"].spec.compute.limits.cpus == "1"

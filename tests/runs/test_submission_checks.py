@@ -348,3 +348,57 @@ def test_an_htmx_submission_answers_with_problems_or_a_redirect(world: Any) -> N
     assert accepted.status_code == 204
     run = Run.objects.for_workspace(world.alpha).get()
     assert accepted["HX-Redirect"] == f"/w/alpha/runs/{run.name}/"
+
+
+# ---------------------------------------------------------------------------------------------
+# What only a cluster gives: a data volume, and (for now) sweeps
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_data_volume_is_refused_here_with_a_hint(world: Any, tmp_path: Path) -> None:
+    spec = tiny("  cpus: 1\n  memory: 1Gi\n") + b"storage:\n  data_pvc: datasets\n"
+    problems = by_path(post(world, spec, MAIN))
+    assert set(problems) == {"storage.data_pvc"}
+    problem = problems["storage.data_pvc"]
+    assert "the data volume datasets is a Kubernetes PersistentVolumeClaim" in problem["message"]
+    assert "keep the data in the project folder" in problem["message"]
+    assert (problem["line"], problem["column"]) == (10, 3)  # the `data_pvc:` key
+    assert Run.objects.for_workspace(world.alpha).count() == 0
+    assert stored_bundles(tmp_path) == []
+
+
+def test_a_sweep_is_refused_until_trials_can_run(world: Any) -> None:
+    spec = (
+        b"schema_version: 1\nname: sweep\nrun: {entrypoint: main.py}\n"
+        b"compute: {cpus: 1, memory: 1Gi}\n"
+        b"execution: {launcher: ray-tune, metric: loss, configs: {lr: [0.1, 0.01]}}\n"
+    )
+    problems = by_path(post(world, spec, MAIN))
+    assert set(problems) == {"execution.launcher"}
+    assert problems["execution.launcher"]["message"].startswith("sweeps cannot run yet")
+    assert Run.objects.for_workspace(world.alpha).count() == 0
+
+
+def test_a_reference_direct_config_is_accepted_and_stored_in_normal_form(world: Any) -> None:
+    local_quota(world.alpha)
+    spec = (
+        b"name: direct-job\nengine: job\nentrypoint: main.py\n"
+        b"compute:\n  cpu_request: 250m\n  memory_request: 64Mi\n"
+        b"experiment: {project: Tau Local, name: smoke, group: local}\n"
+        b"policy: {namespace: ray}\n"
+    )
+    response = post(world, spec, MAIN)
+    assert response.status_code == 201, response.content
+    run = Run.objects.for_workspace(world.alpha).get()
+    stored = run.spec
+    assert stored["run"]["workload_kind"] == "job"
+    assert (stored["compute"]["cpus"], stored["compute"]["memory"]) == ("250m", "64Mi")
+    assert stored["resilience"]["max_retries"] == 0
+    assert stored["experiment"]["name"] == "smoke"
+    # Policy filled in what the file left to the workspace; the rest is the file's meaning.
+    assert stored["experiment"] == {
+        "project": "Tau Local",
+        "group": "local",
+        "tags": [],
+        "name": "smoke",
+    }

@@ -36,7 +36,10 @@ def run_cli(*arguments: str, stdin: str | None = None) -> subprocess.CompletedPr
 def test_validate_exits_0_when_every_file_is_valid() -> None:
     result = run_cli("validate", *(str(path) for path in EXAMPLES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.splitlines() == [f"{path}: ok" for path in EXAMPLES]
+    lines = result.stdout.splitlines()
+    assert [line.partition(" (")[0] for line in lines] == [f"{path}: ok" for path in EXAMPLES]
+    # Each says how it was read.
+    assert all(line.endswith(")") and "TauGrid tau.yaml v1: " in line for line in lines), lines
 
 
 def test_validate_prints_file_line_column_path_message_hint(tmp_path: Path) -> None:
@@ -47,7 +50,7 @@ def test_validate_prints_file_line_column_path_message_hint(tmp_path: Path) -> N
     result = run_cli("validate", str(good), str(bad))
     assert result.returncode == 1
     assert result.stdout.splitlines() == [
-        f"{good}: ok",
+        f"{good}: ok (TauGrid tau.yaml v1: 1 head + 1 worker, 1 GPU)",
         f"{bad}:6:3: compute.wokers: unknown key `wokers` (did you mean `workers`?)",
     ]
 
@@ -65,6 +68,7 @@ def test_validate_json_lists_every_problem(tmp_path: Path) -> None:
             "path": "compute.wokers",
             "message": "unknown key `wokers`",
             "hint": "did you mean `workers`?",
+            "severity": "error",
         }
     ]
 

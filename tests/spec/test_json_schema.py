@@ -14,7 +14,17 @@ from tau.spec.schema import field_paths
 
 from .support import EXAMPLES
 
-BLOCKS = ("run", "compute", "runtime", "queue", "resilience", "outputs", "experiment")
+BLOCKS = (
+    "run",
+    "compute",
+    "runtime",
+    "queue",
+    "resilience",
+    "outputs",
+    "experiment",
+    "storage",
+    "execution",
+)
 
 
 def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +60,14 @@ def test_the_schema_covers_every_top_level_block_and_closes_every_object() -> No
     schema = json_schema()
     assert set(schema["properties"]) == {"schema_version", "name", *BLOCKS}
     objects = _objects(schema)
-    assert {path for path, _ in objects} >= {"", *BLOCKS, "resilience.backoff"}
+    assert {path for path, _ in objects} >= {
+        "",
+        *BLOCKS,
+        "resilience.backoff",
+        "compute.limits",
+        "compute.head",
+        "compute.head.limits",
+    }
     for path, object_schema in objects:
         assert object_schema["additionalProperties"] is False, path
         assert object_schema.get("description"), path

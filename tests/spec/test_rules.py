@@ -58,7 +58,7 @@ def test_a_quoted_schema_version_gets_a_hint() -> None:
         (
             "compute",
             "colour",
-            "expected one of: `gpus`, `cpus`, `memory`, `workers`, `gpu_type`",
+            "expected one of: `gpus`, `cpus`, `memory`, `workers`, `gpu_type`, `limits`, `head`",
         ),
     ],
 )
