@@ -249,6 +249,10 @@ class Run(TenantModel):
     spec = models.JSONField(help_text="The normalised tau.yaml, with workspace defaults applied.")
     spec_hash = models.CharField(max_length=64)
     spec_source = models.TextField(help_text="The tau.yaml exactly as submitted.")
+    # The spec's experiment labels, as columns: the runs list groups and filters by them.
+    experiment_project = models.CharField(max_length=100, blank=True, default="")
+    experiment_name = models.CharField(max_length=100, blank=True, default="")
+    experiment_group = models.CharField(max_length=100, blank=True, default="")
     bundle = models.ForeignKey(
         CodeBundle, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
@@ -295,6 +299,10 @@ class Run(TenantModel):
             models.Index(fields=["workspace", "-created_at", "-id"], name="run_list"),
             models.Index(fields=["workspace", "state", "-created_at"], name="run_state_list"),
             models.Index(fields=["workspace", "spec_name", "-created_at"], name="run_spec_name"),
+            models.Index(
+                fields=["workspace", "experiment_project", "experiment_name", "-created_at"],
+                name="run_experiment",
+            ),
             models.Index(fields=["backend", "state"], name="run_backend_state"),
         ]
 

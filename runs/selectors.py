@@ -17,6 +17,13 @@ from runs.metric_rules import MAX_KEYS_PER_RUN
 from runs.models import LIVE_STATES, EventKind, MetricPoint, Run, RunAttempt, RunEvent
 from workspaces.models import Workspace
 
+#: Runs filtered by their experiment labels (the runs page and the API): parameter → column.
+EXPERIMENT_FILTERS = {
+    "project": "experiment_project",
+    "experiment": "experiment_name",
+    "group": "experiment_group",
+}
+
 
 def runs_of(workspace: Workspace) -> QuerySet[Run]:
     return Run.objects.for_workspace(workspace)

@@ -15,8 +15,23 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, Q, QuerySet, Subquery, prefetch_related_objects
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
+from django.db.models import (
+    Count,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    prefetch_related_objects,
+)
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseRedirect,
+    QueryDict,
+)
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
@@ -45,6 +60,7 @@ from runs.models import (
     RunState,
 )
 from runs.policy import requested_totals
+from runs.selectors import EXPERIMENT_FILTERS
 from runs.state import RunActionRefused
 from runs.usage import platform_usage, queue_estimate, usage_lines
 from tau.quantity import format_quantity
@@ -52,6 +68,10 @@ from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
 from workspaces.models import Role, Workspace
 
 PAGE_SIZE = 25
+#: Every filter; ``sort`` orders and does not filter.
+FILTERS = ("state", "submitter", "q", *EXPERIMENT_FILTERS)
+#: How many experiments the runs list names (the most recently used).
+EXPERIMENTS_SHOWN = 12
 
 
 @method_decorator(vary_on_headers("HX-Request"), name="dispatch")  # fragments for htmx
@@ -66,9 +86,12 @@ class RunListView(WorkspaceViewMixin, TemplateView):
             "state": params.get("state", ""),
             "submitter": params.get("submitter", "").strip(),
             "q": params.get("q", "").strip(),
+            "project": params.get("project", "").strip(),
+            "experiment": params.get("experiment", "").strip(),
+            "group": params.get("group", "").strip(),
             "sort": "oldest" if params.get("sort") == "oldest" else "newest",
         }
-        for name in ("submitter", "q"):
+        for name in ("submitter", "q", *EXPERIMENT_FILTERS):
             if "\x00" in filters[name]:  # no name has one, and the database refuses it
                 self.refused = f"{name}: a search cannot contain NUL characters; it is ignored."
                 filters[name] = ""
@@ -85,7 +108,37 @@ class RunListView(WorkspaceViewMixin, TemplateView):
             runs = runs.filter(
                 Q(name__startswith=filters["q"]) | Q(spec_name__startswith=filters["q"])
             )
+        for name, column in EXPERIMENT_FILTERS.items():
+            if filters[name]:
+                runs = runs.filter(**{column: filters[name]})
         return runs, filters
+
+    def _experiments(self) -> list[dict[str, Any]]:
+        """The workspace's experiments (project, name, group) with their run counts, the
+        most recently used first: one grouped query."""
+        rows = (
+            Run.objects.for_workspace(self.workspace)
+            .exclude(experiment_project="", experiment_name="", experiment_group="")
+            .values("experiment_project", "experiment_name", "experiment_group")
+            .annotate(runs=Count("id"), latest=Max("created_at"))
+            .order_by("-latest")[:EXPERIMENTS_SHOWN]
+        )
+        experiments = []
+        for row in rows:
+            query = QueryDict(mutable=True)
+            for name, column in EXPERIMENT_FILTERS.items():
+                if row[column]:
+                    query[name] = row[column]
+            experiments.append(
+                {
+                    "project": row["experiment_project"],
+                    "name": row["experiment_name"],
+                    "group": row["experiment_group"],
+                    "runs": row["runs"],
+                    "query": query.urlencode(),
+                }
+            )
+        return experiments
 
     refused = ""  # what was wrong with the address, shown with the first page (a 400)
 
@@ -147,7 +200,11 @@ class RunListView(WorkspaceViewMixin, TemplateView):
                 "states": RunState.choices,
                 "next_query": next_query,
                 "any_live": any(run.state in LIVE_STATES for run in page),
-                "filtered": bool(filters["state"] or filters["submitter"] or filters["q"]),
+                "filtered": any(filters[name] for name in FILTERS),
+                # The live poller asks for the rows only.
+                "experiments": []
+                if self.request.headers.get("HX-Request")
+                else self._experiments(),
                 "queue_note": reading.unavailable,
             }
         )

@@ -67,6 +67,7 @@ from runs.api.serializers import (
 from runs.checkpoint_paths import CheckpointPathRefused
 from runs.metric_rules import MAX_KEYS_PER_RUN, MetricRow
 from runs.models import Artifact, Backend, Checkpoint, Run, RunAttempt, RunEvent, RunState
+from runs.selectors import EXPERIMENT_FILTERS
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import Role
 
@@ -224,6 +225,9 @@ class RunViewSet(WorkspaceScopedViewSet):
             runs = runs.filter(Q(spec_name=name) | Q(name=name))
         if submitter := _text_param(params, "submitter"):
             runs = runs.filter(submitted_by_username=submitter)
+        for name, column in EXPERIMENT_FILTERS.items():
+            if value := _text_param(params, name):
+                runs = runs.filter(**{column: value})
         return runs
 
     @extend_schema(
@@ -237,6 +241,9 @@ class RunViewSet(WorkspaceScopedViewSet):
             ),
             OpenApiParameter("name", str, description="A spec name or run name."),
             OpenApiParameter("submitter", str, description="Username of who submitted."),
+            OpenApiParameter("project", str, description="Only runs of this experiment.project."),
+            OpenApiParameter("experiment", str, description="Only runs of this experiment.name."),
+            OpenApiParameter("group", str, description="Only runs of this experiment.group."),
         ],
         responses={200: RunSummarySerializer(many=True), **refusals(400)},
     )

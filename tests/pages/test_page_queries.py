@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 # Session and user come first on every page; the navigation adds one for its workspaces.
 PINNED = {
-    "runs": 5,  # + access, runs page
+    "runs": 6,  # + access, runs page, its experiments
     "run": 9,  # + access, resolve run, attempts, events, checkpoints, artifacts
     "run-fragment": 9,  # + version, then the same reads as the page (minus the navigation)
     "queue": 9,  # + access, pending, running, admission history, usage (runs, quotas)
