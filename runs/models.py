@@ -503,6 +503,39 @@ class Checkpoint(TenantModel):
         return f"step {self.step}"
 
 
+class RunTrial(TenantModel):
+    """One trial of a sweep (``execution.launcher: ray-tune``): its values and how it went, as
+    the attempt's sweep runner reports them (``runs.trials``). Its metrics are the run's
+    points named ``trial-<number>/<key>``."""
+
+    tenant_path: ClassVar[str | None] = "run__workspace"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trials")
+    attempt = models.PositiveIntegerField()
+    number = models.PositiveIntegerField()
+    config: Any = models.JSONField(default=dict)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    exit_code = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta(TenantModel.Meta):
+        ordering = ["run", "attempt", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "attempt", "number"], name="trial_unique_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"trial {self.number}"
+
+
 class Artifact(TenantModel):
     """A file the run declared in ``outputs.artifacts`` and TauGrid keeps (``runs.artifacts``).
 

@@ -504,12 +504,12 @@ def _literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
-#: Sweeps validate, and running their trials is being built: until then they are refused at
-#: submission rather than run once as if they were not sweeps.
+#: Sweeps run on the local backend; on Kubernetes the Ray Tune driver is being built, and
+#: until then a sweep is refused at submission rather than run once as if it were not one.
 SWEEP_NOT_YET: Final = (
     "execution.launcher",
-    "sweeps cannot run yet: TauGrid checks them, and running their trials is being built; "
-    "remove `execution` to run the entry point once",
+    "sweeps cannot run on Kubernetes yet (the local backend runs them); remove `execution` "
+    "to run the entry point once",
 )
 
 

@@ -54,14 +54,17 @@ from runs.models import (
     Artifact,
     Backend,
     Checkpoint,
+    MetricPoint,
     Run,
     RunAttempt,
     RunEvent,
     RunState,
+    RunTrial,
 )
 from runs.policy import requested_totals
 from runs.selectors import EXPERIMENT_FILTERS
 from runs.state import RunActionRefused
+from runs.trials import trials_table
 from runs.usage import platform_usage, queue_estimate, usage_lines
 from tau.quantity import format_quantity
 from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
@@ -224,6 +227,18 @@ class RunListView(WorkspaceViewMixin, TemplateView):
         return self.render_to_response(context)
 
 
+def _is_sweep(run: Run) -> bool:
+    execution = run.spec.get("execution") if isinstance(run.spec, dict) else None
+    return isinstance(execution, dict) and execution.get("launcher") == "ray-tune"
+
+
+def _planned_trials(execution: dict[str, Any]) -> int:
+    grid = 1
+    for value in (execution.get("configs") or {}).values():
+        grid *= len(value) if isinstance(value, list) else 1
+    return grid * int(execution.get("num_samples") or 1)
+
+
 def _run_or_404(workspace: Any, run_name: str) -> Run:
     return selectors.resolve_run(workspace, run_name)
 
@@ -277,6 +292,23 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
             "log_attempt": log_attempt,
             "log_follows_newest": log_attempt is latest,
             "queue_note": reading.unavailable,
+            **self._sweep(run),
+        }
+
+    def _sweep(self, run: Run) -> dict[str, Any]:
+        if not _is_sweep(run):
+            return {}
+        names, rows = trials_table(run, run.spec)
+        execution = run.spec["execution"]
+        return {
+            "sweep": {
+                "metric": execution["metric"],
+                "mode": execution["mode"],
+                "max_concurrent_trials": execution["max_concurrent_trials"],
+                "planned": _planned_trials(execution),
+                "names": names,
+                "rows": rows,
+            }
         }
 
     def _version(self, run: Run) -> tuple[Any, ...]:
@@ -292,15 +324,25 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
         newest_artifact = (
             Artifact.objects.filter(run=OuterRef("pk")).order_by("-id").values("id")[:1]
         )
+        annotations: dict[str, Any] = {
+            "event": Subquery(newest_event),
+            "checkpoint": Subquery(newest_checkpoint),
+            "artifact": Subquery(newest_artifact),
+        }
+        if _is_sweep(run):
+            # A sweep's trials table: trials start and end, and their best values move.
+            trials = RunTrial.objects.filter(run=OuterRef("pk"))
+            points = MetricPoint.objects.filter(run=OuterRef("pk"))
+            annotations["trial"] = Subquery(trials.order_by("-started_at").values("started_at")[:1])
+            annotations["trial_end"] = Subquery(
+                trials.exclude(finished_at=None).order_by("-finished_at").values("finished_at")[:1]
+            )
+            annotations["point"] = Subquery(points.order_by("-id").values("id")[:1])
         row = (
             Run.objects.for_workspace(self.workspace)
             .filter(pk=run.pk)
-            .annotate(
-                event=Subquery(newest_event),
-                checkpoint=Subquery(newest_checkpoint),
-                artifact=Subquery(newest_artifact),
-            )
-            .values_list("updated_at", "state", "event", "checkpoint", "artifact")
+            .annotate(**annotations)
+            .values_list("updated_at", "state", *annotations)
             .get()
         )
         return (run.pk, *row)

@@ -7,7 +7,15 @@ way the server does.
 __version__ = "0.1.0.dev0"
 
 # The workload SDK (standard library only): ``import tau; tau.log_metrics(10, loss=0.3)``.
-from tau.sdk import checkpoint_saved, flush, log_metrics, resume_from, save_artifact, track
+from tau.sdk import (
+    checkpoint_saved,
+    flush,
+    log_metrics,
+    resume_from,
+    save_artifact,
+    track,
+    trial_config,
+)
 
 __all__ = [
     "__version__",
@@ -17,4 +25,5 @@ __all__ = [
     "resume_from",
     "save_artifact",
     "track",
+    "trial_config",
 ]

@@ -315,6 +315,9 @@ def log_metrics(step: int, **values: float) -> None:
         _warn(f"log_metrics: step must be a whole number ≥ 0, not {step!r}; row skipped")
         return
     row: dict[str, Any] = {"step": step}
+    # A sweep's trial: its keys are its own (``trial-3/loss``), so trials never mix.
+    trial = os.environ.get("TAU_TRIAL_ID", "")
+    prefix = f"trial-{trial}/" if trial.isdigit() else ""
     for key, value in values.items():
         if (
             isinstance(value, bool)
@@ -323,9 +326,18 @@ def log_metrics(step: int, **values: float) -> None:
         ):
             _warn(f"log_metrics: {key}={value!r} at step {step} is not a finite number; skipped")
             continue
-        row[key] = value
+        row[prefix + key] = value
     if len(row) > 1:
         reporter().add_row(row)
+
+
+def trial_config() -> dict[str, Any]:
+    """This trial's values in a sweep (``execution.configs``), or {} outside a sweep."""
+    raw = os.environ.get("TAU_TRIAL_CONFIG")
+    if not raw:
+        return {}
+    config = json.loads(raw)
+    return config if isinstance(config, dict) else {}
 
 
 def checkpoint_saved(path: str | os.PathLike[str], step: int, *, size: int | None = None) -> None:

@@ -186,6 +186,13 @@ def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
     python = venv / "bin" / "python"
     if command[0] == "python":
         command[0] = str(python)
+    if spec.execution.is_sweep:
+        if sdk_dir is None:
+            raise PreparationFailed(
+                "infrastructure", "A sweep needs the workload SDK, which this agent lacks."
+            )
+        # The trials run under tau.sweep (from the SDK), inside this attempt's resources.
+        command = [str(python), "-m", "tau.sweep", "--", *command]
     env = child_environment(
         venv=venv,
         layout=layout,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
+import json
 import logging
 import math
 import os
@@ -51,7 +52,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
-from runs import attempts, checkpoints, metrics, run_tokens, selectors, state, wording
+from runs import attempts, checkpoints, metrics, run_tokens, selectors, state, trials, wording
 from runs.agent import admission, artifact_collection, environments, outcomes, processes
 from runs.agent import sandbox as sandboxing
 from runs.agent.collect import CheckpointScanner, FoundCheckpoint, MetricsReader
@@ -154,6 +155,8 @@ class Execution:
     outcome: AttemptOutcome | None = None
     next_collect: float = 0.0
     log_size_saved_at: float = 0.0
+    #: A sweep's trial records as last kept (``runs.trials``).
+    trials_seen: list[dict[str, Any]] | None = None
 
     @property
     def run_id(self) -> int:
@@ -747,6 +750,18 @@ class Agent:
             env["TAU_RESUME_FROM"] = attempt.resume_from.path
         if attempt.retry_reason:
             env["TAU_RETRY_REASON"] = attempt.retry_reason
+        sweep = execution.spec.execution
+        if sweep.is_sweep:
+            env["TAU_SWEEP"] = json.dumps(
+                {
+                    "trials": sweep.trials(),
+                    "max_concurrent_trials": sweep.max_concurrent_trials,
+                    "metric": sweep.metric,
+                    "mode": sweep.mode,
+                    "metrics_file": execution.spec.outputs.metrics_file,
+                },
+                sort_keys=True,
+            )
         return env
 
     def _spawn(self, execution: Execution, prepared: Prepared) -> None:
@@ -1084,11 +1099,20 @@ class Agent:
             final or now - execution.log_size_saved_at >= LOG_SIZE_SAVE_SECONDS
         )
         offset_changed = execution.metrics.offset != attempt.metrics_offset
-        if not (rows or found or offset_changed or save_log_size):
+        trial_records = None
+        if execution.spec.execution.is_sweep:
+            trial_records = trials.read_trials_file(execution.layout.output / trials.TRIALS_FILE)
+            if trial_records == execution.trials_seen:
+                trial_records = None
+        if not (rows or found or offset_changed or save_log_size or trial_records):
             return
         try:
             with transaction.atomic():
                 recorded = self._save_collected(execution, rows, found)
+                if trial_records:
+                    trials.record_trials(
+                        run=execution.run, attempt=attempt.number, records=trial_records
+                    )
                 attempts.note_progress(
                     attempt_id=attempt.pk,
                     metrics_offset=execution.metrics.offset if offset_changed else None,
@@ -1103,6 +1127,8 @@ class Agent:
                 recorded.rows_skipped, recorded.problems[0] if recorded.problems else None
             )
         attempt.metrics_offset = execution.metrics.offset
+        if trial_records:
+            execution.trials_seen = trial_records
         if save_log_size:
             attempt.log_size = log_size
             execution.log_size_saved_at = now

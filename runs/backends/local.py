@@ -25,7 +25,6 @@ from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
 from runs.logs import LogChunk, WholeLog, open_log_file, read_log_file
 from runs.models import RUNNING_STATES, Backend, Checkpoint, Run, RunAttempt, RunState
 from runs.policy import requested_totals
-from runs.render import SWEEP_NOT_YET
 from runs.state import lock_run, transition
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError
@@ -34,7 +33,8 @@ from tau.spec import Spec
 
 #: The tau.yaml field each resource of the machine is asked for in.
 def unsupported_here(spec: Spec) -> list[tuple[str, str]]:
-    """What a spec asks for that runs on a cluster only."""
+    """What a spec asks for that runs on a cluster only. (A sweep runs here: its trials are
+    sub-processes of the attempt, within its resources; see ``tau.sweep``.)"""
     problems: list[tuple[str, str]] = []
     if spec.storage.data_pvc is not None:
         problems.append(
@@ -46,8 +46,6 @@ def unsupported_here(spec: Spec) -> list[tuple[str, str]]:
                 "given), or submit it to a cluster",
             )
         )
-    if spec.execution.is_sweep:
-        problems.append(SWEEP_NOT_YET)
     return problems
 
 

@@ -301,34 +301,60 @@
         return chosen === null || chosen.indexOf(key) >= 0;
       });
       var weight = parseFloat(slider.value) || 0;
+      // A sweep's trials report `trial-<n>/<metric>`: one chart per metric, a line per trial
+      // (their curves overlaid); any other key is a chart of its own.
+      var groups = {};
+      var order = [];
       keys.forEach(function (key) {
-        var points = series[key];
-        var x = points.map(function (p) { return p[0]; });
-        var y = points.map(function (p) { return p[1]; });
-        var name = plotlyText(key);
-        var traces = [{ x: x, y: y, mode: "lines", name: name, line: { color: "#9aa4f5", width: 1 } }];
-        if (weight) traces.push({ x: x, y: smooth(y, weight), mode: "lines", name: name + " (smoothed)", line: { color: "#2a3ab0", width: 2 } });
+        var trial = /^trial-(\d+)\/(.+)$/.exec(key);
+        var group = trial ? "trials:" + trial[2] : key;
+        if (!groups[group]) {
+          groups[group] = { metric: trial ? trial[2] : key, trials: !!trial, keys: [] };
+          order.push(group);
+        }
+        groups[group].keys.push({ key: key, trial: trial ? parseInt(trial[1], 10) : null });
+      });
+      order.forEach(function (group) {
+        var entry = groups[group];
+        var traces = [];
+        entry.keys.sort(function (a, b) { return (a.trial || 0) - (b.trial || 0); });
+        entry.keys.forEach(function (item) {
+          var points = series[item.key];
+          var x = points.map(function (p) { return p[0]; });
+          var y = points.map(function (p) { return p[1]; });
+          if (entry.trials) {
+            traces.push({ x: x, y: smooth(y, weight), mode: "lines", name: "trial " + item.trial, line: { width: 2 } });
+            return;
+          }
+          var name = plotlyText(item.key);
+          traces.push({ x: x, y: y, mode: "lines", name: name, line: { color: "#9aa4f5", width: 1 } });
+          if (weight) traces.push({ x: x, y: smooth(y, weight), mode: "lines", name: name + " (smoothed)", line: { color: "#2a3ab0", width: 2 } });
+        });
+        var title = entry.trials ? plotlyText(entry.metric) + " by trial" : plotlyText(entry.metric);
         var layout = {
-          title: { text: name, font: { size: 14 } },
+          title: { text: title, font: { size: 14 } },
           margin: { l: 50, r: 20, t: 36, b: 40 },
           height: 260,
           xaxis: { title: { text: "step" } },
-          showlegend: false,
-          uirevision: key, // keep zoom and pan across updates
+          showlegend: entry.trials,
+          uirevision: group, // keep zoom and pan across updates
         };
-        var div = charts[key];
+        var div = charts[group];
         if (!div) {
           div = document.createElement("div");
           div.className = "chart";
           div.setAttribute("role", "figure");
-          div.setAttribute("aria-label", "Chart of " + shownName(key) + " by step");
+          div.setAttribute(
+            "aria-label",
+            entry.trials ? "Chart of " + shownName(entry.metric) + " by step, one line per trial" : "Chart of " + shownName(entry.metric) + " by step"
+          );
           container.appendChild(div);
-          charts[key] = div;
+          charts[group] = div;
         }
         Plotly.react(div, traces, layout, { displaylogo: false, responsive: true });
       });
       Object.keys(charts).forEach(function (key) {
-        if (keys.indexOf(key) < 0) {
+        if (order.indexOf(key) < 0) {
           Plotly.purge(charts[key]);
           charts[key].remove();
           delete charts[key];

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import textwrap
@@ -33,7 +34,9 @@ from runs.models import (
     Run,
     RunAttempt,
     RunState,
+    RunTrial,
 )
+from runs.trials import trials_table
 from tests.runs.agent_harness import (
     GRACE_SECONDS,
     LOG_CAP,
@@ -893,3 +896,144 @@ def test_a_run_cut_short_by_an_agent_crash_keeps_its_place_in_the_queue(
     assert first.queued_at is not None
     assert second.queued_at is not None
     assert first.queued_at < second.queued_at
+
+
+# --- sweeps ----------------------------------------------------------------------------------
+
+SWEEP_SCRIPT = """\
+    import json, os, time
+    config = json.loads(os.environ["TAU_TRIAL_CONFIG"])
+    lr, batch = config["lr"], config["batch_size"]
+    out = os.environ["TAU_OUTPUT_DIR"]
+    print(f"trial {os.environ['TAU_TRIAL_ID']}: lr={lr} batch_size={batch}", flush=True)
+    with open(os.path.join(out, "metrics.jsonl"), "a") as metrics:
+        for step in (1, 2, 3):
+            accuracy = 1 - abs(lr - 0.01) * 5 - abs(batch - 64) / 1000 - 0.1 / step
+            metrics.write(json.dumps({"step": step, "acc": accuracy}) + "\\n")
+            metrics.flush()
+            time.sleep(0.3)
+    """
+
+
+def overlap(trials: list[RunTrial]) -> int:
+    """The most trials that ran at the same moment."""
+    moments = sorted(
+        [(trial.started_at, 1) for trial in trials] + [(trial.finished_at, -1) for trial in trials]
+    )
+    running = most = 0
+    for _moment, change in moments:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def test_a_local_sweep_runs_every_trial_within_its_concurrency_and_marks_the_best(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    local_quota(world.alpha)
+    sweep = spec(
+        "grid",
+        extra="""\
+        execution:
+          launcher: ray-tune
+          metric: acc
+          mode: max
+          max_concurrent_trials: 2
+          configs:
+            lr: [0.1, 0.01]
+            batch_size: [32, 64]
+        """,
+    ).replace(b"workload_kind: job", b"workload_kind: rayjob")
+    run = submit(world, sweep, {"main.py": SWEEP_SCRIPT})
+    agent = start_agent()
+    wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=90, agent=agent)
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    trials = list(RunTrial.objects.for_workspace(world.alpha).filter(run=run).order_by("number"))
+    # Every combination once, in grid order (batch_size, then lr), each succeeded.
+    assert [(trial.number, trial.config) for trial in trials] == [
+        (1, {"batch_size": 32, "lr": 0.1}),
+        (2, {"batch_size": 32, "lr": 0.01}),
+        (3, {"batch_size": 64, "lr": 0.1}),
+        (4, {"batch_size": 64, "lr": 0.01}),
+    ]
+    assert {trial.state for trial in trials} == {RunTrial.State.SUCCEEDED}
+    assert all(trial.started_at and trial.finished_at for trial in trials)
+    assert overlap(trials) <= 2
+    # Each trial's own log and metrics.
+    output = attempt_dir(var_dir, run, 1) / "output"
+    for trial in trials:
+        log = (output / "trials" / f"trial-{trial.number}" / "log.txt").read_text()
+        assert f"trial {trial.number}: lr={trial.config['lr']}" in log
+    keys = set(
+        MetricPoint.objects.for_workspace(world.alpha).filter(run=run).values_list("key", flat=True)
+    )
+    assert keys == {f"trial-{number}/acc" for number in (1, 2, 3, 4)}
+    attempt_log = Path(attempts(run)[0].log_path).read_text()
+    assert "[sweep] 4 trials, at most 2 at once, compared by acc (max)" in attempt_log
+    assert "[sweep] all 4 trials succeeded" in attempt_log
+    # The run page: the trials table, the best (lr 0.01, batch 64: trial 4) marked.
+    html = Client()
+    html.force_login(world.users["viewer"])
+    page = html.get(f"/w/alpha/runs/{run.name}/").content.decode()
+    table = page[page.index('id="trials-heading"') :]
+    table = table[: table.index("</section>")]
+    assert "A sweep of 4 trials, at most 2 at once" in table
+    rows = re.findall(r"<tr( class=\"best\")?>\s*<th scope=\"row\">(\d+)", table)
+    assert rows == [("", "1"), ("", "2"), ("", "3"), (' class="best"', "4")]
+    assert '4 <span class="badge">best</span>' in table
+
+
+TRAIN_FUNC_SCRIPT = """\
+    def train_func(config):
+        if config["x"] == 2:
+            raise RuntimeError("x=2 is out of range")
+        return {"score": config["x"] * 10, "step": 5}
+
+    if __name__ == "__main__":
+        raise SystemExit("a trial calls train_func: it never runs the script as __main__")
+    """
+
+
+def test_a_sweep_calls_train_func_and_fails_when_a_trial_fails(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    local_quota(world.alpha)
+    sweep = spec(
+        "funcs",
+        extra="""\
+        resilience:
+          max_retries: 0
+        execution:
+          launcher: ray-tune
+          metric: score
+          mode: max
+          configs:
+            x: [1, 2, 3]
+        """,
+    ).replace(b"workload_kind: job", b"workload_kind: rayjob")
+    run = submit(world, sweep, {"main.py": TRAIN_FUNC_SCRIPT})
+    agent = start_agent()
+    wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=90, agent=agent)
+    assert run.state == RunState.FAILED
+    trials = list(RunTrial.objects.for_workspace(world.alpha).filter(run=run).order_by("number"))
+    assert [(trial.number, trial.state) for trial in trials] == [
+        (1, RunTrial.State.SUCCEEDED),
+        (2, RunTrial.State.FAILED),
+        (3, RunTrial.State.SUCCEEDED),
+    ]
+    assert overlap(trials) == 1  # max_concurrent_trials defaults to 1
+    (attempt,) = attempts(run)
+    assert "1 of 3 trials failed: trial 2" in attempt.failure_message
+    output = attempt_dir(var_dir, run, 1) / "output"
+    assert "x=2 is out of range" in (output / "trials" / "trial-2" / "log.txt").read_text()
+    points = dict(
+        MetricPoint.objects.for_workspace(world.alpha).filter(run=run).values_list("key", "value")
+    )
+    assert points == {"trial-1/score": 10.0, "trial-3/score": 30.0}
+    names, rows = trials_table(run, run.spec)
+    assert names == ["x"]
+    assert [(row.number, row.best, row.is_best) for row in rows] == [
+        (1, 10.0, False),
+        (2, None, False),
+        (3, 30.0, True),
+    ]

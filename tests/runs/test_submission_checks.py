@@ -14,7 +14,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from runs import bundles
+from runs import bundles, render
 from runs.models import CodeBundle, Run, RunEvent, RunState
 from runs.submission import SubmissionRefused, check_bundle, check_spec
 from tau.spec import load_spec, locate
@@ -367,16 +367,21 @@ def test_a_data_volume_is_refused_here_with_a_hint(world: Any, tmp_path: Path) -
     assert stored_bundles(tmp_path) == []
 
 
-def test_a_sweep_is_refused_until_trials_can_run(world: Any) -> None:
+def test_a_sweep_is_taken_here_and_refused_for_kubernetes_until_it_can_run_there(
+    world: Any,
+) -> None:
+    local_quota(world.alpha)
     spec = (
         b"schema_version: 1\nname: sweep\nrun: {entrypoint: main.py}\n"
         b"compute: {cpus: 1, memory: 1Gi}\n"
         b"execution: {launcher: ray-tune, metric: loss, configs: {lr: [0.1, 0.01]}}\n"
     )
-    problems = by_path(post(world, spec, MAIN))
-    assert set(problems) == {"execution.launcher"}
-    assert problems["execution.launcher"]["message"].startswith("sweeps cannot run yet")
-    assert Run.objects.for_workspace(world.alpha).count() == 0
+    response = post(world, spec, MAIN)
+    assert response.status_code == 201, response.content
+    # The Kubernetes backend says why it cannot take one yet, at the launcher.
+    (problem,) = render.kubernetes_problems(load_spec(spec))
+    assert problem[0] == "execution.launcher"
+    assert problem[1].startswith("sweeps cannot run on Kubernetes yet")
 
 
 def test_a_reference_direct_config_is_accepted_and_stored_in_normal_form(world: Any) -> None:

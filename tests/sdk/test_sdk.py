@@ -113,3 +113,17 @@ def test_outside_a_run_the_calls_do_nothing_and_say_so_once(
     finally:
         sdk._reset()
     assert capfd.readouterr().err.count("not inside a TauGrid run") == 1
+
+
+def test_a_sweep_trial_s_rows_are_its_own(
+    in_a_run: Any, portal: Portal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a sweep's trial (``TAU_TRIAL_ID``) every key is the trial's: trial-3/loss."""
+    monkeypatch.setenv("TAU_TRIAL_ID", "3")
+    monkeypatch.setenv("TAU_TRIAL_CONFIG", '{"lr": 0.01}')
+    portal.start(worker=False, beat=False)
+    assert tau.trial_config() == {"lr": 0.01}
+    tau.log_metrics(7, loss=0.5, acc=0.75)
+    assert tau.flush(timeout=60)
+    keys = dict(MetricPoint.objects.unscoped().filter(run=in_a_run).values_list("key", "value"))
+    assert keys == {"trial-3/loss": 0.5, "trial-3/acc": 0.75}

@@ -1,0 +1,165 @@
+"""A sweep's trials: what the attempt's sweep runner reports (``tau.sweep`` writes
+``trials.json`` in the attempt's output folder) kept as :class:`RunTrial` rows, and the
+trials table the run page shows: each trial's values, state and best ``metric``, the best
+trial marked.
+
+A trial's metrics are the run's points named ``trial-<number>/<key>`` (the runner renames
+the rows a trial writes, the SDK the rows it sends), so its best value is one aggregate over
+the points the portal already keeps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from django.db.models import Max, Min
+
+from runs.models import MetricPoint, Run, RunTrial
+
+#: ``trials.json`` is read only up to this size: 256 trials with their values fit well.
+MAX_TRIALS_FILE_BYTES = 1024 * 1024
+TRIALS_FILE = "trials.json"
+_STATES = set(RunTrial.State.values)
+
+
+def trial_key(number: int, key: str) -> str:
+    return f"trial-{number}/{key}"
+
+
+def read_trials_file(path: Path) -> list[dict[str, Any]] | None:
+    """The trial records in a runner's ``trials.json``; None when it is absent, too big or
+    not what the runner writes (then nothing is changed)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_TRIALS_FILE_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_TRIALS_FILE_BYTES:
+        return None
+    try:
+        document = json.loads(data)
+    except ValueError:
+        return None
+    trials = document.get("trials") if isinstance(document, dict) else None
+    if not isinstance(trials, list):
+        return None
+    records = []
+    for item in trials:
+        if not isinstance(item, dict):
+            return None
+        number, state, config = item.get("trial"), item.get("state"), item.get("config")
+        if not isinstance(number, int) or number < 1 or state not in _STATES:
+            return None
+        if not isinstance(config, dict):
+            return None
+        exit_code = item.get("exit_code")
+        records.append(
+            {
+                "number": number,
+                "state": state,
+                "config": config,
+                "exit_code": exit_code if isinstance(exit_code, int) else None,
+                "started_at": _time(item.get("started_at")),
+                "finished_at": _time(item.get("finished_at")),
+            }
+        )
+    return records
+
+
+def _time(value: object) -> datetime | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 2**33:
+        return datetime.fromtimestamp(value, tz=UTC)
+    return None
+
+
+def record_trials(*, run: Run, attempt: int, records: list[dict[str, Any]]) -> int:
+    """Create or update the attempt's trial rows from the runner's records; how many
+    changed. A row is written only when something about it changed."""
+    scoped = RunTrial.objects.for_workspace(run.workspace_id)
+    existing = {trial.number: trial for trial in scoped.filter(run=run, attempt=attempt)}
+    fields = ("state", "config", "exit_code", "started_at", "finished_at")
+    created: list[RunTrial] = []
+    changed: list[RunTrial] = []
+    for record in records:
+        trial = existing.get(record["number"])
+        if trial is None:
+            created.append(RunTrial(run=run, attempt=attempt, **record))
+            continue
+        if any(getattr(trial, name) != record[name] for name in fields):
+            for name in fields:
+                setattr(trial, name, record[name])
+            changed.append(trial)
+    if created:
+        scoped.bulk_create(created)
+    if changed:
+        scoped.bulk_update(changed, fields)
+    return len(created) + len(changed)
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    number: int
+    attempt: int
+    config: dict[str, Any]
+    state: str
+    exit_code: int | None
+    best: float | None
+    is_best: bool
+
+
+def trials_table(run: Run, spec: dict[str, Any]) -> tuple[list[str], list[TrialRow]]:
+    """(parameter names, one row per trial) of the run's newest attempt that has trials,
+    each with its best ``metric`` value; the best of them marked. Two queries."""
+    execution = spec.get("execution") or {}
+    metric = execution.get("metric") or ""
+    mode = execution.get("mode") or "min"
+    trials = list(
+        RunTrial.objects.for_workspace(run.workspace_id)
+        .filter(run=run)
+        .order_by("-attempt", "number")
+    )
+    if not trials:
+        return [], []
+    attempt = trials[0].attempt
+    trials = [trial for trial in trials if trial.attempt == attempt]
+    keys = {trial_key(trial.number, metric): trial.number for trial in trials}
+    aggregate = Min("value") if mode == "min" else Max("value")
+    best_values = dict(
+        MetricPoint.objects.for_workspace(run.workspace_id)
+        .filter(run=run, attempt=attempt, key__in=list(keys))
+        .values("key")
+        .annotate(best=aggregate)
+        .values_list("key", "best")
+    )
+    by_number = {keys[key]: value for key, value in best_values.items()}
+    # The best trial; on a tie, the lowest number.
+    winner = None
+    for number in sorted(by_number):
+        value = by_number[number]
+        if value is None:
+            continue
+        if winner is None or (
+            value < by_number[winner] if mode == "min" else value > by_number[winner]
+        ):
+            winner = number
+    names: list[str] = []
+    for trial in trials:
+        for name in trial.config:
+            if name not in names:
+                names.append(name)
+    rows = [
+        TrialRow(
+            number=trial.number,
+            attempt=trial.attempt,
+            config=trial.config,
+            state=trial.state,
+            exit_code=trial.exit_code,
+            best=by_number.get(trial.number),
+            is_best=trial.number == winner,
+        )
+        for trial in trials
+    ]
+    return sorted(names), rows
