@@ -12,6 +12,7 @@ on every edit, with the listing of the chosen zip that the browser reads.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -27,6 +28,8 @@ from runs.backends import RunBackend
 from runs.backends.registry import available_backend_names, backend_named
 from runs.models import Run
 from tau.spec import SpecError, load_spec, locate
+from tau.spec.dialects import Reading
+from tau.spec.schema import read_source
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -74,10 +77,18 @@ def _backend(name: str) -> RunBackend | None:
 
 
 def _at(source: bytes, path: str, message: str, hint: str | None = None) -> SubmissionProblem:
-    """A problem found after the schema, pointed at its line in tau.yaml when it has one."""
+    """A problem found after the schema, pointed at its line in tau.yaml when it has one.
+    ``path`` is a normal-form path; a file in another dialect (the reference CLI's) may say
+    the same elsewhere, and the problem is put where the file says it."""
+    path = _reading(source).written_at(path)
     where = locate(source, path)
     line, column = where if where else (None, None)
     return SubmissionProblem(path, message, line=line, column=column, hint=hint)
+
+
+@functools.lru_cache(maxsize=8)
+def _reading(source: bytes) -> Reading:
+    return read_source(source)
 
 
 def check_spec(

@@ -67,6 +67,7 @@ from runs.state import RunActionRefused
 from runs.trials import trials_table
 from runs.usage import platform_usage, queue_estimate, usage_lines
 from tau.quantity import format_quantity
+from tau.spec.schema import read_source
 from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
 from workspaces.models import Role, Workspace
 
@@ -509,9 +510,11 @@ class ValidateView(WorkspaceViewMixin, View):
             Run.objects.for_workspace(self.workspace).filter(state=RunState.QUEUED).count() + 1
         )
         estimate = queue_estimate(self.workspace)
+        reading = read_source(source)
         context.update(
             {
                 "spec": placement.spec,
+                "reading": reading,
                 "priority": placement.priority,
                 "cost": placement.cost,
                 "local": settings.TAU_BACKEND == Backend.LOCAL,

@@ -100,6 +100,13 @@ class Reading:
     warnings: list[SpecProblem] = field(default_factory=list)
     #: Facts about how a file was read that its summary states ("workers: 1 is read as …").
     notes: list[str] = field(default_factory=list)
+    #: v1 path → where the file wrote it (only for a translated dialect).
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def written_at(self, path: str) -> str:
+        """Where the file says what normal-form ``path`` holds (``compute.gpus`` of a direct
+        RayJob is ``compute.gpus_per_worker``): for problems found after the schema."""
+        return source_path(self.sources, path)
 
     @property
     def dialect_name(self) -> str:
@@ -232,15 +239,19 @@ class _Tree:
 
     def source_of(self, path: str) -> str:
         """The user's path for a problem at v1 ``path`` (its longest translated prefix)."""
-        best = ""
-        for v1 in self.sources:
-            if (path == v1 or path.startswith(v1 + ".") or path.startswith(v1 + "[")) and len(
-                v1
-            ) > len(best):
-                best = v1
-        if not best:
-            return path
-        return self.sources[best] + path[len(best) :]
+        return source_path(self.sources, path)
+
+
+def source_path(sources: dict[str, str], path: str) -> str:
+    """The user's path for v1 ``path``: its longest translated prefix, renamed."""
+    best = ""
+    for v1 in sources:
+        inside = path == v1 or path.startswith(v1 + ".") or path.startswith(v1 + "[")
+        if inside and len(v1) > len(best):
+            best = v1
+    if not best:
+        return path
+    return sources[best] + path[len(best) :]
 
 
 def synthesized(value: Any, at: Node) -> Node:
@@ -1119,14 +1130,14 @@ Check: TypeAlias = Callable[[Node | None, ProblemCollector], "Spec | None"]
 
 def read_document(
     root: Node | None, problems: ProblemCollector, check: Check
-) -> tuple[Dialect, Spec | None, list[SpecProblem], list[str]]:
+) -> tuple[Dialect, Spec | None, list[SpecProblem], list[str], dict[str, str]]:
     """Detect the dialect, translate it and check it with ``check`` (the v1 checker).
 
     Returns the dialect, the spec (None when there are problems; they are in ``problems``,
-    with the user's paths), the warnings and the reading's notes."""
+    with the user's paths), the warnings, the reading's notes and the path map."""
     dialect = detect(root)
     if dialect == "tau" or not isinstance(root, MappingNode):
-        return dialect, check(root, problems), [], []
+        return dialect, check(root, problems), [], [], {}
     warnings = ProblemCollector()
     translator: _Translator = (
         _Direct(root, problems, warnings)
@@ -1147,7 +1158,7 @@ def read_document(
         problems.add_at(path, problem.line, problem.column, problem.message, problem.hint)
     if problems:
         spec = None
-    return dialect, spec, warnings.sorted(), translator.notes
+    return dialect, spec, warnings.sorted(), translator.notes, dict(translator.tree.sources)
 
 
 __all__ = ["DIALECT_NAMES", "Dialect", "Reading", "describe_shape", "detect", "read_document"]

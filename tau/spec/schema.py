@@ -1412,10 +1412,10 @@ def read_source(source: str | bytes) -> Reading:
     root = load_yaml(source, problems)
     if root is None:
         return Reading("tau", None, problems.sorted())
-    dialect, spec, warnings, notes = read_document(root, problems, check_document)
+    dialect, spec, warnings, notes, sources = read_document(root, problems, check_document)
     if problems:
-        return Reading(dialect, None, problems.sorted(), warnings, notes)
-    return Reading(dialect, spec, [], warnings, notes)
+        return Reading(dialect, None, problems.sorted(), warnings, notes, sources)
+    return Reading(dialect, spec, [], warnings, notes, sources)
 
 
 def check_source(source: str | bytes) -> tuple[Spec | None, list[SpecProblem]]:

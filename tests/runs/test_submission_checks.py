@@ -407,3 +407,40 @@ def test_a_reference_direct_config_is_accepted_and_stored_in_normal_form(world: 
         "tags": [],
         "name": "smoke",
     }
+
+
+def test_a_problem_found_after_the_schema_points_where_a_direct_config_says_it(
+    world: Any,
+) -> None:
+    """The machine's no-GPU refusal is about compute.gpus; a direct RayJob writes that as
+    compute.gpus_per_worker, and the problem is put there, with its line."""
+    spec = (
+        b"name: direct-gpu\nengine: rayjob\nentrypoint: main.py\ncompute:\n"
+        b"  workers: 2\n  gpus_per_worker: 1\n  cpu_request: 1\n  memory_request: 1Gi\n"
+    )
+    problems = by_path(post(world, spec, MAIN))
+    assert "compute.gpus_per_worker" in problems, problems
+    gpus = problems["compute.gpus_per_worker"]
+    assert "this machine has 0 GPUs" in gpus["message"]
+    assert (gpus["line"], gpus["column"]) == (6, 3)
+
+
+def test_the_live_check_says_how_the_file_was_read_and_what_it_ignores(world: Any) -> None:
+    local_quota(world.alpha)
+    direct = (
+        b"name: direct-cpu\nengine: rayjob\nentrypoint: main.py\n"
+        b"compute:\n  workers: 3\n  gpus_per_worker: 0\n  cpu_request: 250m\n"
+        b"  memory_request: 256Mi\nmetrics:\n  offload: {enabled: true}\n"
+    )
+    html = validate(world, direct, bundle_status="read", bundle_files="main.py")
+    assert "Looks good" in html, html
+    reading = html[html.index('id="spec-reading"') :]
+    assert reading.startswith('id="spec-reading">direct run config: 1 head + 2 workers, 0 GPUs')
+    warnings = html[html.index('id="spec-warnings"') :]
+    warnings = warnings[: warnings.index("</ul>")]
+    assert '<span class="mono">line 10</span> <span class="mono">metrics.offload</span>' in warnings
+    assert "Azure Data Explorer" in warnings
+    # A TauGrid file says so, and has nothing ignored.
+    html = validate(world, TINY_SPEC, bundle_status="read", bundle_files="main.py")
+    assert 'id="spec-reading">TauGrid tau.yaml v1: Job, 1 pod, 0 GPUs' in html
+    assert 'id="spec-warnings"' not in html
