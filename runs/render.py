@@ -142,6 +142,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -504,21 +505,40 @@ def _literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
-#: Sweeps run on the local backend; on Kubernetes the Ray Tune driver is being built, and
-#: until then a sweep is refused at submission rather than run once as if it were not one.
-SWEEP_NOT_YET: Final = (
-    "execution.launcher",
-    "sweeps cannot run on Kubernetes yet (the local backend runs them); remove `execution` "
-    "to run the entry point once",
-)
+def ray_command(spec: Spec) -> list[str]:
+    """What the Ray driver runs: the entry point, or for a sweep the SDK's Ray Tune driver
+    around it (``tau.ray_tune``, shipped with the bundle in ``py_modules``)."""
+    command = list(spec.run.command())
+    if spec.execution.is_sweep:
+        return ["python", "-m", "tau.ray_tune", "--", *command]
+    return command
+
+
+def sweep_settings(spec: Spec) -> dict[str, Any]:
+    """``TAU_SWEEP``: what ``tau.sweep`` (local) and ``tau.ray_tune`` (a Ray cluster) run."""
+    sweep = spec.execution
+    resources: dict[str, float] = {"cpu": 1}
+    if spec.compute.gpus:
+        resources["gpu"] = spec.compute.gpus
+    return {
+        "trials": sweep.trials(),
+        "max_concurrent_trials": sweep.max_concurrent_trials,
+        "metric": sweep.metric,
+        "mode": sweep.mode,
+        "metrics_file": spec.outputs.metrics_file,
+        # A trial takes one CPU and one worker's GPUs, so each GPU trial has a worker's GPUs.
+        "resources_per_trial": resources,
+    }
+
+
+#: A sweep's Ray Tune driver comes with the bundle (the SDK rides in py_modules).
+SWEEP_NEEDS_BUNDLE: Final = "a sweep needs its project zip: the Ray Tune driver ships with it"
 
 
 def kubernetes_problems(spec: Spec) -> list[tuple[str, str]]:
     """(path, message) for what the Kubernetes backend cannot run exactly as the spec says
     (for policy, at submission, so it never surfaces later as a failed delivery)."""
     problems: list[tuple[str, str]] = []
-    if spec.execution.is_sweep:
-        problems.append(SWEEP_NOT_YET)
     if spec.run.workload_kind == "rayjob":
         for index, argument in enumerate(spec.run.args):
             if "\t" in argument:
@@ -812,6 +832,13 @@ def runtime_env_yaml(spec: Spec, target: RunTarget) -> str | None:
     runtime_env: dict[str, Any] = {}
     if spec.runtime.pip:
         runtime_env["pip"] = list(spec.runtime.pip)
+    if spec.execution.is_sweep:
+        # In the runtime environment, so that the driver and every trial on every worker
+        # see the sweep.
+        runtime_env["env_vars"] = {
+            "TAU_SWEEP": json.dumps(sweep_settings(spec), sort_keys=True),
+            "TAU_METRICS_FILE": spec.outputs.metrics_file,
+        }
     if target.bundle_sha256 is not None:
         runtime_env["working_dir"] = CODE_DIR
         # The SDK the fetcher wrote, shipped by Ray to the driver and every worker.
@@ -837,6 +864,8 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
     problems = kubernetes_problems(spec)
     if problems:
         raise RenderError("; ".join(f"{path}: {message}" for path, message in problems))
+    if spec.execution.is_sweep and target.bundle_sha256 is None:
+        raise RenderError(f"execution.launcher: {SWEEP_NEEDS_BUNDLE}")
     image = spec.runtime.image
     assert image is not None  # checked above
     workers = spec.compute.workers
@@ -897,7 +926,7 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
         submitter_pod["volumes"] = [dict(_CODE_VOLUME_SPEC)]
 
     rayjob_spec: Manifest = {
-        "entrypoint": ray_entrypoint(spec.run.command()),
+        "entrypoint": ray_entrypoint(ray_command(spec)),
         "submissionMode": "K8sJobMode",
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": RAYJOB_TTL_SECONDS,

@@ -69,6 +69,22 @@ def read_trials_file(path: Path) -> list[dict[str, Any]] | None:
     return records
 
 
+def records_from_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Trial records from checked API reports (``{trial, config, state, …}``); a trial
+    reported twice counts as its last report."""
+    by_number: dict[int, dict[str, Any]] = {}
+    for report in reports:
+        by_number[report["trial"]] = {
+            "number": report["trial"],
+            "state": report["state"],
+            "config": report["config"],
+            "exit_code": report.get("exit_code"),
+            "started_at": _time(report.get("started_at")),
+            "finished_at": _time(report.get("finished_at")),
+        }
+    return [by_number[number] for number in sorted(by_number)]
+
+
 def _time(value: object) -> datetime | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 2**33:
         return datetime.fromtimestamp(value, tz=UTC)

@@ -38,7 +38,7 @@ from typing import Final
 import tau
 
 #: The files shipped, relative to the folder put on the path.
-FILES: Final = ("tau/__init__.py", "tau/sdk.py", "tau/sweep.py")
+FILES: Final = ("tau/__init__.py", "tau/sdk.py", "tau/sweep.py", "tau/ray_tune.py")
 _SOURCE_ROOT = Path(tau.__file__).resolve().parent.parent
 
 

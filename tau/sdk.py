@@ -331,6 +331,29 @@ def log_metrics(step: int, **values: float) -> None:
         reporter().add_row(row)
 
 
+def report_trials(trials: list[dict[str, Any]]) -> bool:
+    """A sweep driver's account of its trials (``{trial, config, state, exit_code,
+    started_at, finished_at}`` each), sent now with a few tries; False, with a warning, when
+    the portal could not take it. Used by ``tau.ray_tune``; a trial never needs it."""
+    if _outside_a_run("report_trials"):
+        return False
+    delay = FIRST_RETRY_SECONDS
+    for attempt in range(4):
+        try:
+            reporter()._post("trials/", {"trials": trials})
+            return True
+        except _Refused as error:
+            _warn(f"report_trials: the portal refused the trials: {error}")
+            return False
+        except _Unreachable as error:
+            if attempt == 3:
+                _warn(f"report_trials: the portal cannot be reached: {error}")
+                return False
+            time.sleep(error.retry_after or delay)
+            delay = min(delay * 2, MAX_RETRY_SECONDS)
+    return False
+
+
 def trial_config() -> dict[str, Any]:
     """This trial's values in a sweep (``execution.configs``), or {} outside a sweep."""
     raw = os.environ.get("TAU_TRIAL_CONFIG")

@@ -305,6 +305,12 @@ MATRIX: dict[str, Route] = {
     "api:run-report-events": Route(
         {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"kind": "note"}, api=True
     ),
+    "api:run-report-trials": Route(
+        {"POST": codes(403, 403, 403, 403, 404, 401)},
+        RUN,
+        data={"trials": [{"trial": 1, "config": {}, "state": "running"}]},
+        api=True,
+    ),
     "api:run-report-artifacts": Route(
         {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"path": "x"}, api=True
     ),

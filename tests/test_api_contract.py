@@ -161,20 +161,24 @@ def contract(world: Any, tmp_path: Path, settings: Any) -> Iterator[Contract]:
 #: schema cannot carry, where a 400 that says which is the right answer to a schema-valid
 #: request (each refusal names the field): the tau.yaml inside the submitted file (checked
 #: by the server's own checker), a checkpoint path inside this run's folder, an artifact's
-#: name among the run's declared outputs.artifacts, metric rows
-#: (names, values and the number of series per run), a username someone may add, and the
-#: platform team's objects (names taken, cohorts that must exist, node labels and
-#: tolerations by Kubernetes' rules, quantities). Everything else answers a schema-valid
-#: request with no 400 at all.
+#: name among the run's declared outputs.artifacts, a sweep trial's values (their size),
+#: metric rows (names, values and the number of series per run), a username someone may add,
+#: and the platform team's objects (names taken, flavors and cohorts that must exist, node
+#: labels and tolerations by Kubernetes' rules, quantities). Everything else answers a
+#: schema-valid request with no 400 at all.
 STATE_DEPENDENT_400 = (
     "POST /api/v1/workspaces/{workspace_slug}/runs/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/checkpoints/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/metrics/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/artifacts/",
+    # A trial's values: valid text, at most 16 KiB as JSON and 8 levels deep.
+    "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/trials/",
     "POST /api/v1/workspaces/{workspace_slug}/members/",
     # A webhook's URL must be http(s) and its host resolve to public addresses only.
     "POST /api/v1/workspaces/{workspace_slug}/webhooks/",
     "POST /api/v1/workspaces/",
+    # The same as creating one: its quotas' flavors and its cohort must exist.
+    "PATCH /api/v1/workspaces/{workspace_slug}/",
     "POST /api/v1/cohorts/",
     "PATCH /api/v1/cohorts/{name}/",
     "POST /api/v1/flavors/",

@@ -726,6 +726,20 @@ def report_checkpoint_elsewhere(world: Any, tmp: Path, settings: Any) -> HttpRes
     )
 
 
+@call("POST", f"{RUN}/report/trials/", 202)
+def report_trials(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    trial = {"trial": 1, "config": {"lr": 0.1}, "state": "succeeded", "exit_code": 0}
+    return caller.post(run_path(ran.name, "report/trials/"), {"trials": [trial]}, format="json")
+
+
+@call("POST", f"{RUN}/report/trials/", 400)
+def report_trials_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    trial = {"trial": 1, "config": {}, "state": "exploded"}
+    return caller.post(run_path(ran.name, "report/trials/"), {"trials": [trial]}, format="json")
+
+
 @call("POST", f"{RUN}/report/events/", 201)
 def report_event(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     ran, caller = reporter(world, tmp)

@@ -6,7 +6,8 @@ dashboard (tests/runs/test_kube_rayjob_ray.py). Standard library only.
     python deploy/dev/ray_head.py start DIR      # prints the head as JSON; DIR holds its log
     python deploy/dev/ray_head.py stop DIR
 
-**Install.** ``ray[default]`` (the dashboard and its job API need the extra), pinned at
+**Install.** ``ray[default,tune]`` (the dashboard and its job API need ``default``; the
+sweeps' Ray Tune driver, ``tau.ray_tune``, needs ``tune``), pinned at
 :data:`RAY_VERSION`, goes into its own virtual environment outside the repository,
 ``~/.cache/taugrid/ray-<version>/`` (``TAUGRID_CACHE_DIR`` moves the cache, as for the control
 plane's binaries), made with the interpreter that runs this script. Ray's pins must not meet
@@ -67,6 +68,8 @@ from typing import Any
 
 #: Ray from PyPI, pinned; changing it changes the cache directory (a new venv).
 RAY_VERSION = "2.60.0"
+#: The extras installed; part of the cached venv's marker, so a venv without one is redone.
+RAY_EXTRAS = "default,tune"
 #: The port of the head Service's ``dashboard`` port that KubeRay dials (its default).
 DASHBOARD_PORT = 8265
 START_TIMEOUT_SECONDS = 120
@@ -114,7 +117,8 @@ def ray_executable(version: str = RAY_VERSION) -> Path:
 def is_installed(version: str = RAY_VERSION) -> bool:
     marker = venv_dir(version) / "installed.json"
     try:
-        return bool(json.loads(marker.read_text()).get("ray") == version)
+        recorded = json.loads(marker.read_text())
+        return bool(recorded.get("ray") == version and recorded.get("extras") == RAY_EXTRAS)
     except (OSError, ValueError):
         return False
 
@@ -131,7 +135,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def ensure_ray(version: str = RAY_VERSION) -> Path:
-    """Install ``ray[default]==version`` into its cached venv unless it is there; returns the
+    """Install ``ray[default,tune]==version`` into its cached venv unless it is there; returns the
     ``ray`` executable."""
     target = venv_dir(version)
     if is_installed(version):
@@ -139,7 +143,7 @@ def ensure_ray(version: str = RAY_VERSION) -> Path:
     with _locked(cache_dir() / f".ray-{version}.lock"):
         if is_installed(version):
             return ray_executable(version)
-        log(f"installing ray[default]=={version} into {target} (once; about 35 s)")
+        log(f"installing ray[{RAY_EXTRAS}]=={version} into {target} (once; about a minute)")
         shutil.rmtree(target, ignore_errors=True)
         started = time.monotonic()
         subprocess.run(  # noqa: S603 - this interpreter, fixed arguments
@@ -153,12 +157,19 @@ def ensure_ray(version: str = RAY_VERSION) -> Path:
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
-                f"ray[default]=={version}",
+                f"ray[{RAY_EXTRAS}]=={version}",
             ],
             check=True,
         )
         (target / "installed.json").write_text(
-            json.dumps({"ray": version, "seconds": round(time.monotonic() - started, 1)}) + "\n"
+            json.dumps(
+                {
+                    "ray": version,
+                    "extras": RAY_EXTRAS,
+                    "seconds": round(time.monotonic() - started, 1),
+                }
+            )
+            + "\n"
         )
         log(f"ray {version} installed in {time.monotonic() - started:.0f}s")
     return ray_executable(version)

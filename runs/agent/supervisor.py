@@ -80,6 +80,7 @@ from runs.models import (
     RunState,
 )
 from runs.policy import requested_totals
+from runs.render import sweep_settings
 from runs.state import IllegalTransition
 from tau.k8s_names import GPU_RESOURCE
 from tau.spec import Spec
@@ -750,18 +751,8 @@ class Agent:
             env["TAU_RESUME_FROM"] = attempt.resume_from.path
         if attempt.retry_reason:
             env["TAU_RETRY_REASON"] = attempt.retry_reason
-        sweep = execution.spec.execution
-        if sweep.is_sweep:
-            env["TAU_SWEEP"] = json.dumps(
-                {
-                    "trials": sweep.trials(),
-                    "max_concurrent_trials": sweep.max_concurrent_trials,
-                    "metric": sweep.metric,
-                    "mode": sweep.mode,
-                    "metrics_file": execution.spec.outputs.metrics_file,
-                },
-                sort_keys=True,
-            )
+        if execution.spec.execution.is_sweep:
+            env["TAU_SWEEP"] = json.dumps(sweep_settings(execution.spec), sort_keys=True)
         return env
 
     def _spawn(self, execution: Execution, prepared: Prepared) -> None:

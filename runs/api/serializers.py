@@ -19,7 +19,8 @@ from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
 from runs.backends.kubernetes import no_storage_warning
-from runs.models import Artifact, Backend, Checkpoint, Run, RunAttempt, RunEvent
+from runs.models import Artifact, Backend, Checkpoint, Run, RunAttempt, RunEvent, RunTrial
+from tau.spec.schema import MAX_TRIALS
 
 #: Steps and sizes are stored as 64-bit integers.
 MAX_STEP = 2**63 - 1
@@ -430,6 +431,54 @@ def _depth(value: Any) -> int:
             children = item.values() if isinstance(item, dict) else item
             pending.extend((child, depth + 1) for child in children)
     return deepest
+
+
+MAX_TRIAL_CONFIG_BYTES = 16 * 1024
+
+
+class TrialReportSerializer(serializers.Serializer[Any]):
+    trial = serializers.IntegerField(min_value=1, max_value=MAX_TRIALS, help_text="1, 2, …")
+    config = serializers.DictField(help_text="The trial's values (`execution.configs`).")
+    state = serializers.ChoiceField(choices=RunTrial.State.choices)
+    exit_code = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=-(2**31), max_value=2**31 - 1
+    )
+    started_at = serializers.FloatField(
+        required=False, allow_null=True, default=None, help_text="Unix time."
+    )
+    finished_at = serializers.FloatField(
+        required=False, allow_null=True, default=None, help_text="Unix time."
+    )
+
+    def validate_config(self, value: dict[str, Any]) -> dict[str, Any]:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise serializers.ValidationError("A trial's values must be valid text.") from None
+        if "\x00" in text or "\\u0000" in text:
+            raise serializers.ValidationError("A trial's values cannot contain NUL characters.")
+        if size > MAX_TRIAL_CONFIG_BYTES:
+            raise serializers.ValidationError(
+                f"A trial's values are at most {MAX_TRIAL_CONFIG_BYTES} bytes as JSON."
+            )
+        if _depth(value) > MAX_EVENT_DEPTH:
+            raise serializers.ValidationError(
+                f"A trial's values may nest at most {MAX_EVENT_DEPTH} levels."
+            )
+        return value
+
+
+class ReportTrialsSerializer(serializers.Serializer[Any]):
+    """A sweep's trials as its driver sees them (the Ray Tune driver on a cluster)."""
+
+    trials = serializers.ListField(
+        child=TrialReportSerializer(), min_length=1, max_length=MAX_TRIALS
+    )
+
+
+class TrialsRecordedSerializer(serializers.Serializer[Any]):
+    recorded = serializers.IntegerField(help_text="Trials created or changed.")
 
 
 class ReportEventSerializer(serializers.Serializer[Any]):

@@ -43,6 +43,11 @@ urlpatterns = [
         name="run-report-checkpoints",
     ),
     path(
+        f"{RUN}report/trials/",
+        views.RunReportViewSet.as_view({"post": "trials"}),
+        name="run-report-trials",
+    ),
+    path(
         f"{RUN}report/events/",
         views.RunReportViewSet.as_view({"post": "event"}),
         name="run-report-events",

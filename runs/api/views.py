@@ -45,6 +45,7 @@ from runs import (
     selectors,
     state,
     submission,
+    trials,
 )
 from runs.access import REFUSAL, may_act_on
 from runs.api.serializers import (
@@ -58,11 +59,13 @@ from runs.api.serializers import (
     ReportCheckpointSerializer,
     ReportEventSerializer,
     ReportMetricsSerializer,
+    ReportTrialsSerializer,
     ResumeSerializer,
     RunCreatedSerializer,
     RunDetailSerializer,
     RunSummarySerializer,
     SubmitSerializer,
+    TrialsRecordedSerializer,
 )
 from runs.checkpoint_paths import CheckpointPathRefused
 from runs.metric_rules import MAX_KEYS_PER_RUN, MetricRow
@@ -727,6 +730,21 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         except CheckpointPathRefused as exc:
             raise exceptions.ValidationError({"path": [str(exc)]}) from None
         return Response(CheckpointSerializer(checkpoint).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=ReportTrialsSerializer,
+        responses={
+            202: TrialsRecordedSerializer,
+            **refusals(400, 413, words={429: REPORTS_429}),
+        },
+    )
+    def trials(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """A sweep's trials: their values, states and exit codes, kept for the attempt."""
+        payload = ReportTrialsSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        records = trials.records_from_reports(payload.validated_data["trials"])
+        changed = trials.record_trials(run=self.run, attempt=self.attempt_number, records=records)
+        return Response({"recorded": changed}, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
         request=ReportEventSerializer,

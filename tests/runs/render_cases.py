@@ -102,8 +102,9 @@ def cases() -> list[Case]:
     cpu = example_spec("cpu-quickstart")
     found.append(Case("cpu-quickstart-no-bundle", cpu, target_for(cpu, bundle_sha256=None)))
     # Configs written for the reference TauGrid CLI: a head and workers sized apart with
-    # limits above requests, a GPU RayJob with a read-write data volume, a tiny CPU Job.
-    for name in ("kind-ray", "gpu-data-volume", "kind-job"):
+    # limits above requests, a GPU RayJob with a read-write data volume, a tiny CPU Job, and
+    # a Ray Tune sweep (its driver around the entry point, the sweep in the runtime env).
+    for name in ("kind-ray", "gpu-data-volume", "kind-job", "tune-grid"):
         spec = load_spec((REFERENCE / f"{name}.yaml").read_bytes())
         flavor = Flavor(spec.compute.gpu_type, H100_LABELS) if spec.compute.gpu_type else None
         found.append(Case(f"reference-{name}", spec, target_for(spec, flavor=flavor)))

@@ -44,10 +44,13 @@ import yaml
 import kube as adapter
 from runs import render, workload_sdk
 from runs.kube_watcher import KubeWatcher
-from runs.models import FailureClass, Run, RunEvent, RunState
+from runs.models import FailureClass, MetricPoint, Run, RunEvent, RunState, RunTrial
+from runs.trials import trials_table
 from tau.spec import load_spec
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
+from tests.runs.factories import make_run
 from tests.runs.render_cases import target_for
+from tests.runs.test_api import run_token
 from tests.runs.test_kube_backend import (  # noqa: F401 (fixtures)
     RAY,
     Recorded,
@@ -305,3 +308,97 @@ def test_the_rendered_runtime_env_ships_the_code_and_the_sdk_to_a_real_ray(
     assert "site-packages" not in where, said  # Ray's copy of py_modules, not an install
     assert Path(where).read_bytes() == workload_sdk.sources()["tau/__init__.py"]
     assert said.endswith("resume None")
+
+
+SWEEP_TRAIN_FUNC = """\
+def train_func(config):
+    import tau
+    for step in (1, 2):
+        tau.log_metrics(step, loss=1.0 / (config["x"] * step))
+    return {"score": config["x"] * 10, "step": 3}
+"""
+
+
+def test_a_sweep_runs_on_a_real_ray_with_ray_tune_and_reports_to_the_portal(
+    ray_head: Any, tmp_path: Path, world: Any, live_server: Any
+) -> None:
+    """A sweep's RayJob as KubeRay's submitter hands it to Ray: Ray Tune runs each trial,
+    ``train_func`` gets the trial's values, and the portal gets the trials' states and their
+    metrics (``trial-<n>/…``) through the run's token, as from a cluster."""
+    ray = load_ray_head()
+    source = (
+        b"schema_version: 1\nname: tune-real\nrun: {entrypoint: train.py}\n"
+        b"compute: {cpus: 1, memory: 1Gi}\nruntime: {image: rayproject/ray:2.60.0}\n"
+        b"resilience: {max_retries: 0}\n"
+        b"execution:\n  launcher: ray-tune\n  metric: score\n  mode: max\n"
+        b"  configs: {x: [1, 2, 3]}\n"
+    )
+    run = make_run(world, spec=source, files={"train.py": SWEEP_TRAIN_FUNC})
+    spec = load_spec(source)
+    rayjob = render.render_rayjob(spec, target_for(spec))
+    assert rayjob["spec"]["entrypoint"] == "python -m tau.ray_tune -- python train.py"
+    runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
+    sweep = json.loads(runtime_env["env_vars"]["TAU_SWEEP"])
+    assert sweep["trials"] == [{"x": 1}, {"x": 2}, {"x": 3}]
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SWEEP_TRAIN_FUNC)
+    sdk = workload_sdk.materialise(tmp_path / "sdk")
+    runtime_env["working_dir"] = str(code)
+    runtime_env["py_modules"] = [str(sdk / "tau")]
+    # What the head and worker containers have in their environment on a cluster.
+    runtime_env["env_vars"].update(
+        {
+            "TAU_API_URL": live_server.url,
+            "TAU_RUN_TOKEN": run_token(world, run),
+            "TAU_WORKSPACE": "alpha",
+            "TAU_RUN_NAME": run.name,
+        }
+    )
+    submission = f"taugrid-tune-{uuid.uuid4().hex[:8]}"
+    submitted = subprocess.run(
+        [
+            str(ray.ray_executable()),
+            *("job", "submit", "--address", ray_head.dashboard_url, "--no-wait"),
+            *("--submission-id", submission, "--runtime-env-json", json.dumps(runtime_env)),
+            "--",
+            # The image's `python` has Ray; here that is the Ray head's own venv.
+            str(ray.venv_dir() / "bin" / "python"),
+            *shlex.split(rayjob["spec"]["entrypoint"])[1:],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    deadline = time.monotonic() + 240
+    info = None
+    while info is None and time.monotonic() < deadline:
+        info = ray.finished_job(ray_head, submission)
+        time.sleep(0.5)
+    assert info is not None, f"the Ray job {submission} did not finish"
+    logs = ray.request_json(f"{ray_head.dashboard_url}/api/jobs/{submission}/logs")[1]["logs"]
+    assert info["status"] == "SUCCEEDED", logs
+    assert "[sweep] 3 trials on Ray Tune, at most 1 at once, compared by score (max)" in logs
+    assert "[sweep] all 3 trials succeeded" in logs
+    trials = list(RunTrial.objects.for_workspace(world.alpha).filter(run=run).order_by("number"))
+    assert [(trial.number, trial.config, trial.state) for trial in trials] == [
+        (1, {"x": 1}, "succeeded"),
+        (2, {"x": 2}, "succeeded"),
+        (3, {"x": 3}, "succeeded"),
+    ]
+    points = set(
+        MetricPoint.objects.for_workspace(world.alpha)
+        .filter(run=run)
+        .values_list("key", "step", "value")
+    )
+    assert ("trial-2/score", 3, 20.0) in points
+    assert ("trial-3/loss", 2, 1.0 / 6) in points
+    assert len(points) == 9  # three trials, each two losses and a score
+    _names, rows = trials_table(run, run.spec)
+    assert [(row.number, row.best, row.is_best) for row in rows] == [
+        (1, 10.0, False),
+        (2, 20.0, False),
+        (3, 30.0, True),
+    ]

@@ -367,9 +367,7 @@ def test_a_data_volume_is_refused_here_with_a_hint(world: Any, tmp_path: Path) -
     assert stored_bundles(tmp_path) == []
 
 
-def test_a_sweep_is_taken_here_and_refused_for_kubernetes_until_it_can_run_there(
-    world: Any,
-) -> None:
+def test_a_sweep_is_taken_here_and_on_kubernetes(world: Any) -> None:
     local_quota(world.alpha)
     spec = (
         b"schema_version: 1\nname: sweep\nrun: {entrypoint: main.py}\n"
@@ -378,10 +376,7 @@ def test_a_sweep_is_taken_here_and_refused_for_kubernetes_until_it_can_run_there
     )
     response = post(world, spec, MAIN)
     assert response.status_code == 201, response.content
-    # The Kubernetes backend says why it cannot take one yet, at the launcher.
-    (problem,) = render.kubernetes_problems(load_spec(spec))
-    assert problem[0] == "execution.launcher"
-    assert problem[1].startswith("sweeps cannot run on Kubernetes yet")
+    assert render.kubernetes_problems(load_spec(spec)) == []
 
 
 def test_a_reference_direct_config_is_accepted_and_stored_in_normal_form(world: Any) -> None:

@@ -41,14 +41,20 @@ def refused(error: provisioning.Refused) -> ValidationError:
 
 
 class QuotaInputSerializer(serializers.Serializer[Any]):
-    flavor = serializers.CharField(max_length=63)
-    resource = serializers.CharField(max_length=253)
-    nominal = serializers.CharField(max_length=40, help_text=QUANTITY_HELP)
+    flavor = serializers.CharField(max_length=63, min_length=1)
+    resource = serializers.CharField(max_length=253, min_length=1)
+    nominal = serializers.CharField(max_length=40, min_length=1, help_text=QUANTITY_HELP)
     borrowing_limit = serializers.CharField(
-        max_length=40, allow_null=True, required=False, default=None, help_text="null: no limit"
+        max_length=40,
+        min_length=1,
+        allow_null=True,
+        required=False,
+        default=None,
+        help_text="null: no limit",
     )
     lending_limit = serializers.CharField(
         max_length=40,
+        min_length=1,
         allow_null=True,
         required=False,
         default=None,
@@ -60,7 +66,7 @@ class QuotaInputSerializer(serializers.Serializer[Any]):
 
 
 class MemberInputSerializer(serializers.Serializer[Any]):
-    username = serializers.CharField(max_length=150)
+    username = serializers.CharField(max_length=150, min_length=1)
     role = serializers.ChoiceField(choices=Role.choices, default=Role.RESEARCHER)
 
 
@@ -68,18 +74,23 @@ class WorkspaceInputSerializer(serializers.Serializer[Any]):
     """A workspace as staff give it; on PATCH every field is optional and ``quotas``, when
     given, replaces the whole list."""
 
-    slug = serializers.CharField(max_length=40)
-    name = serializers.CharField(max_length=100)
+    # min_length states in the schema what "may not be blank" already refuses.
+    slug = serializers.CharField(max_length=40, min_length=1)
+    name = serializers.CharField(max_length=100, min_length=1)
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     namespace = serializers.CharField(required=False, allow_blank=True, max_length=63)
     local_queue = serializers.CharField(required=False, allow_blank=True, max_length=63)
     default_image = serializers.CharField(required=False, allow_blank=True, max_length=255)
     allowed_priorities = serializers.ListField(
-        child=serializers.CharField(max_length=253), required=False, max_length=50
+        child=serializers.CharField(max_length=253, min_length=1), required=False, max_length=50
     )
     default_priority = serializers.CharField(required=False, allow_blank=True, max_length=253)
     cohort = serializers.CharField(
-        required=False, allow_null=True, max_length=63, help_text="A cohort's name; null: none."
+        required=False,
+        allow_null=True,
+        max_length=63,
+        min_length=1,
+        help_text="A cohort's name; null: none.",
     )
     members = MemberInputSerializer(many=True, required=False, max_length=1000)  # type: ignore[call-arg]
     quotas = QuotaInputSerializer(many=True, required=False, max_length=500)  # type: ignore[call-arg]

@@ -97,7 +97,7 @@ class MemberSerializer(serializers.ModelSerializer[Membership]):
 
 
 class MemberCreateSerializer(serializers.Serializer[Any]):
-    username = serializers.CharField(max_length=150)
+    username = serializers.CharField(max_length=150, min_length=1)
     role = serializers.ChoiceField(choices=Role.choices, default=Role.RESEARCHER)
 
 
