@@ -27,7 +27,7 @@ from runs import budgets, bundles, lifecycle, policy
 from runs.backends import RunBackend
 from runs.backends.registry import available_backend_names, backend_named
 from runs.models import Run
-from tau.spec import SpecError, load_spec, locate
+from tau.spec import locate
 from tau.spec.dialects import Reading
 from tau.spec.schema import read_source
 
@@ -80,14 +80,16 @@ def _at(source: bytes, path: str, message: str, hint: str | None = None) -> Subm
     """A problem found after the schema, pointed at its line in tau.yaml when it has one.
     ``path`` is a normal-form path; a file in another dialect (the reference CLI's) may say
     the same elsewhere, and the problem is put where the file says it."""
-    path = _reading(source).written_at(path)
+    path = reading_of(source).written_at(path)
     where = locate(source, path)
     line, column = where if where else (None, None)
     return SubmissionProblem(path, message, line=line, column=column, hint=hint)
 
 
 @functools.lru_cache(maxsize=8)
-def _reading(source: bytes) -> Reading:
+def reading_of(source: bytes) -> Reading:
+    """How tau.yaml text reads (spec or problems, dialect, warnings, where each key was
+    written); kept for the few sources a request looks at, so one submission reads once."""
     return read_source(source)
 
 
@@ -102,17 +104,18 @@ def check_spec(
         raise SubmissionRefused(
             [SubmissionProblem("spec", f"tau.yaml is larger than {MAX_SPEC_BYTES // 1024} KiB.")]
         )
-    try:
-        spec = load_spec(source, filename="tau.yaml")
-    except SpecError as exc:
+    # Read once: the problems found after the schema are placed by the same reading.
+    reading = reading_of(source)
+    if reading.spec is None:
         raise SubmissionRefused(
             [
                 SubmissionProblem(
                     p.path, p.message, line=p.line or None, column=p.column or None, hint=p.hint
                 )
-                for p in exc.errors
+                for p in reading.problems
             ]
-        ) from None
+        )
+    spec = reading.spec
     problems: list[SubmissionProblem] = []
     runs_on = _backend(backend)
     if runs_on is not None:

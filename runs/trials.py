@@ -18,15 +18,12 @@ from typing import Any
 from django.db.models import Max, Min
 
 from runs.models import MetricPoint, Run, RunTrial
+from tau.sweep import trial_key
 
 #: ``trials.json`` is read only up to this size: 256 trials with their values fit well.
 MAX_TRIALS_FILE_BYTES = 1024 * 1024
 TRIALS_FILE = "trials.json"
 _STATES = set(RunTrial.State.values)
-
-
-def trial_key(number: int, key: str) -> str:
-    return f"trial-{number}/{key}"
 
 
 def read_trials_file(path: Path) -> list[dict[str, Any]] | None:
@@ -46,7 +43,6 @@ def read_trials_file(path: Path) -> list[dict[str, Any]] | None:
     trials = document.get("trials") if isinstance(document, dict) else None
     if not isinstance(trials, list):
         return None
-    records = []
     for item in trials:
         if not isinstance(item, dict):
             return None
@@ -55,34 +51,28 @@ def read_trials_file(path: Path) -> list[dict[str, Any]] | None:
             return None
         if not isinstance(config, dict):
             return None
-        exit_code = item.get("exit_code")
-        records.append(
-            {
-                "number": number,
-                "state": state,
-                "config": config,
-                "exit_code": exit_code if isinstance(exit_code, int) else None,
-                "started_at": _time(item.get("started_at")),
-                "finished_at": _time(item.get("finished_at")),
-            }
-        )
-    return records
+    # The runner's records are what the API's trial reports are: read the same way.
+    return records_from_reports(trials)
 
 
 def records_from_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Trial records from checked API reports (``{trial, config, state, …}``); a trial
-    reported twice counts as its last report."""
+    """Trial records from checked reports (``{trial, config, state, …}``: the API's, or a
+    runner's ``trials.json``); a trial reported twice counts as its last report."""
     by_number: dict[int, dict[str, Any]] = {}
     for report in reports:
         by_number[report["trial"]] = {
             "number": report["trial"],
             "state": report["state"],
             "config": report["config"],
-            "exit_code": report.get("exit_code"),
+            "exit_code": _exit_code(report.get("exit_code")),
             "started_at": _time(report.get("started_at")),
             "finished_at": _time(report.get("finished_at")),
         }
     return [by_number[number] for number in sorted(by_number)]
+
+
+def _exit_code(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _time(value: object) -> datetime | None:

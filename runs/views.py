@@ -67,7 +67,6 @@ from runs.state import RunActionRefused
 from runs.trials import trials_table
 from runs.usage import platform_usage, queue_estimate, usage_lines
 from tau.quantity import format_quantity
-from tau.spec.schema import read_source
 from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
 from workspaces.models import Role, Workspace
 
@@ -510,7 +509,7 @@ class ValidateView(WorkspaceViewMixin, View):
             Run.objects.for_workspace(self.workspace).filter(state=RunState.QUEUED).count() + 1
         )
         estimate = queue_estimate(self.workspace)
-        reading = read_source(source)
+        reading = submission.reading_of(source)
         context.update(
             {
                 "spec": placement.spec,

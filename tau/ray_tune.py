@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tau import sdk
-from tau.sweep import POLL_SECONDS, TRAIN_FUNC, _python_script, defines_train_func, describe
+from tau.sweep import POLL_SECONDS, TRAIN_FUNC, defines_train_func, describe, python_script
 
 #: The key in Ray Tune's config that says which of the spec's trials a Tune trial is.
 TRIAL_KEY = "__tau_trial"
@@ -50,7 +50,7 @@ def run_trial(command: Sequence[str], values: dict[str, Any], number: int, repor
     """One trial, inside a Ray Tune trial actor; ``report`` is ``ray.tune.report``."""
     os.environ["TAU_TRIAL_ID"] = str(number)
     os.environ["TAU_TRIAL_CONFIG"] = json.dumps(values, sort_keys=True)
-    script = _python_script(command)
+    script = python_script(command)
     if script is not None and defines_train_func(Path(script)):
         sys.argv = [script, *command[2:]]
         sys.path.insert(0, str(Path(script).resolve().parent))

@@ -171,7 +171,7 @@ class Sweep:
         )
 
     def _trial_command(self) -> list[str]:
-        script = _python_script(self.command)
+        script = python_script(self.command)
         if script is not None and defines_train_func(Path(script)):
             return [self.command[0], "-m", "tau.sweep", "--call", *self.command[1:]]
         return self.command
@@ -245,7 +245,7 @@ class Sweep:
         os.replace(staging, path)
 
 
-def _python_script(command: Sequence[str]) -> str | None:
+def python_script(command: Sequence[str]) -> str | None:
     if (
         len(command) >= 2
         and Path(command[0]).name.startswith("python")

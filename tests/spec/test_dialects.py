@@ -42,14 +42,6 @@ READINGS = {
 }
 
 
-def read(text: str) -> object:
-    return read_source(textwrap.dedent(text))
-
-
-def reading_of(text: str):  # type: ignore[no-untyped-def]
-    return read_source(textwrap.dedent(text).encode())
-
-
 def test_every_fixture_has_an_expected_reading() -> None:
     files = {path.name for path in REFERENCE.glob("*.yaml")}
     assert files == {*READINGS, "managed-shared-script.yaml"}
