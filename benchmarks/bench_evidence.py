@@ -29,14 +29,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import django_test_database, report
+from benchmarks.harness import django_test_database, report, sized
 
-LOG_BYTES = 1 << 30
+LOG_BYTES = sized(1 << 30, 4 << 20)
 CHUNK = 1 << 20
 
 
 def write_log(path: Path) -> None:
-    """A 1 GiB log of incompressible bytes (a repeated random MiB: hashing cost is the same)."""
+    """LOG_BYTES (1 GiB) of incompressible bytes (a repeated random MiB: hashing costs the
+    same)."""
     block = os.urandom(CHUNK)
     with path.open("wb") as handle:
         for _ in range(LOG_BYTES // CHUNK):

@@ -34,13 +34,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import django_test_database, measure, report
+from benchmarks.harness import SMOKE, django_test_database, measure, report, sized
 
 ROOT = Path(__file__).resolve().parents[1]
-NODES = 1_000
+NODES = sized(1_000, 12)
 GPUS = 8
 POOLS = ("gpu-h100-a", "gpu-h100-b", "gpu-a100", "gpu-l40s")
-SCRAPE_SECONDS = 10
+SCRAPE_SECONDS = sized(10, 1)
 TARGET_P95_MS = 50.0
 
 
@@ -275,12 +275,18 @@ def main() -> int:
             "fleet_page_304": not_modified,
             "node_page": node,
             "api_gpu_nodes": api,
-            "target": {
-                "fleet_page_p95_ms": TARGET_P95_MS,
-                "met_when_shared": shared["p95_ms"] < TARGET_P95_MS,
-                "met_at_new_telemetry": cold["p95_ms"] < TARGET_P95_MS,
-                "met_when_a_node_changed": node_changed["p95_ms"] < TARGET_P95_MS,
-            },
+            **(
+                {}
+                if SMOKE  # no goal judged (benchmarks/harness.py)
+                else {
+                    "target": {
+                        "fleet_page_p95_ms": TARGET_P95_MS,
+                        "met_when_shared": shared["p95_ms"] < TARGET_P95_MS,
+                        "met_at_new_telemetry": cold["p95_ms"] < TARGET_P95_MS,
+                        "met_when_a_node_changed": node_changed["p95_ms"] < TARGET_P95_MS,
+                    }
+                }
+            ),
         },
     )
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import measure, report
+from benchmarks.harness import SMOKE, measure, report
 from runs.render import (
     Owner,
     RunTarget,
@@ -65,6 +65,9 @@ def main() -> int:
         "render_rayjob_and_secret": measure(render, iterations=ITERATIONS),
     }
     median = results["parse_validate_render"]["median_ms"]
+    if SMOKE:  # no goal judged (benchmarks/harness.py)
+        report("spec_render", results)
+        return 0
     results["target"] = {"median_ms_below": TARGET_MEDIAN_MS, "met": median < TARGET_MEDIAN_MS}
     report("spec_render", results)
     if median >= TARGET_MEDIAN_MS:

@@ -2,6 +2,12 @@
 
 Benchmarks run under ``deploy/dev/test_services.py`` like the tests, so they measure the real
 PostgreSQL and Redis, never a developer's data.
+
+Smoke mode (``TAU_BENCH_SMOKE=1``): every benchmark runs end to end at tiny sizes with a few
+iterations, and no goal is judged. ``make test`` runs them all that way
+(tests/test_benchmarks.py), so a benchmark that no longer runs (a column added to a table it
+writes, a URL renamed) fails the suite instead of being found broken the next time someone
+wants a figure. A smoke run's figures mean nothing and say so.
 """
 
 from __future__ import annotations
@@ -16,7 +22,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parents[1] / "var" / "bench"
+#: Tiny sizes, no goals judged (the module docstring).
+SMOKE = os.environ.get("TAU_BENCH_SMOKE") == "1"
+#: Where results go; smoke runs in the tests write to a folder of their own.
+RESULTS = Path(
+    os.environ.get("TAU_BENCH_RESULTS") or Path(__file__).resolve().parents[1] / "var" / "bench"
+)
+
+
+def sized(full: int, smoke: int) -> int:
+    """``full`` for a real measurement, ``smoke`` in smoke mode."""
+    return smoke if SMOKE else full
 
 
 @contextmanager
@@ -29,6 +45,9 @@ def django_test_database() -> Iterator[None]:
     from django.test.utils import setup_test_environment, teardown_test_environment
 
     setup_test_environment()
+    # A name of its own: the test suite runs the benchmarks (smoke mode) against the server
+    # that holds the suite's own test database, which Django would otherwise clobber.
+    connection.settings_dict.setdefault("TEST", {})["NAME"] = f"test_bench_{os.getpid()}"
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
         yield
@@ -44,6 +63,7 @@ def percentile(samples: list[float], fraction: float) -> float:
 
 
 def measure(action: Callable[[], Any], *, iterations: int, warmup: int = 50) -> dict[str, float]:
+    iterations, warmup = sized(iterations, 3), sized(warmup, 1)
     for _ in range(warmup):
         action()
     samples = []
@@ -70,9 +90,9 @@ def machine() -> dict[str, Any]:
 
 def report(name: str, results: dict[str, Any]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    document = {"benchmark": name, "machine": machine(), "results": results}
+    document = {"benchmark": name, "machine": machine(), "smoke": SMOKE, "results": results}
     (RESULTS / f"{name}.json").write_text(json.dumps(document, indent=2))
-    print(f"\n== {name} ==")
+    print(f"\n== {name}{' (smoke run: tiny sizes, the figures mean nothing)' if SMOKE else ''} ==")
     for key, value in results.items():
         if isinstance(value, dict):
             shown = ", ".join(

@@ -5,7 +5,8 @@ packages (the test OpenID provider, axe-core), and a pinned Ray in its own cache
 real Ray dashboard KubeRay's operator polls in tests/runs/test_kube_rayjob_ray.py;
 deploy/dev/ray_head.py), a pinned schemathesis in its own cached venv (the outside client
 of tests/test_api_contract.py; deploy/dev/schemathesis_venv.py), Prometheus, and buildah with
-debootstrap (the image build of tests/deploy/test_image.py). Idempotent and quick when
+debootstrap (the image build of tests/deploy/test_image.py), and wrk (the HTTP load of the
+benchmarks, which the suite runs in smoke mode). Idempotent and quick when
 everything is already there. Standard library only.
 """
 
@@ -95,6 +96,7 @@ def main() -> int:
     ensure_schemathesis()
     ensure_prometheus()
     ensure_image_tools()
+    ensure_wrk()  # tests/test_benchmarks.py runs make bench's benchmarks in smoke mode
     return 0
 
 
