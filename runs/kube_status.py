@@ -24,6 +24,8 @@ Job ``Failed`` ``DeadlineExceeded``; RayJob           failed      deadline_excee
 Job ``Failed`` / RayJob ``Failed``/``FAILED``/         failed      from the pods (below),
   ``STOPPED``                                                     else user_error
                                                                   (RayJob app) or unknown
+  (KubeRay's grace period ran out: the Ray                        unknown (whether it
+  dashboard never said how the job ended)                         succeeded is not known)
 Workload ``Evicted`` ``Preempted`` (not re-admitted)  preempted   preempted
 Workload ``Evicted`` ``NodeFailures``                 failed      node_failure
 Workload ``Evicted`` for another reason               evicted     evicted
@@ -150,13 +152,21 @@ DISRUPTIONS: Final[Mapping[str, tuple[FailureClass, str]]] = {
         "the scheduler preempted it for a higher-priority pod",
     ),
 }
-#: RayJob ``status.reason`` values that are the platform's failure, not the program's.
-RAYJOB_PLATFORM_FAILURES: Final[Mapping[str, str]] = {
+#: RayJob ``status.reason`` values that say something other than the program failed, with
+#: their class and words. KubeRay's grace period running out means its submitter finished
+#: but the Ray dashboard never told the operator a final status (the operator cannot reach
+#: it, or the head is gone): the program may well have succeeded, so the outcome is
+#: ``unknown`` — not ``infrastructure`` ("environment, image or dependencies", retried by
+#: default), which would run a job that perhaps finished again, up to three times.
+RAYJOB_PLATFORM_FAILURES: Final[Mapping[str, tuple[FailureClass, str]]] = {
     "JobDeploymentStatusTransitionGracePeriodExceeded": (
-        "KubeRay could not learn how the Ray job ended: the submitter finished but the Ray "
-        "dashboard never reported a final status"
+        FailureClass.UNKNOWN,
+        "KubeRay could not learn how the Ray job ended: its submitter finished, but the Ray "
+        "dashboard{at} never reported a final status, so whether the program succeeded is "
+        "unknown (not retried: it may have finished; the platform team can check that the "
+        "KubeRay operator reaches the Ray head's dashboard)",
     ),
-    "ValidationFailed": "KubeRay refused the RayJob",
+    "ValidationFailed": (FailureClass.INFRASTRUCTURE, "KubeRay refused the RayJob"),
 }
 #: Warning Events about a pod that say its node failed under it.
 NODE_FAILURE_EVENTS: Final = frozenset({"NodeNotReady", "NodeShutdown"})
@@ -581,7 +591,10 @@ def _rayjob_finished(
     if from_pods is not None and from_pods[0] != FailureClass.USER_ERROR:
         return failed(*from_pods)  # out of memory, a node, a GPU, the bundle: whatever the job said
     if reason in RAYJOB_PLATFORM_FAILURES:
-        return failed(FailureClass.INFRASTRUCTURE, f"{RAYJOB_PLATFORM_FAILURES[reason]}.{said}")
+        failure_class, words = RAYJOB_PLATFORM_FAILURES[reason]
+        dashboard = str(status.get("dashboardURL") or "")
+        words = words.format(at=f" ({dashboard})" if dashboard else "")
+        return failed(failure_class, f"{words}.{said}")
     if deployment == "ValidationFailed":
         return failed(FailureClass.INFRASTRUCTURE, f"KubeRay refused the RayJob.{said}")
     if from_pods is not None:

@@ -559,11 +559,17 @@ TABLE: list[Row] = [
         reason_has=("The GPU node cpu-2 under pod rj-subfail-65fdb reported XID 79",),
         edit=xid_condition(XID_79, node="cpu-2", at="2026-12-01T02:34:38Z"),
     ),
-    Row(
+    Row(  # the operator never heard from the Ray dashboard: the outcome is unknown, not a
+        # platform failure to retry ("environment, image or dependencies")
         "rayjob_grace_failed",
         "failed",
-        FailureClass.INFRASTRUCTURE,
-        reason_has=("KubeRay could not learn how the Ray job ended",),
+        FailureClass.UNKNOWN,
+        reason_has=(
+            "KubeRay could not learn how the Ray job ended",
+            "the Ray dashboard (rj-grace-c5n7g-head-svc.ray-1738.svc.cluster.local:8265) never "
+            "reported a final status, so whether the program succeeded is unknown",
+            "KubeRay says: The RayJob submitter finished",
+        ),
     ),
     Row(
         "rayjob_running",
