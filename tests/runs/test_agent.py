@@ -1037,3 +1037,32 @@ def test_a_sweep_calls_train_func_and_fails_when_a_trial_fails(
         (2, None, False),
         (3, 30.0, True),
     ]
+
+
+def test_the_sweep_example_runs_every_trial_and_the_best_learning_rate_wins(
+    world: Any, var_dir: Path, start_agent: Any, live_server: Any
+) -> None:
+    """examples/sweep-learning-rate as written: four trials, two at a time, each reporting
+    through the SDK to this portal; lr 0.1 has the lowest val_loss, 2.0 diverges."""
+    local_quota(world.alpha)
+    example = EXAMPLES / "sweep-learning-rate"
+    run = submit(world, (example / "tau.yaml").read_bytes(), bundle=zip_directory(example))
+    agent = start_agent(TAU_API_URL=live_server.url)
+    wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=180, agent=agent)
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    trials = list(RunTrial.objects.for_workspace(world.alpha).filter(run=run).order_by("number"))
+    assert [trial.config for trial in trials] == [
+        {"learning_rate": rate, "steps": 30} for rate in (0.01, 0.1, 0.5, 2.0)
+    ]
+    assert {trial.state for trial in trials} == {RunTrial.State.SUCCEEDED}
+    assert overlap(trials) <= 2
+    keys = set(
+        MetricPoint.objects.for_workspace(world.alpha).filter(run=run).values_list("key", flat=True)
+    )
+    assert {f"trial-{n}/val_loss" for n in (1, 2, 3, 4)} <= keys
+    _, rows = trials_table(run, run.spec)
+    (best,) = [row for row in rows if row.is_best]
+    assert best.number == 2
+    diverged = rows[3].best  # lr 2.0: the capped loss its train_func returned
+    assert diverged is not None
+    assert diverged >= 1e6
