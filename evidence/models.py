@@ -19,9 +19,12 @@ from portal.tenancy import TenantModel
 
 class SealRequest(TenantModel):
     """Outbox row: this run's evidence must be sealed for the terminal state its event
-    ``terminal_seq`` recorded. Claimed for the time of one sealing (``claimed_at``, lapsing
-    after ``portal.outbox.CLAIM_SECONDS``), it ends ``sealed_at``; a failed try is tried
-    again after a doubling delay (``next_try_at``), never given up: evidence is not optional."""
+    ``terminal_seq`` recorded. Claimed for the time of one sealing (``claimed_at``, a lease
+    renewed while it runs: ``portal.outbox.Lease``), it ends ``sealed_at``; a failed try is
+    tried again after a doubling delay (``next_try_at``), and after
+    ``evidence.sealing.MAX_TRIES`` failed tries it is given up (``given_up_at``, the reason in
+    ``last_error``): the run page, the API and the admin say that the evidence could not be
+    sealed and why, and staff can ask for it to be sealed again once the cause is fixed."""
 
     tenant_path: ClassVar[str | None] = "run__workspace"
 
@@ -34,6 +37,9 @@ class SealRequest(TenantModel):
     last_error = models.TextField(blank=True)
     next_try_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
+    given_up_at = models.DateTimeField(
+        null=True, blank=True, help_text="Sealing failed too often; last_error says why."
+    )
 
     class Meta(TenantModel.Meta):
         constraints = [
@@ -74,7 +80,9 @@ class EvidenceRecord(TenantModel):
     # The portal's own check of the record as it exports now (``evidence.verification``):
     # after sealing, and again when someone asks. ``verify_requested_at`` is set while a check
     # is asked for and not done; ``verification_problems`` is what the last check found.
+    # ``check_claimed_at`` is the claim of the worker checking it now (``portal.outbox.Lease``).
     verify_requested_at = models.DateTimeField(null=True, blank=True)
+    check_claimed_at = models.DateTimeField(null=True, blank=True)
     verified_at = models.DateTimeField(null=True, blank=True)
     verification_problems = models.JSONField(default=list, blank=True)
 

@@ -1,33 +1,188 @@
-"""What every outbox in TauGrid shares (run deliveries, Kueue syncs): a row is claimed by the
-worker that acts on it, the claim lapses if that worker died, and a failed try waits twice as
-long as the one before, up to a cap.
+"""What every outbox in TauGrid shares (run deliveries, evidence seals and checks, Kueue syncs,
+notifications): a row is claimed by the worker that acts on it, the claim is a short lease the
+worker keeps renewing while it works (:class:`Lease`), so that the claim of a worker that died
+(kill -9, a lost node, Celery's hard time limit) lapses within ``TAU_CLAIM_LEASE_SECONDS`` and
+the next reconcile takes the row over; and a failed try waits twice as long as the one before,
+up to a cap.
 
 The rule the outboxes exist for is each app's own: write the row in the transaction of the
 change, act on it outside any transaction, record the outcome.
+
+How a claim works
+=================
+
+A claim is the row's ``claimed_at``: NULL when no worker holds it, else when its worker last
+said it was alive. Taking one (each outbox's own ``_claim``, in a short transaction that locks
+that row only) sets it to now; :class:`Lease` then moves it forward every third of the lease
+from a small thread for as long as the work runs, each time only if it still holds the value
+it wrote last (a conditional update), and the outcome is written by :meth:`Lease.release`
+under the same condition. So:
+
+* a live worker's claim never lapses, however long its work takes (a 1 GiB log hashed, a slow
+  cluster): ``claim_is_live`` is true while it is renewed;
+* a dead worker's claim lapses ``TAU_CLAIM_LEASE_SECONDS`` after its last renewal, and the
+  reconciler (every ``TAU_RECONCILE_SECONDS``) takes it over: a row waits at most about the
+  sum of the two (15 + 15 s by default), not the Celery time limit;
+* a worker that was only frozen (a long pause) and whose claim was taken over meanwhile finds
+  its renewal and its release refused: it records nothing, and the worker that took the row
+  over records the outcome (no row is closed twice; the actions themselves are idempotent).
+
+Times are the workers' clocks (``timezone.now()``), compared by the reconciler's: keep the
+machines' clocks in step (NTP) well within the lease.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Q
+from django.db import connection, connections, transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
-#: How long a claim holds: longer than any one try may take (a Celery task is stopped after
-#: ``CELERY_TASK_TIME_LIMIT``); after that another worker may take the row over.
-CLAIM_SECONDS = int(getattr(settings, "CELERY_TASK_TIME_LIMIT", 300)) + 60
+logger = logging.getLogger(__name__)
+
+
+def lease_seconds() -> float:
+    """How long a claim holds without being renewed (``TAU_CLAIM_LEASE_SECONDS``)."""
+    return float(getattr(settings, "TAU_CLAIM_LEASE_SECONDS", 15))
+
+
+def renew_seconds() -> float:
+    """How often a :class:`Lease` renews its claim: a third of the lease, so that two renewals
+    in a row can be late (a loaded machine, a slow database) before the claim lapses."""
+    return lease_seconds() / 3
 
 
 def claim_is_live(claimed_at: datetime | None, now: datetime) -> bool:
-    """Whether a worker holds the row now (claimed, and not so long ago that it lapsed)."""
-    return claimed_at is not None and claimed_at > now - timedelta(seconds=CLAIM_SECONDS)
+    """Whether a worker holds the row now (claimed, and renewed recently enough)."""
+    return claimed_at is not None and claimed_at > now - timedelta(seconds=lease_seconds())
 
 
 def unclaimed_or_lapsed(now: datetime) -> Q:
     """The rows no live worker holds, for a reconciler's query."""
-    return Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - timedelta(seconds=CLAIM_SECONDS))
+    return Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - timedelta(seconds=lease_seconds()))
+
+
+class Lease:
+    """A worker's claim on one outbox row, kept alive while it works on the row.
+
+    ``rows`` is the model's unscoped queryset (``Delivery.objects.unscoped()``), ``pk`` the
+    row, ``claimed_at`` the value the claim wrote into the row's ``claimed_at`` (``field``
+    names the column where a model calls it otherwise)::
+
+        row = _claim(pk)                      # your short transaction: claimed_at = now
+        with Lease(Model.objects.unscoped(), row.pk, row.claimed_at, what=f"seal {pk}") as lease:
+            do_the_work(row)                  # outside any transaction, as long as it takes
+            lease.release(done_at=timezone.now())   # False: the claim was taken over
+
+    While the block runs, a thread renews the claim every :func:`renew_seconds` (an UPDATE of
+    that row only, on its own database connection, conditional on the claim still being this
+    one). :meth:`release` stops the renewing and writes the outcome with ``claimed_at`` set
+    back to NULL, under the same condition; to write it yourself (in a transaction of yours,
+    with other changes), call :meth:`stop` and filter on :meth:`held`. Leaving the block
+    without releasing stops the renewing and leaves the claim to lapse (an unexpected error:
+    the row is tried again by the reconciler once it has, after its own back-off).
+
+    ``lost`` says that a renewal found the claim taken over (this worker was frozen for longer
+    than the lease): the work may go on, but its outcome will not be recorded.
+    """
+
+    def __init__(
+        self,
+        rows: QuerySet[Any],
+        pk: int,
+        claimed_at: datetime,
+        *,
+        what: str,
+        field: str = "claimed_at",
+    ) -> None:
+        self._rows = rows
+        self._field = field
+        self._pk = pk
+        self._claimed_at = claimed_at
+        self._what = what
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost = False
+
+    @property
+    def claimed_at(self) -> datetime:
+        """The claim's value in the row now (it moves with each renewal)."""
+        return self._claimed_at
+
+    def held(self) -> QuerySet[Any]:
+        """The row, if this lease still holds it: filter for a conditional update (after
+        :meth:`stop`, so that no renewal moves the claim under it)."""
+        return self._rows.filter(pk=self._pk, **{self._field: self._claimed_at})
+
+    def __enter__(self) -> Lease:
+        self._thread = threading.Thread(
+            target=self._renew_until_stopped, name=f"lease {self._what}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop renewing (waits for a renewal under way). Safe to call more than once."""
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def release(self, **fields: Any) -> bool:
+        """Stop renewing and write ``fields`` with the claim cleared, if the claim is still
+        this lease's. False when it is not (it lapsed and another worker took the row over:
+        that worker records the outcome)."""
+        self.stop()
+        updated = self.held().update(**{self._field: None}, **fields)
+        if not updated:
+            logger.warning(
+                "%s: the claim lapsed while this worker held it; another worker took it over",
+                self._what,
+            )
+        return bool(updated)
+
+    def _renew_until_stopped(self) -> None:
+        try:
+            while not self._stopping.wait(renew_seconds()):
+                if not self._renew():
+                    return
+        finally:
+            # This thread's own connection (Django's are per thread): closed, never leaked.
+            connections.close_all()
+
+    def _renew(self) -> bool:
+        """Move the claim forward; False once it is not this lease's any more."""
+        now = timezone.now()
+        try:
+            renewed = self.held().update(**{self._field: now})
+        except Exception:  # the database is away for a moment: try again at the next tick
+            logger.warning("%s: could not renew the claim; trying again", self._what, exc_info=True)
+            return True
+        if not renewed:
+            self.lost = True
+            logger.warning(
+                "%s: the claim was taken over by another worker (this one was too slow to "
+                "renew it); its outcome will not be recorded here",
+                self._what,
+            )
+            return False
+        self._claimed_at = now
+        return True
 
 
 def doubling_delay(tries: int, *, first_seconds: int, max_seconds: int) -> timedelta:

@@ -227,6 +227,12 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
+# Notifications (webhook POSTs, e-mails) go to a queue of their own, consumed by a worker of
+# their own (`celery worker -Q notifications`: the notifier of make run and of the chart), so
+# that a slow endpoint never holds up run hand-off or evidence sealing; everything else stays
+# on the default queue, which the main worker consumes (`-Q celery`).
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_ROUTES = {"notifications.tasks.*": {"queue": "notifications"}}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
@@ -342,11 +348,21 @@ TAU_TOKEN_MAX_DAYS = env_int("TAU_TOKEN_MAX_DAYS", 365, minimum=1)
 TAU_AUTH_FAILURES_PER_ADDRESS = env_int("TAU_AUTH_FAILURES_PER_ADDRESS", 30, minimum=1)
 TAU_AUTH_FAILURES_PER_KEY = env_int("TAU_AUTH_FAILURES_PER_KEY", 10, minimum=1)
 TAU_AUTH_FAILURE_WINDOW_SECONDS = env_int("TAU_AUTH_FAILURE_WINDOW_SECONDS", 300, minimum=10)
-# Password login (identity/views.py): this many failures within the window above, for
-# one account or from one address, pause password login for it for the lockout time.
+# Password login (identity/login_throttle.py, whose docstring gives the design and the bound):
+# failures for one account from one address within the window above pause that account's
+# password login from that address for the lockout time; failures in a row for one account
+# slow its logins from browsers it never logged in from (a wait from BACKOFF_SECONDS doubling
+# up to the lockout time); past the failures from one address within the window, one failure
+# for an account pauses it there. Browsers that logged in before (a signed cookie kept for
+# DEVICE_DAYS) are never paused or slowed by others' failures.
+TAU_AUTH_LOGIN_FAILURES_PER_ACCOUNT_ADDRESS = env_int(
+    "TAU_AUTH_LOGIN_FAILURES_PER_ACCOUNT_ADDRESS", 5, minimum=1
+)
 TAU_AUTH_LOGIN_FAILURES_PER_ACCOUNT = env_int("TAU_AUTH_LOGIN_FAILURES_PER_ACCOUNT", 10, minimum=1)
 TAU_AUTH_LOGIN_FAILURES_PER_ADDRESS = env_int("TAU_AUTH_LOGIN_FAILURES_PER_ADDRESS", 50, minimum=1)
 TAU_AUTH_LOGIN_LOCKOUT_SECONDS = env_int("TAU_AUTH_LOGIN_LOCKOUT_SECONDS", 900, minimum=10)
+TAU_AUTH_LOGIN_BACKOFF_SECONDS = env_int("TAU_AUTH_LOGIN_BACKOFF_SECONDS", 60, minimum=1)
+TAU_AUTH_LOGIN_DEVICE_DAYS = env_int("TAU_AUTH_LOGIN_DEVICE_DAYS", 180, minimum=1)
 SESSION_COOKIE_AGE = env_int("TAU_SESSION_AGE_SECONDS", 60 * 60 * 12, minimum=300)
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
@@ -439,6 +455,15 @@ FILE_UPLOAD_HANDLERS = [
     "django.core.files.uploadhandler.MemoryFileUploadHandler",
     "runs.bundles.BoundedUploadHandler",
 ]
+
+# --- The embedded default's web server (make run: web/http_server.py, web/asgi.py) ----------
+# uvicorn serving web.asgi.application: a request's headers must be in within
+# TAU_HTTP_HEADER_SECONDS, and its body within TAU_HTTP_READ_SECONDS after them (plus one
+# second per MiB it declares); slower clients get a 408. Production runs gunicorn behind a
+# buffering proxy (docs/operations.md) and does not read these.
+ASGI_APPLICATION = "web.asgi.application"
+TAU_HTTP_HEADER_SECONDS = env_int("TAU_HTTP_HEADER_SECONDS", 10, minimum=1)
+TAU_HTTP_READ_SECONDS = env_int("TAU_HTTP_READ_SECONDS", 30, minimum=1)
 
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -541,6 +566,11 @@ if TAU_BACKEND not in {"local", "kubernetes"}:
 TAU_DELIVERY_RETRY_SECONDS = env_int("TAU_DELIVERY_RETRY_SECONDS", 10, minimum=1)
 TAU_DELIVERY_RETRY_MAX_SECONDS = env_int("TAU_DELIVERY_RETRY_MAX_SECONDS", 300, minimum=1)
 TAU_DELIVERY_MAX_TRIES = env_int("TAU_DELIVERY_MAX_TRIES", 10, minimum=1)
+# Every outbox (portal/outbox.py: deliveries, evidence seals and checks, Kueue syncs): a
+# worker's claim on a row holds this long unless renewed (its worker renews it every third of
+# this while it works), so a killed worker's row is taken over within this plus
+# TAU_RECONCILE_SECONDS.
+TAU_CLAIM_LEASE_SECONDS = env_int("TAU_CLAIM_LEASE_SECONDS", 15, minimum=3)
 # Artifacts (runs/artifacts.py): the files a run declares in outputs.artifacts are kept up to
 # these many bytes per run and per workspace; a file that would pass either is not kept.
 TAU_ARTIFACT_MAX_BYTES_PER_RUN = env_int("TAU_ARTIFACT_MAX_BYTES_PER_RUN", 2**30, minimum=0)
@@ -689,9 +719,12 @@ CELERY_BEAT_SCHEDULE["check-gpu-budgets"] = {
 }
 
 # /metrics (the portal's own metrics, Prometheus format; web/metrics.py): a scraper sends this
-# as its bearer token; without it, /metrics answers only to loopback clients, and in
-# production to nobody (an untrusted proxy on the same host would make everyone loopback).
-TAU_METRICS_TOKEN = env_secret("TAU_METRICS_TOKEN")
+# as its bearer token. Outside production one is generated once into VAR_DIR/metrics-token
+# (the README's curl reads it there); in production, without one, /metrics answers nobody.
+# Never loopback alone: runs on the embedded default connect from this machine too.
+TAU_METRICS_TOKEN = env_secret("TAU_METRICS_TOKEN") or (
+    None if PRODUCTION else _local_secret("metrics-token")
+)
 
 # --- Notifications: e-mail and webhooks (notifications/) ------------------------------------
 # E-mail goes through Django's SMTP backend; with no TAU_EMAIL_HOST no e-mail is sent (webhooks
@@ -713,8 +746,14 @@ TAU_NOTIFY_RETRY_MAX_SECONDS = env_int("TAU_NOTIFY_RETRY_MAX_SECONDS", 3600, min
 TAU_NOTIFY_MAX_TRIES = env_int("TAU_NOTIFY_MAX_TRIES", 8, minimum=1)
 # run.waiting: told of once per wait, for runs queued longer than this.
 TAU_NOTIFY_WAITING_MINUTES = env_int("TAU_NOTIFY_WAITING_MINUTES", 60, minimum=1)
-# Seconds a webhook endpoint has to accept the connection and to answer each read.
-TAU_WEBHOOK_TIMEOUT_SECONDS = env_int("TAU_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1)
+# Seconds one webhook delivery may take in all: resolving, connecting, TLS, sending, and the
+# whole answer (a receiver trickling bytes is cut off then too).
+TAU_WEBHOOK_TIMEOUT_SECONDS = env_int("TAU_WEBHOOK_TIMEOUT_SECONDS", 10, minimum=1)
+# Webhooks one workspace may have.
+TAU_WEBHOOKS_PER_WORKSPACE = env_int("TAU_WEBHOOKS_PER_WORKSPACE", 20, minimum=1)
+# Deliveries to one workspace's webhooks being sent at once (one per endpoint at most): the
+# notifier's other slots stay free for everyone else.
+TAU_NOTIFY_WORKSPACE_CONCURRENCY = env_int("TAU_NOTIFY_WORKSPACE_CONCURRENCY", 2, minimum=1)
 # Webhooks to loopback, private, link-local and other non-public addresses are refused
 # (at save and at each delivery) unless this is true.
 TAU_WEBHOOK_ALLOW_PRIVATE_ADDRESSES = env_bool("TAU_WEBHOOK_ALLOW_PRIVATE_ADDRESSES", False)

@@ -12,10 +12,13 @@ works (a slow or hanging cluster must not hold up the portal):
 
 1. *claim* the row in a short transaction that locks that row only (``FOR UPDATE SKIP
    LOCKED OF`` the delivery, never the run or the workspace): one worker at a time calls
-   the backend for it, and a claim lapses after ``portal.outbox.CLAIM_SECONDS`` if its worker died;
-2. call the backend, outside any transaction;
-3. record the outcome in another short transaction: delivered, or the error and when to try
-   again (exponential backoff, ``TAU_DELIVERY_RETRY_SECONDS`` doubling up to
+   the backend for it;
+2. call the backend, outside any transaction, holding the claim as a lease
+   (``portal.outbox.Lease``) renewed while the call runs: a worker killed meanwhile leaves a
+   claim that lapses within ``TAU_CLAIM_LEASE_SECONDS``, and the reconciler delivers the row
+   at its next pass (a submission waits about half a minute, not the task time limit);
+3. record the outcome, only if the claim is still this call's: delivered, or the error and
+   when to try again (exponential backoff, ``TAU_DELIVERY_RETRY_SECONDS`` doubling up to
    ``TAU_DELIVERY_RETRY_MAX_SECONDS``). After ``TAU_DELIVERY_MAX_TRIES`` failed tries it gives
    up: the run fails with class ``infrastructure`` and the backend's own message, and the
    delivery is never tried again.
@@ -36,7 +39,7 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
-from portal.outbox import claim_is_live, doubling_delay, unclaimed_or_lapsed
+from portal.outbox import Lease, claim_is_live, doubling_delay, unclaimed_or_lapsed
 from runs.backends import RunBackend
 from runs.backends.registry import backend_for_run
 from runs.events import append_event
@@ -125,6 +128,14 @@ def deliver(
         return False
     delivery = claimed
     assert delivery.claimed_at is not None
+    rows = Delivery.objects.unscoped()
+    with Lease(rows, delivery.pk, delivery.claimed_at, what=f"delivery {delivery.pk}") as lease:
+        return _deliver_claimed(delivery, lease, backend_for)
+
+
+def _deliver_claimed(
+    delivery: Delivery, lease: Lease, backend_for: Callable[[Run], RunBackend]
+) -> bool:
     run = Run.objects.unscoped().select_related("workspace").get(pk=delivery.run_id)
     attempt = (
         RunAttempt.objects.unscoped().get(pk=delivery.attempt_id)
@@ -135,12 +146,12 @@ def deliver(
         # The run moved on (it ended, or this attempt is over) before it was handed over.
         logger.info(
             "delivery %s (submit of %s attempt %s) is not needed any more: the run is %s",
-            delivery_id,
+            delivery.pk,
             run.name,
             attempt.number if attempt is not None else "?",
             run.state,
         )
-        _close(delivery, delivered=True)
+        _close(lease, delivered=True)
         return False
     try:
         backend = backend_for(run)
@@ -151,9 +162,9 @@ def deliver(
         else:
             backend.cancel(run)
     except Exception as exc:
-        _failed(delivery, run, exc)
+        _failed(delivery, lease, run, exc)
         return False
-    return _close(delivery, delivered=True)
+    return _close(lease, delivered=True)
 
 
 def _claim(delivery_id: int) -> Delivery | str:
@@ -226,29 +237,19 @@ def _superseded(run: Run, attempt: RunAttempt | None) -> bool:
 
 
 def _close(
-    delivery: Delivery, *, delivered: bool, error: str = "", retry_at: datetime | None = None
+    lease: Lease, *, delivered: bool, error: str = "", retry_at: datetime | None = None
 ) -> bool:
     """Record the outcome of this call's claim. False when the claim had lapsed and another
     worker took the delivery over (its outcome is recorded by that worker)."""
-    fields: dict[str, object] = {"claimed_at": None, "last_error": error}
+    fields: dict[str, object] = {"last_error": error}
     if delivered:
         fields["delivered_at"] = timezone.now()
     if retry_at is not None:
         fields["next_try_at"] = retry_at
-    updated = (
-        Delivery.objects.unscoped()
-        .filter(pk=delivery.pk, claimed_at=delivery.claimed_at)
-        .update(**fields)
-    )
-    if not updated:
-        logger.warning(
-            "delivery %s: the claim lapsed during the backend call; another worker took it over",
-            delivery.pk,
-        )
-    return bool(updated)
+    return lease.release(**fields)
 
 
-def _failed(delivery: Delivery, run: Run, exc: Exception) -> None:
+def _failed(delivery: Delivery, lease: Lease, run: Run, exc: Exception) -> None:
     error = f"{type(exc).__name__}: {exc}"[:2000]
     max_tries = int(settings.TAU_DELIVERY_MAX_TRIES)
     if delivery.tries < max_tries:
@@ -264,7 +265,7 @@ def _failed(delivery: Delivery, run: Run, exc: Exception) -> None:
             error,
             exc_info=exc,
         )
-        _close(delivery, delivered=False, error=error, retry_at=timezone.now() + delay)
+        _close(lease, delivered=False, error=error, retry_at=timezone.now() + delay)
         return
     logger.error(
         "delivery %s (%s of %s) failed %d times; giving up: %s",
@@ -275,17 +276,15 @@ def _failed(delivery: Delivery, run: Run, exc: Exception) -> None:
         error,
         exc_info=exc,
     )
-    _give_up(delivery, run, message=str(exc) or type(exc).__name__, error=error)
+    lease.stop()
+    _give_up(delivery, lease, run, message=str(exc) or type(exc).__name__, error=error)
 
 
 @transaction.atomic
-def _give_up(delivery: Delivery, run: Run, *, message: str, error: str) -> None:
-    """Never try this delivery again, and fail the run, saying what the backend said."""
-    given_up = (
-        Delivery.objects.unscoped()
-        .filter(pk=delivery.pk, claimed_at=delivery.claimed_at)
-        .update(claimed_at=None, last_error=error, given_up_at=timezone.now())
-    )
+def _give_up(delivery: Delivery, lease: Lease, run: Run, *, message: str, error: str) -> None:
+    """Never try this delivery again, and fail the run, saying what the backend said (in
+    one transaction with closing the claim, which ``lease`` must no longer renew)."""
+    given_up = lease.held().update(claimed_at=None, last_error=error, given_up_at=timezone.now())
     if not given_up:
         return
     locked = lock_run(run.pk)

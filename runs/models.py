@@ -356,6 +356,10 @@ class RunAttempt(TenantModel):
     )
     log_path = models.CharField(max_length=500, blank=True)
     log_size = models.PositiveBigIntegerField(default=0)
+    # Why an ended attempt has no kept log, when its backend looked and found none to keep (a
+    # cluster attempt whose pods were gone, or never started): the evidence records it
+    # instead of waiting for a log that will not come.
+    log_note = models.CharField(max_length=500, blank=True)
     metrics_offset = models.PositiveBigIntegerField(
         default=0, help_text="Bytes of the metrics file read."
     )

@@ -326,7 +326,7 @@ def test_a_skipped_delivery_says_why(
 
     # A claim whose worker died lapses; the reconciler takes it over.
     Delivery.objects.for_workspace(world.alpha).filter(pk=handed.pk).update(
-        claimed_at=timezone.now() - timedelta(seconds=outbox.CLAIM_SECONDS + 1)
+        claimed_at=timezone.now() - timedelta(seconds=outbox.lease_seconds() + 1)
     )
     assert handed.pk in delivery.due_deliveries(grace_seconds=0)
     assert delivery.deliver(handed.pk, backend_for=lambda _run: backend)
