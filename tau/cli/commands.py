@@ -834,6 +834,13 @@ def _run_summary(run: dict[str, Any], api: Api, workspace: str) -> None:
     for label, value in rows:
         if value not in (None, "", "-"):
             out.print(f"  {label + ':':15} {value}", markup=False)
+    # What ended each failed attempt: the reason above names only the newest, and a retried
+    # attempt's message is nowhere else.
+    for attempt in run.get("attempts") or []:
+        if attempt.get("failure_class"):
+            said = attempt.get("failure_message") or attempt.get("failure_hint") or ""
+            label = f"attempt {attempt['number']}:"
+            out.print(f"  {label:15} {attempt['failure_class']}: {said}".rstrip(), markup=False)
     for warning in run.get("warnings") or []:
         out.print(f"  warning: {warning}", markup=False)
 
@@ -1105,16 +1112,41 @@ def history_command(ctx: click.Context, name: str, workspace: str | None, as_jso
     if as_json:
         print_json(events)
         return EXIT_OK
+    messages = _failure_messages(api, ws, name, events)
     for event in events:
         change = ""
         if event.get("new_state"):
             change = f"{event.get('old_state') or '-'} → {event['new_state']}  "
+        message = event.get("message") or ""
         out.print(
             f"{event['seq']:>4}  {short_time(event['time'])}  {event['kind']:<20} {change}"
-            f"{event.get('message') or ''}",
+            f"{message}",
             markup=False,
         )
+        # An event that ended an attempt names its class; what Kubernetes or the program
+        # said is the attempt's (a retry's event does not repeat it).
+        data = event.get("data")
+        if not isinstance(data, dict) or not data.get("failure_class"):
+            continue
+        number = data.get("attempt")
+        said = messages.get(number) if isinstance(number, int) else None
+        if said and said not in message:
+            out.print(f"{'':>29}attempt {number}: {said}", markup=False)
     return EXIT_OK
+
+
+def _failure_messages(
+    api: Api, workspace: str, name: str, events: list[dict[str, Any]]
+) -> dict[int, str]:
+    """Each failed attempt's message by number, read only when an event names a failure."""
+    if not any(isinstance(e.get("data"), dict) and e["data"].get("failure_class") for e in events):
+        return {}
+    run = api.get(run_path(workspace, name))
+    return {
+        int(attempt["number"]): str(attempt["failure_message"])
+        for attempt in run.get("attempts") or []
+        if attempt.get("failure_message")
+    }
 
 
 SPARKS = "▁▂▃▄▅▆▇█"
