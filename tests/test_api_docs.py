@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 from django.contrib.staticfiles import finders
+from django.test import Client
 
+from identity.tokens import issue_token
 from tests.pages.browser_support import log_in, watch_console
+from web.api_docs import SCHEMA_NEEDS_CREDENTIALS
 
 DOCS = "/api/v1/docs/"
 
@@ -56,3 +59,21 @@ def test_swagger_ui_shows_the_operations_without_a_csp_violation(
     page.wait_for_selector("text=/api/v1/workspaces/{workspace_slug}/runs/", timeout=20_000)
     assert page.locator(".opblock").count() >= 20
     assert problems == []
+
+
+@pytest.mark.django_db
+def test_the_schema_tells_a_caller_without_credentials_how_to_send_them(world: Any) -> None:
+    response = world.client_for("anonymous").get("/api/v1/schema/", {"format": "json"})
+    assert response.status_code == 401
+    assert response.json() == {"detail": SCHEMA_NEEDS_CREDENTIALS}
+    assert "Authorization: Bearer <token>" in SCHEMA_NEEDS_CREDENTIALS
+
+
+@pytest.mark.django_db
+def test_the_schema_is_served_to_a_token(world: Any) -> None:
+    plaintext = issue_token(user=world.users["viewer"], name="schema").plaintext
+    response = Client().get(
+        "/api/v1/schema/", {"format": "json"}, HTTP_AUTHORIZATION=f"Bearer {plaintext}"
+    )
+    assert response.status_code == 200
+    assert response.json()["openapi"].startswith("3.")

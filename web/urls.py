@@ -5,7 +5,6 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponseRedirect
 from django.templatetags.static import static
 from django.urls import URLPattern, URLResolver, include, path
-from drf_spectacular.views import SpectacularAPIView
 
 from accounting.urls import platform_urlpatterns as accounting_platform_urls
 from gpus.urls import platform_urlpatterns as gpu_platform_urls
@@ -14,7 +13,7 @@ from notifications.urls import personal_urlpatterns as notification_personal_url
 from portal import health
 from runs.urls import platform_urlpatterns as run_platform_urls
 from web import metrics, views, workspace_home
-from web.api_docs import ApiDocsView
+from web.api_docs import ApiDocsView, ApiSchemaView
 from workspaces.audit_views import PlatformAuditView
 
 
@@ -32,7 +31,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("accounting.api.urls")),
     path("", include("notifications.api.urls")),
     path("me/", MeView.as_view(), name="me"),
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", ApiSchemaView.as_view(), name="schema"),
     path("docs/", ApiDocsView.as_view(), name="docs"),
 ]
 
