@@ -1,9 +1,9 @@
-"""``pip install <checkout>`` in a clean virtual environment gives ``tau`` without the server:
-no Django, Celery or psycopg, the command validates every example, ``python -m
-tau.evidence verify`` checks an evidence record there (accepts it, refuses one changed byte),
-and — issue 15's first acceptance point, as written — that ``tau`` logs in to a live portal
-with a token from ``manage.py create_token`` and runs ``examples/cpu-quickstart`` with
-``--watch`` to ``succeeded`` and exit 0."""
+"""``pip install <checkout>`` in a clean virtual environment gives ``tau`` without the server
+(no Django, Celery or psycopg) and writes nothing into the checkout; the command validates
+every example, ``python -m tau.evidence verify`` checks an evidence record there (accepts it,
+refuses one changed byte), and — issue 15's first acceptance point, as written — ``tau`` logs
+in to a live portal with a token from ``manage.py create_token`` and runs
+``examples/cpu-quickstart`` with ``--watch`` to ``succeeded`` and exit 0."""
 
 from __future__ import annotations
 
@@ -38,18 +38,24 @@ class Client:
     python: Path
     tau: str
     env: dict[str, str]
+    #: What ``pip install`` left in the folder it installed from.
+    written_into_checkout: list[str]
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Client:
-    # The checkout's packaging files and the client package, copied so that the build
-    # (setuptools writes build/ and *.egg-info beside the sources) never touches the checkout.
+    # The checkout's packaging files and the client package, copied: what the build leaves
+    # in the folder it builds can be seen (nothing, see the test below).
     folder = tmp_path_factory.mktemp("client")
     source = folder / "checkout"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in"):
         shutil.copy2(ROOT / name, source / name)
-    shutil.copytree(ROOT / "tau", source / "tau", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("tau", "deploy/packaging"):
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    before = _files(source)
     environment = folder / "venv"
     venv.create(environment, with_pip=True)
     python = environment / "bin" / "python"
@@ -64,7 +70,23 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Client:
         timeout=600,
     )
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    return Client(python=python, tau=str(environment / "bin" / "tau"), env=env)
+    return Client(
+        python=python,
+        tau=str(environment / "bin" / "tau"),
+        env=env,
+        written_into_checkout=sorted(_files(source) - before),
+    )
+
+
+def _files(folder: Path) -> set[str]:
+    return {path.relative_to(folder).as_posix() for path in folder.rglob("*")}
+
+
+def test_installing_writes_nothing_into_the_checkout(client: Client) -> None:
+    """``pip install .`` builds in place: setuptools' build/ and taugrid.egg-info were left
+    in the clone (and a build/lib of an earlier build could bring deleted files back into
+    the next wheel). The build backend (deploy/packaging/taugrid_build.py) builds elsewhere."""
+    assert client.written_into_checkout == []
 
 
 def test_the_client_installs_without_the_server(client: Client, tmp_path: Path) -> None:
