@@ -10,7 +10,8 @@ shows what this module finds.
   differ. The text is returned as data and escaped by the template like any other.
 * **Environment**: what TauGrid knows about where each run ran: image and requirements,
   environment variables, backend, and the newest attempt's queue, flavors and nodes.
-* **Outcome**: state, failure class, duration and attempts of each.
+* **Outcome**: state, failure class, how long it ran (all of its attempts, and the newest
+  when there were several) and attempts of each.
 
 Metric curves are not here: the page draws both runs' series over each other with the
 metrics API the run page uses.
@@ -23,7 +24,7 @@ import hashlib
 import json
 import zipfile
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from runs import bundles
@@ -59,8 +60,13 @@ class Outcome:
     state_label: str
     failure_class: str
     failure_label: str
+    #: Time its attempts ran, all together (None: none has started); an attempt still
+    #: running counts until now.
     duration: timedelta | None
+    #: The newest attempt's part of it, when there were several attempts that ran.
+    newest_duration: timedelta | None
     attempts: int
+    running: bool  # an attempt is running now: the duration is "so far"
 
 
 @dataclass(frozen=True)
@@ -173,15 +179,24 @@ def code_changes(a: Run, b: Run) -> list[FileChange]:
     return changes
 
 
-def outcome(run: Run) -> Outcome:
-    duration = run.finished_at - run.started_at if run.started_at and run.finished_at else None
+def outcome(run: Run, attempts: list[RunAttempt], *, now: datetime) -> Outcome:
+    """The run's outcome; ``attempts`` are all of its attempts (one query for both runs)."""
+    ran = [
+        (attempt.finished_at or now) - attempt.started_at
+        for attempt in sorted(attempts, key=lambda attempt: attempt.number)
+        if attempt.started_at is not None
+    ]
     return Outcome(
         state=run.state,
         state_label=run.get_state_display(),
         failure_class=run.failure_class,
         failure_label=run.get_failure_class_display() if run.failure_class else "",
-        duration=duration,
+        duration=sum(ran, timedelta()) if ran else None,
+        newest_duration=ran[-1] if len(ran) > 1 else None,
         attempts=run.attempt_count,
+        running=any(
+            attempt.started_at is not None and attempt.finished_at is None for attempt in attempts
+        ),
     )
 
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 from runs.backends import QuotaUse
 from runs.backends.registry import available_backends
 from runs.models import Run
+from runs.wording import duration_words
 from tau.quantity import format_quantity
 from workspaces.models import Workspace, WorkspaceQuota
 
@@ -144,10 +145,11 @@ class QueueEstimate:
                 "No estimate yet: it needs at least two admissions in this workspace in the "
                 "last 7 days."
             )
+        every = duration_words(self.interval)
         return (
             f"Estimated from the last {self.admissions} admissions in this workspace (7 days): "
-            f"a run was admitted about every {humanize(self.interval)} (median), so position "
-            f"N starts in roughly N x {humanize(self.interval)}."
+            f"a run was admitted about every {every} (median), so each place ahead in the "
+            f"queue adds about {every}."
         )
 
 
@@ -175,14 +177,3 @@ def _median(values: list[timedelta]) -> timedelta | None:
     if not values:
         return None
     return timedelta(seconds=statistics.median(v.total_seconds() for v in values))
-
-
-def humanize(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    if seconds < 60:
-        return f"{max(seconds, 1)} s"
-    if seconds < 3600:
-        return f"{round(seconds / 60)} min"
-    if seconds < 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"

@@ -688,18 +688,27 @@ class RunCompareView(WorkspaceViewMixin, TemplateView):
         if not self.request.GET.get("a"):
             # Chosen in the runs list (newest first): the older is A, what the newer is compared to.
             a, b = sorted((a, b), key=lambda run: (run.created_at, run.pk))
+        # The form shows the runs as compared: A in the A field (the list sends them newest
+        # first), each by its own name (a spec name finds its newest run).
+        context.update({"a_name": a.name, "b_name": b.name})
         prefetch_related_objects([a, b], "bundle")  # one query for both
-        newest = {
-            attempt.run_id: attempt
-            for attempt in RunAttempt.objects.for_workspace(self.workspace)
+        attempts: dict[int, list[RunAttempt]] = {a.pk: [], b.pk: []}
+        for attempt in (
+            RunAttempt.objects.for_workspace(self.workspace)
             .filter(run__in=[a, b])
             .order_by("run_id", "number")
-        }
+        ):
+            attempts[attempt.run_id].append(attempt)
+        newest = {run_id: held[-1] for run_id, held in attempts.items() if held}
+        now = timezone.now()
         context.update(
             {
                 "a": a,
                 "b": b,
-                "outcomes": (compare.outcome(a), compare.outcome(b)),
+                "outcomes": (
+                    compare.outcome(a, attempts[a.pk], now=now),
+                    compare.outcome(b, attempts[b.pk], now=now),
+                ),
                 "spec_differences": compare.spec_differences(a.spec, b.spec),
                 "spec_diff": compare.spec_diff(a, b),
                 "code_changes": compare.code_changes(a, b),

@@ -1,4 +1,5 @@
-"""The words people read for a run's codes: states, event kinds, retry reasons.
+"""The words people read for a run's codes: states, event kinds, retry reasons; and for
+its times: how long it ran, when it may start (``duration_words``).
 
 The codes (``cancel-requested``, ``manual_resume``, ``oom_killed``) are what the database,
 the API and the event chain keep; pages show the words below instead, and nowhere else
@@ -10,6 +11,7 @@ rather than reaching a page.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from runs.models import WORKLOAD_EVENT_PREFIX, EventKind, FailureClass, RunState
 
@@ -100,3 +102,28 @@ def cancelled_reason(by: str | None) -> str:
 def cancelling_reason(by: str) -> str:
     """The reason a run shows while its processes are being stopped."""
     return f"Cancel requested by {by}; stopping its processes."
+
+
+_DURATION_UNITS = (("day", 86400), ("h", 3600), ("min", 60), ("s", 1))
+
+
+def duration_words(delta: timedelta, *, parts: int = 2) -> str:
+    """``4 min 30 s``, ``2 h 5 min``, ``3 days 1 h``, ``12 s``: the ``parts`` largest units
+    that are not zero, rounded to the smallest one shown (a page never shows a raw
+    ``0:01:55.434714``). Under a second reads ``under 1 s``; ``parts=1`` is for estimates."""
+    seconds = delta.total_seconds()
+    if seconds < 1:
+        return "under 1 s"
+    for _ in range(2):  # rounding may carry into a larger unit: 59.6 s is 1 min
+        first = next(index for index, (_, size) in enumerate(_DURATION_UNITS) if seconds >= size)
+        shown = _DURATION_UNITS[first : first + parts]
+        smallest = shown[-1][1]
+        seconds = round(seconds / smallest) * smallest
+    left = int(seconds)
+    words: list[str] = []
+    for name, size in shown:
+        count, left = divmod(left, size)
+        if count or not words:
+            plural = "s" if name == "day" and count != 1 else ""
+            words.append(f"{count} {name}{plural}")
+    return " ".join(words)

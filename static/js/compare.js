@@ -1,6 +1,7 @@
 // The comparison page's metric charts: for every metric either run reported, one chart with
 // both runs' curves over each other (A and B in fixed colours). Read once: a comparison is
-// of what the runs reported when the page was opened. Names are shown as run.js shows them.
+// of what the runs reported when the page was opened. Drawn through charts.js, as every
+// chart: at the width of its place in the grid, names shown as plain text.
 (function () {
   "use strict";
 
@@ -16,7 +17,8 @@
   }
 
   function draw(container, bodies) {
-    var names = window.tauMetricNames;
+    var names = window.tauCharts;
+    var drawings = [];
     var keys = {};
     bodies.forEach(function (body) {
       Object.keys(body.series).forEach(function (key) { keys[key] = true; });
@@ -44,7 +46,7 @@
       div.dataset.metric = key;
       div.dataset.traces = String(traces.length);
       container.appendChild(div);
-      Plotly.newPlot(
+      drawings.push([
         div,
         traces,
         {
@@ -55,14 +57,17 @@
           showlegend: true,
           legend: { orientation: "h" },
         },
-        { displaylogo: false, responsive: true }
-      );
+      ]);
+    });
+    // Every chart is in its place before any is drawn: each is drawn at its own width.
+    drawings.forEach(function (drawing) {
+      names.draw(drawing[0], drawing[1], drawing[2]);
     });
   }
 
   document.addEventListener("DOMContentLoaded", function () {
     var container = document.getElementById("compare-metrics");
-    if (!container || typeof Plotly === "undefined" || !window.tauMetricNames) return;
+    if (!container || typeof Plotly === "undefined" || !window.tauCharts) return;
     Promise.all([read(container.dataset.aUrl), read(container.dataset.bUrl)])
       .then(function (bodies) { draw(container, bodies); })
       .catch(function () {

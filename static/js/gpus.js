@@ -1,10 +1,10 @@
 // GPU charts: a node's GPUs over time (the fleet's node page), a workspace's GPUs held over
 // time against its quota, and a run's GPU utilisation over its life. Charts read JSON and
-// poll only while the tab is visible, with the ETag the server gives (304: nothing to redraw).
+// poll only while the tab is visible, with the ETag the server gives (304: nothing to redraw);
+// they are drawn through charts.js, at the width of their place on the page.
 (function () {
   "use strict";
 
-  var CONFIG = { displaylogo: false, responsive: true };
   var TITLES = {
     utilization: ["Utilisation", "%"],
     memory_used_mib: ["Memory used", "GiB"],
@@ -75,7 +75,7 @@
   // --- A node's GPUs ------------------------------------------------------------------------
   function startNodeCharts() {
     var container = document.getElementById("gpu-charts");
-    if (!container || typeof Plotly === "undefined") return;
+    if (!container || typeof Plotly === "undefined" || !window.tauCharts) return;
     var note = document.getElementById("gpu-charts-note");
     var picker = document.getElementById("chart-window");
     var windowName = container.dataset.window;
@@ -101,7 +101,7 @@
             line: { width: 1.5 },
           };
         });
-        Plotly.react(
+        window.tauCharts.draw(
           chartDiv(container, chart.field, title[0] + " of each GPU over the last " + windowName),
           traces,
           {
@@ -112,8 +112,7 @@
             legend: { orientation: "h" },
             yaxis: chart.field === "utilization" ? { range: [0, 100] } : {},
             uirevision: chart.field + windowName,
-          },
-          CONFIG
+          }
         );
       });
     }
@@ -141,7 +140,7 @@
   // --- A workspace's GPUs held over time ----------------------------------------------------
   function startUsageChart() {
     var div = document.getElementById("gpu-usage-chart");
-    if (!div || typeof Plotly === "undefined") return;
+    if (!div || typeof Plotly === "undefined" || !window.tauCharts) return;
     var picker = document.getElementById("chart-window");
     var windowName = div.dataset.window;
 
@@ -163,7 +162,7 @@
             traces.push({ x: body.times, y: body.times.map(function () { return body.ceiling; }), name: "with borrowing", mode: "lines", line: { color: "#868e96", width: 1, dash: "dot" } });
           }
           div.dataset.runs = String(body.runs.length);
-          Plotly.react(
+          window.tauCharts.draw(
             div,
             traces,
             {
@@ -172,8 +171,7 @@
               yaxis: { title: { text: "GPUs" }, rangemode: "tozero" },
               legend: { orientation: "h" },
               uirevision: windowName,
-            },
-            CONFIG
+            }
           );
         });
     }
@@ -194,9 +192,9 @@
   function drawRunChart() {
     var div = document.getElementById("run-gpu-chart");
     var data = document.getElementById("run-gpu-series");
-    if (!div || !data || typeof Plotly === "undefined") return;
+    if (!div || !data || typeof Plotly === "undefined" || !window.tauCharts) return;
     var points = JSON.parse(data.textContent);
-    Plotly.react(
+    window.tauCharts.draw(
       div,
       [{ x: points.map(function (p) { return p[0]; }), y: points.map(function (p) { return p[1]; }), mode: "lines", name: "average of its GPUs", line: { color: "#2a3ab0", width: 2 } }],
       {
@@ -206,8 +204,7 @@
         yaxis: { range: [0, 100] },
         showlegend: false,
         uirevision: "run-gpus",
-      },
-      CONFIG
+      }
     );
   }
 

@@ -255,24 +255,9 @@
   }
 
   // --- Metric charts ---------------------------------------------------------------------
-  // Metric names come from the workload: shown as plain text everywhere. Plotly reads
-  // HTML-like markup (<a href>, <b>, <br>) in titles and trace names, so those get the
-  // characters escaped; bidirectional and other invisible controls (a right-to-left override
-  // that reverses a name) are shown as their code instead of acting.
-  var INVISIBLE = /[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
-
-  function shownName(key) {
-    return key.replace(INVISIBLE, function (c) {
-      return "[U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "]";
-    });
-  }
-
-  function plotlyText(key) {
-    return shownName(key).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  }
-
-  // The comparison page (compare.js) shows the same names the same way.
-  window.tauMetricNames = { shownName: shownName, plotlyText: plotlyText };
+  // Drawn through charts.js (the width of their container, names shown as plain text).
+  var shownName = window.tauCharts.shownName;
+  var plotlyText = window.tauCharts.plotlyText;
 
   function smooth(values, weight) {
     if (!weight) return values;
@@ -287,7 +272,7 @@
 
   function startMetrics() {
     var container = document.getElementById("metrics");
-    if (!container || typeof Plotly === "undefined") return;
+    if (!container || typeof Plotly === "undefined" || !window.tauCharts) return;
     var picker = document.getElementById("metric-picker");
     var slider = document.getElementById("metric-smoothing");
     var sliderValue = document.getElementById("metric-smoothing-value");
@@ -351,11 +336,11 @@
           container.appendChild(div);
           charts[group] = div;
         }
-        Plotly.react(div, traces, layout, { displaylogo: false, responsive: true });
+        window.tauCharts.draw(div, traces, layout);
       });
       Object.keys(charts).forEach(function (key) {
         if (order.indexOf(key) < 0) {
-          Plotly.purge(charts[key]);
+          window.tauCharts.purge(charts[key]);
           charts[key].remove();
           delete charts[key];
         }

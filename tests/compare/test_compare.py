@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from runs import compare
-from runs.models import FailureClass, Run, RunState
+from runs.models import FailureClass, Run, RunAttempt, RunState
 from tests.runs.factories import TINY_SPEC, make_run
 
 pytestmark = pytest.mark.django_db
@@ -40,18 +40,31 @@ def pair(world: Any, *, extra_files: int = 0) -> tuple[Run, Run]:
     }
     b = make_run(world, spec=NEWER_SPEC, files=b_files)
     now = timezone.now()
-    Run.objects.for_workspace(world.alpha).filter(pk=a.pk).update(
-        state=RunState.SUCCEEDED, started_at=now - timedelta(minutes=5), finished_at=now
-    )
-    Run.objects.for_workspace(world.alpha).filter(pk=b.pk).update(
-        state=RunState.FAILED,
-        failure_class=FailureClass.USER_ERROR,
-        started_at=now - timedelta(seconds=30),
-        finished_at=now,
-    )
+    ran(a, timedelta(minutes=5), now=now, state=RunState.SUCCEEDED)
+    ran(b, timedelta(seconds=30), now=now, state=RunState.FAILED)
     a.refresh_from_db()
     b.refresh_from_db()
     return a, b
+
+
+def ran(run: Run, *durations: timedelta, now: Any, state: RunState) -> None:
+    """The run ended in ``state`` after attempts that ran for ``durations``, one after the
+    other up to ``now`` (the run row says only when the newest started)."""
+    start = now - sum(durations, timedelta())
+    for number, duration in enumerate(durations, start=1):
+        RunAttempt.objects.for_workspace(run.workspace).update_or_create(
+            run=run,
+            number=number,
+            defaults={"state": "succeeded", "started_at": start, "finished_at": start + duration},
+        )
+        start += duration
+    Run.objects.for_workspace(run.workspace).filter(pk=run.pk).update(
+        state=state,
+        failure_class=FailureClass.USER_ERROR if state == RunState.FAILED else "",
+        attempt_count=len(durations),
+        started_at=now - durations[-1],
+        finished_at=now,
+    )
 
 
 def test_spec_differences_by_path() -> None:
@@ -83,21 +96,47 @@ def test_the_page_shows_every_difference_escaped(world: Any) -> None:
     page = world.client_for("viewer").get(f"/w/alpha/runs/compare/?a={a.name}&b={b.name}")
     assert page.status_code == 200
     html = page.content.decode()
-    assert "compute.cpus" in html
+    assert "compute.<wbr>cpus" in html  # a path wraps at its dots
     assert "python:3.12-slim" in html  # the image differs: spec and environment
     assert "+lr = 0.1  # &lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<script>alert(1)</script>" not in html
     assert "gone.txt" in html
     assert "weights.bin" in html
-    assert "0:05:00" in html  # A's duration
-    assert "0:00:30" in html
+    assert '<td class="duration">5 min</td>' in html  # A's duration, in words
+    assert '<td class="duration">30 s</td>' in html
+    assert "0:05:00" not in html
     assert "Succeeded" in html
     assert "Failed" in html
     assert f'data-a-url="/api/v1/workspaces/alpha/runs/{a.name}/metrics/"' in html
-    # The runs list's checkboxes send two ``run`` values.
-    chosen = world.client_for("viewer").get(f"/w/alpha/runs/compare/?run={a.name}&run={b.name}")
+    # The runs list's checkboxes send two ``run`` values, newest first: the older is A, in
+    # the table and in the form's A field alike.
+    chosen = world.client_for("viewer").get(f"/w/alpha/runs/compare/?run={b.name}&run={a.name}")
     assert chosen.status_code == 200
-    assert "compute.cpus" in chosen.content.decode()
+    shown = chosen.content.decode()
+    assert "compute.<wbr>cpus" in shown
+    assert f'id="compare-a" name="a" value="{a.name}"' in shown
+    assert f'id="compare-b" name="b" value="{b.name}"' in shown
+    assert shown.index(f"A · {a.name}") < shown.index(f"B · {b.name}")
+
+
+def test_durations_add_up_every_attempt(world: Any) -> None:
+    """A resumed run ran for all of its attempts, not only its newest."""
+    a, b = pair(world)
+    ran(
+        b,
+        timedelta(minutes=20),
+        timedelta(minutes=1, seconds=55.434714),
+        now=timezone.now(),
+        state=RunState.FAILED,
+    )
+    html = (
+        world.client_for("viewer")
+        .get(f"/w/alpha/runs/compare/?a={a.name}&b={b.name}")
+        .content.decode()
+    )
+    assert "21 min 55 s" in html
+    assert "the newest attempt 1 min 55 s" in html
+    assert "0:01:55" not in html
 
 
 def test_only_runs_of_the_workspace(world: Any, tmp_path: Path) -> None:
