@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-import math
-import time as clock
-import unicodedata
 from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 from django.conf import settings
 from django.contrib import auth, messages
-from django.contrib.auth import get_user_model
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.core.cache import cache
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
@@ -29,8 +23,8 @@ from django.views.decorators.http import require_POST
 from django.views.generic import TemplateView
 
 from identity import oidc, tokens
+from identity.login_throttle import LoginThrottle, Refusal, refusal_message
 from identity.models import ApiToken, OIDCIdentity
-from portal import audit
 from portal.requests import signed_in_user
 from workspaces.models import Workspace
 from workspaces.selectors import user_workspaces
@@ -49,121 +43,10 @@ OIDC_PROBLEMS = {
 }
 
 
-class LoginThrottle:
-    """Password guessing limits, per account and per client address.
-
-    ``TAU_AUTH_LOGIN_FAILURES_PER_ACCOUNT`` failures for one username, or
-    ``TAU_AUTH_LOGIN_FAILURES_PER_ADDRESS`` from one address (the real client behind a trusted
-    proxy), within ``TAU_AUTH_FAILURE_WINDOW_SECONDS`` pause password login for that account
-    or address for ``TAU_AUTH_LOGIN_LOCKOUT_SECONDS``; each pause is one ``login.locked``
-    audit event. During a pause even the right password is refused, before it is checked:
-    passwords are chosen by people and can be guessed, and a pause that let a correct guess
-    in would not stop guessing at all (per address, it stops one password being tried on
-    many accounts). The price is that someone can pause a known account's password login
-    for a while; single sign-on is never paused, and the pause ends by itself.
-
-    Every attempt is counted before its password is checked, so a burst of parallel guesses
-    cannot slip past the limit; an attempt that turns out not to be a failure (a correct
-    password, a form without a password) is taken back. A correct password also clears its
-    account's count, not its address's (else anyone with an account could clear the count of
-    an address they guess from). The username counted is the one typed, whether or not such
-    an account exists, so a pause reveals nothing about which accounts exist.
-    """
-
-    def __init__(self, username: str, address: str) -> None:
-        # Case and compatibility forms count as one account: "Alice", "alice" and "alice" in
-        # fullwidth letters share one count.
-        typed = unicodedata.normalize("NFKC", username).casefold()
-        digest = hashlib.sha256(typed.encode()).hexdigest()[:32]
-        self.username = username[:150]
-        self.account = tokens.Bucket(
-            f"loginfail:user:{digest}",
-            settings.TAU_AUTH_LOGIN_FAILURES_PER_ACCOUNT,
-            f"account {self.username!r}",
-            object_type="auth.user",
-        )
-        self.address = tokens.Bucket(
-            f"loginfail:addr:{address}",
-            settings.TAU_AUTH_LOGIN_FAILURES_PER_ADDRESS,
-            f"address {address}",
-            object_type="address",
-            object_id=address[:64],
-        )
-        self.limiter = tokens.FailureLimiter(
-            [self.account, self.address], settings.TAU_AUTH_FAILURE_WINDOW_SECONDS
-        )
-        self.counts: dict[str, int] = {}
-
-    @staticmethod
-    def _lock_name(bucket: tokens.Bucket) -> str:
-        return f"loginlock:{bucket.name}"
-
-    def locked_until(self) -> float | None:
-        """When the pause on this account or address ends (a Unix time), or None."""
-        try:
-            locks = cache.get_many([self._lock_name(b) for b in self.limiter.buckets])
-        except Exception:
-            return None  # the cache is down: the password check still applies
-        ends = [float(value) for value in locks.values()]
-        return max(ends) if ends else None
-
-    def begin(self) -> float | None:
-        """Count an attempt about to be checked; when a pause ends if it may not be."""
-        until = self.locked_until()
-        if until is not None:
-            return until
-        self.counts = self.limiter.add(1)
-        over = [b for b in self.limiter.buckets if self.counts.get(b.name, 0) > b.limit]
-        if over:
-            # Raced past the limit alongside other attempts: this one is not checked.
-            self.limiter.add(-1)
-            return self._lock(over)
-        return None
-
-    def failed(self) -> float | None:
-        """The attempt was a failure; when a pause it started ends, if it started one."""
-        reached = [b for b in self.limiter.buckets if self.counts.get(b.name, 0) >= b.limit]
-        return self._lock(reached) if reached else None
-
-    def succeeded(self) -> None:
-        self.limiter.forget(self.account)
-        tokens.FailureLimiter([self.address], self.limiter.window).add(-1)
-
-    def not_attempted(self) -> None:
-        self.limiter.add(-1)
-
-    def _lock(self, buckets: list[tokens.Bucket]) -> float:
-        seconds = settings.TAU_AUTH_LOGIN_LOCKOUT_SECONDS
-        until = clock.time() + seconds
-        for bucket in buckets:
-            try:
-                started = cache.add(self._lock_name(bucket), until, timeout=seconds)
-            except Exception:
-                return until  # the cache is down: refuse this one attempt, lock nothing
-            self.limiter.forget(bucket)  # counting starts afresh once the pause is over
-            if started:
-                self._audit(bucket, seconds)
-        return self.locked_until() or until
-
-    def _audit(self, bucket: tokens.Bucket, seconds: int) -> None:
-        object_id = bucket.object_id
-        if bucket is self.account:
-            user = get_user_model()._default_manager.filter(username=self.username).first()
-            object_id = str(user.pk) if user is not None else ""
-        audit.record(
-            action="login.locked",
-            object_type=bucket.object_type,
-            object_id=object_id,
-            object_repr=(
-                f"password login for {bucket.subject} paused for {seconds} s "
-                f"after {bucket.limit} failures"
-            ),
-        )
-
-
 class LoginView(auth_views.LoginView):
     """Single sign-on first when it is configured; the password form when it is allowed,
-    with password guessing limited per account and per address (:class:`LoginThrottle`)."""
+    with password guessing limited in ways an attacker cannot turn against others
+    (:mod:`identity.login_throttle`)."""
 
     redirect_authenticated_user = True
     throttle: LoginThrottle
@@ -171,41 +54,39 @@ class LoginView(auth_views.LoginView):
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not settings.TAU_LOCAL_LOGIN:
             raise PermissionDenied("Password login is switched off; use single sign-on.")
-        self.throttle = LoginThrottle(
-            str(request.POST.get("username", "")), str(request.META.get("REMOTE_ADDR", ""))
-        )
-        until = self.throttle.begin()
-        if until is not None:
-            return self._paused(until)
+        self.throttle = LoginThrottle(request, str(request.POST.get("username", "")))
+        refusal = self.throttle.begin()
+        if refusal is not None:
+            return self._refused(refusal)
         return super().post(request, *args, **kwargs)
 
     def form_valid(self, form: Any) -> HttpResponse:
-        self.throttle.succeeded()
-        return super().form_valid(form)
+        response = super().form_valid(form)
+        self.throttle.succeeded(response)
+        return response
 
     def form_invalid(self, form: Any) -> HttpResponse:
         if form.has_error(NON_FIELD_ERRORS, "invalid_login") or form.has_error(
             NON_FIELD_ERRORS, "inactive"
         ):
-            until = self.throttle.failed()
-            if until is not None:
-                return self._paused(until)
+            refusal = self.throttle.failed()
+            if refusal is not None:
+                return self._refused(refusal)
         else:
             self.throttle.not_attempted()  # incomplete form: no password was checked
         return super().form_invalid(form)
 
-    def _paused(self, until: float) -> HttpResponse:
-        minutes = max(1, math.ceil((until - clock.time()) / 60))
-        message = (
-            "Too many failed logins for this account or from your address, so password "
-            f"login is paused. Try again in {minutes} minute{'' if minutes == 1 else 's'}."
+    def _refused(self, refusal: Refusal) -> HttpResponse:
+        message = refusal_message(
+            refusal,
+            sso_provider=settings.TAU_OIDC_PROVIDER_NAME if settings.TAU_OIDC_ENABLED else None,
         )
-        if settings.TAU_OIDC_ENABLED:
-            message += f" Logging in with {settings.TAU_OIDC_PROVIDER_NAME} still works."
         # A fresh form: the submitted one must not be validated (that would check the password).
         form = self.get_form_class()(self.request, initial={"username": self.throttle.username})
         context = self.get_context_data(form=form, login_paused=message)
-        return self.render_to_response(context, status=429)
+        response = self.render_to_response(context, status=429)
+        response["Retry-After"] = str(refusal.seconds)
+        return response
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
