@@ -5,8 +5,9 @@ and the Celery broker are reachable. Failures name the component but not the err
 which can carry host names; the details go to the log.
 
 Apps add what else ``/readyz`` should say with ``add_readiness_note`` (the kernel knows no
-app): e.g. the runs app says, under ``local_executor``, when the running local agent found no
-sandbox for local runs (not a failure: the portal works, with that risk).
+app): e.g. the runs app says, under ``local_executor``, what the running local agent found:
+its sandbox (or that it has none: not a failure, the portal works, with that risk) and what
+limits each run's memory, processes and disk.
 """
 
 from __future__ import annotations

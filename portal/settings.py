@@ -653,6 +653,10 @@ if TAU_LOCAL_SANDBOX not in {"auto", "off"}:
 # Without a sandbox the agent runs the workloads of one workspace only, unless this says
 # that every workspace's code may run unsandboxed, as the portal's user, on purpose.
 TAU_LOCAL_EXECUTOR_UNSANDBOXED = env_bool("TAU_LOCAL_EXECUTOR_UNSANDBOXED", False)
+# Per local run (runs/agent/run_limits.py): processes and threads together, and the disk its
+# folders may hold (a quantity such as 20Gi). Its memory limit comes from its spec.
+TAU_LOCAL_RUN_PROCESSES = env_int("TAU_LOCAL_RUN_PROCESSES", 1024, minimum=32)
+TAU_LOCAL_RUN_DISK = env_str("TAU_LOCAL_RUN_DISK", "20Gi") or "20Gi"
 
 # --- GPUs: the fleet, its telemetry, GPU efficiency of runs (gpus/, telemetry/) --------------
 # Node conditions (set by node-problem-detector plugins) that make a GPU node unhealthy when

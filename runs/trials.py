@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from django.db.models import Max, Min
@@ -26,15 +25,11 @@ TRIALS_FILE = "trials.json"
 _STATES = set(RunTrial.State.values)
 
 
-def read_trials_file(path: Path) -> list[dict[str, Any]] | None:
-    """The trial records in a runner's ``trials.json``; None when it is absent, too big or
-    not what the runner writes (then nothing is changed)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_TRIALS_FILE_BYTES + 1)
-    except OSError:
-        return None
-    if len(data) > MAX_TRIALS_FILE_BYTES:
+def parse_trials_file(data: bytes | None) -> list[dict[str, Any]] | None:
+    """The trial records in a runner's ``trials.json`` (its bytes, as the backend read them
+    from the workload's folder: the local agent reads it without following links); None
+    when it is absent, too big or not what the runner writes (then nothing is changed)."""
+    if data is None or len(data) > MAX_TRIALS_FILE_BYTES:
         return None
     try:
         document = json.loads(data)

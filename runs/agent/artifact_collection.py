@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,21 +41,24 @@ def matching_files(output: Path, patterns: list[str]) -> list[str]:
         return []
     found: list[str] = []
     seen = 0
-    for folder, folders, files in os.walk(output, followlinks=False):
-        # os.walk lists a link to a folder among the folders but does not enter it.
+    # Through descriptors: a folder swapped for a link while it is walked is not entered
+    # (os.walk would list the link's target, a host folder, by its path).
+    for folder, folders, files, folder_fd in os.fwalk(output, follow_symlinks=False):
         folders.sort()
         for name in files:
             seen += 1
             if seen > MAX_WALK_ENTRIES:
                 logger.warning("%s: more than %d files; the rest not looked at", output, seen - 1)
                 return sorted(found)
-            path = Path(folder) / name
-            relative = path.relative_to(output).as_posix()
+            relative = (Path(folder) / name).relative_to(output).as_posix()
             if not artifacts.matches_declared(relative, patterns):
                 continue
-            if path.is_symlink() or not path.is_file():
+            try:
+                info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+            except OSError:
                 continue
-            found.append(relative)
+            if stat.S_ISREG(info.st_mode):
+                found.append(relative)
     return sorted(found)
 
 

@@ -21,6 +21,12 @@ number, optionally followed by extensions: ``step-700``, ``checkpoint-700``, ``7
 
 Each checkpoint is recorded once (unique by path); the newest complete one (highest step)
 is what a retry resumes from.
+
+The agent may run as root, and these folders are the workload's: nothing here follows a
+symbolic link. The checkpoint folder and each checkpoint in it are opened with
+``O_NOFOLLOW`` and looked at through their descriptors (``COMPLETE`` must be a plain file in
+the checkpoint folder itself, sizes are summed with ``lstat``), so a link to a host path
+reveals nothing about that path — not even whether it exists.
 """
 
 from __future__ import annotations
@@ -127,8 +133,11 @@ class MetricsReader:
             self._bad(batch, "not a JSON object")
             return
         step = row.get("step")
-        if step_problem(step) is not None:
+        if "step" not in row:
             self._bad(batch, 'no integer "step"')
+            return
+        if (why := step_problem(step)) is not None:
+            self._bad(batch, why)
             return
         values: list[tuple[str, Any]] = []
         for key, value in row.items():
@@ -174,7 +183,11 @@ def checkpoint_step(name: str) -> int | None:
     if name.startswith(".") or name.endswith(_IGNORED_SUFFIXES):
         return None
     match = _STEP_NAME.match(name)
-    return int(match["step"]) if match else None
+    # A step too large for the run's evidence to hold (``metric_rules``) is not a step.
+    return int(match["step"]) if match and step_problem(int(match["step"])) is None else None
+
+
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass
@@ -187,27 +200,47 @@ class CheckpointScanner:
     def scan(self) -> list[FoundCheckpoint]:
         found: list[FoundCheckpoint] = []
         try:
-            entries = list(os.scandir(self.directory))
-        except (FileNotFoundError, NotADirectoryError):
+            folder = os.open(self.directory, _FOLDER)
+        except OSError:
+            return found  # not there (yet), or not a folder of its own
+        try:
+            names = os.listdir(folder)
+            for name in names:
+                path = os.path.join(self.directory, name)
+                step = checkpoint_step(name)
+                if step is None or path in self.known:
+                    continue
+                try:
+                    info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+                    if stat.S_ISDIR(info.st_mode):
+                        size = _complete_folder_size(folder, name)
+                        if size is not None:
+                            found.append(FoundCheckpoint(path, step, size, "directory"))
+                    elif stat.S_ISREG(info.st_mode):
+                        found.append(FoundCheckpoint(path, step, info.st_size, "file"))
+                except OSError:
+                    continue  # removed (or replaced) while we looked
+        except OSError:
             return found
-        for entry in entries:
-            if entry.path in self.known:
-                continue
-            step = checkpoint_step(entry.name)
-            if step is None:
-                continue
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    if not os.path.isfile(os.path.join(entry.path, COMPLETE_MARKER)):
-                        continue
-                    found.append(
-                        FoundCheckpoint(entry.path, step, _tree_size(entry.path), "directory")
-                    )
-                elif entry.is_file(follow_symlinks=False):
-                    found.append(FoundCheckpoint(entry.path, step, entry.stat().st_size, "file"))
-            except OSError:
-                continue  # removed while we looked
+        finally:
+            os.close(folder)
         return found
+
+
+def _complete_folder_size(parent: int, name: str) -> int | None:
+    """The size of the checkpoint folder ``name`` (in the folder open as ``parent``) once it
+    holds a plain file ``COMPLETE``; None before. Raises OSError when it is not a folder."""
+    folder = os.open(name, _FOLDER, dir_fd=parent)
+    try:
+        try:
+            marker = os.stat(COMPLETE_MARKER, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(marker.st_mode):
+            return None
+        return _tree_size(folder)
+    finally:
+        os.close(folder)
 
 
 def open_regular_file(path: Path, root: Path | None) -> int:
@@ -246,16 +279,34 @@ def open_regular_file(path: Path, root: Path | None) -> int:
     return descriptor
 
 
-def _tree_size(path: str) -> int:
+def read_bounded(path: Path, root: Path, *, limit: int) -> bytes | None:
+    """At most ``limit + 1`` bytes of the regular file ``path`` below ``root`` (opened as
+    ``open_regular_file`` does); None when it is not there or not a plain file."""
+    try:
+        descriptor = open_regular_file(path, root)
+    except OSError:
+        return None
+    with os.fdopen(descriptor, "rb") as handle:
+        try:
+            return handle.read(limit + 1)
+        except OSError:
+            return None
+
+
+def _tree_size(folder: int) -> int:
+    """The bytes of the regular files below the folder open as ``folder``; walked through
+    descriptors, never through a link."""
     total = 0
     seen = 0
-    for folder, _dirs, files in os.walk(path):
+    for _path, _folders, files, folder_fd in os.fwalk(".", dir_fd=folder, follow_symlinks=False):
         for name in files:
             seen += 1
             if seen > _MAX_WALK_ENTRIES:
                 return total
             try:
-                total += os.lstat(os.path.join(folder, name)).st_size
+                info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
             except OSError:
                 continue
+            if stat.S_ISREG(info.st_mode):  # a link counts as nothing
+                total += info.st_size
     return total

@@ -426,7 +426,7 @@ def _note(log: IO[bytes], message: str) -> None:
 def _run(
     command: list[str], *, log: IO[bytes], env: dict[str, str], cancelled: threading.Event
 ) -> None:
-    process = subprocess.Popen(  # noqa: S603 - a fixed command, no shell
+    process = sandboxing.start(  # a fixed command, no shell; in the sandbox when there is one
         command,
         stdin=subprocess.DEVNULL,
         stdout=log,

@@ -43,6 +43,16 @@ class RecordedOutcome:
         return max(0.0, self.ended_at - self.started_at)
 
 
+def outcome_written(path: Path) -> bool:
+    """Whether the wrapper has written its record: a plain file at ``path`` itself. A link
+    there is not followed (the agent may be root, and a link's target outside the run must
+    not even be tested for existence)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def read_outcome(path: Path) -> RecordedOutcome | None:
     """The record at ``path``, or None if there is none (or it is not a valid record)."""
     try:

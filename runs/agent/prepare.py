@@ -7,12 +7,14 @@ Layout, under ``VAR_DIR/runs/<run id>/`` (``runs_root()``)::
         run.log           stdout and stderr (and the environment build's output), capped
         work/             the code bundle unpacked (the working directory, and HOME)
         output/           TAU_OUTPUT_DIR (metrics file, artifacts)
-        tmp/              TMPDIR
+        tmp/              TMPDIR (and /tmp, unless a memory cgroup holds the run)
+        shm/              /dev/shm, unless a memory cgroup holds the run
         status/           outcome.json, written by the wrapper when the workload ends
         sandbox/          the passwd and group files the sandbox shows
 
 Only ``work/``, ``output/``, ``tmp/``, ``checkpoints/`` (and ``status/``, for the wrapper) are
-mounted into the attempt's sandbox; the log and everything else stay outside. When the agent
+mounted into the attempt's sandbox (``tmp/`` is its ``/tmp`` too, unless a memory cgroup
+holds the run: ``run_limits``); the log and everything else stay outside. When the agent
 is root, the folders the workload writes belong to the run's own uid (``sandbox``), and
 ``status/`` to root.
 
@@ -35,6 +37,7 @@ from django.conf import settings
 from runs import bundles, workload_sdk
 from runs.agent import environments
 from runs.agent import sandbox as sandboxing
+from runs.agent.run_limits import AttemptLimits
 from tau.spec import Spec
 
 LOG_NAME = "run.log"
@@ -82,6 +85,10 @@ class AttemptLayout:
         return self.attempt_dir / "tmp"
 
     @property
+    def shm(self) -> Path:
+        return self.attempt_dir / "shm"
+
+    @property
     def status(self) -> Path:
         return self.attempt_dir / "status"
 
@@ -112,6 +119,8 @@ class PreparationPlan:
     log_limit: int | None = None  # TAU_RUN_LOG_MAX_BYTES, kept by the wrapper
     # Where the workload SDK is written (``runs.workload_sdk``); None = no SDK on the path.
     sdk_root: Path | None = None
+    # Its /tmp and the workload's resource limits (``run_limits``); None = none (tests).
+    limits: AttemptLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -132,12 +141,13 @@ def make_directories(layout: AttemptLayout, *, uid: int | None = None) -> None:
     layout.attempt_dir.mkdir(mode=0o700)
     layout.output.mkdir(mode=0o700)
     layout.tmp.mkdir(mode=0o700)
+    layout.shm.mkdir(mode=0o700)
     layout.status.mkdir(mode=0o700)
     layout.checkpoints.mkdir(mode=0o700, exist_ok=True)
     descriptor = os.open(layout.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.close(descriptor)
     if uid is not None:
-        for folder in (layout.output, layout.tmp, layout.checkpoints):
+        for folder in (layout.output, layout.tmp, layout.shm, layout.checkpoints):
             os.chown(folder, uid, uid, follow_symlinks=False)
 
 
@@ -214,6 +224,10 @@ def wrapped_command(
     workload, inside the sandbox when there is one."""
     layout = plan.layout
     interpreter = environments.base_interpreter()
+    rlimits = plan.limits.rlimits if plan.limits is not None else {}
+    rlimit_words = [
+        word for name, value in sorted(rlimits.items()) for word in ("--rlimit", f"{name}={value}")
+    ]
     if plan.sandbox is None:
         return [
             interpreter,
@@ -225,21 +239,28 @@ def wrapped_command(
             "--cwd",
             str(layout.work),
             *(["--log-limit", str(plan.log_limit)] if plan.log_limit is not None else []),
+            *rlimit_words,
             "--",
             *command,
         ]
     uid = plan.uid if plan.uid is not None else os.getuid()
+    tmp_size = plan.limits.tmp_size if plan.limits is not None else None
     return plan.sandbox.command(
         sandboxing.Layout(
             command=command,
             cwd=layout.work,
             read_only=[venv] if sdk_dir is None else [venv, sdk_dir],
             writable=[layout.work, layout.output, layout.tmp, layout.checkpoints, layout.status],
+            # /tmp and /dev/shm: RAM charged to the run's memory cgroup, or folders on disk.
             files=sandboxing.identity_files(layout.sandbox_etc, uid=uid, home=layout.work),
             devices=sandboxing.gpu_devices(plan.gpu_count),
             outcome_dir=layout.status,
             uid=plan.uid,
             log_limit=plan.log_limit,
+            tmp_folder=layout.tmp if tmp_size is None else None,
+            shm_folder=layout.shm if tmp_size is None else None,
+            tmp_size=tmp_size,
+            rlimits=rlimits,
         ),
         python=interpreter,
     )

@@ -5,9 +5,9 @@ and the few files of ``/etc`` that programs need to run and resolve names, all r
 the base Python the run's virtual environment was made from (read-only), that virtual
 environment (read-only), and its own run's folders — ``work/``, ``output/``, ``tmp/``, the
 run's ``checkpoints/`` and the wrapper's ``status/`` — at the same paths as on the host, so
-``TAU_OUTPUT_DIR`` and the other variables mean the same inside and out. ``/tmp`` is a fresh
-tmpfs, ``/proc`` belongs to a new pid namespace (it sees only its own processes), ``/dev``
-is a minimal one (plus the NVIDIA devices when the run was given GPUs). Nothing else exists
+``TAU_OUTPUT_DIR`` and the other variables mean the same inside and out. ``/tmp`` is its own
+(see below), ``/proc`` belongs to a new pid namespace (it sees only its own processes),
+``/dev`` is a minimal one (plus the NVIDIA devices when the run was given GPUs). Nothing else exists
 for it: not ``var/`` (the secret key, the token pepper, the database, the demo passwords,
 the broker's files, other runs, other runs' logs and tokens), not the checkout, not the
 portal's home. The network is shared: requirements are installed before the run starts,
@@ -30,31 +30,46 @@ opened by any uid. The uid is the second wall, for whatever is mounted:
   in the same kind of sandbox as ``BUILD_UID``, and the finished environment is given back
   to root, so no run's uid can write it even through a writable mount.
 * Without root, bwrap creates an unprivileged user namespace and the workload runs as the
-  portal's own uid: the mount namespace is the whole isolation (``--disable-userns`` keeps
-  the workload from nesting namespaces of its own).
+  portal's own uid: the mount namespace is the whole isolation (``--disable-userns`` and
+  the seccomp filter keep the workload from nesting namespaces of its own).
 
 The process group is the agent's handle: bwrap does not start a new session, so the
 workload, the wrapper and bwrap's own pid 1 of the namespace are in the group the agent
 signals; a SIGKILL to the group kills that pid 1, and with it everything left in the
 namespace (even processes that left the group with ``setsid``).
 
-``detect`` runs a probe at agent start; the agent reports what it found in its log and in
+No namespaces of its own, no kernel escape hatches. Every sandboxed command runs under a
+seccomp filter (``seccomp``, bwrap's ``--seccomp``) that refuses new namespaces (a nested
+user namespace would give the workload uid 0 and mounts of its own), mounts, kernel keyrings
+and the other usual escape routes, in both modes; without root, ``--disable-userns`` says
+the same to the kernel once more. A machine whose architecture the filter does not know
+gets no sandbox (fail closed), with that reason.
+
+``/tmp`` and ``/dev/shm`` are tmpfs of at most the run's memory when a memory cgroup holds
+the run (their pages are charged to the run), else the run's own ``tmp/`` and ``shm/``
+folders on disk, within its disk allowance (``run_limits``): never RAM that nobody is
+charged for. ``/dev`` itself is read-only (without root its tmpfs would be the workload's).
+
+``detect`` runs a probe at agent start (it also checks that the filter is in force: a user
+namespace must be refused inside); the agent reports what it found in its log and in
 ``VAR_DIR/local-executor.json`` (shown by ``/readyz``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from runs.agent import processes
+from runs.agent import processes, seccomp
 
 RUN_UID_BASE = 2_000_000_000
 RUN_UID_SPAN = 100_000_000
@@ -64,6 +79,11 @@ WRAPPER_IN_SANDBOX = "/run/taugrid/wrapper.py"
 PROBE_TIMEOUT_SECONDS = 20
 PROBE_WORD = "taugrid-sandbox-probe"
 STATUS_FILE = "local-executor.json"
+# In a sandbox's command line, where the seccomp filter's descriptor goes (``start``, ``run``).
+SECCOMP_FD = "{seccomp-fd}"
+# The sandbox's own scratch folders (never the host's: see Layout.tmp_folder).
+SANDBOX_TMP = "/tmp"  # noqa: S108
+SANDBOX_SHM = "/dev/shm"  # noqa: S108
 
 # Top-level names that are a symlink into /usr on merged-/usr systems, or folders of their own.
 _SYSTEM_TOP = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -130,6 +150,13 @@ class Layout:
     uid: int | None = None  # privileged sandboxes only: the uid the workload runs as
     log_limit: int | None = None  # the wrapper's cap on the log (its stdout)
     hostname: str = "taugrid-run"
+    # /tmp and /dev/shm: host folders mounted there (on disk), else tmpfs of ``tmp_size``
+    # bytes each (or of the kernel's default size when None: the agent's own commands).
+    tmp_folder: Path | None = None
+    shm_folder: Path | None = None
+    tmp_size: int | None = None
+    # The workload's resource limits, set by the wrapper: name -> value (RLIMIT_<NAME>).
+    rlimits: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -153,8 +180,14 @@ class Sandbox:
         args = [self.bwrap, *self._namespaces(layout), *_system_mounts()]
         made: set[str] = {"/", "/usr", "/etc", "/proc", "/dev", "/sys"}
         made.update(f"/{name}" for name in _SYSTEM_TOP)
+        # RAM-backed only when charged to the run (``run_limits``): else its folders on disk.
+        scratch_folders = ((layout.tmp_folder, SANDBOX_TMP), (layout.shm_folder, SANDBOX_SHM))
+        scratch: list[tuple[str, Path | None, str]] = [
+            ("--bind", folder, target) if folder is not None else ("--tmpfs", None, target)
+            for folder, target in scratch_folders
+        ]
         targets: list[tuple[str, Path | None, str]] = [
-            ("--tmpfs", None, "/tmp"),  # noqa: S108 - a fresh tmpfs of the sandbox's own
+            *scratch,
             *(("--ro-bind", root, str(root)) for root in self.python_roots),
             *(("--ro-bind", path, str(path)) for path in layout.read_only),
             *(("--bind", path, str(path)) for path in layout.writable),
@@ -171,10 +204,15 @@ class Sandbox:
                     args += ["--perms", "0755", "--dir", text]
                     made.add(text)
             if source is None:
-                args += ["--perms", "1777", option, target]
+                size = [] if layout.tmp_size is None else ["--size", str(layout.tmp_size)]
+                args += ["--perms", "1777", *size, option, target]
             else:
                 args += [option, str(source), target]
             made.add(target)
+        # /dev itself is a tmpfs the sandbox's user would own without root: read-only, so
+        # that /dev/shm (sized above) is the only RAM a workload can write files into.
+        args += ["--remount-ro", "/dev"]
+        args += ["--seccomp", SECCOMP_FD]
         args += ["--chdir", "/", "--", python, "-I", "-S", WRAPPER_IN_SANDBOX]
         args += ["--cwd", str(layout.cwd)]
         if layout.outcome_dir is not None:
@@ -183,6 +221,8 @@ class Sandbox:
             args += ["--user", str(layout.uid), "--group", str(layout.uid)]
         if layout.log_limit is not None:
             args += ["--log-limit", str(layout.log_limit)]
+        for name, value in sorted(layout.rlimits.items()):
+            args += ["--rlimit", f"{name}={value}"]
         return [*args, "--", *layout.command]
 
     def _namespaces(self, layout: Layout) -> list[str]:
@@ -198,6 +238,37 @@ class Sandbox:
             caps = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
             return [*common, *caps]
         return [*common, "--unshare-user", "--disable-userns"]
+
+
+@contextlib.contextmanager
+def _with_filter(command: Sequence[str]) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+    """``command`` with the seccomp filter's descriptor in place of ``SECCOMP_FD``, and the
+    descriptors to pass on; a command without the placeholder is left as it is."""
+    if SECCOMP_FD not in command:
+        yield list(command), ()
+        return
+    descriptor = os.memfd_create("taugrid-seccomp", os.MFD_CLOEXEC)
+    try:
+        os.write(descriptor, seccomp.filter_program())
+        os.lseek(descriptor, 0, os.SEEK_SET)
+        yield [str(descriptor) if word == SECCOMP_FD else word for word in command], (descriptor,)
+    finally:
+        os.close(descriptor)
+
+
+def start(command: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen`` for a command that may be a sandbox's: the filter's descriptor
+    is made and passed here (the only way a sandboxed command should be started)."""
+    with _with_filter(command) as (words, descriptors):
+        passed = tuple(options.pop("pass_fds", ())) + descriptors
+        return subprocess.Popen(words, pass_fds=passed, **options)  # noqa: S603 - our own
+
+
+def run(command: Sequence[str], **options: Any) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` for a command that may be a sandbox's (see ``start``)."""
+    with _with_filter(command) as (words, descriptors):
+        passed = tuple(options.pop("pass_fds", ())) + descriptors
+        return subprocess.run(words, pass_fds=passed, **options)  # noqa: S603
 
 
 def _system_mounts() -> list[str]:
@@ -280,6 +351,10 @@ def detect(mode: str, *, interpreter: str) -> Detection:
         ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Detection(None, f"bwrap does not run: {exc}")
+    try:
+        seccomp.filter_program()
+    except seccomp.SeccompUnsupported as exc:
+        return Detection(None, f"no sandbox without its seccomp filter: {exc}")
     sandbox = Sandbox(
         bwrap=bwrap,
         version=version or "bubblewrap",
@@ -304,8 +379,12 @@ def probe(sandbox: Sandbox, *, interpreter: str) -> None:
         if uid is not None:
             os.chown(work, uid, uid)
         script = (
-            "import os, sys\n"
+            "import ctypes, os, sys\n"
             f"open(os.path.join({str(work)!r}, 'written'), 'w').close()\n"
+            # The filter must be in force: a user namespace is refused.
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            f"if libc.unshare({seccomp.CLONE_NEWUSER}) == 0:\n"
+            "    sys.exit('a user namespace could be made: the seccomp filter is not in force')\n"
             f"print({PROBE_WORD!r}, os.getuid(), flush=True)\n"
         )
         command = sandbox.command(
@@ -320,7 +399,7 @@ def probe(sandbox: Sandbox, *, interpreter: str) -> None:
             python=interpreter,
         )
         try:
-            result = subprocess.run(  # noqa: S603 - our own command line
+            result = run(
                 command,
                 capture_output=True,
                 text=True,

@@ -9,10 +9,14 @@ waits), goes through the run services (``runs.attempts``, ``runs.state``, ``runs
 
 Every attempt runs through the wrapper (``wrapper``: it keeps the capped log and records the
 outcome, and outlives the agent if it must), inside a bubblewrap sandbox
-(``sandbox``) when this machine can run one. Without a sandbox, the agent runs the workloads
-of one workspace only (the first it takes, remembered in ``VAR_DIR``) unless
-``TAU_LOCAL_EXECUTOR_UNSANDBOXED=true`` says otherwise: code of two workspaces must not meet
-on one machine unseparated by accident.
+(``sandbox``) when this machine can run one, and within its limits (``run_limits``): a
+cgroup of its own where the machine gives the agent cgroups (``cgroups``), resource limits
+set by the wrapper, and its disk allowance, measured here every few seconds (in a thread of
+its own, so a run with many files never holds the loop up); a run over its allowance is
+killed at once and fails as ``user_error``, saying how much it used where. Without a
+sandbox, the agent runs the workloads of one workspace only (the first it takes, remembered
+in ``VAR_DIR``) unless ``TAU_LOCAL_EXECUTOR_UNSANDBOXED=true`` says otherwise: code of two
+workspaces must not meet on one machine unseparated by accident.
 
 Recovery. What a dead agent left is found by pid and start time; the wrapper's outcome file
 says whether the workload had ended, and how, while nobody watched: such an attempt is
@@ -53,9 +57,17 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
 from runs import attempts, checkpoints, metrics, run_tokens, selectors, state, trials, wording
-from runs.agent import admission, artifact_collection, environments, outcomes, processes
+from runs.agent import (
+    admission,
+    artifact_collection,
+    cgroups,
+    environments,
+    outcomes,
+    processes,
+    run_limits,
+)
 from runs.agent import sandbox as sandboxing
-from runs.agent.collect import CheckpointScanner, FoundCheckpoint, MetricsReader
+from runs.agent.collect import CheckpointScanner, FoundCheckpoint, MetricsReader, read_bounded
 from runs.agent.prepare import (
     AttemptLayout,
     PreparationFailed,
@@ -83,6 +95,7 @@ from runs.policy import requested_totals
 from runs.render import sweep_settings
 from runs.state import IllegalTransition
 from tau.k8s_names import GPU_RESOURCE
+from tau.quantity import parse_quantity
 from tau.spec import Spec
 from workspaces.models import WorkspaceQuota
 
@@ -127,6 +140,7 @@ class StopReason(enum.Enum):
     CANCEL = "cancel"
     DEADLINE = "deadline"
     SHUTDOWN = "shutdown"
+    DISK = "disk"  # over its disk allowance: killed at once
 
 
 @dataclass(eq=False)
@@ -158,6 +172,12 @@ class Execution:
     log_size_saved_at: float = 0.0
     #: A sweep's trial records as last kept (``runs.trials``).
     trials_seen: list[dict[str, Any]] | None = None
+    limits: run_limits.AttemptLimits | None = None
+    cgroup: cgroups.AttemptCgroup | None = None
+    disk_measurement: Future[run_limits.DiskUsage] | None = None
+    next_disk_check: float = 0.0
+    #: Why it was stopped for its disk use (the message of its outcome).
+    disk_overrun: str | None = None
 
     @property
     def run_id(self) -> int:
@@ -184,6 +204,13 @@ class Agent:
         self._stop_deadline = math.inf
         self._wake = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare")
+        # Disk measurements walk the run's folders: never in the loop itself.
+        self._meter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="disk")
+        self.allowances = run_limits.Allowances.from_settings()
+        self.cgroups = cgroups.Cgroups()
+        self.enforcement = run_limits.Enforcement(
+            allowances=self.allowances, cgroups=self.cgroups, nproc_per_run=False
+        )
         self._specs: dict[int, Spec] = {}
         self._shares: dict[int, admission.WorkspaceShare] = {}
         self._shares_loaded_at = -math.inf
@@ -216,6 +243,8 @@ class Agent:
             finally:
                 self._kill_everything()
                 self._pool.shutdown(wait=False, cancel_futures=True)
+                self._meter.shutdown(wait=False, cancel_futures=True)
+                self.cgroups.close()
         logger.info("local agent stopped")
 
     def detect_sandbox(self) -> None:
@@ -242,12 +271,37 @@ class Agent:
                 self.detection.reason,
             )
             self._single_workspace = self._load_single_workspace()
+        self.detect_limits()
         self._write_status()
+
+    def detect_limits(self) -> None:
+        """What holds each run's memory, processes and disk on this machine (cgroups, resource
+        limits, the disk meter), said in the log and the status file."""
+        self.cgroups = cgroups.detect(Path(settings.VAR_DIR))
+        self.enforcement = run_limits.Enforcement(
+            allowances=self.allowances,
+            cgroups=self.cgroups,
+            nproc_per_run=run_limits.nproc_counts_one_run(
+                sandboxed=self.sandbox is not None,
+                privileged=self.sandbox is not None and self.sandbox.privileged,
+            ),
+        )
+        described = self.enforcement.describe()
+        logger.info(
+            "limits per run: memory: %s; /tmp: %s; processes: %s; disk: %s",
+            described["memory"],
+            described["tmp"],
+            described["processes"],
+            described["disk"],
+        )
+        if "cgroups" in described:
+            logger.info("cgroups not used: %s", described["cgroups"])
 
     def _write_status(self) -> None:
         assert self.detection is not None
         status = self.detection.status(unsandboxed_allowed=self.unsandboxed_allowed)
         status["single_workspace"] = self._single_workspace
+        status["limits"] = self.enforcement.describe()
         try:
             sandboxing.write_status(Path(settings.VAR_DIR) / sandboxing.STATUS_FILE, status)
         except OSError:
@@ -445,6 +499,14 @@ class Agent:
                     )
             except IllegalTransition:
                 continue  # it moved on meanwhile
+        self._remove_stale_cgroups()
+
+    def _remove_stale_cgroups(self) -> None:
+        """Cgroups of attempts this agent does not supervise (a crashed agent's, or one whose
+        release found a process still dying): whatever is in them is killed, then removed."""
+        live = {_cgroup_name(execution) for execution in self.executions.values()}
+        for name in self.cgroups.remove_stale(keep=live):
+            logger.info("removed the cgroup %s of an attempt that had ended", name)
 
     def _close_stray(self, attempt: RunAttempt) -> None:
         """Close an attempt nobody supervises, with its real result when it had one."""
@@ -676,6 +738,7 @@ class Agent:
             gpus=gpus,
             metrics=MetricsReader(layout.output / spec.outputs.metrics_file, root=layout.output),
             checkpoints=CheckpointScanner(layout.checkpoints),
+            limits=self.enforcement.for_attempt(_memory_limit(spec)),
         )
         # From here on the attempt is this agent's: whatever fails is recorded as its end.
         self.executions[attempt.pk] = execution
@@ -730,6 +793,7 @@ class Agent:
             gpu_count=len(execution.gpus),
             log_limit=self.log_limit,
             sdk_root=self.sdk_root,
+            limits=execution.limits,
         )
         execution.preparation = self._pool.submit(prepare, plan, execution.cancelled)
 
@@ -766,11 +830,25 @@ class Agent:
         )
         if token is not None:
             env["TAU_RUN_TOKEN"] = token
+        command = prepared.command
+        limits = execution.limits
+        if self.cgroups.hierarchies and limits is not None:
+            try:
+                execution.cgroup = self.cgroups.create(
+                    _cgroup_name(execution), memory=limits.memory, processes=limits.processes
+                )
+            except cgroups.CgroupFailed as exc:
+                self._note(execution, str(exc))
+                self._fail(execution, FailureClass.INFRASTRUCTURE, f"Could not start it: {exc}.")
+                return
+            command = execution.cgroup.enter_command(
+                command, python=environments.base_interpreter()
+            )
         # The wrapper writes the log (capped): the agent only passes the open file.
         log = os.open(execution.layout.log, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         try:
-            process = subprocess.Popen(  # noqa: S603 - the researcher's command, no shell
-                prepared.command,
+            process = sandboxing.start(  # the researcher's command, no shell
+                command,
                 cwd=prepared.cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -796,6 +874,7 @@ class Agent:
         if execution.spec.run.max_runtime:
             execution.deadline = started + execution.spec.run.max_runtime
         execution.next_collect = started + COLLECT_SECONDS
+        execution.next_disk_check = started + run_limits.DISK_CHECK_SECONDS
         execution.log_size_saved_at = started
         logger.info(
             "started %s attempt %d as pid %d",
@@ -942,6 +1021,7 @@ class Agent:
                     execution.attempt.number,
                 )
                 self._stop(execution, StopReason.DEADLINE, now)
+            self._check_disk(execution, now)
             self._escalate(execution, now)
             if not execution.running_recorded:
                 self._record_running(execution)
@@ -956,9 +1036,45 @@ class Agent:
             processes.signal_group(pid, signal.SIGTERM)
             execution.term_sent_at = now
 
+    def _check_disk(self, execution: Execution, now: float) -> None:
+        """Start a measurement of the run's folders when one is due, and act on the last one:
+        over the allowance, the attempt is killed at once (no grace period to write more)."""
+        limits = execution.limits
+        if limits is None or execution.stop_reason is not None:
+            return
+        measured = execution.disk_measurement
+        if measured is not None:
+            if not measured.done():
+                return
+            execution.disk_measurement = None
+            try:
+                why = run_limits.overrun(measured.result(), limits.disk)
+            except Exception:
+                logger.exception("measuring the disk use of %s failed", execution.run.name)
+                why = None
+            if why is not None:
+                self._stop_for_disk(execution, why)
+                return
+        if now >= execution.next_disk_check:
+            execution.disk_measurement = self._meter.submit(
+                run_limits.measure, _written_folders(execution.layout)
+            )
+            execution.next_disk_check = now + run_limits.DISK_CHECK_SECONDS
+
+    def _stop_for_disk(self, execution: Execution, why: str) -> None:
+        logger.warning(
+            "%s attempt %d: %s", execution.run.name, execution.attempt.number, why.lower()
+        )
+        self._note(execution, why)
+        execution.disk_overrun = why
+        execution.stop_reason = StopReason.DISK
+        execution.cancelled.set()
+        execution.term_sent_at = time.monotonic()
+        self._kill(execution)
+
     def _workload_ended_inside(self, execution: Execution, now: float) -> bool:
         if execution.outcome_seen_at is None:
-            if not execution.layout.outcome.exists():
+            if not outcomes.outcome_written(execution.layout.outcome):
                 return False
             execution.outcome_seen_at = now
         return now - execution.outcome_seen_at >= OUTCOME_LINGER_SECONDS
@@ -986,6 +1102,28 @@ class Agent:
             code, signum = execution.exit_code, execution.exit_signal
         if execution.stop_reason is not None:
             return self._stopped_outcome(execution, exit_code=_container_exit_code(code, signum))
+        # A run that wrote past its allowance faster than it was measured, and ended.
+        limits = execution.limits
+        if limits is not None:
+            why = run_limits.overrun(
+                run_limits.measure(_written_folders(execution.layout)), limits.disk
+            )
+            if why is not None:
+                self._note(execution, why)
+                return AttemptOutcome(
+                    succeeded=False,
+                    exit_code=_container_exit_code(code, signum),
+                    failure_class=FailureClass.USER_ERROR,
+                    message=why.replace("Stopped: it used", "It used", 1),
+                )
+        if (
+            signum == signal.SIGKILL
+            and execution.cgroup is not None
+            and limits is not None
+            and limits.memory is not None
+            and execution.cgroup.oom_kills()
+        ):
+            return _over_memory(limits.memory, log=execution.layout.log)
         return outcome_of_exit(
             exit_code=code,
             signum=signum,
@@ -1006,6 +1144,14 @@ class Agent:
                 exit_code=exit_code,
                 failure_class=FailureClass.DEADLINE_EXCEEDED,
                 message=f"Stopped after {_duration(limit)}, its run.max_runtime.",
+            )
+        if execution.stop_reason == StopReason.DISK:
+            # The run's own doing, like a program that fills the disk: not retried by default.
+            return AttemptOutcome(
+                succeeded=False,
+                exit_code=exit_code,
+                failure_class=FailureClass.USER_ERROR,
+                message=execution.disk_overrun or "Stopped: over its disk allowance.",
             )
         return AttemptOutcome(
             succeeded=False,
@@ -1058,10 +1204,16 @@ class Agent:
                 recorded.log_dropped,
             )
         self._revoke_token(execution)
+        self._release_cgroup(execution)
         self.free_gpus.extend(execution.gpus)
         self.free_gpus.sort()
         del self.executions[execution.attempt.pk]
         self._wake.set()  # its resources are free: admit at once
+
+    def _release_cgroup(self, execution: Execution) -> None:
+        if execution.cgroup is not None and not execution.cgroup.release():
+            # A process still dying holds it: the next sweep removes it.
+            logger.info("the cgroup %s is still busy; removed later", execution.cgroup.name)
 
     def _revoke_token(self, execution: Execution) -> None:
         try:
@@ -1092,7 +1244,15 @@ class Agent:
         offset_changed = execution.metrics.offset != attempt.metrics_offset
         trial_records = None
         if execution.spec.execution.is_sweep:
-            trial_records = trials.read_trials_file(execution.layout.output / trials.TRIALS_FILE)
+            # The workload's file: read without following links, and only a regular file (a
+            # FIFO there would hold the loop forever).
+            trial_records = trials.parse_trials_file(
+                read_bounded(
+                    execution.layout.output / trials.TRIALS_FILE,
+                    execution.layout.output,
+                    limit=trials.MAX_TRIALS_FILE_BYTES,
+                )
+            )
             if trial_records == execution.trials_seen:
                 trial_records = None
         if not (rows or found or offset_changed or save_log_size or trial_records):
@@ -1173,6 +1333,40 @@ class Agent:
             if execution.phase in {Phase.RUNNING, Phase.DRAINING} and execution.pid is not None:
                 processes.signal_group(execution.pid, signal.SIGKILL)
             execution.cancelled.set()
+
+
+def _cgroup_name(execution: Execution) -> str:
+    return f"{cgroups.ATTEMPT_PREFIX}{execution.run_id}-attempt-{execution.attempt.number}"
+
+
+def _memory_limit(spec: Spec) -> Decimal:
+    """The memory a run may use: its memory limit (``compute.limits.memory``, else its
+    request ``compute.memory``) times its workers, as its pods would get on Kubernetes.
+    Without a limit in the spec, that is what the run was admitted with."""
+    return parse_quantity(spec.compute.memory_limit) * spec.compute.workers
+
+
+def _written_folders(layout: AttemptLayout) -> dict[str, Path]:
+    """The folders a run writes, which its disk allowance covers, by the name it knows."""
+    return {
+        "work/": layout.work,
+        "output/": layout.output,
+        "tmp/": layout.tmp,
+        "shm/": layout.shm,
+        "checkpoints/": layout.checkpoints,
+    }
+
+
+def _over_memory(limit: int, *, log: Path) -> AttemptOutcome:
+    last = _last_log_line(log)
+    tail = f" Its last output: {last}" if last else ""
+    return AttemptOutcome(
+        succeeded=False,
+        exit_code=128 + signal.SIGKILL,
+        failure_class=FailureClass.OOM_KILLED,
+        message=f"Used more than its {run_limits.bytes_text(limit)} of memory (its /tmp "
+        "included), so the kernel stopped it; ask for more compute.memory." + tail,
+    )
 
 
 def _exit_status(pid: int) -> tuple[int | None, int | None] | None:

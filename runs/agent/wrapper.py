@@ -1,7 +1,7 @@
 """The attempt wrapper: runs one workload, keeps its log, and writes down how it ended.
 
     python -I -S wrapper.py [--outcome DIR] [--cwd DIR] [--user UID --group GID]
-                            [--log-limit BYTES] -- COMMAND [ARG ...]
+                            [--log-limit BYTES] [--rlimit NAME=VALUE ...] -- COMMAND [ARG ...]
 
 The agent starts every attempt through this script (inside the sandbox when there is one),
 with the attempt's ``run.log`` open as stdout and stderr. The wrapper starts COMMAND as its
@@ -47,6 +47,11 @@ the wrapper and the workload share the portal's uid: the wrapper makes itself no
 the workload could still write its own outcome, which changes nothing but the record of its
 own attempt (it could as well exit with that status).
 
+``--rlimit NAME=VALUE`` (repeated): resource limits for the workload alone, set between
+its change of user and its start (``fsize`` for the per-file cap of its disk allowance,
+``nproc`` for its processes: ``run_limits``). The wrapper itself stays unlimited, so it can
+always write the log and the outcome.
+
 Standard library only, and run with ``-I -S``: inside the sandbox there is only the base
 interpreter, and nothing of the run's (its ``PYTHONPATH``, a ``sitecustomize``) may run here.
 """
@@ -57,6 +62,7 @@ import contextlib
 import ctypes
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -165,18 +171,32 @@ def _write_all(fd: int, data: bytes) -> None:
 def parse(argv: list[str]) -> dict[str, object]:
     options: dict[str, object] = {}
     names = {"--outcome": str, "--cwd": str, "--user": int, "--group": int, "--log-limit": int}
+    limits: list[tuple[int, int]] = []
+    options["rlimits"] = limits
     index = 0
     while index < len(argv) and argv[index] != "--":
         name = argv[index]
-        if name not in names or index + 1 >= len(argv):
+        if name == "--rlimit" and index + 1 < len(argv):
+            limits.append(_rlimit(argv[index + 1]))
+        elif name not in names or index + 1 >= len(argv):
             raise SystemExit(f"wrapper: unknown option or missing value: {name}")
-        options[name[2:].replace("-", "_")] = names[name](argv[index + 1])
+        else:
+            options[name[2:].replace("-", "_")] = names[name](argv[index + 1])
         index += 2
     command = argv[index + 1 :]
     if not command:
         raise SystemExit("wrapper: no command after --")
     options["command"] = command
     return options
+
+
+def _rlimit(text: str) -> tuple[int, int]:
+    """``fsize=1073741824`` -> (resource.RLIMIT_FSIZE, 1073741824)."""
+    name, _, value = text.partition("=")
+    number = getattr(resource, f"RLIMIT_{name.upper()}", None)
+    if not isinstance(number, int) or not value.isdigit():
+        raise SystemExit(f"wrapper: not a resource limit: {text}")
+    return number, int(value)
 
 
 def write_outcome(directory_fd: int, record: dict[str, object]) -> None:
@@ -210,6 +230,7 @@ def main(argv: list[str]) -> int:
     user = options.get("user")
     group = options.get("group")
     limit = options.get("log_limit")
+    rlimits: list[tuple[int, int]] = options["rlimits"]  # type: ignore[assignment]
     assert outcome_dir is None or isinstance(outcome_dir, str)
     assert cwd is None or isinstance(cwd, str)
     assert user is None or isinstance(user, int)
@@ -247,6 +268,15 @@ def main(argv: list[str]) -> int:
     read_end, write_end = os.pipe()
     pump = LogPump(read_end, sys.stdout.fileno(), limit=limit)
     status: int
+
+    def before_exec() -> None:
+        # In the child, after its change of user (subprocess changes the folder before it,
+        # and root without CAP_DAC_OVERRIDE may not enter the run's 0700 folders).
+        if user is not None and cwd:
+            os.chdir(cwd)
+        for number, value in rlimits:
+            resource.setrlimit(number, (value, value))
+
     try:
         child = subprocess.Popen(  # noqa: S603 - the researcher's command, no shell
             command,
@@ -254,8 +284,8 @@ def main(argv: list[str]) -> int:
             stderr=write_end,
             close_fds=True,
             cwd=cwd if user is None else None,
-            # After the change of user (subprocess changes the folder before it).
-            preexec_fn=(lambda: os.chdir(cwd)) if user is not None and cwd else None,
+            # The log pump has not started yet: the wrapper has no other thread here.
+            preexec_fn=before_exec if (user is not None and cwd) or rlimits else None,
             user=user,
             group=group,
             extra_groups=[] if user is not None else None,

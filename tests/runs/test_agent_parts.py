@@ -614,7 +614,7 @@ def test_the_sandbox_shows_only_what_a_run_needs(tmp_path: Path) -> None:
         ),
         python=environments.base_interpreter(),
     )
-    result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
+    result = sandboxing.run(command, capture_output=True, text=True, timeout=30, check=True)
     seen = json.loads(result.stdout)
     system = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "sys", "proc"}
     mounted = {Path(path).parts[1] for path in (tmp_path, *sandbox.python_roots)}
@@ -647,7 +647,7 @@ def test_a_sigkill_to_the_group_ends_everything_in_the_sandbox(tmp_path: Path) -
         ),
         python=environments.base_interpreter(),
     )
-    leader = subprocess.Popen(command, start_new_session=True)
+    leader = sandboxing.start(command, start_new_session=True)
     try:
         deadline = time.monotonic() + 20
         while True:  # until it has left the group

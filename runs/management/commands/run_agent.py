@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.agent.supervisor import Agent, AgentConflict
@@ -53,6 +54,8 @@ class Command(BaseCommand):
             agent = Agent(interval=interval, grace=grace)
         except QuantityError as exc:
             raise CommandError(f"TAU_LOCAL_MEMORY: {exc}") from None
+        except ImproperlyConfigured as exc:  # TAU_LOCAL_RUN_DISK
+            raise CommandError(str(exc)) from None
         try:
             agent.serve()
         except AgentConflict as exc:
