@@ -7,7 +7,7 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, status
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -144,6 +144,15 @@ class MemberViewSet(WorkspaceScopedViewSet):
     @extend_schema(responses={200: MemberSerializer(many=True), **refusals()})
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(MemberSerializer(self.get_queryset(), many=True).data)
+
+    def get_object(self) -> Membership:
+        # Named, unlike DRF's "No Membership matches the given query.": `tau workspace
+        # members remove bob` can then say that bob is not a member here.
+        username = self.kwargs[self.lookup_url_kwarg]
+        membership: Membership | None = self.get_queryset().filter(user__username=username).first()
+        if membership is None:
+            raise NotFound(f"{username} is not a member of this workspace.")
+        return membership
 
     @extend_schema(responses={200: MemberSerializer, **refusals()})
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
