@@ -238,7 +238,10 @@ def overrun(usage: DiskUsage, allowance: int) -> str | None:
     if usage.total <= allowance:
         return None
     largest = sorted(usage.by_folder.items(), key=lambda item: -item[1])
-    where = ", ".join(f"{label} {bytes_text(size)}" for label, size in largest if size)
+    # The folders that matter: an empty one's few KiB would only hide them.
+    where = ", ".join(
+        f"{label} {bytes_text(size)}" for label, size in largest if size * 20 >= usage.total
+    )
     return (
         f"Stopped: it used {bytes_text(usage.total)} of its {bytes_text(allowance)} disk "
         f"allowance ({where}). The allowance is this machine's TAU_LOCAL_RUN_DISK; keep data "

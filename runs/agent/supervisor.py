@@ -1116,13 +1116,16 @@ class Agent:
                     failure_class=FailureClass.USER_ERROR,
                     message=why.replace("Stopped: it used", "It used", 1),
                 )
+        succeeded = signum is None and code == 0 and recorded is not None
         if (
-            signum == signal.SIGKILL
+            not succeeded
             and execution.cgroup is not None
             and limits is not None
             and limits.memory is not None
             and execution.cgroup.oom_kills()
         ):
+            # The kernel killed in its cgroup: the workload, or the wrapper or sandbox with it
+            # (then only the sandbox's exit status is left, 137, and no record).
             return _over_memory(limits.memory, log=execution.layout.log)
         return outcome_of_exit(
             exit_code=code,

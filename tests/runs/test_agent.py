@@ -9,7 +9,6 @@ import re
 import signal
 import sqlite3
 import textwrap
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from django.test import Client
 
 from identity.models import ApiToken
 from portal.models import AuditEvent
-from runs import delivery, lifecycle
+from runs import lifecycle
 from runs.agent import environments
 from runs.agent.supervisor import UNSANDBOXED_REFUSAL
 from runs.agent.wrapper import truncation_marker
@@ -77,37 +76,6 @@ TREE_WORKLOAD = """\
     print("started", flush=True)
     time.sleep(300)
     """
-
-
-@pytest.fixture
-def var_dir(tmp_path: Path, settings: Any) -> Path:
-    """The agent's TAU_VAR_DIR, and this process's too (code bundles are stored there)."""
-    directory = tmp_path / "var"
-    directory.mkdir()
-    settings.VAR_DIR = directory
-    return directory
-
-
-@pytest.fixture
-def agents(var_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Agent]]:
-    """Agents started by a test; every one is stopped before the database is emptied."""
-    # Deliveries are made by the test itself (delivery.deliver), not by a Celery worker.
-    monkeypatch.setattr(delivery, "publish", lambda delivery_id: None)
-    started: list[Agent] = []
-    yield started
-    for agent in started:
-        if agent.process is not None and agent.process.poll() is None:
-            agent.stop()
-
-
-@pytest.fixture
-def start_agent(agents: list[Agent], var_dir: Path) -> Any:
-    def start(**extra_env: str) -> Agent:
-        agent = Agent(var_dir, extra_env).start()
-        agents.append(agent)
-        return agent
-
-    return start
 
 
 def all_revoked(run: Run) -> bool:
