@@ -8,7 +8,7 @@ environment, so every trial sees it too) holds the trials, ``max_concurrent_tria
 ``max_concurrent_trials`` at once, each on the cluster's workers:
 
 * a script that defines ``train_func(config)`` has it called with the trial's values, and a
-  mapping it returns is reported;
+  mapping it returns is reported after the steps the trial reported (``returned_row``);
 * any other entry point runs as a sub-process with ``TAU_TRIAL_ID`` and ``TAU_TRIAL_CONFIG``,
   and every row it appends to its metrics file is reported as it comes.
 
@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from tau import sdk
-from tau.sweep import POLL_SECONDS, TRAIN_FUNC, defines_train_func, describe, python_script
+from tau.sweep import (
+    POLL_SECONDS,
+    TRAIN_FUNC,
+    defines_train_func,
+    describe,
+    python_script,
+    returned_row,
+)
 
 #: The key in Ray Tune's config that says which of the spec's trials a Tune trial is.
 TRIAL_KEY = "__tau_trial"
@@ -54,13 +61,13 @@ def run_trial(command: Sequence[str], values: dict[str, Any], number: int, repor
     if script is not None and defines_train_func(Path(script)):
         sys.argv = [script, *command[2:]]
         sys.path.insert(0, str(Path(script).resolve().parent))
+        sdk.forget_logged_steps()  # Ray may run several trials in one worker process
         namespace = runpy.run_path(script, run_name="__tau_trial__")
         result = namespace[TRAIN_FUNC](values)
-        if isinstance(result, Mapping) and _numbers(result):
-            step = result.get("step")
-            step = step if isinstance(step, int) and step >= 0 else 0
-            sdk.log_metrics(step, **_numbers(result))
-            report({**_numbers(result), "step": step})
+        row = returned_row(result, last_step=sdk.last_logged_step())
+        if row is not None:
+            sdk.log_metrics(row["step"], **_numbers(row))
+            report({**_numbers(row), "step": row["step"]})
         sdk.flush()
         return
     output = Path(tempfile.mkdtemp(prefix=f"tau-trial-{number}-"))

@@ -262,6 +262,20 @@ def _detail(error: urllib.error.HTTPError) -> str:
 _reporter: Reporter | None = None
 _reporter_lock = threading.Lock()
 _said_outside = False
+#: The largest step ``log_metrics`` took in this process since ``forget_logged_steps``: a
+#: sweep's trial puts the mapping ``train_func`` returns after it (``tau.sweep``).
+_last_logged_step: int | None = None
+
+
+def last_logged_step() -> int | None:
+    """The largest step ``log_metrics`` was given (since ``forget_logged_steps``), or None."""
+    return _last_logged_step
+
+
+def forget_logged_steps() -> None:
+    """Start counting steps afresh (a sweep's next trial in the same process)."""
+    global _last_logged_step
+    _last_logged_step = None
 
 
 def reporter() -> Reporter:
@@ -314,6 +328,8 @@ def log_metrics(step: int, **values: float) -> None:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         _warn(f"log_metrics: step must be a whole number ≥ 0, not {step!r}; row skipped")
         return
+    global _last_logged_step
+    _last_logged_step = step if _last_logged_step is None else max(_last_logged_step, step)
     row: dict[str, Any] = {"step": step}
     # A sweep's trial: its keys are its own (``trial-3/loss``), so trials never mix.
     trial = os.environ.get("TAU_TRIAL_ID", "")

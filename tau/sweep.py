@@ -12,8 +12,9 @@ the run's own resources. Each trial gets
   ``TAU_CHECKPOINT_DIR``.
 
 A script that defines ``train_func(config)`` has it called with the trial's values (as Ray
-Tune calls a function trainable); a mapping it returns is the trial's last metrics row. Any
-other entry point runs as written and reads ``TAU_TRIAL_CONFIG``.
+Tune calls a function trainable); a mapping it returns is the trial's last metrics row, at the
+step after the last one the trial reported (``returned_row``). Any other entry point runs as
+written and reads ``TAU_TRIAL_CONFIG``.
 
 The metrics rows a trial appends to its ``metrics_file`` are copied into the run's, each key
 prefixed with ``trial-<id>/`` (``tau.log_metrics`` prefixes them the same way), so the
@@ -267,29 +268,74 @@ def defines_train_func(script: Path) -> bool:
     )
 
 
+def returned_row(result: object, *, last_step: int | None) -> dict[str, Any] | None:
+    """The metrics row for what ``train_func`` returned: its numbers, at the ``step`` it names,
+    else at the step after the last one the trial reported (``last_step``; 0 when it reported
+    none). Ray Tune counts a returned mapping as one more result; at step 0 it was a stray
+    first point on every trial's curve. None when it returned no numbers."""
+    if not isinstance(result, Mapping):
+        return None
+    values = {
+        key: value
+        for key, value in result.items()
+        if isinstance(key, str)
+        and key != "step"
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+    }
+    if not values:
+        return None
+    step = result.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        step = 0 if last_step is None else last_step + 1
+    return {"step": step, **values}
+
+
+def _last_step_in(path: Path) -> int | None:
+    """The largest step of the rows a trial appended to its metrics file itself."""
+    last: int | None = None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                step = row.get("step") if isinstance(row, dict) else None
+                if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                    last = step if last is None else max(last, step)
+    except OSError:
+        return None
+    return last
+
+
+def _last_step_logged() -> int | None:
+    """The largest step the trial gave ``tau.log_metrics``: read from the SDK the script
+    imported, if it did (this module imports nothing but the standard library)."""
+    sdk = sys.modules.get("tau.sdk")
+    last = getattr(sdk, "last_logged_step", None)
+    step = last() if callable(last) else None
+    return step if isinstance(step, int) else None
+
+
 def call_train_func(arguments: Sequence[str]) -> int:
     """One trial of a script that defines ``train_func(config)``: load it (not as
     ``__main__``), call it with the trial's values, and keep a mapping it returns as the
-    trial's last metrics row."""
+    trial's last metrics row (after every step it reported, through the SDK or its file)."""
     script, *rest = arguments
     sys.argv = [script, *rest]
     sys.path.insert(0, str(Path(script).resolve().parent))
     config = json.loads(os.environ.get("TAU_TRIAL_CONFIG") or "{}")
+    output = Path(os.environ["TAU_OUTPUT_DIR"])
+    metrics = output / (os.environ.get("TAU_METRICS_FILE") or "metrics.jsonl")
     namespace = runpy.run_path(script, run_name="__tau_trial__")
     result = namespace[TRAIN_FUNC](config)
-    if isinstance(result, Mapping):
-        values = {
-            key: value
-            for key, value in result.items()
-            if isinstance(value, int | float) and not isinstance(value, bool) and key != "step"
-        }
-        if values:
-            step = result.get("step")
-            row = {"step": step if isinstance(step, int) and step >= 0 else 0, **values}
-            output = Path(os.environ["TAU_OUTPUT_DIR"])
-            metrics = output / (os.environ.get("TAU_METRICS_FILE") or "metrics.jsonl")
-            with open(metrics, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(row) + "\n")
+    steps = (_last_step_logged(), _last_step_in(metrics))
+    reported = [step for step in steps if step is not None]
+    row = returned_row(result, last_step=max(reported) if reported else None)
+    if row is not None:
+        with open(metrics, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
     return 0
 
 

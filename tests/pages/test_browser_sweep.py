@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from runs.models import MetricPoint, RunTrial
+from runs.models import MetricPoint, Run, RunState, RunTrial
 from tests.pages.browser_support import check_page, log_in, watch_console
-from tests.runs.agent_harness import local_quota, submit
+from tests.runs.agent_harness import Agent, local_quota, submit, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -78,3 +78,62 @@ def test_a_sweep_shows_its_trials_and_their_curves_overlaid(
     page.wait_for_url("**project=vision**")
     assert page.locator("table.runs tbody tr").count() == 1
     assert problems == []
+
+
+RETURNS_ITS_LAST_ROW = textwrap.dedent(
+    """\
+    import json, os
+    import tau
+
+    def train_func(config):
+        loss = 1.0
+        for step in (10, 20, 30):
+            loss = config["start"] / step
+            if config["via"] == "sdk":
+                tau.log_metrics(step, loss=loss)
+            else:  # rows appended to the metrics file, as a script without the SDK writes them
+                with open(os.path.join(os.environ["TAU_OUTPUT_DIR"], "metrics.jsonl"), "a") as f:
+                    f.write(json.dumps({"step": step, "loss": loss}) + "\\n")
+        tau.flush()
+        return {"loss": loss / 2}
+    """
+)
+
+
+def test_a_trials_returned_mapping_is_the_last_point_of_its_curve(
+    world: Any, live_server: Any, machine: Agent, page: Any
+) -> None:
+    """The mapping ``train_func`` returns is the trial's last row: after the steps it
+    reported (31 after 10, 20, 30), through the SDK or its metrics file. It was stored at
+    step 0: a stray first point on every trial's curve."""
+    sweep = SWEEP.replace(b"lr: [0.1, 0.01, 0.001]", b"start: [1.0, 2.0]\n    via: [sdk, file]")
+    run = submit(world, sweep, {"main.py": RETURNS_ITS_LAST_ROW})
+    wait_until(
+        lambda: Run.objects.for_workspace(world.alpha).get(pk=run.pk).state
+        in {RunState.SUCCEEDED, RunState.FAILED},
+        timeout=120,
+        what="the sweep to end",
+        agent=machine,
+    )
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    points = MetricPoint.objects.for_workspace(world.alpha).filter(run=run)
+    steps = {
+        key: sorted(points.filter(key=key).values_list("step", flat=True))
+        for key in sorted(set(points.values_list("key", flat=True)))
+    }
+    assert steps == {f"trial-{number}/loss": [10, 20, 30, 31] for number in (1, 2, 3, 4)}
+    final = points.get(key="trial-1/loss", step=31)
+    assert final.value == pytest.approx(1.0 / 30 / 2)
+
+    log_in(page.context, live_server.url, world.users["researcher"])
+    page.goto(f"{live_server.url}/w/alpha/runs/{run.name}/")
+    page.locator("#metrics .chart").wait_for(timeout=30_000)
+    page.wait_for_function(
+        "() => { const c = document.querySelector('#metrics .chart');"
+        " return c && c.data && c.data.length === 4; }"
+    )
+    curves = page.evaluate(
+        "() => document.querySelector('#metrics .chart').data.map(t => [t.name, t.x])"
+    )
+    assert curves == [[f"trial {number}", [10, 20, 30, 31]] for number in (1, 2, 3, 4)]
