@@ -566,6 +566,13 @@ if TAU_BACKEND not in {"local", "kubernetes"}:
 TAU_DELIVERY_RETRY_SECONDS = env_int("TAU_DELIVERY_RETRY_SECONDS", 10, minimum=1)
 TAU_DELIVERY_RETRY_MAX_SECONDS = env_int("TAU_DELIVERY_RETRY_MAX_SECONDS", 300, minimum=1)
 TAU_DELIVERY_MAX_TRIES = env_int("TAU_DELIVERY_MAX_TRIES", 10, minimum=1)
+# Submissions (runs/submission.py count_submission): at most this many a minute per API token
+# (a user's pages count as one more token) and per user over all their tokens and pages; the
+# submit page's live check, which runs as people type, at most CHECKS per user. Past a limit:
+# 429 with Retry-After, before any of the request is read.
+TAU_SUBMISSIONS_PER_MINUTE = env_int("TAU_SUBMISSIONS_PER_MINUTE", 30, minimum=1)
+TAU_SUBMISSIONS_PER_MINUTE_PER_USER = env_int("TAU_SUBMISSIONS_PER_MINUTE_PER_USER", 60, minimum=1)
+TAU_SUBMIT_CHECKS_PER_MINUTE = env_int("TAU_SUBMIT_CHECKS_PER_MINUTE", 120, minimum=1)
 # Every outbox (portal/outbox.py: deliveries, evidence seals and checks, Kueue syncs): a
 # worker's claim on a row holds this long unless renewed (its worker renews it every third of
 # this while it works), so a killed worker's row is taken over within this plus

@@ -23,11 +23,12 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
 
+from portal.rate_limits import window_wait
 from runs import budgets, bundles, lifecycle, policy
 from runs.backends import RunBackend
 from runs.backends.registry import available_backend_names, backend_named
 from runs.models import Run
-from tau.spec import locate
+from tau.spec import MAX_FILE_BYTES, locate
 from tau.spec.dialects import Reading
 from tau.spec.schema import read_source
 
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
     from tau.spec import Spec
     from workspaces.models import Workspace
 
-MAX_SPEC_BYTES = 256 * 1024
+#: The spec package's own limit, checked here before anything reads the text.
+MAX_SPEC_BYTES = MAX_FILE_BYTES
 #: What a form adds around the files: the tau.yaml text again (the submit page sends the
 #: editor's text too), the zip's file listing (up to 5,000 names), field headers.
 FORM_OVERHEAD_BYTES = 2 * 2**20
@@ -70,6 +72,50 @@ class SubmissionRefused(ValueError):
     def __init__(self, problems: list[SubmissionProblem]) -> None:
         super().__init__("; ".join(f"{p.path}: {p.message}" for p in problems))
         self.problems = problems
+
+
+class TooManySubmissions(Exception):
+    """Submitted too often: nothing was read or submitted; ``wait`` seconds until the next
+    submission is taken."""
+
+    def __init__(self, message: str, wait: int) -> None:
+        super().__init__(message)
+        self.wait = wait
+
+
+def count_submission(*, user_id: int, token_key: str | None, check: bool = False) -> None:
+    """Count one submission (``check``: one live check of the submit page) before any of it
+    is read, or raise TooManySubmissions.
+
+    Checking a spec costs real CPU (reading is bounded by ``tau.spec.loader.MAX_NODES``, but
+    a script can submit in a loop), so submissions are limited per API token
+    (``TAU_SUBMISSIONS_PER_MINUTE``; the pages of one user count as one more token) and per
+    user over all their tokens and pages (``TAU_SUBMISSIONS_PER_MINUTE_PER_USER``), so that
+    making tokens does not multiply the limit. The submit page's live check has its own,
+    higher limit per user (``TAU_SUBMIT_CHECKS_PER_MINUTE``): it runs as people type."""
+    if check:
+        what, outcome = "checks of a tau.yaml", "nothing was checked"
+        limits = [("by you", f"user:{user_id}", settings.TAU_SUBMIT_CHECKS_PER_MINUTE)]
+    else:
+        what, outcome = "submissions", "this run was not submitted"
+        limits = [
+            ("with this token", f"token:{token_key}", settings.TAU_SUBMISSIONS_PER_MINUTE)
+            if token_key
+            else (
+                "from the portal's pages",
+                f"pages:{user_id}",
+                settings.TAU_SUBMISSIONS_PER_MINUTE,
+            ),
+            ("by you", f"user:{user_id}", settings.TAU_SUBMISSIONS_PER_MINUTE_PER_USER),
+        ]
+    for how, counted, limit in limits:
+        wait = window_wait(f"{'submitcheck' if check else 'submit'}:{counted}", limit, 60)
+        if wait is not None:
+            raise TooManySubmissions(
+                f"More than {limit} {what} a minute {how}; {outcome}. "
+                f"Try again in {wait} second{'' if wait == 1 else 's'}.",
+                wait,
+            )
 
 
 def _backend(name: str) -> RunBackend | None:

@@ -424,6 +424,10 @@ class SubmitView(WorkspaceViewMixin, TemplateView):
         return context
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            submission.count_submission(user_id=signed_in_user(request).pk, token_key=None)
+        except submission.TooManySubmissions as exc:
+            return _too_many(request, exc, self, kwargs)
         source = _spec_source(request)
         bundle = request.FILES.get("bundle")
         try:
@@ -460,6 +464,29 @@ class SubmitView(WorkspaceViewMixin, TemplateView):
         return HttpResponseRedirect(url)
 
 
+def _too_many(
+    request: HttpRequest,
+    refused: submission.TooManySubmissions,
+    page: SubmitView | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> HttpResponse:
+    """429 with ``Retry-After``: where the check is (htmx, or the live check), or the submit
+    page again with what was typed (without JavaScript)."""
+    problem = submission.SubmissionProblem("submission", str(refused))
+    context: dict[str, Any] = {"problems": [problem], "refused": page is not None}
+    if page is not None and not request.headers.get("HX-Request"):
+        context = {
+            **page.get_context_data(**(kwargs or {})),
+            **context,
+            "spec_text": request.POST.get("spec_text", ""),
+        }
+        response = page.render_to_response(context, status=429)
+    else:
+        response = render(request, "runs/submit.html#validation", context, status=429)
+    response["Retry-After"] = str(refused.wait)
+    return response
+
+
 def _spec_source(request: HttpRequest) -> bytes:
     upload = request.FILES.get("spec_file")
     if upload is not None:
@@ -488,6 +515,12 @@ class ValidateView(WorkspaceViewMixin, View):
     write_role = Role.RESEARCHER
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            submission.count_submission(
+                user_id=signed_in_user(request).pk, token_key=None, check=True
+            )
+        except submission.TooManySubmissions as exc:
+            return _too_many(request, exc)
         source = _spec_source(request)
         context: dict[str, Any] = {"workspace": self.workspace}
         if not source.strip():

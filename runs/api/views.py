@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
-import time
 from collections.abc import Mapping
 from datetime import UTC
 from typing import Any
 
-from django.core.cache import cache
 from django.db.models import Prefetch, Q, QuerySet, prefetch_related_objects
 from django.http import FileResponse, Http404, HttpResponseBase, StreamingHttpResponse
 from django.utils.dateparse import parse_datetime
@@ -33,6 +30,7 @@ from rest_framework.response import Response
 from identity.models import ApiToken
 from identity.tokens import token_of
 from portal.api import INVALID_REQUEST, BoundedJSONParser, FileDownloadNegotiation, refusals
+from portal.rate_limits import window_wait
 from portal.requests import signed_in_user
 from runs import (
     artifacts,
@@ -272,11 +270,20 @@ class RunViewSet(WorkspaceScopedViewSet):
                 words={
                     400: "`problems` lists every problem at once, with its line in tau.yaml.",
                     413: "The submission declares more than a bundle, a spec and their form.",
+                    429: "Also: more submissions a minute than allowed with this token or by "
+                    "its user (`TAU_SUBMISSIONS_PER_MINUTE`, `…_PER_USER`); nothing was read.",
                 },
             ),
         },
     )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        token = token_of(request)
+        try:
+            submission.count_submission(
+                user_id=signed_in_user(request).pk, token_key=token.key if token else None
+            )
+        except submission.TooManySubmissions as exc:
+            raise exceptions.Throttled(wait=exc.wait, detail=str(exc)) from None
         spec_source = _spec_source(request)
         try:
             run = submission.submit(
@@ -545,13 +552,16 @@ class RunViewSet(WorkspaceScopedViewSet):
         return Response(CheckpointSerializer(rows, many=True).data)
 
 
+SPEC_TOO_LARGE = f"tau.yaml is too large ({submission.MAX_SPEC_BYTES // 1024} KiB at most)."
+
+
 def _spec_source(request: Request) -> bytes:
     """The tau.yaml of a submission: the ``spec`` part of the form, a file (``curl -F
     spec=@tau.yaml``) or text (``curl -F spec=<tau.yaml``)."""
     spec_file = request.FILES.get("spec")
     if spec_file is not None:
         if spec_file.size and spec_file.size > submission.MAX_SPEC_BYTES:
-            raise exceptions.ValidationError({"spec": ["tau.yaml is too large (256 KiB at most)."]})
+            raise exceptions.ValidationError({"spec": [SPEC_TOO_LARGE]})
         source: bytes = spec_file.read()
         return source
     text = request.data.get("spec") if hasattr(request.data, "get") else None
@@ -561,7 +571,7 @@ def _spec_source(request: Request) -> bytes:
         )
     encoded = text.encode("utf-8", "surrogatepass")
     if len(encoded) > submission.MAX_SPEC_BYTES:
-        raise exceptions.ValidationError({"spec": ["tau.yaml is too large (256 KiB at most)."]})
+        raise exceptions.ValidationError({"spec": [SPEC_TOO_LARGE]})
     return encoded
 
 
@@ -613,23 +623,7 @@ def _whole_log_response(
 def _report_wait(token: ApiToken) -> int | None:
     """Seconds until the run token may report again, or None when it may now: at most
     REPORTS_PER_MINUTE reports per token in each minute, counted in the shared cache."""
-    now = time.time()
-    window = 60
-    name = f"runreports:{token.key}:{int(now // window)}"
-    try:
-        cache.add(name, 0, timeout=window + 5)
-        try:
-            count = cache.incr(name)
-        except ValueError:  # expired between add and incr
-            cache.set(name, 1, timeout=window + 5)
-            count = 1
-    except Exception:
-        # The shared cache is down: keep taking reports rather than lose them.
-        logger.warning("rate-limit cache unavailable; not limiting reports", exc_info=True)
-        return None
-    if count <= REPORTS_PER_MINUTE:
-        return None
-    return max(1, math.ceil(window - now % window))
+    return window_wait(f"runreports:{token.key}", REPORTS_PER_MINUTE, 60)
 
 
 class RunReportViewSet(WorkspaceScopedViewSet):

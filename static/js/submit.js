@@ -86,9 +86,11 @@
       });
     });
 
-    // A refused submission answers 400 with its problems: show them where the check is.
+    // A refused submission answers 400 with its problems, and one past the submission limit
+    // 429 with what to do: show them where the check is.
     document.body.addEventListener("htmx:beforeSwap", function (event) {
-      if (event.detail.target === validation && event.detail.xhr.status === 400) {
+      var status = event.detail.xhr.status;
+      if (event.detail.target === validation && (status === 400 || status === 429)) {
         event.detail.shouldSwap = true;
         event.detail.isError = false;
       }

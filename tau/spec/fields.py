@@ -262,6 +262,9 @@ class ObjectKind(Kind[T]):
         problems.add(path, node, f"missing required {what} `{field.name}`", hint)
 
     def _unknown_key(self, key: ScalarNode, path: str, problems: ProblemCollector) -> None:
+        if problems.full:
+            problems.add(join_path(path, key.text), key, "unknown key")  # counted, not shown
+            return
         names = list(self.fields)
         close = difflib.get_close_matches(key.text, names, n=1, cutoff=0.6)
         if not close:

@@ -7,8 +7,11 @@ PyYAML's safe composer does the parsing; this module wraps it so that
   laughs" document cannot cost more than reading its text,
 * only the core tags (``!!str``, ``!!int``, ``!!float``, ``!!bool``, ``!!null``, ``!!map``,
   ``!!seq``) are accepted, and keys must be strings that appear once per mapping,
-* one document per file, at most ``MAX_FILE_BYTES`` of UTF-8 and ``MAX_DEPTH`` levels of
-  nesting (the composer recurses; the limit keeps it far from Python's recursion limit),
+* one document per file, at most ``MAX_FILE_BYTES`` of UTF-8, ``MAX_DEPTH`` levels of
+  nesting (the composer recurses; the limit keeps it far from Python's recursion limit) and
+  ``MAX_NODES`` keys, values and list items, counted as they are read: reading costs about as
+  much per node as checking does, so a file of 20,000 unknown keys (4 s of CPU per
+  submission before this bound) is refused after reading its first ``MAX_NODES``,
 * whatever the input bytes, the only outcome is a node tree or problems in the collector.
 """
 
@@ -25,6 +28,10 @@ from tau.spec.problems import DOCUMENT_PATH, ProblemCollector, index_path, join_
 
 MAX_FILE_BYTES = 256 * 1024
 MAX_DEPTH = 32
+#: Keys, values and list items in one file. The spec using every field has about 110, and one
+#: with every list of the schema at its longest (arguments, packages, environment, secrets,
+#: artifacts, tags) about 1,100; a sweep adds a few hundred at most.
+MAX_NODES = 4000
 
 _CORE = "tag:yaml.org,2002:"
 _MAP_TAG = _CORE + "map"
@@ -88,6 +95,7 @@ class _StrictLoader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+        self._nodes = 0
 
     def next_event(self, *, consume: bool = True) -> yaml.Event:
         """The parser's next event (typed; the stubs leave these methods untyped)."""
@@ -123,6 +131,14 @@ class _StrictLoader(yaml.SafeLoader):
             raise _Refusal(
                 f"the document is nested more than {MAX_DEPTH} levels deep",
                 "a tau.yaml needs only a few levels; check the indentation",
+                event.start_mark,
+            )
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise _Refusal(
+                f"the file holds more than {MAX_NODES:,} keys, values and list items",
+                "a tau.yaml describes a workload in a few dozen lines; "
+                "keep data and long lists in the project directory",
                 event.start_mark,
             )
         self._depth += 1

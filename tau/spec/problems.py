@@ -104,6 +104,12 @@ class ProblemCollector:
             return
         self._problems.append(SpecProblem(path or DOCUMENT_PATH, line, column, message, hint))
 
+    @property
+    def full(self) -> bool:
+        """Whether further problems are only counted: callers may skip working out their
+        words (a hint that searches for a near name costs more than reading the key)."""
+        return len(self._problems) >= MAX_PROBLEMS
+
     def __bool__(self) -> bool:
         return bool(self._problems)
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import time
+from typing import Any
 
 import pytest
+import yaml
 
-from tau.spec import MAX_DEPTH, MAX_FILE_BYTES, SpecError, load_spec, validate
+from tau.spec import MAX_DEPTH, MAX_FILE_BYTES, SpecError, load_spec, loader, validate
+from tau.spec.loader import MAX_NODES
+from tau.spec.problems import MAX_PROBLEMS
 from tau.spec.samples import ARTICLE_EXAMPLE
 
 from .support import MINIMAL, only_problem, problems, spec
@@ -205,3 +210,72 @@ def test_too_many_problems_are_cut_short() -> None:
     found = problems(spec("compute:\n" + keys))
     assert len(found) == 101
     assert found[-1].message == "200 more problems not shown (only the first 100 are listed)"
+
+
+def the_attack_of_issue_30() -> str:
+    """A 260 KB tau.yaml of 20,000 unknown keys (4 s of CPU per submission before reading
+    was bounded, and 101 problems, each with a near-name search)."""
+    return MINIMAL + "".join(f"k{i:05d}: 1234\n" for i in range(20_000))
+
+
+def test_thousands_of_keys_are_refused_after_reading_a_bounded_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What reading and checking cost is counted in nodes composed and near-name searches,
+    not in seconds: both stop at a bound however many keys follow."""
+    composed = []
+    original = loader._StrictLoader.compose_node
+
+    def counting(self: Any, parent: Any, index: Any) -> Any:
+        composed.append(1)
+        return original(self, parent, index)
+
+    monkeypatch.setattr(loader._StrictLoader, "compose_node", counting)
+    text = the_attack_of_issue_30()
+    assert len(text.encode()) < MAX_FILE_BYTES
+    problem = only_problem(text)
+    assert problem.message == "the file holds more than 4,000 keys, values and list items"
+    assert problem.hint is not None
+    assert "keep data and long lists in the project directory" in problem.hint
+    # At the node past the limit: MINIMAL holds 9, each key line 2, so the 1,996th key's value.
+    assert (problem.line, problem.column) == (4 + 1_996, 9)
+    assert len(composed) == MAX_NODES + 1
+
+
+def test_unknown_keys_past_the_shown_problems_cost_no_near_name_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    searches = []
+    original = difflib.get_close_matches
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        searches.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(difflib, "get_close_matches", counting)
+    found = problems(MINIMAL + "".join(f"unknown{i}: 1\n" for i in range(1_500)))
+    assert len(found) == MAX_PROBLEMS + 1
+    assert found[-1].message == "1400 more problems not shown (only the first 100 are listed)"
+    assert len(searches) == MAX_PROBLEMS
+
+
+def test_every_list_at_its_longest_stays_within_the_node_limit() -> None:
+    """The bound refuses no spec the schema accepts."""
+    lines = ["run:", "  entrypoint: train.py", "  args:"]
+    lines += [f"    - --a{i}" for i in range(256)]
+    lines += ["runtime:", "  pip:", *[f"    - pkg{i}" for i in range(128)]]
+    lines += ["  env:", *[f"    V{i}: x" for i in range(64)]]
+    lines += ["  secrets:", *[f"    - {{env: S{i}, secret: s{i}, key: k}}" for i in range(64)]]
+    lines += ["outputs:", "  artifacts:", *[f"    - out{i}/*" for i in range(64)]]
+    lines += ["experiment:", "  project: p", "  tags:", *[f"    - t{i}" for i in range(32)]]
+    text = "schema_version: 1\nname: longest\n" + "\n".join(lines) + "\n"
+    assert validate(text) == []
+    assert _nodes(yaml.compose(text)) < MAX_NODES / 3
+
+
+def _nodes(node: yaml.Node) -> int:
+    if isinstance(node, yaml.MappingNode):
+        return 1 + sum(_nodes(key) + _nodes(value) for key, value in node.value)
+    if isinstance(node, yaml.SequenceNode):
+        return 1 + sum(_nodes(item) for item in node.value)
+    return 1
