@@ -65,6 +65,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.urls import reverse
 
 from portal import audit
+from portal.rate_limits import add_to_count
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ class LoginThrottle:
     def _count(self, counter: tuple[str, int]) -> int:
         """Add this attempt to a count; the new count."""
         self._counted.append(counter)
-        return _increment(*counter)
+        return add_to_count(*counter)
 
     # --- after ----------------------------------------------------------------------------
 
@@ -271,7 +272,7 @@ class LoginThrottle:
         counted, self._counted = self._counted, []
         try:
             for key, timeout in counted:
-                _increment(key, timeout, -1)
+                add_to_count(key, timeout, -1)
             if self._slot_taken:
                 cache.delete(self._slot)
         except Exception:
@@ -303,18 +304,6 @@ class LoginThrottle:
             user = get_user_model()._default_manager.filter(username=self.username).first()
             object_id = str(user.pk) if user is not None else ""
         audit.record(action=action, object_type=object_type, object_id=object_id, object_repr=text)
-
-
-def _increment(key: str, timeout: int, delta: int = 1) -> int:
-    """Add ``delta`` to a count in the shared cache (atomically in Redis); the new count."""
-    if delta > 0:
-        cache.add(key, 0, timeout=timeout)
-    try:
-        return int(cache.incr(key, delta))
-    except ValueError:  # gone: expired since add, or nothing left to take back
-        if delta > 0:
-            cache.set(key, delta, timeout=timeout)
-        return max(delta, 0)
 
 
 def refusal_message(refusal: Refusal, *, sso_provider: str | None) -> str:

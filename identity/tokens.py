@@ -37,6 +37,7 @@ from rest_framework.request import Request
 
 from identity.models import ApiToken
 from portal import audit
+from portal.rate_limits import add_to_count
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -273,14 +274,7 @@ class FailureLimiter:
         counts: dict[str, int] = {}
         try:
             for bucket in self.buckets:
-                if delta > 0:
-                    cache.add(bucket.name, 0, timeout=self.window)
-                try:
-                    counts[bucket.name] = int(cache.incr(bucket.name, delta))
-                except ValueError:  # gone: expired since add, or nothing left to take back
-                    counts[bucket.name] = max(delta, 0)
-                    if delta > 0:
-                        cache.set(bucket.name, delta, timeout=self.window)
+                counts[bucket.name] = add_to_count(bucket.name, self.window, delta)
         except Exception:
             logger.warning("rate-limit cache unavailable; failure not counted", exc_info=True)
         return counts
