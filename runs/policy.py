@@ -6,7 +6,7 @@ forbids is an error the researcher sees, with the path in tau.yaml it is about.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -16,7 +16,10 @@ from runs import render
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import parse_quantity
 from tau.spec import Spec
-from workspaces.models import Workspace, WorkspaceQuota
+from workspaces.kueue_coverage import SPEC_PATHS, pod_set_gaps, quota_ceilings
+from workspaces.models import Workspace
+
+__all__ = ["PolicyProblem", "PolicyRefused", "apply_policy", "cluster_totals", "quota_ceilings"]
 
 
 @dataclass(frozen=True)
@@ -159,25 +162,6 @@ def cluster_totals(spec: Spec) -> dict[str, Decimal]:
     return totals
 
 
-def quota_ceilings(workspace: Workspace) -> dict[str, dict[str, Decimal | None]]:
-    """resource -> flavor -> the most of it the workspace could ever hold on that flavor:
-    its nominal quota plus, in a cohort, its borrowing limit (None: borrowing is unlimited).
-    Borrowing limits outside a cohort mean nothing. Resources without quota rows are absent."""
-    in_cohort = workspace.cohort_id is not None
-    ceilings: dict[str, dict[str, Decimal | None]] = {}
-    # The four values, not quota and flavor objects (each loaded one is audit-snapshotted):
-    # every submission asks.
-    rows = WorkspaceQuota.objects.for_workspace(workspace).values_list(
-        "resource", "flavor__name", "nominal", "borrowing_limit"
-    )
-    for resource, flavor, nominal, borrowing in rows:
-        ceiling: Decimal | None = nominal
-        if in_cohort:
-            ceiling = None if borrowing is None else nominal + borrowing
-        ceilings.setdefault(resource, {})[flavor] = ceiling
-    return ceilings
-
-
 def _sum(values: Iterable[Decimal | None]) -> Decimal | None:
     total = Decimal(0)
     for value in values:
@@ -267,27 +251,30 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
         )
     workers = requested_totals(spec)
     whole_run = cluster_totals(spec) if backend == "kubernetes" else workers
+    short: set[str] = set()  # resources already refused: one problem each
     for resource, wanted in whole_run.items():
         if wanted == 0:
             continue
         by_flavor = ceilings.get(resource)
         if not by_flavor:
             if resource == GPU_RESOURCE:
+                short.add(resource)
                 problems.append(
                     PolicyProblem("compute.gpus", f"{workspace.slug} has no GPU quota.")
                 )
+            # Locally a resource without a row is limited by the machine alone; on
+            # Kubernetes Kueue admits nothing that asks for it (below).
             continue
         if resource == GPU_RESOURCE and gpu_type is not None:
             if gpu_type not in by_flavor:
                 continue  # reported above
             by_flavor = {gpu_type: by_flavor[gpu_type]}
-        path = {GPU_RESOURCE: "compute.gpus", "cpu": "compute.cpus", "memory": "compute.memory"}[
-            resource
-        ]
+        path = SPEC_PATHS[resource]
         total = _sum(by_flavor.values())
         # Kueue places one pod set (all the workers) on one flavor: the largest share counts.
         largest = _largest(by_flavor.values())
         if total is not None and wanted > total:
+            short.add(resource)
             problems.append(
                 PolicyProblem(
                     path,
@@ -297,6 +284,7 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
                 )
             )
         elif largest is not None and workers[resource] > largest:
+            short.add(resource)
             problems.append(
                 PolicyProblem(
                     path,
@@ -306,6 +294,8 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
                     f"{_amount(resource, largest)}; it would never start.",
                 )
             )
+    if backend == "kubernetes":
+        problems += _kueue_problems(spec, workspace, ceilings, already=short)
     if problems:
         raise PolicyRefused(problems)
     runtime = dataclasses.replace(spec.runtime, image=image)
@@ -315,6 +305,47 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
         priority=priority,
         priority_value=priority_value,
     )
+
+
+def kueue_pod_sets(spec: Spec) -> list[tuple[str, dict[str, Decimal]]]:
+    """The run's pod sets as Kueue places them (who, with the verb for the sentences of
+    :class:`workspaces.kueue_coverage.Gap`), each with what it asks for in all: a Job's
+    workers; a RayJob's workers, head and KubeRay's submitter (``runs.render`` sizes them)."""
+    workers = spec.compute.workers
+    pod_sets = [(f"the {workers} worker(s) need", requested_totals(spec))]
+    if spec.run.workload_kind == "rayjob":
+        for who, fixed in (
+            ("the Ray head needs", render.head_requests(spec)),
+            ("KubeRay's submitter pod needs", render.SUBMITTER_RESOURCES),
+        ):
+            pod_sets.append((who, {r: parse_quantity(a) for r, a in fixed.items()}))
+    return pod_sets
+
+
+def _kueue_problems(
+    spec: Spec,
+    workspace: Workspace,
+    ceilings: Mapping[str, Mapping[str, Decimal | None]],
+    *,
+    already: set[str],
+) -> list[PolicyProblem]:
+    """What keeps Kueue from ever admitting the run, pod set by pod set
+    (``workspaces.kueue_coverage``): a resource the workspace has no quota for at all ("resource
+    memory unavailable in ClusterQueue", and the run would wait forever), or no flavor that
+    can hold everything of one resource group a pod set asks for. Resources refused above
+    already are not refused twice."""
+    only = {GPU_RESOURCE: [spec.compute.gpu_type]} if spec.compute.gpu_type else None
+    problems: list[PolicyProblem] = []
+    said: set[tuple[str, ...]] = set()
+    for who, wanted in kueue_pod_sets(spec):
+        for gap in pod_set_gaps(wanted, ceilings, only_flavors=only):
+            if already & set(gap.resources) or (gap.flavor is None and gap.resources in said):
+                continue
+            said.add(gap.resources)
+            lacking = {resource for resource, _ in gap.short} or set(gap.resources)
+            path = next(SPEC_PATHS[r] for r in (GPU_RESOURCE, "memory", "cpu") if r in lacking)
+            problems.append(PolicyProblem(path, gap.words(who, workspace.slug)))
+    return problems
 
 
 def _amount(resource: str, value: Decimal) -> str:

@@ -39,7 +39,7 @@ from runs.models import RunState
 from runs.state import transition
 from tests.conftest import CAST
 from tests.evidence.helpers import TEST_SIGNING_KEY
-from tests.runs.factories import TINY_FILES, TINY_SPEC, make_run, zip_bytes
+from tests.runs.factories import TINY_FILES, TINY_SPEC, cluster_quota, make_run, zip_bytes
 from workspaces.models import (
     Cohort,
     Membership,
@@ -178,6 +178,7 @@ def GPU_RUN(world: Any) -> dict[str, Any]:
 
 def WEBHOOK(world: Any) -> dict[str, Any]:
     """A webhook of alpha, with one delivery in its log (for the admin's pages)."""
+    cluster_quota(world.alpha)
     webhook = Webhook.objects.create(
         workspace=world.alpha, url="https://93.184.215.14/hook", secret="matrix-secret-0123456"
     )

@@ -38,7 +38,7 @@ from runs.artifacts import store_artifact
 from runs.models import Checkpoint, MetricPoint, RunEvent, RunState
 from runs.state import transition
 from tests.evidence.helpers import TEST_SIGNING_KEY
-from tests.runs.factories import TINY_SPEC, make_run
+from tests.runs.factories import TINY_SPEC, cluster_quota, make_run
 from tests.runs.test_api import attempt_with_log, bearer, run_token
 from workspaces.models import Membership, Workspace
 
@@ -897,6 +897,7 @@ def gpu_nodes_for_a_researcher(world: Any, tmp: Path, settings: Any) -> HttpResp
 @call("GET", f"{RUN}/gpus/", 200)
 def run_gpus(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     settings.TAU_BACKEND = "kubernetes"
+    cluster_quota(world.alpha)
     run = make_run(world, spec=TINY_SPEC.replace(b"cpus: 1", b"cpus: 1\n  gpus: 2"))
     return client(world, "viewer").get(run_path(run.name, "gpus/"))
 

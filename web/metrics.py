@@ -7,29 +7,49 @@ watcher, the local agent), so a counter kept by the web worker that happens to a
 would count that worker's share of the work only, and start again at every restart. The
 rows (runs, deliveries, Kueue syncs, seal requests, the fleet sync) are the one source of
 truth; :class:`PortalCollector` turns them into metrics with a fixed number of aggregate
-queries (``GROUP BY``), whatever the number of runs, each under a statement timeout
+queries (``GROUP BY``), whatever the number of runs, under a time limit
 (:data:`QUERY_TIMEOUT_MS`), so a scrape costs bounded time. The watcher's lag is the age of
 the heartbeat it writes into the shared cache (``runs.watcher_heartbeat``). Every replica
 answers the same, so Prometheus scrapes one of them (the Service), not every pod.
 
-Who may read it: a scraper that sends ``TAU_METRICS_TOKEN`` as its bearer token. Without a
-token configured, loopback clients only (``make run``), and in production nobody: a reverse
-proxy on the same host that is missing from ``TAU_TRUSTED_PROXIES`` makes every client look
-like loopback, and workspace names must not leak to anyone who asks.
+The same queries run on both databases: PostgreSQL in production and SQLite on the embedded
+default (``make run``). Where SQL differs, the expression says how on each
+(:class:`Percentile`, :class:`SecondsBetween`), and the time limit is PostgreSQL's
+``statement_timeout`` or, on SQLite, a progress handler that interrupts the scrape's queries
+once the limit has passed (:func:`_time_limit`).
+
+Who may read it: a scraper that sends ``TAU_METRICS_TOKEN`` as its bearer token, and nobody
+else, wherever it connects from. ``make run`` generates one (``var/metrics-token``; the
+README's curl sends it); in production, without one, nobody may. A loopback address is no
+credential: runs on the embedded default connect from this machine, and a reverse proxy on
+the same host that is missing from ``TAU_TRUSTED_PROXIES`` makes every client look local.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Aggregate, BooleanField, Count, ExpressionWrapper, F, Func, Min, Q
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import (
+    Aggregate,
+    BooleanField,
+    Count,
+    ExpressionWrapper,
+    F,
+    Func,
+    Max,
+    Min,
+    Q,
+)
 from django.db.models.fields import FloatField
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
@@ -46,7 +66,6 @@ from prometheus_client.registry import Collector
 
 from evidence.models import SealRequest
 from gpus.models import FleetSync
-from portal.middleware import PEER_ADDR_KEY, parse_address
 from runs.models import WAITING_STATES, Delivery, Run, RunState
 from runs.watcher_heartbeat import HeartbeatUnreadable, last_heartbeat
 from workspaces.models import KueueSync, Workspace
@@ -63,9 +82,14 @@ LATENCY_QUANTILES = (0.5, 0.9, 0.99)
 FLEET_SYNC_PK = 1
 
 
+#: The name SQLite knows :class:`SQLitePercentile` by, on the connections that scrape.
+SQLITE_PERCENTILE = "taugrid_percentile_cont"
+
+
 class Percentile(Aggregate):
     """PostgreSQL's ``percentile_cont(fraction) WITHIN GROUP (ORDER BY expression)``: the
-    value below which ``fraction`` of the rows fall, interpolated; NULL over no rows."""
+    value below which ``fraction`` of the rows fall, interpolated; NULL over no rows. On
+    SQLite, which has no such aggregate, the same computed by :class:`SQLitePercentile`."""
 
     function = "percentile_cont"
     template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
@@ -77,6 +101,38 @@ class Percentile(Aggregate):
         # A float from this module, never input: written into the SQL as a literal.
         super().__init__(expression, fraction=repr(float(fraction)), **extra)
 
+    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        # On the copy's attributes, not as keywords: Aggregate.as_sql wraps self.template in
+        # its FILTER clause itself.
+        sqlite = self.copy()
+        sqlite.function = SQLITE_PERCENTILE
+        sqlite.template = "%(function)s(%(fraction)s, %(expressions)s)"
+        return sqlite.as_sql(compiler, connection, **extra_context)
+
+
+class SQLitePercentile:
+    """``percentile_cont`` as a SQLite aggregate (``sqlite3.Connection.create_aggregate``):
+    the values of the group are kept and the quantile interpolated between the two nearest
+    ranks, as PostgreSQL does; NULLs are left out, and no values give NULL."""
+
+    def __init__(self) -> None:
+        self.fraction = 0.0
+        self.values: list[float] = []
+
+    def step(self, fraction: float, value: float | None) -> None:
+        self.fraction = fraction
+        if value is not None:
+            self.values.append(float(value))
+
+    def finalize(self) -> float | None:
+        if not self.values:
+            return None
+        ordered = sorted(self.values)
+        position = self.fraction * (len(ordered) - 1)
+        below = int(position)
+        above = min(below + 1, len(ordered) - 1)
+        return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
 
 class SecondsBetween(Func):
     """``later - earlier`` in seconds, as a float."""
@@ -87,6 +143,43 @@ class SecondsBetween(Func):
 
     def __init__(self, later: Any, earlier: Any) -> None:
         super().__init__(later, earlier)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        # Django keeps datetimes as ISO text on SQLite; julianday() reads them (in days).
+        return self.as_sql(
+            compiler,
+            connection,
+            template="((julianday(%(expressions)s)) * 86400.0)",
+            arg_joiner=") - julianday(",
+            **extra_context,
+        )
+
+
+@contextlib.contextmanager
+def _time_limit(database: BaseDatabaseWrapper, milliseconds: int) -> Iterator[None]:
+    """The queries run inside stop after ``milliseconds`` with a DatabaseError: PostgreSQL's
+    ``statement_timeout`` for the enclosing transaction (each query), SQLite's progress
+    handler for the whole block (SQLite has no statement timeout). Other databases: none."""
+    if database.vendor == "postgresql":
+        with database.cursor() as cursor:
+            # Only for this transaction: the scrape's queries, nothing after them.
+            cursor.execute("SET LOCAL statement_timeout = %s", [milliseconds])
+        yield
+        return
+    if database.vendor != "sqlite":
+        yield
+        return
+    database.ensure_connection()
+    raw = database.connection
+    raw.create_aggregate(SQLITE_PERCENTILE, 2, SQLitePercentile)
+    deadline = time.monotonic() + milliseconds / 1000
+    # Called every 10,000 virtual machine instructions; a true answer interrupts the query
+    # ("interrupted", an OperationalError: a DatabaseError like PostgreSQL's cancel).
+    raw.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+    try:
+        yield
+    finally:
+        raw.set_progress_handler(None, 0)
 
 
 def _seconds_since(moment: datetime | None, now: datetime) -> float:
@@ -135,10 +228,7 @@ class PortalCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now = timezone.now()
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                # Only for this transaction: the scrape's queries, nothing after them.
-                cursor.execute("SET LOCAL statement_timeout = %s", [QUERY_TIMEOUT_MS])
+        with transaction.atomic(), _time_limit(connection, QUERY_TIMEOUT_MS):
             families = [
                 *self._runs(now),
                 *self._deliveries(now),
@@ -308,9 +398,17 @@ class PortalCollector(Collector):
     def _kueue_syncs(self, now: datetime) -> Iterable[Metric]:
         # Whether a target (a workspace's queues, the cluster-wide objects) is in step is
         # what its newest sync says: an older failure was superseded by the rows after it.
+        # The newest of each target is its highest pk (one query; no DISTINCT ON, which
+        # SQLite lacks).
+        newest_pks = (
+            KueueSync.objects.order_by()
+            .values("scope", "workspace_slug")
+            .annotate(newest=Max("pk"))
+            .values("newest")
+        )
         newest = (
-            KueueSync.objects.order_by("scope", "workspace_slug", "-pk")
-            .distinct("scope", "workspace_slug")
+            KueueSync.objects.filter(pk__in=newest_pks)
+            .order_by()
             .annotate(erroring=ExpressionWrapper(~Q(last_error=""), output_field=BooleanField()))
             .values_list("state", "erroring", "created_at")
         )
@@ -462,47 +560,35 @@ def _bearer_token(request: HttpRequest) -> str | None:
     return token.strip()
 
 
-def _is_loopback(text: str) -> bool:
-    address = parse_address(text)
-    return address is not None and address.is_loopback
-
-
 def _plain(text: str, status: int) -> HttpResponse:
     return HttpResponse(text + "\n", status=status, content_type="text/plain; charset=utf-8")
 
 
 def refusal(request: HttpRequest) -> HttpResponse | None:
-    """Why this request may not read /metrics (the response to send), or None if it may."""
+    """Why this request may not read /metrics (the response to send), or None if it may:
+    the scrape token, from wherever the request comes (module docstring)."""
     expected: str | None = settings.TAU_METRICS_TOKEN
-    if expected:
-        given = _bearer_token(request)
-        if given is not None and hmac.compare_digest(_digest(given), _digest(expected)):
-            return None
-        response = _plain(
-            "/metrics needs the scrape token: send it as 'Authorization: Bearer <token>' "
-            "(TAU_METRICS_TOKEN on the portal; docs/metrics.md).",
-            401,
-        )
-        response["WWW-Authenticate"] = (
-            _REALM if given is None else f'{_REALM}, error="invalid_token"'
-        )
-        return response
-    if settings.PRODUCTION:
+    if not expected:  # production without a token
         return _plain(
             "/metrics is off: set TAU_METRICS_TOKEN (or TAU_METRICS_TOKEN_FILE) on the portal "
             "and give the same token to the scraper (docs/metrics.md).",
             403,
         )
-    # The client (as a trusted proxy says) and the peer that connected: both this machine.
-    client = str(request.META.get("REMOTE_ADDR", ""))
-    peer = str(request.META.get(PEER_ADDR_KEY, client))
-    if _is_loopback(client) and _is_loopback(peer):
+    given = _bearer_token(request)
+    if given is not None and hmac.compare_digest(_digest(given), _digest(expected)):
         return None
-    return _plain(
-        "/metrics answers only to this machine while TAU_METRICS_TOKEN is not set; set it to "
-        "scrape from elsewhere (docs/metrics.md).",
-        403,
+    where = (
+        "TAU_METRICS_TOKEN on the portal"
+        if settings.PRODUCTION
+        else f"TAU_METRICS_TOKEN, or {settings.VAR_DIR / 'metrics-token'} where make run keeps it"
     )
+    response = _plain(
+        "/metrics needs the scrape token: send it as 'Authorization: Bearer <token>' "
+        f"({where}; docs/metrics.md).",
+        401,
+    )
+    response["WWW-Authenticate"] = _REALM if given is None else f'{_REALM}, error="invalid_token"'
+    return response
 
 
 @never_cache

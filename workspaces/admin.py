@@ -10,12 +10,12 @@ from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import format_quantity
-from workspaces import kueue_sync
+from workspaces import kueue_coverage, kueue_sync
 from workspaces.models import (
     Cohort,
     KueueSync,
@@ -120,7 +120,7 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ["slug", "name", "namespace", "description"]
     list_select_related = ["cohort"]
     inlines = [MembershipInline, QuotaInline, BudgetInline]
-    readonly_fields = ["created_at", "kueue_sync"]
+    readonly_fields = ["created_at", "kueue_sync", "quota_coverage"]
     actions = ["sync_now"]
     fieldsets = [
         (None, {"fields": ["slug", "name", "description", "active"]}),
@@ -147,12 +147,15 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     kueue_fieldset = (
         "Kueue",
         {
-            "fields": ["kueue_sync"],
+            "fields": ["kueue_sync", "quota_coverage"],
             "description": (
                 "The workspace's Namespace, LocalQueue and ClusterQueue (tau- and the slug) "
                 "follow what is saved here within seconds, and a drift check puts back what "
                 "someone changes by hand. A change Kueue refuses is not applied at all: the "
-                "objects stay as they were and the error below says why, in Kueue's words."
+                "objects stay as they were and the error below says why, in Kueue's words. "
+                "Quotas must cover what runs ask for (cpu and memory always, GPUs with cpu "
+                "and memory on the same flavor): Kueue admits nothing else, so such runs are "
+                "refused at submission."
             ),
         },
     )
@@ -211,6 +214,13 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         )
         queryset: QuerySet[Workspace] = super().get_queryset(request)
         queryset = queryset.annotate(
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        """After the quota rows are saved: say at once what they leave out (Kubernetes)."""
+        super().save_related(request, form, formsets, change)
+        if kueue_sync.enabled():
+            for warning in kueue_coverage.quota_warnings(form.instance):
+                self.message_user(request, f"{form.instance.slug}: {warning}", messages.WARNING)
+
             member_count=Coalesce(Subquery(member_count), 0),
             gpu_total=_quota_total(GPU_RESOURCE),
         )
@@ -273,6 +283,16 @@ class MembershipAdmin(PlatformScopeMixin, admin.ModelAdmin):  # type: ignore[typ
 @admin.register(WorkspaceQuota)
 class WorkspaceQuotaAdmin(PlatformScopeMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["workspace", "flavor", "resource", "nominal_amount", "borrowing", "lending"]
+    @admin.display(description="Quotas for runs")
+    def quota_coverage(self, workspace: Workspace) -> str:
+        warnings = kueue_coverage.quota_warnings(workspace)
+        if not warnings:
+            return "They cover what runs ask for (cpu and memory, and GPUs where there are any)."
+        return format_html(
+            '<ul class="messagelist">{}</ul>',
+            format_html_join("", '<li class="warning">{}</li>', ((w,) for w in warnings)),
+        )
+
     list_filter = ["resource", "flavor", "workspace__cohort"]
     search_fields = ["workspace__slug", "workspace__name", "flavor__name", "resource"]
     list_select_related = ["workspace", "flavor"]

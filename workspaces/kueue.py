@@ -37,6 +37,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from tau.quantity import QuantityError, format_quantity, parse_quantity
+from workspaces.kueue_coverage import resource_groups_of
 from workspaces.models import (
     BYTE_RESOURCES,
     Cohort,
@@ -172,10 +173,12 @@ def resource_groups(quotas: Iterable[WorkspaceQuota], *, in_cohort: bool) -> lis
     flavor to one group; every flavor of a group lists exactly the group's
     ``coveredResources``, in that order; limits exist only in a cohort. So:
 
-    - Groups are the connected parts of "flavor F has a row for resource R": a flavor and
-      every resource it has a row for are in one group, and a resource shared by two flavors
-      joins them. The usual shape, an H100 flavor with ``nvidia.com/gpu``, ``cpu`` and
-      ``memory`` and a CPU flavor with ``cpu`` and ``memory``, is one group.
+    - Groups are the connected parts of "flavor F has a row for resource R"
+      (:func:`workspaces.kueue_coverage.resource_groups_of`, which the submission's check
+      uses too): a flavor and every resource it has a row for are in one group, and a
+      resource shared by two flavors joins them. The usual shape, an H100 flavor with
+      ``nvidia.com/gpu``, ``cpu`` and ``memory`` and a CPU flavor with ``cpu`` and ``memory``,
+      is one group.
     - A flavor without a row for one of its group's resources gets ``nominalQuota: 0`` for it,
       and in a cohort ``borrowingLimit: 0`` too: no row means none of it, borrowed or not.
     - Flavors are listed flavors without a GPU model first, then by name: Kueue tries them in
@@ -195,29 +198,10 @@ def resource_groups(quotas: Iterable[WorkspaceQuota], *, in_cohort: bool) -> lis
         if flavor.gpu_model:
             gpu_flavors.add(flavor.name)
 
-    # Union-find over flavors and resources ("f:" and "r:" keep the two name spaces apart).
-    parent: dict[str, str] = {}
-
-    def root(node: str) -> str:
-        parent.setdefault(node, node)
-        while parent[node] != node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-
-    for flavor_name, resource in amounts:
-        parent[root(f"f:{flavor_name}")] = root(f"r:{resource}")
-
-    groups: dict[str, tuple[set[str], set[str]]] = {}
-    for flavor_name, resource in amounts:
-        flavors, resources = groups.setdefault(root(f"r:{resource}"), (set(), set()))
-        flavors.add(flavor_name)
-        resources.add(resource)
-
     rendered: list[Body] = []
-    for flavors, resources in groups.values():
-        covered = sorted(resources, key=_resource_order)
-        ordered_flavors = sorted(flavors, key=lambda name: (name in gpu_flavors, name))
+    for group in resource_groups_of(amounts):
+        covered = sorted(group.resources, key=_resource_order)
+        ordered_flavors = sorted(group.flavors, key=lambda name: (name in gpu_flavors, name))
         rendered.append(
             {
                 "coveredResources": covered,

@@ -12,7 +12,7 @@ from runs import accounting
 from runs.accounting import Outcome, Period
 from runs.models import RunAttempt
 from tests.accounting.helpers import CPU_SPEC, PREEMPTED, USER_ERROR, attempt_at, gpu_run
-from tests.runs.factories import make_run
+from tests.runs.factories import cluster_quota, make_run
 
 pytestmark = pytest.mark.django_db
 
@@ -53,6 +53,7 @@ def test_retries_and_preemption_all_count_and_are_shown_apart(world: Any) -> Non
 
 def test_attribution_by_user_and_kueue_flavor(world: Any, settings: Any) -> None:
     settings.TAU_BACKEND = "kubernetes"
+    cluster_quota(world.alpha)
     mine = gpu_run(world)
     theirs = gpu_run(world, who="workspace_admin")
     for run in (mine, theirs):

@@ -460,3 +460,50 @@ def test_the_readme_leads_production_with_helm_install_the_secrets_and_the_guide
         "## What to watch",
     ):
         assert heading in guide, heading
+
+
+BUFFERING = {
+    "nginx.ingress.kubernetes.io/proxy-request-buffering": "on",
+    "nginx.ingress.kubernetes.io/proxy-buffering": "on",
+}
+
+
+def test_the_ingress_asks_for_a_buffering_proxy_by_default(
+    helm: Helm, rendered: dict[str, list[Body]]
+) -> None:
+    """gunicorn's sync workers are held by slow clients (issue 30): the chart relies on the
+    ingress controller to read requests whole and take responses at once, and its default
+    annotations ask ingress-nginx for that, with a body limit a submission fits in. A values
+    file that adds its own annotations keeps them (the production file raises the body size)."""
+    from runs.submission import MAX_SUBMISSION_BYTES
+
+    enabled = by_kind_and_name(
+        helm.objects(set_values=["ingress.enabled=true", "ingress.hosts={portal.example.org}"])
+    )
+    annotations = enabled[("Ingress", "taugrid")]["metadata"]["annotations"]
+    assert BUFFERING.items() <= annotations.items()
+    size = annotations["nginx.ingress.kubernetes.io/proxy-body-size"]
+    assert size.endswith("m")
+    assert int(size[:-1]) * 2**20 >= MAX_SUBMISSION_BYTES
+    production = by_kind_and_name(rendered["production"])[("Ingress", "taugrid")]
+    assert BUFFERING.items() <= production["metadata"]["annotations"].items()
+    assert production["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"] == (
+        "600m"
+    )
+
+
+def test_the_install_notes_say_the_proxy_must_buffer(helm: Helm) -> None:
+    def notes(*values: str) -> str:
+        args = ["install", "taugrid", str(REPO / "deploy" / "helm" / "taugrid"), "--namespace"]
+        args += ["taugrid", "--dry-run=client"]
+        for value in values:
+            args += ["--set", value]
+        return helm.run(*args).stdout.partition("NOTES:")[2]
+
+    with_ingress = ("ingress.enabled=true", "ingress.hosts={portal.example.org}")
+    assert "buffering proxy" in notes(*with_ingress)
+    assert "WARNING" not in notes(*with_ingress)
+    unbuffered = "ingress.annotations.nginx\\.ingress\\.kubernetes\\.io/proxy-request-buffering"
+    dropped = notes(*with_ingress, f"{unbuffered}=null")
+    assert "WARNING: ingress.annotations no longer ask ingress-nginx to buffer" in dropped
+    assert "must buffer requests too" in notes()

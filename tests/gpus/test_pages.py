@@ -23,7 +23,7 @@ from gpus import workspace_gpus
 from gpus.models import FleetSync, GpuNode, NodeSource
 from runs import submission
 from runs.models import RunAttempt, RunState
-from tests.runs.factories import TINY_FILES, TINY_SPEC, make_run, zip_bytes
+from tests.runs.factories import TINY_FILES, TINY_SPEC, cluster_quota, make_run, zip_bytes
 
 pytestmark = pytest.mark.django_db
 
@@ -257,6 +257,7 @@ def test_the_node_telemetry_without_prometheus_says_how_to_get_it(
 
 def gpu_run(world: Any, gpus: int = 2, *, who: str = "researcher") -> Any:
     spec = TINY_SPEC.replace(b"cpus: 1", b"cpus: 1\n  gpus: %d" % gpus)
+    cluster_quota(world.alpha)
     with override_settings(TAU_BACKEND="kubernetes"):
         return make_run(world, spec=spec, who=who)
 
@@ -282,6 +283,7 @@ def test_a_workspace_sees_its_own_gpus_against_its_quota(world: Any) -> None:
         state=RunState.SUCCEEDED,
     )
     # Another workspace's run holding GPUs: never on alpha's page.
+    cluster_quota(world.beta)
     with override_settings(TAU_BACKEND="kubernetes"):
         theirs = submission.submit(
             workspace=world.beta,

@@ -21,7 +21,7 @@ from gpus import run_gpus, telemetry
 from gpus.models import FleetSync, GpuNode, NodeSource
 from runs import submission
 from runs.models import Run, RunAttempt, RunState
-from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
+from tests.runs.factories import TINY_FILES, TINY_SPEC, cluster_quota, zip_bytes
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db]
 
@@ -165,6 +165,7 @@ def test_prometheus_stopped_is_a_notice_and_node_data_stays(
 
 
 def gpu_run_of(world: Any, workspace: Any, user: str, gpus: int, started_ago: timedelta) -> Run:
+    cluster_quota(workspace)
     with override_settings(TAU_BACKEND="kubernetes"):
         run = submission.submit(
             workspace=workspace,

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import http.cookiejar
 import json
+import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.runs.processes import free_port
 
@@ -40,6 +43,9 @@ NOISE = {
     "gunicorn's start-up lines": "Booting worker with pid",
     "gunicorn's control socket": "Control socket listening",
     "a periodic task's chatter": "reconcile_deliveries",
+    "uvicorn's start-up lines": "Uvicorn running on",
+    "uvicorn's lifespan notice": "lifespan",
+    "Django's warning about collecting a download in memory": "must consume synchronous",
 }
 
 
@@ -59,6 +65,10 @@ class Session:
     home_after: list[str] = field(default_factory=list)
     tmp_after: list[str] = field(default_factory=list)
     checkout_added: set[str] = field(default_factory=set)
+    idle_attack: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    commands: list[list[str]] = field(default_factory=list)  # make run's processes, at start
+    agent_killed: dict[str, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -154,6 +164,151 @@ def log_in(base: str, username: str, password: str) -> urllib.request.OpenerDire
     return opener
 
 
+def descendants(pid: int) -> dict[int, list[str]]:
+    """The processes below ``pid`` (children, grandchildren, ...), with their command lines."""
+    parents: dict[int, int] = {}
+    commands: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        # The command name is in parentheses and may hold spaces: the fields follow the last ')'.
+        parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+        commands[int(entry.name)] = [part.decode(errors="replace") for part in command if part]
+    found: dict[int, list[str]] = {}
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        for child, its_parent in parents.items():
+            if its_parent == parent and child not in found:
+                found[child] = commands[child]
+                pending.append(child)
+    return found
+
+
+def agent_pids(root: int) -> list[int]:
+    return [
+        pid
+        for pid, command in descendants(root).items()
+        if command[-1:] == ["run_agent"] and os.path.basename(command[0]).startswith("python")
+    ]
+
+
+def answers_in_time(url: str, timeout: float) -> float | None:
+    """Seconds until ``url`` answered 200, or None if it did not within ``timeout``."""
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            if response.status != 200:
+                return None
+    except OSError:
+        return None
+    return time.monotonic() - started
+
+
+#: The issue's attack, with the acceptance's count: each socket declares a form body and sends
+#: none of it, as a client inside a run (or anyone on this machine) can.
+IDLE_CLIENTS = 50
+
+
+def attack_with_idle_connections(session: Session) -> None:
+    """Open IDLE_CLIENTS connections that send a login POST's headers declaring a 100 kB body
+    and then nothing; time /healthz while they hang there; close them."""
+    request = (
+        f"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1:{session.port}\r\n"
+        "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
+    sockets = []
+    try:
+        for _ in range(IDLE_CLIENTS):
+            client = socket.create_connection(("127.0.0.1", session.port), timeout=10)
+            client.sendall(request)
+            sockets.append(client)
+        time.sleep(1)  # the server has read every header and waits for the bodies
+        session.idle_attack = {
+            "open": len(sockets),
+            # Headroom for a loaded two-core machine is in the assertion, not here: a healthz
+            # that needs longer than 10 s counts as not answering at all.
+            "healthz_seconds": [answers_in_time(f"{session.url}/healthz", 10) for _ in range(3)],
+            "login_page_seconds": answers_in_time(f"{session.url}/login/", 10),
+        }
+    except OSError as error:
+        session.idle_attack = {"error": repr(error), "open": len(sockets)}
+    finally:
+        for client in sockets:
+            client.close()
+
+
+def readme_metrics_command() -> str:
+    """The README's curl for /metrics under "## Health", as a user copies it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    health = readme.split("\n## Health\n", 1)[1].split("\n## ", 1)[0]
+    block = next(
+        (
+            found.group(1)
+            for found in re.finditer(r"```sh\n(.*?)```", health, re.DOTALL)
+            if "/metrics" in found.group(1)
+        ),
+        None,
+    )
+    assert block is not None, "no curl for /metrics in the README's Health section"
+    return block
+
+
+def scrape_metrics(session: Session, env: dict[str, str]) -> None:
+    """/metrics as the README says, and from this machine without the credentials."""
+    try:
+        scraped = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", readme_metrics_command()],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        session.metrics["readme"] = {
+            "returncode": scraped.returncode,
+            "stdout": scraped.stdout,
+            "stderr": scraped.stderr,
+        }
+    except AssertionError as error:
+        session.metrics["readme"] = {"error": str(error)}
+    status, _, body = fetch(urllib.request.build_opener(), f"{session.url}/metrics")
+    session.metrics["anonymous"] = {"status": status, "body": body.decode(errors="replace")}
+
+
+def kill_the_agent(session: Session, root: int, output: Lines) -> None:
+    """kill -9 the local agent; watch the web answer and a new agent start."""
+    before = agent_pids(root)
+    started_lines = sum("local agent started" in line for line in output.lines)
+    record: dict[str, Any] = {"before": before, "printed_from": len(output.lines)}
+    session.agent_killed = record
+    if len(before) != 1:
+        return
+    os.kill(before[0], signal.SIGKILL)
+    killed_at = time.monotonic()
+    healthz: list[float | None] = []
+    back_after = None
+    while time.monotonic() - killed_at < 30:
+        healthz.append(answers_in_time(f"{session.url}/healthz", 5))
+        again = sum("local agent started" in line for line in output.lines)
+        if back_after is None and again > started_lines:
+            back_after = time.monotonic() - killed_at
+        if back_after is not None and time.monotonic() - killed_at > back_after + 3:
+            break  # a few more seconds: anything the restart still had to say
+        time.sleep(0.3)
+    record.update(
+        healthz=healthz,
+        back_after=back_after,
+        after=agent_pids(root),
+        lines=output.lines[record["printed_from"] :],
+    )
+
+
 def use_the_portal(session: Session, env: dict[str, str]) -> None:
     """What a user does first. Outcomes are recorded, not asserted: each test asserts its own
     (a step that fails leaves its record empty, with the error)."""
@@ -242,7 +397,11 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> Session:
         time.sleep(4)
         session.startup = list(output.lines)
         session.passwords = json.loads((session.var / "demo-credentials.json").read_text())
+        session.commands = list(descendants(process.pid).values())
         use_the_portal(session, env)
+        attack_with_idle_connections(session)
+        scrape_metrics(session, env)
+        kill_the_agent(session, process.pid, output)
         time.sleep(1)
     finally:
         os.killpg(process.pid, signal.SIGINT)
@@ -329,3 +488,95 @@ def test_the_readme_curl_works_on_another_port(make_run: Session) -> None:
     assert readme["followed_returncode"] == 0, readme
     followed = json.loads(readme["followed"])
     assert followed["name"] == created["name"]
+
+
+# --- slow clients (issue 30) -------------------------------------------------------------------
+
+
+def test_idle_connections_do_not_freeze_the_portal(make_run: Session) -> None:
+    """The issue's attack: a dozen sockets declaring a login form and sending none of it froze
+    gunicorn's sync workers (each waited for its body, for CSRF); with 50 open, /healthz answers
+    within 1 s (the acceptance's bound), and so do pages."""
+    attack = make_run.idle_attack
+    assert attack.get("open") == IDLE_CLIENTS, attack
+    timings = attack["healthz_seconds"]
+    print(f"with {IDLE_CLIENTS} idle clients: /healthz in {timings} s")  # the report's figure
+    assert None not in timings, attack
+    assert max(timings) < 1.0, attack
+    assert attack["login_page_seconds"] is not None, attack
+    assert attack["login_page_seconds"] < 5.0, attack
+
+
+# --- /metrics on the embedded default (issue 30) --------------------------------------------------
+
+
+def test_the_readme_curl_reads_metrics_with_the_runs_by_state(make_run: Session) -> None:
+    readme = make_run.metrics["readme"]
+    assert readme.get("returncode") == 0, readme
+    families = {family.name: family for family in text_string_to_metric_families(readme["stdout"])}
+    runs = families["taugrid_runs"]
+    states = {sample.labels["state"] for sample in runs.samples}
+    assert {"pending", "queued", "running", "succeeded", "failed"} <= states
+    # The README's submission is counted in the demo workspace.
+    assert sum(s.value for s in runs.samples if s.labels["workspace"] == "demo") >= 1
+    # The latency quantiles work on SQLite too: a number once something was handed over.
+    submitted = families["taugrid_submission_latency_sample_size"].samples[0].value
+    quantiles = families["taugrid_submission_latency_seconds"].samples
+    if submitted:
+        assert all(not math.isnan(sample.value) for sample in quantiles), quantiles
+    # No error: it logged an ERROR with a traceback per scrape on SQLite. (The anonymous
+    # scrape's refusal is one line, as every refused request.)
+    printed = "\n".join(make_run.output)
+    about_metrics = [line for line in make_run.output if "/metrics" in line]
+    assert all(" 401 " in line for line in about_metrics), printed
+    assert "Traceback" not in printed, printed
+
+
+def test_metrics_refuses_this_machine_without_the_token(make_run: Session) -> None:
+    """Loopback is not a credential: a sandboxed run connects from this machine too."""
+    anonymous = make_run.metrics["anonymous"]
+    assert anonymous["status"] == 401, anonymous
+    assert "taugrid_" not in anonymous["body"]
+    assert "metrics-token" in anonymous["body"]  # where make run keeps the token
+
+
+# --- supervision (issue 30) ---------------------------------------------------------------------
+
+
+def test_a_killed_agent_is_started_again_and_the_web_keeps_answering(make_run: Session) -> None:
+    killed = make_run.agent_killed
+    assert len(killed["before"]) == 1, killed
+    assert killed["healthz"], killed
+    assert all(seconds is not None for seconds in killed["healthz"]), killed
+    # The acceptance's bound: the agent is back within 10 s.
+    print(f"the agent was back {killed['back_after']} s after kill -9")  # the report's figure
+    assert killed["back_after"] is not None, killed
+    assert killed["back_after"] < 10.0, killed
+    assert len(killed["after"]) == 1, killed
+    assert killed["after"] != killed["before"]
+    # Said once, in words, and nothing was stopped.
+    said = [line for line in killed["lines"] if "local agent" in line and "again" in line]
+    assert len(said) == 1, killed["lines"]
+    assert "stopped the rest" not in "\n".join(make_run.output)
+    assert "stopped." in make_run.output  # by Ctrl-C, at the end
+
+
+# --- the processes (issue 30) -------------------------------------------------------------------
+
+
+def test_notifications_have_a_worker_of_their_own(make_run: Session) -> None:
+    """A slow webhook must never hold the worker that hands runs over: the main worker takes
+    the default queue only, and a second worker the notifications queue."""
+    celery = [command for command in make_run.commands if "worker" in command and "-A" in command]
+    queues = {command[command.index("--queues") + 1] for command in celery if "--queues" in command}
+    assert queues == {"celery", "notifications"}, make_run.commands
+    startup = "\n".join(make_run.startup)
+    assert "the notifications worker" in startup, startup
+
+
+def test_running_as_root_says_what_is_true(make_run: Session) -> None:
+    """As root, each run gets a user id of its own in its sandbox; it does not run as root."""
+    printed = "\n".join(make_run.startup)
+    assert "run as root too" not in printed
+    if os.geteuid() == 0:
+        assert "user id of its own" in printed, printed

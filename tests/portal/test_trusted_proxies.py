@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from django.test import Client, override_settings
 from django.urls import reverse
-from gunicorn.config import Config  # type: ignore[import-untyped]
 from rest_framework.test import APIClient
 
 from portal.middleware import client_address, trusted_networks
@@ -143,15 +142,23 @@ def test_the_api_over_plain_http_is_answered_not_redirected() -> None:
     assert inside.get(reverse("login")).status_code == 301
 
 
-def test_make_run_starts_gunicorn_trusting_no_forwarded_headers() -> None:
-    web = Command()._commands("127.0.0.1", 8000)["web"]
-    assert web[web.index("--forwarded-allow-ips") + 1] == ""
-    # And that is what gunicorn makes of those arguments (its default is 127.0.0.1,::1).
-    config = Config()
-    assert config.forwarded_allow_ips == ["127.0.0.1", "::1"]
-    arguments = config.parser().parse_args(web[1:])
-    config.set("forwarded_allow_ips", arguments.forwarded_allow_ips)
-    assert config.forwarded_allow_ips == []
+def test_make_run_starts_a_web_server_trusting_no_forwarded_headers() -> None:
+    """make run's uvicorn (web.http_server), as gunicorn with --forwarded-allow-ips "": it
+    must not rewrite the client from X-Forwarded-For or the scheme from X-Forwarded-Proto
+    (uvicorn's default trusts 127.0.0.1, where local runs connect from)."""
+    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+    from web import http_server
+    from web.management.commands.runportal import web_command
+
+    assert Command()._commands("127.0.0.1", 8000)["web"] == web_command("127.0.0.1", 8000)
+    config = http_server.config("127.0.0.1", 8000)
+    config.load()
+    assert config.proxy_headers is False
+    app: Any = config.loaded_app
+    while app is not None:
+        assert not isinstance(app, ProxyHeadersMiddleware)
+        app = getattr(app, "app", None)
 
 
 def test_the_readme_production_example_starts_gunicorn_trusting_nobody() -> None:

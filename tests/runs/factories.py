@@ -27,6 +27,24 @@ compute:
 TINY_FILES = {"main.py": "print('hello from main.py')\n"}
 
 
+def cluster_quota(workspace: Any, *, cpu: str = "64", memory: str = "256Gi") -> None:
+    """CPU and memory quota beside the ``world`` workspaces' GPU rows, on their GPU flavor:
+    what a workspace needs before it can submit on Kubernetes (Kueue admits nothing that asks
+    for a resource its ClusterQueue has no quota for, and places a GPU worker's GPUs, CPUs
+    and memory on one flavor, so ``runs.policy`` refuses such runs at submission)."""
+    from tau.quantity import parse_quantity
+    from workspaces.models import ResourceFlavor, WorkspaceQuota
+
+    flavor = ResourceFlavor.objects.get(name="h100")
+    for resource, amount in (("cpu", cpu), ("memory", memory)):
+        WorkspaceQuota.objects.update_or_create(
+            workspace=workspace,
+            flavor=flavor,
+            resource=resource,
+            defaults={"nominal": parse_quantity(amount)},
+        )
+
+
 def zip_bytes(files: dict[str, str]) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:

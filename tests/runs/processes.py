@@ -1,5 +1,7 @@
 """Real portal processes for end-to-end tests: a Redis of the test's own (so it can be stopped
-and started again), and gunicorn, a Celery worker and Celery beat against the test database."""
+and started again), and the web server, the Celery workers and Celery beat against the test
+database. The web server is ``make run``'s own (``manage.py serve_web``: uvicorn serving
+``web.asgi``), or production's gunicorn as the Helm chart starts it when a test asks."""
 
 from __future__ import annotations
 
@@ -97,11 +99,18 @@ class PrivateRedis:
 
 
 class Portal:
-    """gunicorn + Celery worker + Celery beat, as ``make run`` starts them."""
+    """The web server + Celery worker + the notifications worker + Celery beat, as ``make run``
+    starts them (``gunicorn=True``: the web server is production's instead)."""
 
     def __init__(
-        self, *, broker_url: str, var_dir: Path, extra_env: dict[str, str] | None = None
+        self,
+        *,
+        broker_url: str,
+        var_dir: Path,
+        extra_env: dict[str, str] | None = None,
+        gunicorn: bool = False,
     ) -> None:
+        self.gunicorn = gunicorn
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -136,20 +145,8 @@ class Portal:
 
     def start(self, *, web: bool = True, worker: bool = True, beat: bool = True) -> None:
         if web:
-            self._spawn(
-                "web",
-                [
-                    str(BIN / "gunicorn"),
-                    "portal.wsgi:application",
-                    "--bind",
-                    f"127.0.0.1:{self.port}",
-                    "--workers",
-                    "1",
-                    "--threads",
-                    "4",
-                ],
-            )
-            wait_for(self._healthy, timeout=60, what="gunicorn start")
+            self._spawn("web", self.web_command())
+            wait_for(self._healthy, timeout=60, what="the web server's start")
         if worker:
             self._spawn(
                 "worker",
@@ -214,6 +211,22 @@ def portal_processes(tmp_path: Path, broker_url: str, **kwargs: Any) -> Iterator
 def multipart_form(
     parts: list[tuple[str, str, bytes]], boundary: str = "taugridtest"
 ) -> tuple[bytes, str]:
+    def web_command(self) -> list[str]:
+        if not self.gunicorn:
+            from web.management.commands.runportal import web_command
+
+            return web_command("127.0.0.1", self.port)
+        # As the Helm chart's web container (deploy/helm/taugrid/templates/web.yaml).
+        return [
+            str(BIN / "gunicorn"),
+            "portal.wsgi:application",
+            f"--bind=127.0.0.1:{self.port}",
+            "--workers=1",
+            "--threads=4",
+            "--forwarded-allow-ips=",
+            "--no-control-socket",
+        ]
+
     """A multipart/form-data body of (field, file name, content) file parts, as
     `curl -F field=@file` sends them, and its Content-Type."""
     body = (

@@ -25,6 +25,7 @@ from tests.runs.factories import (
     ROOT,
     TINY_FILES,
     TINY_SPEC,
+    cluster_quota,
     make_run,
     zip_bytes,
     zip_directory,
@@ -504,6 +505,7 @@ def test_the_kubernetes_backend_takes_submissions(world: Any, settings: Any) -> 
     # No cluster here: the run and its delivery are written; the delivery reaches the cluster
     # later (tests/runs/test_kube_backend.py does that on the real one).
     settings.TAU_BACKEND = "kubernetes"
+    cluster_quota(world.alpha)
     response = submit(world.api_client_for("researcher"), TINY_SPEC)
     assert response.status_code == 201, response.content
     run = Run.objects.for_workspace(world.alpha).get()

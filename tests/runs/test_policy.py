@@ -2,7 +2,9 @@
 the path in tau.yaml they are about, and never a silently changed spec.
 
 The ``world`` fixture: alpha (cohort ``research``, priorities ``["normal"]``, 8 GPUs of
-``h100``, unlimited borrowing) and beta (no cohort, no priorities, 4 GPUs of ``h100``).
+``h100``, unlimited borrowing) and beta (no cohort, no priorities, 4 GPUs of ``h100``); here
+both also get 64 CPUs and 256Gi of memory on ``h100`` (``cluster_quota``), without which
+Kueue would admit none of their runs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from runs import render
 from runs.policy import PolicyRefused, apply_policy, cluster_totals, quota_ceilings
 from tau.quantity import parse_quantity
 from tau.spec import Spec, load_spec
+from tests.runs.factories import cluster_quota
 from workspaces.models import ResourceFlavor, WorkspaceQuota
 
 pytestmark = pytest.mark.django_db
@@ -32,6 +35,12 @@ BASE: dict[str, Any] = {
     "run": {"entrypoint": "train.py", "workload_kind": "job"},
     "compute": {"cpus": 1, "memory": "1Gi"},
 }
+
+
+@pytest.fixture(autouse=True)
+def cpus_and_memory(world: Any) -> None:
+    cluster_quota(world.alpha)
+    cluster_quota(world.beta)
 
 
 def spec_of(**blocks: dict[str, Any]) -> Spec:
@@ -158,7 +167,7 @@ def test_in_a_cohort_nominal_plus_borrowing_limit_is_the_ceiling(world: Any) -> 
 
 
 def test_unlimited_borrowing_in_a_cohort_has_no_ceiling(world: Any) -> None:
-    assert quota_ceilings(world.alpha) == {GPU: {"h100": None}}
+    assert quota_ceilings(world.alpha)[GPU] == {"h100": None}
     placement = apply_policy(
         spec_of(compute={"gpus": 8, "workers": 16}), world.alpha, backend="local"
     )
@@ -176,17 +185,75 @@ def test_cpu_and_memory_quotas_count_too(world: Any) -> None:
 
 
 def test_gpus_without_any_gpu_quota_are_refused(world: Any) -> None:
-    WorkspaceQuota.objects.for_workspace(world.beta).delete()
+    WorkspaceQuota.objects.for_workspace(world.beta).filter(resource=GPU).delete()
     assert refusal(spec_of(compute={"gpus": 1}), world.beta) == {
         "compute.gpus": "beta has no GPU quota."
     }
-    # No quota rows for a resource: no ceiling of the workspace's own for it.
-    assert apply_policy(spec_of(compute={"cpus": 64}), world.beta, backend="kubernetes")
+
+
+def test_on_kubernetes_a_resource_without_any_quota_is_refused_at_submission(world: Any) -> None:
+    """Kueue admits nothing that asks for a resource its ClusterQueue has no quota for (it says
+    "resource memory unavailable in ClusterQueue", and the run waits forever): refused at once,
+    in words. Locally a resource without a row is limited by the machine alone."""
+    WorkspaceQuota.objects.for_workspace(world.beta).filter(resource="memory").delete()
+    problems = refusal(spec_of(), world.beta)
+    assert problems == {
+        "compute.memory": "the run asks for memory, but beta has no memory quota, and Kueue "
+        "admits no run that asks for a resource its ClusterQueue has no quota for; it would "
+        "never start. Ask the platform team for a memory quota.",
+    }
+    # A RayJob's head and submitter ask for memory too: still said once.
+    rayjob = spec_of(run={"workload_kind": "rayjob"}, runtime={"image": "ray:2"})
+    assert list(refusal(rayjob, world.beta)) == ["compute.memory"]
+    assert apply_policy(spec_of(), world.beta, backend="local")
+
+    WorkspaceQuota.objects.for_workspace(world.beta).delete()
+    assert set(refusal(spec_of(compute={"gpus": 1}), world.beta)) == {
+        "compute.gpus",
+        "compute.cpus",
+        "compute.memory",
+    }
+    assert apply_policy(spec_of(compute={"cpus": 64}), world.beta, backend="local")
+
+
+def test_on_kubernetes_a_pod_set_must_find_all_it_asks_for_on_one_flavor(world: Any) -> None:
+    """Kueue assigns every resource of one resource group to a pod set on the same flavor: a
+    GPU flavor without memory quota, grouped with a CPU flavor (they share cpu), can never take
+    a GPU worker, though every amount exists somewhere."""
+    WorkspaceQuota.objects.for_workspace(world.beta).filter(resource="memory").delete()
+    quota(world.beta, "cpu", "16", flavor="cpu")
+    quota(world.beta, "memory", "64Gi", flavor="cpu")
+    gpu_run = spec_of(compute={"gpus": 1})
+    assert refusal(gpu_run, world.beta) == {
+        "compute.memory": "the 1 worker(s) need 1 cpu, 1Gi memory and 1 nvidia.com/gpu on one "
+        "flavor, but no flavor of beta has them all (the closest, h100, has no memory quota); "
+        "it would never start (Kueue places all the cpu, memory and nvidia.com/gpu a pod set "
+        "asks for on one flavor).",
+    }
+    # A CPU run lands on the CPU flavor; a RayJob's head of 8Gi too, and its GPU worker not.
+    assert apply_policy(spec_of(), world.beta, backend="kubernetes")
+    rayjob = spec_of(
+        run={"workload_kind": "rayjob"}, compute={"gpus": 1}, runtime={"image": "ray:2"}
+    )
+    assert list(refusal(rayjob, world.beta)) == ["compute.memory"]
+    # With compute.gpu_type only that flavor is tried for the GPUs, though the CPU flavor
+    # has the memory.
+    quota(world.beta, "memory", "64Gi", flavor="h100")
+    quota(world.beta, "memory", "200Gi", flavor="cpu")
+    assert apply_policy(gpu_run, world.beta, backend="kubernetes")
+    pinned = refusal(
+        spec_of(compute={"gpus": 1, "memory": "100Gi", "gpu_type": "h100"}), world.beta
+    )
+    assert pinned == {
+        "compute.memory": "the 1 worker(s) need 1 cpu, 100Gi memory and 1 nvidia.com/gpu on one "
+        "flavor, but beta's flavor h100 has at most 64Gi memory; it would never start (Kueue "
+        "places all the cpu, memory and nvidia.com/gpu a pod set asks for on one flavor).",
+    }
 
 
 def test_one_worker_group_must_fit_on_one_flavor(world: Any) -> None:
     quota(world.beta, GPU, "4", flavor="a100")  # beta: 4 on h100 and 4 on a100
-    assert quota_ceilings(world.beta) == {GPU: {"a100": Decimal(4), "h100": Decimal(4)}}
+    assert quota_ceilings(world.beta)[GPU] == {"a100": Decimal(4), "h100": Decimal(4)}
     # 8 GPUs in total exist, but Kueue places all workers of a pod set on one flavor.
     problems = refusal(spec_of(compute={"gpus": 4, "workers": 2}), world.beta)
     assert problems == {

@@ -19,7 +19,7 @@ from runs.models import CodeBundle, Run, RunEvent, RunState
 from runs.submission import SubmissionRefused, check_bundle, check_spec
 from tau.spec import load_spec, locate
 from tests.runs.agent_harness import local_quota
-from tests.runs.factories import ROOT, TINY_SPEC, zip_bytes, zip_directory
+from tests.runs.factories import ROOT, TINY_SPEC, cluster_quota, zip_bytes, zip_directory
 
 pytestmark = pytest.mark.django_db
 
@@ -140,6 +140,7 @@ def test_the_rule_is_the_agent_s_rule(world: Any, settings: Any) -> None:
 
 def test_on_kubernetes_the_local_machine_does_not_count(world: Any, settings: Any) -> None:
     settings.TAU_LOCAL_GPUS = 0
+    cluster_quota(world.alpha)
     spec = tiny("  gpus: 1\n  cpus: 1\n  memory: 1Gi\n")
     placement = check_spec(spec, workspace=world.alpha, backend="kubernetes")
     assert placement.spec.compute.gpus == 1

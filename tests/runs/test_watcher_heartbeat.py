@@ -147,7 +147,7 @@ def test_the_active_watcher_beats_while_it_follows_the_cluster_and_stops_when_it
         assert first.identity == "heartbeat-test"
         assert abs(first.at - time.time()) < 10
         wait_until("a second heartbeat", lambda: newer_than(first.at), WRITE_EVERY_SECONDS * 5)
-        response = Client().get("/metrics")
+        response = Client(HTTP_AUTHORIZATION=f"Bearer {settings.TAU_METRICS_TOKEN}").get("/metrics")
         assert response.status_code == 200
         samples = {
             sample.name: sample.value

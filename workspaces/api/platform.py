@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api import refusals
-from workspaces import provisioning
+from workspaces import kueue_coverage, kueue_sync, provisioning
 from workspaces.access import token_workspace_id
 from workspaces.api.serializers import QuotaSerializer, WorkspaceSerializer
 from workspaces.models import Cohort, ResourceFlavor, Role, Workspace, WorkspaceQuota
@@ -100,7 +100,7 @@ class PlatformWorkspaceSerializer(WorkspaceSerializer):
     quotas = serializers.SerializerMethodField()
 
     class Meta(WorkspaceSerializer.Meta):
-        fields = [*WorkspaceSerializer.Meta.fields, "quotas"]
+        fields = [*WorkspaceSerializer.Meta.fields, "quotas", "quota_warnings"]
 
     @extend_schema_field(QuotaSerializer(many=True))
     def get_quotas(self, workspace: Workspace) -> list[dict[str, Any]]:
@@ -122,6 +122,11 @@ def create_workspace(request: Request) -> Response:
     payload.is_valid(raise_exception=True)
     data = dict(payload.validated_data)
     try:
+    quota_warnings = serializers.SerializerMethodField(
+        help_text="On the Kubernetes backend, what the quotas leave out of what runs ask for "
+        "(a resource without any row, a GPU flavor without cpu or memory): runs that Kueue "
+        "would never admit, which submission refuses. Empty when they cover it."
+    )
         workspace = provisioning.create_workspace(
             slug=data.pop("slug"),
             cohort=data.pop("cohort", None),
@@ -135,6 +140,10 @@ def create_workspace(request: Request) -> Response:
 
 
 def update_workspace(request: Request, workspace: Workspace) -> Response:
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_quota_warnings(self, workspace: Workspace) -> list[str]:
+        return kueue_coverage.quota_warnings(workspace) if kueue_sync.enabled() else []
+
     payload = WorkspaceInputSerializer(data=request.data, partial=True)
     payload.is_valid(raise_exception=True)
     data = dict(payload.validated_data)

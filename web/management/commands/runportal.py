@@ -1,9 +1,29 @@
-"""Run the whole portal on this machine in the foreground: web server, Celery worker and beat,
-and, when runs execute on this machine (``TAU_BACKEND=local``), the local agent, or, when
-they run on Kubernetes (``TAU_BACKEND=kubernetes``), the Kubernetes watcher.
+"""Run the whole portal on this machine in the foreground: the web server, a Celery worker,
+a second Celery worker for notifications, Celery beat and, when runs execute on this machine
+(``TAU_BACKEND=local``), the local agent, or, when they run on Kubernetes
+(``TAU_BACKEND=kubernetes``), the Kubernetes watcher.
 
-Ctrl-C (or SIGTERM) stops all of them; if one of them dies, the others are stopped too and
-the command exits non-zero, so nothing is left half-running.
+The web server is uvicorn serving Django's ASGI handler (``manage.py serve_web``,
+``web.http_server`` and ``web.asgi``), chosen for slow clients: a client that connects and
+sends nothing, or declares a body and never sends it, costs a coroutine, not one of a few
+threads, so a dozen of them (from a run on this machine, or anyone local) cannot stop the
+portal answering, as they stopped gunicorn's sync workers. Every route has a body limit,
+refused before reading, and every request a deadline for its headers and its body.
+
+Notifications (e-mail, webhooks) have a worker of their own (``notifier``, the
+``notifications`` queue): a slow webhook receiver holds one of its two slots at worst, never
+the worker that hands runs over (``-Q celery``).
+
+Supervised: a process that stops (a crash, a kill -9) is started again at once, and if it
+keeps stopping soon after its start, after a pause that doubles each time (up to
+:data:`_MAX_PAUSE_SECONDS`); a run in the local agent's care is taken over by the next agent
+(it closes the attempt and the run is retried, as after any agent restart), and
+the console says so once: one line when it stops, one more if it keeps stopping (its output
+then goes to ``var/logs/<name>.log`` instead of the console, so nothing repeats on screen),
+and one when it stays up again. Only Ctrl-C (or SIGTERM) stops everything. A process that
+stops during start-up is different: something is wrong with the installation (a port in
+use, a broken database), so everything is stopped and the command says which one and exits
+non-zero, instead of trying again for ever.
 
 The console is for the person who typed ``make run``: the servers start quietly (warnings
 and errors only, no banners), their output comes through this process line by line, and
@@ -23,6 +43,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
 from django.conf import settings
@@ -35,6 +56,12 @@ from web.management.commands.bootstrap_demo import (
 )
 
 _GRACE_SECONDS = 10
+# A stopped process is started again at once the first time; if it stops again within
+# _STABLE_SECONDS of its start, after _FIRST_PAUSE_SECONDS, doubling each time it does, up to
+# _MAX_PAUSE_SECONDS.
+_FIRST_PAUSE_SECONDS = 1.0
+_MAX_PAUSE_SECONDS = 30.0
+_STABLE_SECONDS = 30.0
 # The agent may take its grace period (TAU_LOCAL_GRACE_SECONDS) plus recording time; it gives
 # up by itself (killing its runs) 15 s after the grace period, before this runs out.
 _AGENT_EXTRA_SECONDS = 30
@@ -59,61 +86,42 @@ class Command(BaseCommand):
         url = f"http://{host}:{port}/"
         commands = self._commands(host, port)
         console = _Console(self.stdout)
-        processes: dict[str, subprocess.Popen[bytes]] = {}
         # A plain flag: a signal handler must not take locks (threading.Event.set does).
         stopping = _Flag()
-
-        def first_exited() -> str | None:
-            return next((name for name, p in processes.items() if p.poll() is not None), None)
-
         signal.signal(signal.SIGINT, stopping.set)
         signal.signal(signal.SIGTERM, stopping.set)
         agent_started = console.watch("agent", _AGENT_STARTED)
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
         console.say(f"Starting {_names(list(commands))}…")
         if os.geteuid() == 0 and "agent" in commands:
             # Celery's own warning about root (a screenful, about pickle, which the portal
             # does not accept) is silenced; this is what running as root means here.
             console.say(
-                "Note: running as root, so the runs the local agent executes run as root too. "
-                "Use an ordinary user account for anything but a quick try."
+                "Note: running as root. Each run the local agent executes gets a user id of "
+                "its own in its sandbox; without a sandbox (the agent says so) runs would run "
+                "as root. Use an ordinary user account for anything but a quick try."
             )
+        supervisor = _Supervisor(commands, _environments(commands), console, Path(settings.VAR_DIR))
         failed: str | None = None
         try:
-            for name, command in commands.items():
-                env = environment
-                if name == "worker":
-                    warnings = ",".join(
-                        filter(None, [env.get("PYTHONWARNINGS"), _CELERY_ROOT_WARNING])
-                    )
-                    env = {**env, "PYTHONWARNINGS": warnings}
-                # Own process group: a terminal Ctrl-C reaches us once, and we stop the children.
-                processes[name] = subprocess.Popen(  # noqa: S603
-                    command,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-                console.follow(name, processes[name])
+            supervisor.start_all()
             ready: list[Callable[[], bool]] = [
                 lambda: _answers(f"http://{_local(host)}:{port}/healthz")
             ]
             if "agent" in commands and logging.getLogger("runs.agent").isEnabledFor(logging.INFO):
                 ready.append(agent_started.is_set)
-            failed = _wait_until_ready(ready, stopping, first_exited)
+            failed = _wait_until_ready(ready, stopping, supervisor.first_exited)
             if not stopping.raised and failed is None:
                 self._print_login(console, url)
-            while not stopping.raised and failed is None:
-                time.sleep(0.5)
-                failed = first_exited()
+                while not stopping.raised:
+                    time.sleep(0.2)
+                    supervisor.tend()
         finally:
-            self._stop_all(processes)
+            supervisor.stop_all()
             console.finish()
         if failed is not None:
             raise CommandError(
-                f"{failed} exited with code {processes[failed].returncode}; stopped the rest"
+                f"{_names([failed])} exited during start-up with "
+                f"{_how(supervisor.returncode(failed))}; stopped the rest"
             )
         console.say("stopped.")
 
@@ -122,29 +130,9 @@ class Command(BaseCommand):
         bin_dir = os.path.dirname(python)
         var_dir = str(settings.VAR_DIR)
         commands = {
-            "web": [
-                os.path.join(bin_dir, "gunicorn"),
-                "portal.wsgi:application",
-                "--bind",
-                f"{host}:{port}",
-                "--workers",
-                "2",
-                "--threads",
-                "4",
-                # Start-up chatter off; the portal's own log shows refused requests and errors.
-                "--log-level",
-                "warning",
-                "--worker-tmp-dir",
-                var_dir,
-                # gunicorn >= 25.1 opens a control socket for gunicornc in ~/.gunicorn; the
-                # portal does not use it, and everything make run writes stays under var/.
-                "--no-control-socket",
-                # gunicorn trusts X-Forwarded-Proto from 127.0.0.1 by default, and local runs
-                # connect from there too: trust nobody here; TAU_TRUSTED_PROXIES decides
-                # in portal.middleware.TrustedProxyMiddleware.
-                "--forwarded-allow-ips",
-                "",
-            ],
+            # uvicorn (module docstring); it believes no X-Forwarded-* header: the portal
+            # decides from TAU_TRUSTED_PROXIES (portal.middleware.TrustedProxyMiddleware).
+            "web": web_command(host, port),
             "worker": [
                 os.path.join(bin_dir, "celery"),
                 "-A",
@@ -156,8 +144,28 @@ class Command(BaseCommand):
                 "WARNING",
                 "--concurrency",
                 "2",
+                # Everything but notifications: run hand-off never waits behind a webhook.
+                "--queues",
+                "celery",
                 "--hostname",
                 f"worker@{host}-{port}",
+            ],
+            "notifier": [
+                os.path.join(bin_dir, "celery"),
+                "-A",
+                "portal",
+                "--quiet",
+                "worker",
+                "--loglevel",
+                "WARNING",
+                # More slots than one workspace may take (TAU_NOTIFY_WORKSPACE_CONCURRENCY):
+                # a workspace's slow receivers never hold every slot.
+                "--concurrency",
+                "3",
+                "--queues",
+                "notifications",
+                "--hostname",
+                f"notifier@{host}-{port}",
             ],
             "beat": [
                 os.path.join(bin_dir, "celery"),
@@ -194,16 +202,167 @@ class Command(BaseCommand):
         lines += ["Press Ctrl-C to stop.", ""]
         console.say(*lines)
 
-    def _stop_all(self, processes: dict[str, subprocess.Popen[bytes]]) -> None:
-        # SIGTERM to each leader only: gunicorn and celery stop their own children gracefully,
+
+def web_command(host: str, port: int) -> list[str]:
+    """The web server as ``make run`` starts it (tests start the same)."""
+    manage = os.path.join(settings.BASE_DIR, "manage.py")
+    return [sys.executable, manage, "serve_web", "--host", host, "--port", str(port)]
+
+
+def _environments(commands: dict[str, list[str]]) -> dict[str, dict[str, str]]:
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    celery_quiet = ",".join(filter(None, [environment.get("PYTHONWARNINGS"), _CELERY_ROOT_WARNING]))
+    return {
+        name: (
+            {**environment, "PYTHONWARNINGS": celery_quiet}
+            if name in ("worker", "notifier")
+            else environment
+        )
+        for name in commands
+    }
+
+
+def _how(returncode: int | None) -> str:
+    """How a process ended, in words: "exit code 1", "signal SIGKILL"."""
+    if returncode is None:
+        return "no exit code"
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class _Child:
+    """One supervised process: its command, the running process, and how its restarts go."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.command = command
+        self.env = env
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.stops = 0  # stops in a row, each soon after its start
+        self.restart_at: float | None = None
+
+
+class _Supervisor:
+    """Starts the processes, starts a stopped one again with back-off and says so once, and
+    stops them all (module docstring)."""
+
+    def __init__(
+        self,
+        commands: dict[str, list[str]],
+        environments: dict[str, dict[str, str]],
+        console: _Console,
+        var_dir: Path,
+    ) -> None:
+        self.children = {
+            name: _Child(name, command, environments[name]) for name, command in commands.items()
+        }
+        self.console = console
+        self.logs = var_dir / "logs"
+
+    def start_all(self) -> None:
+        for child in self.children.values():
+            self._start(child)
+
+    def first_exited(self) -> str | None:
+        return next(
+            (
+                name
+                for name, child in self.children.items()
+                if child.process is not None and child.process.poll() is not None
+            ),
+            None,
+        )
+
+    def returncode(self, name: str) -> int | None:
+        process = self.children[name].process
+        return None if process is None else process.returncode
+
+    def tend(self) -> None:
+        """Notice stopped processes and start the ones whose pause is over."""
+        now = time.monotonic()
+        for child in self.children.values():
+            process = child.process
+            if process is not None and process.poll() is not None:
+                self._stopped(child, process, now)
+            elif child.restart_at is not None and now >= child.restart_at:
+                child.restart_at = None
+                self._start(child)
+            elif process is not None and child.stops and now - child.started_at > _STABLE_SECONDS:
+                # Up long enough: the stops are over (said, if they were said twice).
+                if child.stops > 1:
+                    self.console.say(f"{_capitalised(_names([child.name]))} is running again.")
+                child.stops = 0
+
+    def _stopped(self, child: _Child, process: subprocess.Popen[bytes], now: float) -> None:
+        # Whatever it left in its group (a Celery pool child) goes with it; the agent's runs
+        # have groups of their own and stay: the next agent takes them over.
+        _signal_group(process, signal.SIGKILL)
+        child.process = None
+        if now - child.started_at > _STABLE_SECONDS:
+            child.stops = 0
+        child.stops += 1
+        pause = (
+            0.0
+            if child.stops == 1
+            else min(_MAX_PAUSE_SECONDS, _FIRST_PAUSE_SECONDS * 2 ** (child.stops - 2))
+        )
+        child.restart_at = now + pause
+        name = _capitalised(_names([child.name]))
+        if child.stops == 1:
+            self.console.say(
+                f"{name} stopped unexpectedly ({_how(process.returncode)}); starting it again."
+            )
+        elif child.stops == 2:
+            self.console.say(
+                f"{name} stopped again ({_how(process.returncode)}); starting it again with "
+                f"growing pauses (up to {_MAX_PAUSE_SECONDS:.0f} s) until it stays up, its "
+                f"output meanwhile in {self.logs / (child.name + '.log')}. Ctrl-C stops "
+                "everything."
+            )
+
+    def _start(self, child: _Child) -> None:
+        log: IO[bytes] | None = None
+        if child.stops >= 2:
+            # Keeps stopping: its output (the same error each time) goes to a file.
+            self.logs.mkdir(parents=True, exist_ok=True)
+            log = open(self.logs / f"{child.name}.log", "ab")  # noqa: SIM115 - given to the child
+        try:
+            # Own process group: a terminal Ctrl-C reaches us once, and we stop the children.
+            child.process = subprocess.Popen(  # noqa: S603
+                child.command,
+                env=child.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log if log is not None else subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            if log is not None:
+                log.close()  # the child has its own copy
+        child.started_at = time.monotonic()
+        if log is None:
+            self.console.follow(child.name, child.process)
+
+    def stop_all(self) -> None:
+        # SIGTERM to each leader only: uvicorn and celery stop their own children gracefully,
         # and the agent stops its runs (each with its own grace period) before it exits. The
         # runs live in process groups of their own, so killing the agent's group would not
         # reach them: it gets the time it needs.
-        for process in processes.values():
+        running = {
+            name: child.process
+            for name, child in self.children.items()
+            if child.process is not None
+        }
+        for process in running.values():
             if process.poll() is None:
                 process.terminate()
         started = time.monotonic()
-        for name, process in processes.items():
+        for name, process in running.items():
             grace = _GRACE_SECONDS
             if name == "agent":
                 grace = settings.TAU_LOCAL_GRACE_SECONDS + _AGENT_EXTRA_SECONDS
@@ -290,12 +449,17 @@ def _names(names: list[str]) -> str:
     words = {
         "web": "the web server",
         "worker": "a Celery worker",
+        "notifier": "the notifications worker",
         "beat": "Celery beat",
         "agent": "the local agent",
         "watcher": "the Kubernetes watcher",
     }
     spelled = [words.get(name, name) for name in names]
     return spelled[0] if len(spelled) == 1 else f"{', '.join(spelled[:-1])} and {spelled[-1]}"
+
+
+def _capitalised(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _local(host: str) -> str:
