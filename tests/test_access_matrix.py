@@ -171,6 +171,7 @@ def GPU_NODE(world: Any) -> dict[str, Any]:
 
 def GPU_RUN(world: Any) -> dict[str, Any]:
     """A run on the cluster that asks for a GPU (this machine has none for local runs)."""
+    cluster_quota(world.alpha)
     with override_settings(TAU_BACKEND="kubernetes"):
         run = make_run(world, spec=TINY_SPEC.replace(b"cpus: 1", b"cpus: 1\n  gpus: 1"))
     return {"workspace_slug": "alpha", "run_name": run.name}
@@ -178,7 +179,6 @@ def GPU_RUN(world: Any) -> dict[str, Any]:
 
 def WEBHOOK(world: Any) -> dict[str, Any]:
     """A webhook of alpha, with one delivery in its log (for the admin's pages)."""
-    cluster_quota(world.alpha)
     webhook = Webhook.objects.create(
         workspace=world.alpha, url="https://93.184.215.14/hook", secret="matrix-secret-0123456"
     )

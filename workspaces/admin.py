@@ -188,6 +188,13 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         context = {**(extra_context or {}), "kueue_sync_enabled": kueue_sync.enabled()}
         return super().change_view(request, object_id, form_url, extra_context=context)
 
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        """After the quota rows are saved: say at once what they leave out (Kubernetes)."""
+        super().save_related(request, form, formsets, change)
+        if kueue_sync.enabled():
+            for warning in kueue_coverage.quota_warnings(form.instance):
+                self.message_user(request, f"{form.instance.slug}: {warning}", messages.WARNING)
+
     @admin.action(description="Sync with Kueue now")
     def sync_now(
         self, request: HttpRequest, queryset: QuerySet[Workspace]
@@ -214,13 +221,6 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         )
         queryset: QuerySet[Workspace] = super().get_queryset(request)
         queryset = queryset.annotate(
-    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
-        """After the quota rows are saved: say at once what they leave out (Kubernetes)."""
-        super().save_related(request, form, formsets, change)
-        if kueue_sync.enabled():
-            for warning in kueue_coverage.quota_warnings(form.instance):
-                self.message_user(request, f"{form.instance.slug}: {warning}", messages.WARNING)
-
             member_count=Coalesce(Subquery(member_count), 0),
             gpu_total=_quota_total(GPU_RESOURCE),
         )
@@ -257,6 +257,16 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def kueue_sync(self, workspace: Workspace) -> str:
         return self._sync_text(workspace)
 
+    @admin.display(description="Quotas for runs")
+    def quota_coverage(self, workspace: Workspace) -> str:
+        warnings = kueue_coverage.quota_warnings(workspace)
+        if not warnings:
+            return "They cover what runs ask for (cpu and memory, and GPUs where there are any)."
+        return format_html(
+            '<ul class="messagelist">{}</ul>',
+            format_html_join("", '<li class="warning">{}</li>', ((w,) for w in warnings)),
+        )
+
     @admin.display(description="Members", ordering="member_count")
     def members(self, workspace: Workspace) -> int:
         return workspace.member_count  # type: ignore[attr-defined, no-any-return]
@@ -283,16 +293,6 @@ class MembershipAdmin(PlatformScopeMixin, admin.ModelAdmin):  # type: ignore[typ
 @admin.register(WorkspaceQuota)
 class WorkspaceQuotaAdmin(PlatformScopeMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["workspace", "flavor", "resource", "nominal_amount", "borrowing", "lending"]
-    @admin.display(description="Quotas for runs")
-    def quota_coverage(self, workspace: Workspace) -> str:
-        warnings = kueue_coverage.quota_warnings(workspace)
-        if not warnings:
-            return "They cover what runs ask for (cpu and memory, and GPUs where there are any)."
-        return format_html(
-            '<ul class="messagelist">{}</ul>',
-            format_html_join("", '<li class="warning">{}</li>', ((w,) for w in warnings)),
-        )
-
     list_filter = ["resource", "flavor", "workspace__cohort"]
     search_fields = ["workspace__slug", "workspace__name", "flavor__name", "resource"]
     list_select_related = ["workspace", "flavor"]

@@ -98,6 +98,11 @@ class WorkspaceInputSerializer(serializers.Serializer[Any]):
 
 class PlatformWorkspaceSerializer(WorkspaceSerializer):
     quotas = serializers.SerializerMethodField()
+    quota_warnings = serializers.SerializerMethodField(
+        help_text="On the Kubernetes backend, what the quotas leave out of what runs ask for "
+        "(a resource without any row, a GPU flavor without cpu or memory): runs that Kueue "
+        "would never admit, which submission refuses. Empty when they cover it."
+    )
 
     class Meta(WorkspaceSerializer.Meta):
         fields = [*WorkspaceSerializer.Meta.fields, "quotas", "quota_warnings"]
@@ -111,6 +116,10 @@ class PlatformWorkspaceSerializer(WorkspaceSerializer):
         )
         return list(QuotaSerializer(rows, many=True).data)
 
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_quota_warnings(self, workspace: Workspace) -> list[str]:
+        return kueue_coverage.quota_warnings(workspace) if kueue_sync.enabled() else []
+
 
 def platform_answer(request: Request, workspace: Workspace) -> dict[str, Any]:
     annotated = workspaces_for_user(request.user).get(pk=workspace.pk)
@@ -122,11 +131,6 @@ def create_workspace(request: Request) -> Response:
     payload.is_valid(raise_exception=True)
     data = dict(payload.validated_data)
     try:
-    quota_warnings = serializers.SerializerMethodField(
-        help_text="On the Kubernetes backend, what the quotas leave out of what runs ask for "
-        "(a resource without any row, a GPU flavor without cpu or memory): runs that Kueue "
-        "would never admit, which submission refuses. Empty when they cover it."
-    )
         workspace = provisioning.create_workspace(
             slug=data.pop("slug"),
             cohort=data.pop("cohort", None),
@@ -140,10 +144,6 @@ def create_workspace(request: Request) -> Response:
 
 
 def update_workspace(request: Request, workspace: Workspace) -> Response:
-    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
-    def get_quota_warnings(self, workspace: Workspace) -> list[str]:
-        return kueue_coverage.quota_warnings(workspace) if kueue_sync.enabled() else []
-
     payload = WorkspaceInputSerializer(data=request.data, partial=True)
     payload.is_valid(raise_exception=True)
     data = dict(payload.validated_data)
