@@ -269,7 +269,24 @@ def _objects(run: Run, attempt: RunAttempt) -> list[dict[str, Any]]:
     return [{"kind": "process", "name": attempt.backend_name, "namespace": None}]
 
 
-def _attempt_entry(run: Run, attempt: RunAttempt, has_log: bool) -> dict[str, Any]:
+#: The log note of an attempt that never started (no process, no pod ever ran).
+NEVER_STARTED = "no log was written: the attempt never started"
+
+
+def _log_note(attempt: RunAttempt, has_log: bool, log_notes: dict[int, str]) -> str | None:
+    """Why the record holds no log of ``attempt`` (None when it holds one, or nobody knows)."""
+    if has_log:
+        return None
+    if attempt.number in log_notes:
+        return log_notes[attempt.number]
+    if attempt.log_note:
+        return attempt.log_note
+    return NEVER_STARTED if attempt.started_at is None else None
+
+
+def _attempt_entry(
+    run: Run, attempt: RunAttempt, has_log: bool, log_notes: dict[int, str]
+) -> dict[str, Any]:
     flavors = sorted(set((attempt.flavors or {}).values()))
     checkpoint = attempt.resume_from
     return {
@@ -287,14 +304,21 @@ def _attempt_entry(run: Run, attempt: RunAttempt, has_log: bool) -> dict[str, An
         if checkpoint is None
         else {"step": checkpoint.step, "path": checkpoint.path},
         "log": archive.attempt_log(attempt.number) if has_log else None,
+        "log_note": _log_note(attempt, has_log, log_notes),
     }
 
 
 def build_manifest(
-    run: Run, coverage: Coverage, *, state: str, sealed_at: datetime
+    run: Run,
+    coverage: Coverage,
+    *,
+    state: str,
+    sealed_at: datetime,
+    log_notes: dict[int, str] | None = None,
 ) -> dict[str, Any]:
     """The manifest of ``run``'s record as of now: every field of docs/evidence.md, every
-    member's digest read from its bytes."""
+    member's digest read from its bytes. ``log_notes``: why attempts (by number) have no log,
+    where the caller knows better than the attempt's own ``log_note``."""
     contents = record_members(run, coverage)
     files = {member.name: _digest(member) for member in contents.members}
     bundle = None
@@ -332,7 +356,9 @@ def build_manifest(
         "image": {"reference": image or None, "digest": None},
         "environment": local_environment(run) if run.backend == Backend.LOCAL else None,
         "attempts": [
-            _attempt_entry(run, attempt, archive.attempt_log(attempt.number) in files)
+            _attempt_entry(
+                run, attempt, archive.attempt_log(attempt.number) in files, log_notes or {}
+            )
             for attempt in contents.attempts
         ],
         "events": {

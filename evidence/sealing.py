@@ -9,8 +9,25 @@ seals whatever a lost task, a down broker or a crash left behind (``due_seals``)
 Sealing is three steps, like a delivery, so that no lock is held while files are hashed:
 
 1. *claim* the request (``FOR UPDATE SKIP LOCKED`` of that row only), counting the try;
-2. build and sign the manifest outside any transaction (reading a 1 GiB log takes seconds);
+2. build and sign the manifest outside any transaction (reading a 1 GiB log takes seconds),
+   holding the claim as a lease renewed meanwhile (``portal.outbox.Lease``): a worker killed
+   while sealing leaves a claim that lapses within ``TAU_CLAIM_LEASE_SECONDS``, and the
+   reconciler seals the request at its next pass;
 3. store the record and close the request in one short transaction.
+
+A try that fails is tried again after a doubling delay; after ``MAX_TRIES`` failed tries the
+request is *given up*: the run page, the API and the admin say "the evidence could not be
+sealed" with the reason, and nothing is tried again until staff ask for it (the admin's "Seal
+again", :func:`seal_again`) — a record that cannot be built (data it cannot hold, a file that
+is gone) fails the same way every time, and must not be retried forever. Each failed try is
+one line in the log (the traceback once, with the first).
+
+A cluster run's logs are kept by the Kubernetes watcher when its attempts end
+(``runs.kube_watcher``), and sealing waits for that (``LogNotKeptYet``, not a failure): for an
+ended attempt that ran, until the watcher has either kept its log (``log_path``) or said why
+there is none to keep (``log_note``: its pods were gone, or never started) — never longer
+than ``LOG_WAIT``, so a watcher that is down does not hold the record either. An attempt
+without a log is sealed with the reason in its ``log_note``.
 
 The record is unique per (run, terminal event): a worker that crashed after step 3's commit
 left a closed request; one that crashed before it left nothing, and the next try seals again
@@ -22,6 +39,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from celery import current_app
@@ -31,7 +49,8 @@ from django.utils import timezone
 from evidence import keys, verification
 from evidence.manifest import Coverage, build_manifest
 from evidence.models import EvidenceRecord, SealRequest
-from portal.outbox import claim_is_live, doubling_delay, unclaimed_or_lapsed
+from portal import audit
+from portal.outbox import Lease, claim_is_live, doubling_delay, unclaimed_or_lapsed
 from runs.models import Backend, Run, RunEvent
 from tau.evidence.canonical import canonical_json
 from tau.evidence.keys import key_id, public_key_bytes, signature_document
@@ -42,11 +61,17 @@ logger = logging.getLogger(__name__)
 SEAL_TASK = "evidence.tasks.seal"
 RETRY_FIRST_SECONDS = 10
 RETRY_MAX_SECONDS = 600
-#: How long sealing waits for the logs of a cluster run's attempts. The Kubernetes watcher
-#: keeps an attempt's log right after the change that ended it has committed (before the
-#: cluster deletes the pods), so a seal published at that commit may come first; after
-#: this long the record is sealed without a log that never came.
+#: Failed tries before a request is given up (10 s doubling to 10 min between them: about
+#: 20 minutes in all, long enough for a database or a volume to come back).
+MAX_TRIES = 8
+#: How long sealing waits at most for the watcher to keep the logs of a cluster run's
+#: attempts (it does so right after the change that ended the attempt has committed, before
+#: the cluster deletes the pods, so a seal published at that commit may come first), and how
+#: often it looks meanwhile. Waiting is not a failed try.
 LOG_WAIT = timedelta(minutes=5)
+LOG_RECHECK = timedelta(seconds=5)
+#: What the record says of an attempt whose log the watcher neither kept nor explained.
+LOG_NOT_KEPT = "no log was kept: the portal had not kept it {minutes} minutes after the run ended"
 
 
 class LogNotKeptYet(Exception):
@@ -78,6 +103,7 @@ def due_seals(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
         SealRequest.objects.unscoped()
         .filter(
             sealed_at__isnull=True,
+            given_up_at__isnull=True,
             next_try_at__lte=now,
             created_at__lte=now - timedelta(seconds=grace_seconds),
         )
@@ -92,35 +118,103 @@ def seal(request_id: int) -> bool:
     request = _claim(request_id)
     if request is None:
         return False
-    try:
-        record = _sealed_record(request)
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"[:2000]
-        delay = doubling_delay(
-            request.tries, first_seconds=RETRY_FIRST_SECONDS, max_seconds=RETRY_MAX_SECONDS
-        )
-        logger.warning(
-            "sealing run %s (request %s) failed, try %d; trying again in %ds: %s",
+    assert request.claimed_at is not None
+    rows = SealRequest.objects.unscoped()
+    what = f"seal {request.pk} (run {request.run_id})"
+    with Lease(rows, request.pk, request.claimed_at, what=what) as lease:
+        try:
+            record = _sealed_record(request)
+        except LogNotKeptYet as waiting:
+            logger.info(
+                "run %s (seal %s): %s; looking again in %ds",
+                request.run_id,
+                request.pk,
+                waiting,
+                LOG_RECHECK.total_seconds(),
+            )
+            # Not a failed try: the try this claim counted is given back.
+            lease.release(
+                tries=request.tries - 1,
+                last_error=str(waiting),
+                next_try_at=timezone.now() + LOG_RECHECK,
+            )
+            return False
+        except Exception as exc:
+            _failed(request, lease, exc)
+            return False
+        lease.stop()
+        with transaction.atomic():
+            stored = _store(record)
+            SealRequest.objects.unscoped().filter(pk=request.pk).update(
+                claimed_at=None, last_error="", sealed_at=record.sealed_at
+            )
+            if stored:
+                # The run page says "verified" once the record, as it exports, has been checked.
+                transaction.on_commit(lambda: verification.publish(record.pk))
+        return stored
+
+
+def _failed(request: SealRequest, lease: Lease, exc: Exception) -> None:
+    """Record a failed try: tried again after a doubling delay, given up after ``MAX_TRIES``.
+    One line in the log per try; the traceback with the first and the last only."""
+    error = f"{type(exc).__name__}: {exc}"[:2000]
+    if request.tries >= MAX_TRIES:
+        logger.error(
+            "the evidence of run %s (seal %s) could not be sealed after %d tries; giving up "
+            "(staff can seal it again from the admin once the cause is fixed): %s",
             request.run_id,
             request.pk,
             request.tries,
-            delay.total_seconds(),
             error,
             exc_info=exc,
         )
-        SealRequest.objects.unscoped().filter(pk=request.pk, claimed_at=request.claimed_at).update(
-            claimed_at=None, last_error=error, next_try_at=timezone.now() + delay
-        )
-        return False
-    with transaction.atomic():
-        stored = _store(record)
+        lease.release(last_error=error, given_up_at=timezone.now())
+        return
+    delay = doubling_delay(
+        request.tries, first_seconds=RETRY_FIRST_SECONDS, max_seconds=RETRY_MAX_SECONDS
+    )
+    logger.warning(
+        "sealing run %s (seal %s) failed, try %d of %d; trying again in %ds: %s",
+        request.run_id,
+        request.pk,
+        request.tries,
+        MAX_TRIES,
+        delay.total_seconds(),
+        error,
+        exc_info=exc if request.tries == 1 else None,
+    )
+    lease.release(last_error=error, next_try_at=timezone.now() + delay)
+
+
+@transaction.atomic
+def seal_again(*, request_ids: list[int], by: Any) -> int:
+    """Staff's "Seal again" for requests that were given up (once the cause is fixed): each
+    gets ``MAX_TRIES`` new tries, starting now; audited. Returns how many were given up."""
+    reopened = list(
+        SealRequest.objects.unscoped()
+        .select_for_update(of=("self",))
+        .select_related("run__workspace")
+        .filter(pk__in=request_ids, sealed_at__isnull=True, given_up_at__isnull=False)
+    )
+    for request in reopened:
         SealRequest.objects.unscoped().filter(pk=request.pk).update(
-            claimed_at=None, last_error="", sealed_at=record.sealed_at
+            given_up_at=None, tries=0, next_try_at=timezone.now(), claimed_at=None
         )
-        if stored:
-            # The run page says "verified" once the record, as it exports, has been checked.
-            transaction.on_commit(lambda: verification.publish(record.pk))
-    return stored
+        audit.record(
+            action="evidence.seal_again",
+            workspace=request.run.workspace,
+            object_type="evidence.sealrequest",
+            object_id=str(request.pk),
+            object_repr=f"evidence of {request.run.name} (event {request.terminal_seq})",
+            before={
+                "given_up_at": request.given_up_at.isoformat() if request.given_up_at else None,
+                "last_error": request.last_error,
+            },
+            after={"given_up_at": None},
+            actor=by,
+        )
+        transaction.on_commit(partial(publish, request.pk))
+    return len(reopened)
 
 
 def _claim(request_id: int) -> SealRequest | None:
@@ -132,7 +226,7 @@ def _claim(request_id: int) -> SealRequest | None:
             .filter(pk=request_id)
             .first()
         )
-        if request is None or request.sealed_at is not None:
+        if request is None or request.sealed_at is not None or request.given_up_at is not None:
             return None
         if claim_is_live(request.claimed_at, now) or request.next_try_at > now:
             return None
@@ -148,15 +242,26 @@ def _sealed_record(request: SealRequest) -> EvidenceRecord:
     terminal = RunEvent.objects.unscoped().get(run=run, seq=request.terminal_seq)
     # What existed when the run ended, not what a resume added since.
     coverage = Coverage(attempt_count=request.attempt_count, event_count=request.terminal_seq)
-    if run.backend == Backend.KUBERNETES and request.created_at > timezone.now() - LOG_WAIT:
-        waiting = run.attempts.filter(
-            number__lte=coverage.attempt_count, started_at__isnull=False, log_path=""
-        ).values_list("number", flat=True)
-        if waiting:
+    log_notes: dict[int, str] = {}
+    if run.backend == Backend.KUBERNETES:
+        # Ended attempts that ran, whose log the watcher has neither kept nor explained.
+        waiting = list(
+            run.attempts.filter(
+                number__lte=coverage.attempt_count,
+                started_at__isnull=False,
+                log_path="",
+                log_note="",
+            ).values_list("number", flat=True)
+        )
+        if waiting and request.created_at > timezone.now() - LOG_WAIT:
             raise LogNotKeptYet(f"waiting for the log of attempt {', '.join(map(str, waiting))}")
+        minutes = int(LOG_WAIT.total_seconds() // 60)
+        log_notes = {number: LOG_NOT_KEPT.format(minutes=minutes) for number in waiting}
     sealed_at = timezone.now().replace(microsecond=0)
     manifest = canonical_json(
-        build_manifest(run, coverage, state=terminal.new_state, sealed_at=sealed_at)
+        build_manifest(
+            run, coverage, state=terminal.new_state, sealed_at=sealed_at, log_notes=log_notes
+        )
     )
     private_key = keys.signing_key()
     return EvidenceRecord(

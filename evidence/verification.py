@@ -8,8 +8,11 @@ log changed on disk, a bundle or an artifact gone, a signature by a key the port
 trusts all show up as problems, named as the verifier names them.
 
 A record is checked once after sealing (the seal task asks, after its commit) and again
-whenever someone asks from the run page. A check asked for and lost (a broker outage, a
-worker that died) is picked up by the reconciler after ``RETRY_AFTER``.
+whenever someone asks from the run page. The worker checking a record holds a claim on it
+(``check_claimed_at``, a lease renewed while the check runs: ``portal.outbox.Lease``), so two
+workers never check one record at once; a check asked for and lost (a broker outage, a worker
+killed while checking) is picked up by the reconciler once it is ``GRACE`` old and no live
+worker holds it — within about half a minute of a killed worker's last renewal.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from pathlib import Path
 
 from celery import current_app
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from evidence import keys
 from evidence.export import FileGone, export_stream
 from evidence.models import EvidenceRecord
+from portal.outbox import Lease, claim_is_live, unclaimed_or_lapsed
 from tau.evidence import archive
 from tau.evidence.keys import key_id, public_key_bytes
 from tau.evidence.verify import verify_file
@@ -36,18 +41,21 @@ logger = logging.getLogger(__name__)
 
 #: The Celery task that checks one record (``evidence.tasks``), published by name.
 VERIFY_TASK = "evidence.tasks.verify"
-#: A check asked for this long ago and not done is asked for again by the reconciler.
-RETRY_AFTER = timedelta(minutes=10)
+#: A check asked for this long ago and not done (its task lost) is done by the reconciler,
+#: unless a live worker is doing it; the same for a record never checked, after sealing.
+GRACE = timedelta(seconds=30)
+#: The record's claim column (``portal.outbox.Lease``).
+CLAIM_FIELD = "check_claimed_at"
 
 
 def request_verification(record: EvidenceRecord) -> bool:
-    """Ask for a check of ``record``. False when one is already asked for and not overdue
-    (asking twice does not check twice)."""
+    """Ask for a check of ``record``. False when one is already asked for and not done yet
+    (asking twice does not check twice: the one asked for is done, by its task or, if that
+    was lost, by the reconciler)."""
     now = timezone.now()
     asked = (
         EvidenceRecord.objects.unscoped()
-        .filter(pk=record.pk)
-        .filter(Q(verify_requested_at__isnull=True) | Q(verify_requested_at__lt=now - RETRY_AFTER))
+        .filter(pk=record.pk, verify_requested_at__isnull=True)
         .update(verify_requested_at=now)
     )
     if asked:
@@ -66,7 +74,7 @@ def publish(record_id: int) -> None:
 
 def due_checks(*, limit: int = 20) -> list[int]:
     """Records the reconciler should check: sealed but never checked, or asked for and not
-    done within ``RETRY_AFTER``."""
+    done, for at least ``GRACE``, and not being checked by a live worker."""
     now = timezone.now()
     return list(
         EvidenceRecord.objects.unscoped()
@@ -76,10 +84,11 @@ def due_checks(*, limit: int = 20) -> list[int]:
             Q(
                 verified_at__isnull=True,
                 verify_requested_at__isnull=True,
-                sealed_at__lte=now - timedelta(seconds=30),
+                sealed_at__lte=now - GRACE,
             )
-            | Q(verify_requested_at__lt=now - RETRY_AFTER)
+            | Q(verify_requested_at__lte=now - GRACE)
         )
+        .filter(unclaimed_or_lapsed(now, CLAIM_FIELD))
         .order_by("sealed_at")
         .values_list("pk", flat=True)[:limit]
     )
@@ -93,30 +102,52 @@ def trusted_keys() -> dict[str, bytes]:
 
 def verify(record_id: int) -> list[str] | None:
     """Check one record now and store what was found; the problems (empty: verified), or None
-    when the record no longer exists."""
-    record = (
-        EvidenceRecord.objects.unscoped().select_related("run__workspace").filter(pk=record_id)
-    ).first()
+    when it was not checked here (the record no longer exists, or a live worker is checking
+    it, or took the check over from this one)."""
+    record = _claim(record_id)
     if record is None:
         return None
-    started = timezone.now()
-    problems = _problems(record)
-    if problems:
-        logger.warning(
-            "evidence of run %s (record %s) does not verify: %s",
-            record.run_id,
-            record.pk,
-            "; ".join(problems),
-        )
-    # A check asked for while this one ran stays asked for: it may have been asked because
-    # of a change this check did not see.
-    EvidenceRecord.objects.unscoped().filter(pk=record.pk).update(
-        verified_at=timezone.now(), verification_problems=problems
-    )
-    EvidenceRecord.objects.unscoped().filter(pk=record.pk, verify_requested_at__lte=started).update(
-        verify_requested_at=None
-    )
+    assert record.check_claimed_at is not None
+    rows = EvidenceRecord.objects.unscoped()
+    what = f"check of evidence {record.pk} (run {record.run_id})"
+    with Lease(rows, record.pk, record.check_claimed_at, what=what, field=CLAIM_FIELD) as lease:
+        started = timezone.now()
+        problems = _problems(record)
+        if problems:
+            logger.warning(
+                "evidence of run %s (record %s) does not verify: %s",
+                record.run_id,
+                record.pk,
+                "; ".join(problems),
+            )
+        lease.stop()
+        with transaction.atomic():
+            if not lease.release(verified_at=timezone.now(), verification_problems=problems):
+                return None
+            # A check asked for while this one ran stays asked for: it may have been asked
+            # because of a change this check did not see.
+            EvidenceRecord.objects.unscoped().filter(
+                pk=record.pk, verify_requested_at__lte=started
+            ).update(verify_requested_at=None)
     return problems
+
+
+def _claim(record_id: int) -> EvidenceRecord | None:
+    """The record, claimed for this check, or None (gone, or a live worker checks it)."""
+    now = timezone.now()
+    with transaction.atomic():
+        record = (
+            EvidenceRecord.objects.unscoped()
+            .select_for_update(skip_locked=True, of=("self",))
+            .select_related("run__workspace")
+            .filter(pk=record_id)
+            .first()
+        )
+        if record is None or claim_is_live(record.check_claimed_at, now):
+            return None
+        record.check_claimed_at = now
+        record.save(update_fields=[CLAIM_FIELD])
+    return record
 
 
 def _problems(record: EvidenceRecord) -> list[str]:

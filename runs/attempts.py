@@ -162,6 +162,12 @@ def note_log_kept(*, attempt_id: int, path: str, size: int) -> None:
     RunAttempt.objects.unscoped().filter(pk=attempt_id).update(log_path=path, log_size=size)
 
 
+def note_log_missing(*, attempt_id: int, why: str) -> None:
+    """Why the portal keeps no log of an ended attempt (its backend looked and found none to
+    keep): its evidence is sealed with this instead of waiting for a log."""
+    RunAttempt.objects.unscoped().filter(pk=attempt_id, log_path="").update(log_note=why[:500])
+
+
 def note_progress(
     *, attempt_id: int, log_size: int | None = None, metrics_offset: int | None = None
 ) -> None:

@@ -79,9 +79,10 @@ from runs.attempts import (
     finish_attempt,
     note_admission,
     note_log_kept,
+    note_log_missing,
     note_nodes,
 )
-from runs.backends.kubernetes import KubernetesBackend
+from runs.backends.kubernetes import KubernetesBackend, no_pod_left
 from runs.kube_status import AttemptObjects, Observation, ObservedState, node_facts, observe
 from runs.models import (
     LIVE_STATES,
@@ -1189,7 +1190,9 @@ class KubeWatcher:
         )
 
     def _keep_log(self, key: AttemptKey) -> None:
-        """The ended attempt's log, kept by the portal before Kubernetes deletes its pods."""
+        """The ended attempt's log, kept by the portal before Kubernetes deletes its pods; or,
+        when no pod remains to read it from, why there is none (so that its evidence is
+        sealed at once, saying so, instead of waiting for a log that cannot come)."""
         attempt = (
             RunAttempt.objects.unscoped()
             .select_related("run", "run__workspace")
@@ -1202,6 +1205,8 @@ class KubeWatcher:
             kept = KubernetesBackend().archive_log(attempt.run, attempt)
             if kept is not None:
                 note_log_kept(attempt_id=attempt.pk, path=str(kept[0]), size=kept[1])
+            else:
+                note_log_missing(attempt_id=attempt.pk, why=no_pod_left(attempt))
         except (OSError, KubeError, DatabaseError) as exc:
             logger.warning(
                 "could not keep the log of run %s attempt %d: %s", key.run_id, key.attempt, exc

@@ -11,8 +11,13 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-#: Steps are stored as 64-bit integers.
-MAX_STEP = 2**63 - 1
+from tau.evidence.canonical import MAX_SAFE_INTEGER
+
+#: Steps are stored as 64-bit integers, but a run's evidence (canonical JSON, whose numbers
+#: are doubles) and every JSON reader hold integers exactly only up to 2^53 - 1: a larger step
+#: would come back rounded and make the run's evidence impossible to seal.
+MAX_STEP = MAX_SAFE_INTEGER
+STEP_RULE = f"a whole number of at most 2^53 - 1 ({MAX_STEP}) in size"
 MAX_KEY_LENGTH = 100  # MetricPoint.key
 #: Values taken from one row (a line of the metrics file, a row of a report).
 MAX_VALUES_PER_ROW = 200
@@ -44,7 +49,7 @@ def metric_key_problem(key: str) -> str | None:
 def step_problem(step: Any) -> str | None:
     """Why ``step`` cannot be a step, or None when it can."""
     if isinstance(step, bool) or not isinstance(step, int) or abs(step) > MAX_STEP:
-        return "'step' must be a whole number below 2^63"
+        return f"'step' must be {STEP_RULE}"
     return None
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import json
 import math
+import operator
 import os
 import sys
 import threading
@@ -64,6 +65,22 @@ MAX_RETRY_SECONDS = 30.0
 REQUEST_TIMEOUT_SECONDS = 10.0
 #: How long the process's exit waits for what is left in the buffer.
 FLUSH_AT_EXIT_SECONDS = 10.0
+#: The largest step (and checkpoint size) the portal takes: 2^53 - 1, the largest integer a
+#: run's evidence and every JSON reader hold exactly (``tau.evidence.canonical``'s
+#: ``MAX_SAFE_INTEGER``, not imported: this module needs nothing but the standard library).
+MAX_STEP = 2**53 - 1
+
+
+def _whole_number(value: Any, what: str) -> int | str:
+    """``value`` as an int (a NumPy or PyTorch integer too), or why the portal would refuse
+    it: not a whole number, negative, or above ``MAX_STEP``."""
+    try:
+        number = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        number = None
+    if number is None or not 0 <= number <= MAX_STEP:
+        return f"{what} must be a whole number from 0 to 2^53 - 1 ({MAX_STEP}), not {value!r}"
+    return number
 
 
 def _warn(message: str) -> None:
@@ -325,12 +342,13 @@ def log_metrics(step: int, **values: float) -> None:
     skipped with a warning."""
     if _outside_a_run("log_metrics"):
         return
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        _warn(f"log_metrics: step must be a whole number ≥ 0, not {step!r}; row skipped")
+    number = _whole_number(step, "step")
+    if isinstance(number, str):
+        _warn(f"log_metrics: {number}; row skipped")
         return
     global _last_logged_step
-    _last_logged_step = step if _last_logged_step is None else max(_last_logged_step, step)
-    row: dict[str, Any] = {"step": step}
+    _last_logged_step = number if _last_logged_step is None else max(_last_logged_step, number)
+    row: dict[str, Any] = {"step": number}
     # A sweep's trial: its keys are its own (``trial-3/loss``), so trials never mix.
     trial = os.environ.get("TAU_TRIAL_ID", "")
     prefix = f"trial-{trial}/" if trial.isdigit() else ""
@@ -385,9 +403,15 @@ def checkpoint_saved(path: str | os.PathLike[str], step: int, *, size: int | Non
     at once in the background."""
     if _outside_a_run("checkpoint_saved"):
         return
-    report: dict[str, Any] = {"step": int(step), "path": os.fspath(path)}
-    if size is not None:
-        report["size"] = int(size)
+    number = _whole_number(step, "step")
+    size_number = None if size is None else _whole_number(size, "size")
+    for why in (number, size_number):
+        if isinstance(why, str):
+            _warn(f"checkpoint_saved: {why}; not reported")
+            return
+    report: dict[str, Any] = {"step": number, "path": os.fspath(path)}
+    if size_number is not None:
+        report["size"] = size_number
     reporter().add_checkpoint(report)
 
 

@@ -27,7 +27,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from accounting.models import BudgetAlert, WorkspaceUsage
 from evidence import sealing
-from evidence.models import SealRequest
+from evidence.models import EvidenceRecord, SealRequest
 from gpus.models import GpuNode
 from identity import tokens
 from notifications.models import NotificationDelivery, Webhook
@@ -128,6 +128,13 @@ def SEALED_RUN(world: Any) -> dict[str, Any]:
     with override_settings(TAU_EVIDENCE_SIGNING_KEY=TEST_SIGNING_KEY):
         assert sealing.seal(request.pk)
     return {"workspace_slug": "alpha", "run_name": run.name}
+
+
+def SEALED_RUN_RECORD(world: Any) -> dict[str, Any]:
+    """The same, with its one record named by its ending's event."""
+    kwargs = SEALED_RUN(world)
+    record = EvidenceRecord.objects.unscoped().get(run__name=kwargs["run_name"])
+    return {**kwargs, "ending_event": record.terminal_seq}
 
 
 # Reads inside alpha: members and staff see it, the outsider gets 404. Anonymous API
@@ -291,6 +298,8 @@ MATRIX: dict[str, Route] = {
     "api:run-artifact": Route({"GET": API_READ}, RUN_WITH_ARTIFACT, api=True),
     # Evidence: a run's export for anyone who reads the workspace; the public keys for anyone.
     "api:run-evidence": Route({"GET": API_READ}, SEALED_RUN, api=True),
+    "api:run-evidence-records": Route({"GET": API_READ}, SEALED_RUN, api=True),
+    "api:run-evidence-record": Route({"GET": API_READ}, SEALED_RUN_RECORD, api=True),
     "api:evidence-keys": Route({"GET": same(200)}, api=True),
     "api:gpu-nodes": Route({"GET": STAFF_API(200)}, api=True),
     "api:run-gpus": Route({"GET": API_READ}, GPU_RUN, api=True),
@@ -442,7 +451,14 @@ ADMIN_OBJECTS: dict[type, Callable[[Any], Any]] = {
 # The audit log is view-only even for superusers; so is usage (what runs used) and the
 # budget warnings sent.
 # Webhooks too (their workspace's admins manage them, on their page), and their delivery log.
-READ_ONLY_ADMIN_MODELS = {AuditEvent, WorkspaceUsage, BudgetAlert, Webhook, NotificationDelivery}
+READ_ONLY_ADMIN_MODELS = {
+    AuditEvent,
+    WorkspaceUsage,
+    BudgetAlert,
+    Webhook,
+    NotificationDelivery,
+    SealRequest,
+}
 
 
 def _object_kwargs(model: type) -> Kwargs:
@@ -454,6 +470,9 @@ def _object_kwargs(model: type) -> Kwargs:
     return build
 
 
+    SealRequest: lambda world: SealRequest.objects.unscoped().get(
+        run__name=SEALED_RUN(world)["run_name"]
+    ),
 def _admin_routes() -> Iterator[tuple[str, Route]]:
     yield "admin:index", Route({"GET": STAFF_ONLY(200)})
     # The admin's login form is replaced by the portal's login page (and single sign-on);

@@ -17,11 +17,11 @@ lost when the broker is down or the task is: the reconciler (Celery beat,
 
 Running one (:func:`run_sync`) is three steps, as for run deliveries (``runs.delivery``):
 
-1. *claim* the row in a short transaction that locks that row only (``SKIP LOCKED``); a claim
-   lapses after ``portal.outbox.CLAIM_SECONDS`` if its worker died (kill -9), and the next
-   reconcile takes it over;
+1. *claim* the row in a short transaction that locks that row only (``SKIP LOCKED``);
 2. sync against the cluster (``workspaces.kueue_cluster``), outside any transaction: Kubernetes
-   is never called inside ``transaction.atomic``;
+   is never called inside ``transaction.atomic``. The claim is a lease renewed while the sync
+   runs (``portal.outbox.Lease``): if its worker dies (kill -9), it lapses within
+   ``TAU_CLAIM_LEASE_SECONDS`` and the next reconcile takes the row over;
 3. record the outcome in another short transaction, only if the claim is still this call's:
    ``synced`` (in step), ``waiting`` (an archived workspace's queues wait for live runs; tried
    again after ``TAU_KUEUE_SYNC_RETRY_SECONDS``), or the error in Kubernetes' own words —
@@ -60,7 +60,13 @@ from django.db.models.signals import post_delete, post_save, pre_save
 from django.utils import timezone
 
 from portal import audit
-from portal.outbox import claim_is_live, doubling_delay, once_on_commit, unclaimed_or_lapsed
+from portal.outbox import (
+    Lease,
+    claim_is_live,
+    doubling_delay,
+    once_on_commit,
+    unclaimed_or_lapsed,
+)
 from workspaces.kueue_cluster import (
     Outcome,
     Repair,
@@ -280,16 +286,19 @@ def run_sync(sync_id: int) -> bool:
         logger.info("Kueue sync %s skipped: %s", sync_id, claimed)
         return False
     sync = claimed
-    try:
-        outcome = _sync_target(sync.scope, sync.workspace_slug)
-    except SyncProblem as problem:
-        _failed(sync, problem)
-        return False
-    except Exception as exc:  # a bug must not leave the row claimed until the claim lapses
-        logger.exception("Kueue sync %s failed unexpectedly", sync_id)
-        _failed(sync, SyncProblem(f"{type(exc).__name__}: {exc}", retry=True))
-        return False
-    return _succeeded(sync, outcome)
+    assert sync.claimed_at is not None
+    rows = KueueSync.objects.all()
+    with Lease(rows, sync.pk, sync.claimed_at, what=f"Kueue sync {sync.pk}") as lease:
+        try:
+            outcome = _sync_target(sync.scope, sync.workspace_slug)
+        except SyncProblem as problem:
+            _failed(sync, lease, problem)
+            return False
+        except Exception as exc:  # a bug must not leave the row claimed until the claim lapses
+            logger.exception("Kueue sync %s failed unexpectedly", sync_id)
+            _failed(sync, lease, SyncProblem(f"{type(exc).__name__}: {exc}", retry=True))
+            return False
+        return _succeeded(sync, lease, outcome)
 
 
 def _sync_target(scope: str, slug: str, *, repair: bool = False) -> Outcome:
@@ -318,23 +327,19 @@ def _claim(sync_id: int) -> KueueSync | str:
     return sync
 
 
-def _close(sync: KueueSync, **fields: Any) -> bool:
+def _close(lease: Lease, **fields: Any) -> bool:
     """Record this call's outcome, if the claim is still its own (False: it lapsed and another
     worker took the row over; that worker records the outcome)."""
-    updated = KueueSync.objects.filter(pk=sync.pk, claimed_at=sync.claimed_at).update(
-        claimed_at=None, **fields
-    )
-    if not updated:
-        logger.warning("Kueue sync %s: the claim lapsed; another worker took it over", sync.pk)
-    return bool(updated)
+    return lease.release(**fields)
 
 
-def _succeeded(sync: KueueSync, outcome: Outcome) -> bool:
+def _succeeded(sync: KueueSync, lease: Lease, outcome: Outcome) -> bool:
     now = timezone.now()
+    lease.stop()  # before the transaction: no renewal moves the claim under it
     with transaction.atomic():
         if outcome.waiting_for:
             return _close(
-                sync,
+                lease,
                 state=State.WAITING,
                 attempts=0,
                 next_try_at=now + retry_delay(1),
@@ -342,14 +347,14 @@ def _succeeded(sync: KueueSync, outcome: Outcome) -> bool:
                 detail=outcome.detail,
             )
         closed = _close(
-            sync, state=State.SYNCED, synced_at=now, last_error="", detail=outcome.detail
+            lease, state=State.SYNCED, synced_at=now, last_error="", detail=outcome.detail
         )
         if closed:
             _audit_removals(sync, outcome)
         return closed
 
 
-def _failed(sync: KueueSync, problem: SyncProblem) -> None:
+def _failed(sync: KueueSync, lease: Lease, problem: SyncProblem) -> None:
     error = problem.message[:4000]
     max_tries = int(settings.TAU_KUEUE_SYNC_MAX_TRIES)
     if problem.retry and sync.attempts < max_tries:
@@ -363,12 +368,12 @@ def _failed(sync: KueueSync, problem: SyncProblem) -> None:
             delay.total_seconds(),
             error,
         )
-        _close(sync, state=State.PENDING, next_try_at=timezone.now() + delay, last_error=error)
+        _close(lease, state=State.PENDING, next_try_at=timezone.now() + delay, last_error=error)
         return
     logger.error(
         "Kueue sync %s (%s) failed after %d tries: %s", sync.pk, sync, sync.attempts, error
     )
-    _close(sync, state=State.FAILED, last_error=error)
+    _close(lease, state=State.FAILED, last_error=error)
 
 
 def _workspace(slug: str) -> Workspace | None:

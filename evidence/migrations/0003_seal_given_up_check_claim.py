@@ -4,20 +4,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('evidence', '0002_record_verification'),
+        ("evidence", "0002_record_verification"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='evidencerecord',
-            name='check_claimed_at',
+            model_name="evidencerecord",
+            name="check_claimed_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='sealrequest',
-            name='given_up_at',
-            field=models.DateTimeField(blank=True, help_text='Sealing failed too often; last_error says why.', null=True),
+            model_name="sealrequest",
+            name="given_up_at",
+            field=models.DateTimeField(
+                blank=True, help_text="Sealing failed too often; last_error says why.", null=True
+            ),
         ),
     ]

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 from django import template
 
-from evidence import selectors
-from evidence.models import EvidenceRecord
+from evidence import sealing, selectors
 from runs.models import Run
 
 register = template.Library()
 
 
 @register.simple_tag
-def run_evidence(run: Run) -> EvidenceRecord | None:
-    """The record of the run's present ending, or None (live, or still sealing)."""
-    return selectors.current_record(run)
+def run_evidence(run: Run) -> selectors.RunEvidence | None:
+    """Every ending of the run and its evidence (None: the run has not ended yet)."""
+    return selectors.run_evidence(run)
+
+
+@register.simple_tag
+def seal_tries() -> int:
+    """How often sealing is tried before it is given up."""
+    return sealing.MAX_TRIES

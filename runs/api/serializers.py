@@ -18,12 +18,14 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
+from runs import metric_rules
 from runs.backends.kubernetes import no_storage_warning
 from runs.models import Artifact, Backend, Checkpoint, Run, RunAttempt, RunEvent, RunTrial
 from tau.spec.schema import MAX_TRIALS
 
-#: Steps and sizes are stored as 64-bit integers.
-MAX_STEP = 2**63 - 1
+#: Steps and sizes end up in the run's evidence, which holds integers exactly up to 2^53 - 1
+#: (``runs.metric_rules.MAX_STEP``): a larger one would make it impossible to seal.
+MAX_STEP = metric_rules.MAX_STEP
 #: A workload's event: its message and its data, serialized, at most this many bytes, and
 #: its data nested at most this deep. An event is a line on the run's timeline, not storage.
 MAX_EVENT_BYTES = 16 * 1024

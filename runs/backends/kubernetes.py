@@ -359,6 +359,17 @@ def never_fits(spec: Spec, nodes: list[NodeCapacity]) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------------------------------
 
 
+def no_pod_left(attempt: RunAttempt) -> str:
+    """Why an ended attempt has no kept log when none of its pods remained to read it from
+    (its ``log_note``, which its evidence records)."""
+    if attempt.started_at is None:
+        return f"no log was written: attempt {attempt.number} never had a running pod"
+    return (
+        f"no log was kept: no pod of attempt {attempt.number} remained when it ended (a cancel "
+        "or Kubernetes had removed them before the portal could read the log)"
+    )
+
+
 class KubernetesBackend:
     name = "kubernetes"
     #: A script may live in the image: a run without a project zip starts in the image's
@@ -733,14 +744,10 @@ class KubernetesBackend:
         beside it (:class:`KeptLogs`); each at most TAU_RUN_LOG_MAX_BYTES. The caller notes
         the first on the attempt (``attempts.note_log_kept``), and from then on the logs are
         served from there. Returns that file and its size; None when there is nothing to
-        keep (no pod, or the cluster did not answer)."""
-        try:
-            pods = self._attempt_pods(run, attempt)
-        except KubeError as exc:
-            logger.warning(
-                "%s attempt %s: pods not listed, log not kept: %s", run.name, attempt.number, exc
-            )
-            return None
+        keep: no pod of the attempt remains (it never had one, or a cancel or Kubernetes
+        removed them first). Raises ``KubeError`` when the cluster did not answer (nobody
+        knows yet whether there is a log)."""
+        pods = self._attempt_pods(run, attempt)
         data, chosen, names, _ = self._log_bytes(run, attempt, None, pods)
         if not chosen:
             return None

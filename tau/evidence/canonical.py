@@ -12,11 +12,18 @@ import json
 import math
 from typing import Any
 
-__all__ = ["canonical_json"]
+__all__ = ["MAX_SAFE_INTEGER", "canonical_json"]
 
 # The largest integer every IEEE 754 double holds exactly: JCS numbers are doubles, so an
 # integer beyond it that a double cannot hold would silently change its value.
 _EXACT_INTEGER_LIMIT = 2**53
+
+#: The largest integer a record holds as itself, whatever reads it: every integer up to it
+#: and none above it is exactly one double (JavaScript's ``Number.MAX_SAFE_INTEGER``; 2^53
+#: itself is exact, but so would be 2^53 + 1 read as a double). What a run reports that ends
+#: up in its evidence (metric steps, checkpoint steps and sizes) is refused above it where it
+#: arrives, so that a record can always be sealed and every reader gets the number back.
+MAX_SAFE_INTEGER = 2**53 - 1
 
 
 def canonical_json(value: Any) -> bytes:

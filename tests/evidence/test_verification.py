@@ -17,6 +17,7 @@ from django.utils import timezone
 from evidence import verification
 from evidence.models import EvidenceRecord
 from evidence.tasks import reconcile_seals
+from portal import outbox
 from runs.models import RunState
 from tests.evidence.helpers import seal_all
 from tests.evidence.test_records import finish
@@ -146,15 +147,24 @@ def test_a_lost_check_is_done_by_the_reconciler(world: Any, var_dir: Path, tmp_p
     _run, record, _log = sealed(world, tmp_path)
     # Fresh: the task published after sealing has its chance first.
     assert record.pk not in verification.due_checks()
-    # Asked for long ago and never done (the worker died, the broker lost the task).
-    long_ago = timezone.now() - verification.RETRY_AFTER - timedelta(seconds=1)
-    EvidenceRecord.objects.unscoped().filter(pk=record.pk).update(verify_requested_at=long_ago)
+    # Asked for a while ago and not done: a live worker is checking it (its claim renewed),
+    # then that worker was killed (its claim lapses) or the broker lost the task.
+    long_ago = timezone.now() - verification.GRACE - timedelta(seconds=1)
+    rows = EvidenceRecord.objects.unscoped().filter(pk=record.pk)
+    rows.update(verify_requested_at=long_ago, check_claimed_at=timezone.now())
+    assert verification.due_checks() == []
+    assert verification.verify(record.pk) is None  # not checked twice at once
+    lapsed = timezone.now() - timedelta(seconds=outbox.lease_seconds() + 1)
+    rows.update(check_claimed_at=lapsed)
+    assert verification.due_checks() == [record.pk]
+    rows.update(check_claimed_at=None)
     assert verification.due_checks() == [record.pk]
     reconcile_seals()
     record.refresh_from_db()
     assert record.verified_at is not None
     assert record.verification_problems == []
     assert record.verify_requested_at is None
+    assert record.check_claimed_at is None
     assert verification.due_checks() == []
     # A record never asked for (sealed before sealing asked for checks) is due once older
     # than a fresh seal's own request would be.

@@ -51,6 +51,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import kube as adapter
+from portal import outbox
 from portal.models import AuditEvent
 from runs.usage import usage_lines
 from tests.cluster.kueue_objects import (
@@ -691,9 +692,11 @@ def test_a_worker_killed_mid_sync_is_completed_by_the_next_reconcile(
 
     # While the claim holds, the reconciler leaves it to its worker.
     assert reconcile_kueue_syncs() == 0
-    # Time passes: the claim lapses, and the next reconcile completes the sync.
+    # The killed worker renews its claim no more: it lapses after the lease (portal.outbox),
+    # and the next reconcile completes the sync.
+    lapsed = timezone.now() - timedelta(seconds=outbox.lease_seconds() + 1)
     an_hour_ago = timezone.now() - timedelta(hours=1)
-    KueueSync.objects.filter(pk=sync.pk).update(claimed_at=an_hour_ago, created_at=an_hour_ago)
+    KueueSync.objects.filter(pk=sync.pk).update(claimed_at=lapsed, created_at=an_hour_ago)
     assert reconcile_kueue_syncs() == 1
     done = KueueSync.objects.get(pk=sync.pk)
     assert (done.state, done.attempts, done.claimed_at) == ("synced", 2, None)
