@@ -383,8 +383,12 @@ class RunActionView(WorkspaceViewMixin, View):
             raise PermissionDenied(REFUSAL)
         try:
             if self.action == "cancel":
-                lifecycle.cancel_run(run=run, user=signed_in_user(request))
-                messages.success(request, f"Cancelling {run.name}.")
+                cancelled = lifecycle.cancel_run(run=run, user=signed_in_user(request))
+                # Say what is true now: a run that was only waiting is cancelled already.
+                if cancelled.state == RunState.CANCELLED:
+                    messages.success(request, f"Cancelled {run.name}.")
+                else:
+                    messages.success(request, f"Cancelling {run.name}: stopping its processes.")
             else:
                 checkpoint = None
                 if request.POST.get("checkpoint", "").isdigit():

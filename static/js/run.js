@@ -32,6 +32,26 @@
     var done = false;
     var generation = 0; // a new choice drops answers that were meant for the previous one
     var timer = null;
+    // Until an attempt writes something, the box says so in a quiet line (class log-waiting)
+    // instead of standing empty and black.
+    var placeholder = log.classList.contains("log-waiting");
+
+    function showPlaceholder(chunk) {
+      var text;
+      if (chunk.attempt === null) text = "Nothing has started yet: the log appears here when the first attempt starts.";
+      else if (chunk.complete) text = "Attempt " + chunk.attempt + " wrote nothing to its log.";
+      else text = "No output from attempt " + chunk.attempt + " yet: it appears here as it is written.";
+      placeholder = true;
+      log.classList.add("log-waiting");
+      if (log.textContent !== text) log.textContent = text;
+    }
+
+    function clearPlaceholder() {
+      if (!placeholder) return;
+      placeholder = false;
+      log.classList.remove("log-waiting");
+      log.textContent = "";
+    }
 
     function runIsLive() {
       var runLive = document.getElementById("run-live");
@@ -94,6 +114,8 @@
       ended = false;
       done = false;
       following = true;
+      placeholder = false;
+      log.classList.remove("log-waiting");
       log.textContent = "";
       showButton();
     }
@@ -116,6 +138,7 @@
 
     function append(text) {
       if (!text) return;
+      clearPlaceholder();
       var atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 40;
       log.textContent += text;
       if (log.textContent.length > maxChars) {
@@ -177,6 +200,7 @@
           }
           if ((offset === null || attempt === null) && chunk.attempt !== null) {
             // The first text of this attempt (which may be the first attempt there is).
+            clearPlaceholder();
             log.textContent = chunk.offset > 0 ? "[the end of the log; Raw has all of it]\n" : "";
             if (chosen === null) describe(chunk.attempt);
           }
@@ -187,6 +211,7 @@
             note.hidden = !chunk.note;
           }
           append(chunk.text);
+          if (!log.textContent || placeholder) showPlaceholder(chunk);
           offset = chunk.next_offset;
           var atEnd = chunk.next_offset >= chunk.size;
           if (chosen !== null) {
