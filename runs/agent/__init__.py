@@ -2,14 +2,18 @@
 machine's queued local runs as process groups.
 
 It runs arbitrary submitted code on this machine, each attempt in a bubblewrap sandbox
-(with a uid of its own when the portal runs as root), so it is on in the embedded default
-and off in production unless ``TAU_LOCAL_EXECUTOR=true``.
+(with a uid of its own when the portal runs as root) and within per-run limits, so it is
+on in the embedded default and off in production unless ``TAU_LOCAL_EXECUTOR=true``.
 
 - ``supervisor``: the loop (recover, admit, start, watch, cancel, deadline, finish, stop).
 - ``admission``: which queued run may start now, and what the others wait for.
 - ``prepare`` and ``environments``: an attempt's directories, code, Python environment
   (cached per requirements) and environment variables.
-- ``sandbox``: what an attempt sees (bubblewrap), and the probe for it at start.
+- ``sandbox``: what an attempt sees (bubblewrap), and the probe for it at start;
+  ``seccomp``: the filter every sandboxed command runs under (no namespaces, mounts,
+  keyrings or other escape calls).
+- ``run_limits``: what one attempt may use (memory, processes, disk) and what holds it to
+  that on this machine; ``cgroups``: each attempt's cgroup, where the machine gives them.
 - ``wrapper``: runs the workload inside it, keeps its capped log and writes its outcome;
   ``outcomes`` reads that back (also after a crash of the agent).
 - ``collect``: metric rows and checkpoints.

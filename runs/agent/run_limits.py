@@ -135,7 +135,7 @@ class Enforcement:
             how.append("RLIMIT_NPROC")
         return {
             "memory": (
-                f"the memory each run was admitted with ({memory} memory)"
+                f"each run's memory limit from its spec ({memory} memory)"
                 if memory
                 else "not enforced (no memory cgroup): admission counts it"
             ),

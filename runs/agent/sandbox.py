@@ -168,7 +168,7 @@ class Sandbox:
 
     def describe(self) -> str:
         how = "its own uid per run" if self.privileged else "the portal's uid"
-        return f"{self.version} ({how})"
+        return f"{self.version} ({how}; seccomp filter: no namespaces, mounts or keyrings)"
 
     def run_uid(self, run_id: int) -> int | None:
         if not self.privileged:

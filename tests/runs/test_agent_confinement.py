@@ -338,7 +338,7 @@ def test_cgroup_v2_is_used_where_the_agent_is_delegated_memory_and_pids(tmp_path
         nproc_per_run=True,
     )
     assert enforcement.describe() == {
-        "memory": "the memory each run was admitted with (cgroup v2 memory)",
+        "memory": "each run's memory limit from its spec (cgroup v2 memory)",
         "tmp": "tmpfs of at most the run's memory, charged to it (cgroup v2)",
         "processes": "100 per run (cgroup v2 pids, RLIMIT_NPROC)",
         "disk": "1 GiB per run (measured every 2 s; RLIMIT_FSIZE per file)",
