@@ -17,9 +17,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The server's limit (runs/bundles.py): a larger bundle is refused before it is sent.
+#: The portal's limits (runs/bundles.py): a project beyond them is refused before it is sent,
+#: as soon as it is known (while walking the folder, while zipping), not after zipping it all.
 MAX_BUNDLE_BYTES = 50 * 2**20
+MAX_UNPACKED_BYTES = 500 * 2**20
+MAX_FILES = 5000
 ALWAYS_IGNORED = (".git/", ".tau-bundle-*.zip")
+_LEAVE_OUT = (
+    "Leave data, checkpoints and environments out with .tauignore (or run.exclude); "
+    "`tau run --dry-run` lists what would go."
+)
+
+
+class BundleTooLarge(Exception):
+    """The project is more than the portal takes; the message says which limit and what to do."""
 
 
 @dataclass(frozen=True)
@@ -125,8 +136,12 @@ def _read_lines(path: Path) -> list[str]:
 
 def project_files(root: Path, ignore: Ignore) -> list[str]:
     """Every file to ship, as sorted relative paths; ignored folders are not entered (as in
-    git, a file inside an ignored folder cannot be taken back in)."""
+    git, a file inside an ignored folder cannot be taken back in). Raises
+    :class:`BundleTooLarge` as soon as the files are more, or larger together, than the
+    portal unpacks."""
     found: list[str] = []
+    total = 0
+    largest: list[tuple[int, str]] = []
     for folder, subfolders, files in os.walk(root):
         here = Path(folder).relative_to(root).as_posix()
         prefix = "" if here == "." else f"{here}/"
@@ -141,14 +156,52 @@ def project_files(root: Path, ignore: Ignore) -> list[str]:
             full = os.path.join(folder, name)
             if os.path.islink(full) or not os.path.isfile(full):
                 continue
-            if not ignore.ignored(relative, folder=False):
-                found.append(relative)
+            if ignore.ignored(relative, folder=False):
+                continue
+            found.append(relative)
+            size = os.stat(full).st_size
+            total += size
+            largest = sorted([*largest, (size, relative)], reverse=True)[:3]
+            if len(found) > MAX_FILES:
+                raise BundleTooLarge(
+                    f"the project has more than {MAX_FILES:,} files to upload, the most the "
+                    f"portal takes. {_LEAVE_OUT}"
+                )
+            if total > MAX_UNPACKED_BYTES:
+                raise BundleTooLarge(
+                    f"the project's files come to more than {MAX_UNPACKED_BYTES // 2**20} MiB, "
+                    f"the most the portal unpacks (largest: {_sizes(largest)}). {_LEAVE_OUT}"
+                )
     return sorted(found)
 
 
+def _sizes(files: Sequence[tuple[int, str]]) -> str:
+    return ", ".join(f"{name} {size / 2**20:.1f} MiB" for size, name in files)
+
+
 def write_bundle(root: Path, files: Sequence[str], target: Path) -> int:
-    """Zip ``files`` (relative to ``root``) into ``target``; its size in bytes."""
-    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+    """Zip ``files`` (relative to ``root``) into ``target``; its size in bytes. Raises
+    :class:`BundleTooLarge` as soon as the zip grows past :data:`MAX_BUNDLE_BYTES`, without
+    reading the rest of the project."""
+    with (
+        target.open("wb") as handle,
+        zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_DEFLATED) as archive,
+    ):
         for relative in files:
-            archive.write(root / relative, relative)
+            path = root / relative
+            info = zipfile.ZipInfo.from_file(path, relative, strict_timestamps=False)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with open(path, "rb") as source, archive.open(info, "w") as member:
+                while block := source.read(2**20):
+                    member.write(block)
+                    if handle.tell() > MAX_BUNDLE_BYTES:
+                        largest = sorted(
+                            ((os.stat(root / name).st_size, name) for name in files),
+                            reverse=True,
+                        )[:3]
+                        raise BundleTooLarge(
+                            f"the project is more than {MAX_BUNDLE_BYTES // 2**20} MiB zipped, "
+                            f"the most the portal takes (stopped at {relative}; largest: "
+                            f"{_sizes(largest)}). {_LEAVE_OUT}"
+                        )
     return target.stat().st_size

@@ -43,21 +43,36 @@ def _verify() -> ssl.SSLContext | bool:
         raise CliError(f"TAU_CA_BUNDLE={bundle}: cannot load it ({error}).", EXIT_USAGE) from None
 
 
+#: Keys of a refusal whose messages are about the request as a whole, not one field.
+_WHOLE_REQUEST_KEYS = ("detail", "__all__", "non_field_errors")
+#: The portal's ``detail`` of a refusal about fields (portal.api.INVALID_REQUEST): the
+#: fields at fault say it better, so it is left out when they are there.
+_INVALID_REQUEST = "The request is not valid; nothing was changed."
+
+
 def problem_text(body: Any) -> str:
-    """The server's refusal in one line: ``detail`` and any field errors."""
+    """The server's refusal in one line: ``detail`` (and other messages about the whole
+    request) first, then each field's errors as ``field: message``."""
     if isinstance(body, dict):
+        if body.get("detail") == _INVALID_REQUEST and set(body) - {"detail", "problems"}:
+            body = {key: value for key, value in body.items() if key != "detail"}
         parts = []
-        if body.get("detail"):
-            parts.append(str(body["detail"]))
+        for key in _WHOLE_REQUEST_KEYS:
+            if body.get(key):
+                parts.append(_said(body[key]))
         for key, value in body.items():
-            if key in {"detail", "problems"}:
+            if key in _WHOLE_REQUEST_KEYS or key == "problems":
                 continue
-            said = "; ".join(str(v) for v in value) if isinstance(value, list) else str(value)
-            parts.append(f"{key}: {said}")
+            parts.append(f"{key}: {_said(value)}")
         return " ".join(parts)
     if isinstance(body, list):
         return "; ".join(str(item) for item in body)
     return str(body)
+
+
+def _said(value: Any) -> str:
+    # A list of messages (as DRF answers them) is read as sentences, not as a Python list.
+    return "; ".join(str(item) for item in value) if isinstance(value, list) else str(value)
 
 
 class Api:
@@ -152,6 +167,12 @@ class Api:
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return self.json_of(self.request("POST", path, json=body or {}))
 
+    def patch(self, path: str, body: dict[str, Any]) -> Any:
+        return self.json_of(self.request("PATCH", path, json=body))
+
+    def delete(self, path: str) -> None:
+        self.request("DELETE", path)
+
     def pages(self, path: str, **params: Any) -> Iterator[dict[str, Any]]:
         """Every row of a cursor-paginated list (``results`` and ``next``)."""
         page: Any = self.get(path, **params)
@@ -173,3 +194,8 @@ def run_path(workspace: str, name: str | None = None) -> str:
 
 def workspace_path(workspace: str) -> str:
     return f"/api/v1/workspaces/{quote(workspace, safe='')}/"
+
+
+def member_path(workspace: str, username: str | None = None) -> str:
+    path = workspace_path(workspace) + "members/"
+    return path if username is None else f"{path}{quote(username, safe='')}/"

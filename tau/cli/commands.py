@@ -38,6 +38,7 @@ from tau.cli.client import (
     EXIT_USAGE,
     Api,
     CliError,
+    member_path,
     problem_text,
     run_path,
     workspace_path,
@@ -50,7 +51,7 @@ from tau.cli.config import (
     read_config,
     save_profile,
 )
-from tau.cli.templates import TAUIGNORE, TEMPLATES, TRAIN_PY
+from tau.cli.templates import TAUIGNORE, TEMPLATES, TRAIN_PY, tau_yaml
 from tau.spec import SpecProblem
 from tau.spec.cli import reading_lines, reading_records
 from tau.spec.loader import MAX_FILE_BYTES
@@ -72,7 +73,10 @@ RUN_STATES = (
     "preempted",
     "evicted",
 )
+MEMBER_ROLES = ("viewer", "researcher", "admin")
 POLL_SECONDS = 1.0
+#: How long `tau run cancel` waits for a cancelling run to stop before it says it is stopping.
+CANCEL_WAIT_SECONDS = 15.0
 
 # In a pipe, lines as long as they are (Rich would fold tables at 80 columns).
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1000)
@@ -211,7 +215,7 @@ def login(
     """Check an API token against the portal and save it (mode 0600).
 
     The token comes from a prompt, or from standard input with --token-stdin (make one on
-    the portal's Tokens page, or `manage.py create_token`).
+    the portal's API tokens page, or `manage.py create_token`).
     """
     state = state_of(ctx)
     data = read_config()
@@ -388,7 +392,7 @@ def init(
     target = folder / "tau.yaml"
     if target.exists() and not force:
         raise CliError(f"{target} exists; pass --force to overwrite it.", EXIT_USAGE)
-    text = TEMPLATES[template].format(name=name or _spec_name_for(folder))
+    text = tau_yaml(template, name or _spec_name_for(folder))
     _spec, problems = check_source(text)
     if problems:
         raise CliError(
@@ -504,17 +508,21 @@ def apply_settings(source: bytes, settings: Sequence[str]) -> bytes:
     return yaml.safe_dump(document, sort_keys=False, allow_unicode=True).encode()
 
 
-def report_problems(name: str, problems: Sequence[dict[str, Any]], as_json: bool) -> None:
-    if as_json:
-        print_json({"error": "invalid", "problems": [{"file": name, **p} for p in problems]})
-        return
-    for problem in problems:
+def refuse_spec(
+    name: str, problems: Sequence[dict[str, Any]], said: str, answer: dict[str, Any] | None = None
+) -> CliError:
+    """The refusal of an invalid tau.yaml (exit 2), each problem printed on standard error as
+    FILE:LINE:COLUMN: path: message (hint). With --json the error's ``details`` are the
+    portal's answer (``answer``, if it refused) with the problems, each naming its file."""
+    records = [{"file": name, **problem} for problem in problems]
+    for problem in records:
         line = problem.get("line") or 0
         column = problem.get("column") or 0
         text = f"{name}:{line}:{column}: {problem.get('path')}: {problem.get('message')}"
         if problem.get("hint"):
             text += f" ({problem['hint']})"
         err.print(text, markup=False)
+    return CliError(said, EXIT_USAGE, details={**(answer or {}), "problems": records})
 
 
 def _multipart(
@@ -562,12 +570,19 @@ def submit(
     source = apply_settings(source, settings)
     spec, problems = check_source(source)
     if spec is None or problems:
-        report_problems(str(config), [p.to_dict() for p in problems], as_json)
-        return EXIT_USAGE
+        count = f"{len(problems)} problem{'' if len(problems) == 1 else 's'}"
+        raise refuse_spec(
+            str(config),
+            [p.to_dict() for p in problems],
+            f"{config} is not valid ({count}); nothing was sent.",
+        )
     root = directory or (config.parent / spec.run.project_dir)
     if not root.is_dir():
         raise CliError(f"the project folder {root} does not exist.", EXIT_USAGE)
-    files = bundles.project_files(root, bundles.Ignore.for_project(root, spec.run.exclude))
+    try:
+        files = bundles.project_files(root, bundles.Ignore.for_project(root, spec.run.exclude))
+    except bundles.BundleTooLarge as refused:
+        raise CliError(str(refused), EXIT_USAGE) from None
     if dry_run:
         if as_json:
             print_json({"spec_name": spec.name, "project": str(root), "files": files})
@@ -580,14 +595,10 @@ def submit(
     api = state.api()
     with tempfile.TemporaryDirectory(prefix="tau-bundle-") as scratch:
         archive = Path(scratch) / "project.zip"
-        size = bundles.write_bundle(root, files, archive)
-        if size > bundles.MAX_BUNDLE_BYTES:
-            raise CliError(
-                f"the project is {size // 2**20} MiB zipped; the limit is "
-                f"{bundles.MAX_BUNDLE_BYTES // 2**20} MiB. Leave data and checkpoints out with "
-                ".tauignore (or run.exclude).",
-                EXIT_USAGE,
-            )
+        try:
+            size = bundles.write_bundle(root, files, archive)
+        except bundles.BundleTooLarge as refused:
+            raise CliError(str(refused), EXIT_USAGE) from None
         show_progress = err.is_terminal and not as_json
         with Progress(
             "[progress.description]{task.description}",
@@ -611,13 +622,12 @@ def submit(
                 )
             except Exception as error:
                 raise CliError(f"the upload to {api.url} failed: {error}") from None
-    if response.status_code == 400:
+    if response.status_code in {400, 413}:
         answer = api.json_of(response)
         if isinstance(answer, dict) and answer.get("problems"):
-            report_problems(str(config), answer["problems"], as_json)
-            if not as_json:
-                err.print(f"The run was not submitted: {answer.get('detail', '')}", markup=False)
-            return EXIT_USAGE
+            # The portal's own words ("The run was not submitted."), said once.
+            said = str(answer.get("detail") or "The run was not submitted.")
+            raise refuse_spec(str(config), answer["problems"], said, answer)
     api.check(response)
     run = api.json_of(response)
     link = run_page(api, workspace, run["name"])
@@ -729,6 +739,8 @@ class LogFollower:
     offset: int = 0
     #: Whether the attempt read last has ended and its log was read to the end.
     complete: bool = False
+    #: Why the attempt read last has no log (yet), as the portal says it; empty if it has one.
+    note: str = ""
 
     def read(self, *, attempt_count: int) -> str:
         texts = []
@@ -737,6 +749,7 @@ class LogFollower:
             if self.attempt is not None:
                 params["attempt"] = self.attempt
             chunk = self.api.get(self.path + "logs/", **params)
+            self.note = str(chunk.get("note") or "")
             if chunk.get("attempt") is None:
                 break
             if self.attempt is None:
@@ -781,6 +794,8 @@ def watch_run(
     try:
         while True:
             run = api.get(path)
+            # NAME may be a spec name: what is said from here on names the run itself.
+            name = str(run["name"])
             moment = (run["state"], run.get("state_reason") or "")
             if moment != seen:
                 seen = moment
@@ -897,9 +912,11 @@ def logs_command(
     path = run_path(ws, name)
     if follow:
         follower = LogFollower(api, path, attempt=attempt)
+        said = ""
         try:
             while True:
                 run = api.get(path)
+                name = str(run["name"])  # NAME may be a spec name
                 count = int(run.get("attempt_count") or 0)
                 text = follower.read(attempt_count=attempt or count)
                 if text:
@@ -908,9 +925,19 @@ def logs_command(
                     else:
                         sys.stdout.write(text)
                     sys.stdout.flush()
+                if follower.note and follower.note != said:
+                    # Why there is no log yet (a pod that cannot start), once, as it changes.
+                    err.print(f"{name}: no log yet: {follower.note}", markup=False)
+                said = follower.note
                 if run["state"] in TERMINAL_STATES and not text:
+                    # How it ended, on standard error: a cancelled run is exit 1 too.
+                    err.print(_end_line(run), markup=False)
                     return EXIT_OK if run["state"] == "succeeded" else EXIT_FAILED
                 if attempt is not None and follower.complete and not text:
+                    err.print(
+                        f"attempt {attempt} of {name} has ended; the run is {run['state']}.",
+                        markup=False,
+                    )
                     return EXIT_OK  # the attempt asked for has ended; the run goes on
                 if not text:
                     time.sleep(POLL_SECONDS)
@@ -922,6 +949,7 @@ def logs_command(
     params: dict[str, Any] = {"format": "text"}
     if attempt is not None:
         params["attempt"] = attempt
+    written = 0
     try:
         with api.http.stream(
             "GET", path + "logs/", params=params, headers={"Accept": "text/plain"}
@@ -931,12 +959,45 @@ def logs_command(
                 api.check(response)
             for chunk in response.iter_bytes():
                 sys.stdout.buffer.write(chunk)
+                written += len(chunk)
     except CliError:
         raise
     except Exception as error:
         raise CliError(f"reading the log failed: {error}") from None
     sys.stdout.flush()
+    if not written:
+        err.print(_why_no_log(api, path, attempt), markup=False)
     return EXIT_OK
+
+
+def _end_line(run: dict[str, Any]) -> str:
+    """How a run stands, in one line: ``NAME cancelled — Cancelled by rob.``"""
+    reason = run.get("state_reason")
+    return f"{run['name']} {run['state']}" + (f" — {reason}" if reason else ".")
+
+
+def _why_no_log(api: Api, path: str, attempt: int | None) -> str:
+    """Why ``tau run logs`` printed nothing, in the portal's words where it has some (a pod
+    that never started, a log that is gone), else from the run's state."""
+    chunk = api.get(path + "logs/", attempt=attempt, offset=0)
+    run = api.get(path)
+    name = run["name"]
+    number = chunk.get("attempt")
+    if chunk.get("note"):
+        which = f"attempt {number} of {name}" if number else name
+        return f"{which} has no log: {chunk['note']}"
+    if number is None or run["state"] in (*WAITING_STATES, "admitted"):
+        reason = f" ({run['state_reason']})" if run.get("state_reason") else ""
+        return (
+            f"{name} has no log yet: it is {run['state']}{reason}; "
+            f"`tau run logs {name} -f` waits for it."
+        )
+    if not chunk.get("complete"):
+        return (
+            f"attempt {number} of {name} has written nothing yet; "
+            f"`tau run logs {name} -f` follows it."
+        )
+    return f"attempt {number} of {name} wrote nothing to its log."
 
 
 @run_group.command("list")
@@ -1051,12 +1112,30 @@ def _act(ctx: click.Context, name: str, workspace: str | None, action: str, body
 @json_option
 @click.pass_context
 def cancel_command(ctx: click.Context, name: str, workspace: str | None, as_json: bool) -> int:
-    """Cancel a run (its owner or a workspace admin)."""
-    _ws, _api, run = _act(ctx, name, workspace, "cancel", None)
+    """Cancel a run (its owner or a workspace admin); waits a few seconds for it to stop."""
+    ws, api, run = _act(ctx, name, workspace, "cancel", None)
+    # A run that was handed to its backend is `cancelling` until the backend has stopped it,
+    # which mostly takes a moment (a queued Kubernetes job is deleted at once): say how it
+    # ended rather than a state it has already left.
+    deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+    try:
+        while run["state"] == "cancelling" and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            run = api.get(run_path(ws, run["name"]))
+    except KeyboardInterrupt:
+        raise CliError(
+            f"stopped waiting; {run['name']} is being cancelled.", EXIT_INTERRUPTED
+        ) from None
     if as_json:
         print_json(run)
+    elif run["state"] == "cancelling":
+        out.print(
+            f"{run['name']}: cancelling; its backend is still stopping it "
+            f"(`tau run status {run['name']} --watch` follows it to the end).",
+            markup=False,
+        )
     else:
-        out.print(f"{run['name']}: {run['state']}.")
+        out.print(f"{run['name']}: {run['state']}.", markup=False)
     return EXIT_OK
 
 
@@ -1298,6 +1377,110 @@ def workspace_quota(ctx: click.Context, workspace: str | None, as_json: bool) ->
     for row in rows:
         table.add_row(*(_cell(row.get(column)) for column in columns))
     out.print(table)
+    return EXIT_OK
+
+
+@workspace_group.group("members")
+def members_group() -> None:
+    """A workspace's members and their roles: its members read them, its admins change them
+    (a workspace keeps at least one admin)."""
+
+
+@members_group.command("list")
+@workspace_option
+@json_option
+@click.pass_context
+def members_list(ctx: click.Context, workspace: str | None, as_json: bool) -> int:
+    """The workspace's members with their roles, by username."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    rows = state.api().get(member_path(ws))
+    if as_json:
+        print_json(rows)
+        return EXIT_OK
+    table = Table(title=f"Members of {ws}", title_justify="left", box=None, pad_edge=False)
+    for column in ("member", "name", "role", "joined"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row["username"]),
+            _cell(row.get("full_name")),
+            str(row["role"]),
+            short_time(row.get("joined"))[:10],
+        )
+    out.print(table)
+    return EXIT_OK
+
+
+@members_group.command("add")
+@click.argument("username")
+@click.option(
+    "--role",
+    type=click.Choice(MEMBER_ROLES),
+    default="researcher",
+    show_default=True,
+    help="viewer: reads; researcher: also submits runs; admin: also manages members.",
+)
+@workspace_option
+@json_option
+@click.pass_context
+def members_add(
+    ctx: click.Context, username: str, role: str, workspace: str | None, as_json: bool
+) -> int:
+    """Add someone (an admin adds people who already share a workspace with them; the
+    platform team adds anyone)."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    member = state.api().post(member_path(ws), {"username": username, "role": role})
+    if as_json:
+        print_json(member)
+    else:
+        out.print(f"Added {member['username']} to {ws} as {member['role']}.", markup=False)
+    return EXIT_OK
+
+
+@members_group.command("set-role")
+@click.argument("username")
+@click.argument("role", type=click.Choice(MEMBER_ROLES))
+@workspace_option
+@json_option
+@click.pass_context
+def members_set_role(
+    ctx: click.Context, username: str, role: str, workspace: str | None, as_json: bool
+) -> int:
+    """Change a member's role to ROLE (viewer, researcher or admin)."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    before = api.get(member_path(ws, username))
+    member = api.patch(member_path(ws, username), {"role": role})
+    if as_json:
+        print_json(member)
+    elif before["role"] == member["role"]:
+        out.print(f"{member['username']} was already {member['role']} in {ws}.", markup=False)
+    else:
+        out.print(
+            f"{member['username']} is now {member['role']} in {ws} (was {before['role']}).",
+            markup=False,
+        )
+    return EXIT_OK
+
+
+@members_group.command("remove")
+@click.argument("username")
+@workspace_option
+@json_option
+@click.pass_context
+def members_remove(ctx: click.Context, username: str, workspace: str | None, as_json: bool) -> int:
+    """Remove a member: their access, and their tokens' access, to the workspace ends at once
+    (their runs stay)."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    state.api().delete(member_path(ws, username))
+    if as_json:
+        print_json({"workspace": ws, "username": username, "removed": True})
+    else:
+        out.print(f"Removed {username} from {ws}.", markup=False)
     return EXIT_OK
 
 

@@ -9,7 +9,7 @@ _HEADER = """\
 # tau.yaml: one workload for TauGrid (schema version 1). Field reference: docs/tau-yaml.md;
 # check it offline with `tau run validate`, submit it with `tau run --config tau.yaml --watch`.
 schema_version: 1
-name: {name}                 # letters, digits and '-', starting with a letter (38 at most)
+name: {name}{pad}# letters, digits and '-', starting with a letter (38 at most)
 """
 
 _OUTPUTS = """
@@ -42,7 +42,7 @@ compute:                      # per worker
 runtime:
   image: python:3.12-slim     # unset: your workspace's default image
   pip: []                     # e.g. [numpy>=2]
-  env: {{}}                   # names starting with TAU_ are reserved
+  env: {{}}                     # names starting with TAU_ are reserved
 """
     + _OUTPUTS,
     "gpu": _HEADER
@@ -91,6 +91,18 @@ runtime:
 """
     + _OUTPUTS,
 }
+
+#: Where the templates' comments start (0-based), so that they line up under each other.
+COMMENT_COLUMN: Final = 30
+
+
+def tau_yaml(template: str, name: str) -> str:
+    """The template's tau.yaml for a spec called ``name``, its comments lined up: the name's
+    comment starts at :data:`COMMENT_COLUMN` too, whatever the name's length (one space after
+    a name too long for that)."""
+    pad = " " * max(1, COMMENT_COLUMN - len(f"name: {name}"))
+    return TEMPLATES[template].format(name=name, pad=pad)
+
 
 TAUIGNORE: Final = """\
 # Left out of the code bundle `tau run` uploads (gitignore syntax; .gitignore applies too,

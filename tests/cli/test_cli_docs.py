@@ -57,3 +57,16 @@ def test_every_documented_command_exists() -> None:
     known = {" ".join(("tau", *path)) for path in _commands(cli)}
     assert documented
     assert documented - known == set()
+
+
+def test_the_tokens_page_is_called_what_the_portal_calls_it() -> None:
+    """The page where tokens are made is named as the portal's menu names it, on this page
+    and in `tau login --help` (both said "Tokens page")."""
+    base = (Path(__file__).resolve().parents[2] / "templates" / "base.html").read_text()
+    found = re.search(r"""<a href="\{% url 'tokens' %\}">([^<]+)</a>""", base)
+    assert found is not None
+    label = found.group(1)
+    assert f"*{label}*\npage" in DOC or f"*{label}* page" in DOC
+    assert "*Tokens*" not in DOC
+    login_help = _command(("login",)).help or ""
+    assert f"{label} page" in " ".join(login_help.split())
