@@ -410,6 +410,22 @@ MATRIX: dict[str, Route] = {
     # A workspace's audit log is for its admins; platform staff read it too, as they read
     # every workspace's pages.
     "workspace-audit": Route({"GET": codes(200, 200, 403, 403, 404, 302)}, ALPHA),
+    # The members page: read by whoever reads the workspace (staff too); changed by its admins
+    # only, as in the API (staff read workspaces as viewers). Changes are POSTs only.
+    "workspace-members": Route(
+        {"GET": PAGE_READ, "POST": codes(403, 302, 403, 403, 404, 302)},
+        ALPHA,
+        data=NEW_COLLEAGUE,
+    ),
+    "workspace-member-role": Route(
+        {"POST": codes(403, 302, 403, 403, 404, 302), "GET": codes(405, 405, 405, 405, 404, 302)},
+        ALPHA_MEMBER,
+        data={"role": "viewer"},
+    ),
+    "workspace-member-remove": Route(
+        {"POST": codes(403, 302, 403, 403, 404, 302), "GET": codes(405, 405, 405, 405, 404, 302)},
+        ALPHA_MEMBER,
+    ),
     # Single sign-on is not configured in this matrix (test_oidc_login.py covers it).
     "oidc-login": Route({"GET": same(404)}),
     "oidc-callback": Route({"GET": same(404)}),
