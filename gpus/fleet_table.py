@@ -21,6 +21,9 @@ from gpus.telemetry import NodeSummary
 UNKNOWN = '<span class="muted">\u2013</span>'
 #: Runs listed in a row; the rest are on the node's page.
 RUNS_SHOWN = 3
+#: The telemetry columns' names: on a phone each cell is shown after its column's name
+#: (``data-label``; the page's table is ``stacked``).
+TELEMETRY_LABELS = ("Utilisation", "Memory", "Hottest", "Power")
 
 
 def _e(value: object) -> str:
@@ -89,7 +92,9 @@ def _number(value: float | None, unit: str, *, scale: float = 1, digits: int = 0
 
 def _telemetry_cells(summary: NodeSummary | None) -> str:
     if summary is None:
-        return f'<td class="num">{UNKNOWN}</td>' * 4
+        return "".join(
+            f'<td class="num" data-label="{label}">{UNKNOWN}</td>' for label in TELEMETRY_LABELS
+        )
     memory = _number(summary.memory_used_mib, "GiB", scale=1024, digits=1)
     if summary.memory_percent is not None:
         memory += f' <span class="muted small">{summary.memory_percent} %</span>'
@@ -98,10 +103,10 @@ def _telemetry_cells(summary: NodeSummary | None) -> str:
         gpus = ", ".join(str(index) for index in summary.xid_gpus)
         power += f'<br><strong class="error-text small">XID on GPU {gpus}</strong>'
     return (
-        f'<td class="num">{_number(summary.utilization, "%")}</td>'
-        f'<td class="num">{memory}</td>'
-        f'<td class="num">{_number(summary.temperature_c, "°C")}</td>'
-        f'<td class="num">{power}</td>'
+        f'<td class="num" data-label="Utilisation">{_number(summary.utilization, "%")}</td>'
+        f'<td class="num" data-label="Memory">{memory}</td>'
+        f'<td class="num" data-label="Hottest">{_number(summary.temperature_c, "°C")}</td>'
+        f'<td class="num" data-label="Power">{power}</td>'
     )
 
 
@@ -134,12 +139,13 @@ def row_parts(nodes: Iterable[FleetNode]) -> list[RowParts]:
         before = (
             f'<tr class="{classes.strip()}" data-node="{_e(node.name)}">'
             f'<th scope="row"><a class="mono" href="{_e(url)}">{_e(node.name)}</a>{model}</th>'
-            f"<td>{_health(node)}</td>"
-            f'<td class="num">{node.gpus_in_use} / {node.gpus_allocatable}{capacity}</td>'
+            f'<td data-label="Health">{_health(node)}</td>'
+            f'<td class="num" data-label="GPUs in use">'
+            f"{node.gpus_in_use} / {node.gpus_allocatable}{capacity}</td>"
         )
         after = (
-            f'<td class="small">{_taints(node)}</td>'
-            f'<td class="small">{_runs(node, url, run_url)}</td>'
+            f'<td class="small" data-label="Taints">{_taints(node)}</td>'
+            f'<td class="small" data-label="Runs">{_runs(node, url, run_url)}</td>'
             "</tr>"
         )
         parts.append((node.name, before, after))

@@ -178,7 +178,7 @@ def test_kubernetes_unreachable_shows_the_last_known_fleet_with_why(
     text = text_of(world.client_for("platform_admin").get("/gpus/").content.decode())
     assert "The fleet could not be read since" in text
     assert "what follows is what was last seen" in text
-    assert "cannot reach the Kubernetes API at https://10.0.0.1:6443: timed out" in text
+    assert "Cannot reach the Kubernetes API at https://10.0.0.1:6443: timed out" in text
     assert "2 / 8" in text
 
 
