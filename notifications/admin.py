@@ -22,6 +22,8 @@ WEBHOOK_FIELDS = (
     "format",
     "created_at",
     "created_by_username",
+    "failures_in_a_row",
+    "resume_at",
     "log",
 )
 

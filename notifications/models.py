@@ -3,12 +3,16 @@ person wants to be e-mailed about.
 
 A :class:`NotificationDelivery` is an outbox row, like ``runs.models.Delivery``: written in
 the transaction of the change it tells of, sent afterwards by a Celery worker, retried with
-backoff a bounded number of times, and kept as the log the platform admin reads.
+backoff a bounded number of times, and kept as the log the platform admin reads. A
+:class:`Webhook` remembers how its endpoint has been doing (failures in a row, and until when
+its deliveries wait), so that a failing endpoint is tried once per pause, not once per
+delivery (``notifications.delivery``).
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import models
@@ -42,12 +46,37 @@ class Webhook(TenantModel):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
     )
     created_by_username = models.CharField(max_length=150, blank=True)
+    failures_in_a_row = models.PositiveIntegerField(
+        default=0, help_text="Deliveries to this endpoint that failed since the last that worked."
+    )
+    resume_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="After failures, its deliveries wait until then (the pause doubles with each "
+        "failure in a row).",
+    )
 
     class Meta(TenantModel.Meta):
         ordering = ["created_at", "id"]
 
     def __str__(self) -> str:
-        return f"webhook {self.pk} of {self.workspace_id}"
+        return f"{self.endpoint} (#{self.pk})"
+
+    @property
+    def endpoint(self) -> str:
+        """Where it posts, without what may be a credential: its host, and its port when it
+        is not the scheme's (a chat's incoming-webhook URL is a secret in its path)."""
+        parts = urlsplit(self.url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        host = parts.hostname or "?"
+        if ":" in host:
+            host = f"[{host}]"
+        if port is not None and port != {"http": 80, "https": 443}.get(parts.scheme):
+            return f"{host}:{port}"
+        return host
 
 
 class NotificationDelivery(TenantModel):
@@ -88,6 +117,9 @@ class NotificationDelivery(TenantModel):
     last_tried_at = models.DateTimeField(null=True, blank=True)
     next_try_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
+    #: When a task to send it was last published and not yet taken (the reconciler does not
+    #: publish it again meanwhile, so the queue never fills with repeats).
+    published_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
     given_up_at = models.DateTimeField(null=True, blank=True)
 

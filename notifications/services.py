@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -87,6 +87,7 @@ def create_webhook(
         )
     if fmt not in PayloadFormat.values:
         raise ValidationError({"format": [f"Use one of {', '.join(PayloadFormat.values)}."]})
+    _refuse_past_the_limit(workspace)
     webhook = Webhook.objects.create(
         workspace=workspace,
         url=clean_webhook_url(url),
@@ -106,6 +107,30 @@ def create_webhook(
         actor=by,
     )
     return webhook
+
+
+def webhook_limit() -> int:
+    """The most webhooks one workspace may have (``TAU_WEBHOOKS_PER_WORKSPACE``)."""
+    return int(getattr(settings, "TAU_WEBHOOKS_PER_WORKSPACE", 20))
+
+
+def _refuse_past_the_limit(workspace: Workspace) -> None:
+    """Refuse a webhook beyond :func:`webhook_limit`: every endpoint is one more place each
+    event is sent to. The workspace's row is locked for the rest of the transaction, so two
+    admins adding the last one at once get one webhook, not two."""
+    Workspace.unscoped_objects.select_for_update(no_key=True).filter(pk=workspace.pk).first()
+    count = Webhook.objects.for_workspace(workspace).count()
+    if count >= webhook_limit():
+        raise ValidationError(
+            {
+                NON_FIELD_ERRORS: [
+                    f"This workspace has {count} webhooks, the most a workspace may have "
+                    f"(TAU_WEBHOOKS_PER_WORKSPACE={webhook_limit()}): remove one it no longer "
+                    "needs before adding another."
+                ]
+            },
+            code="too_many_webhooks",
+        )
 
 
 @transaction.atomic
@@ -253,6 +278,7 @@ def _write(
         event=event.name,
         key=event.key[:200],
         payload=event.payload,
+        published_at=timezone.now(),  # published at commit (cleared if that fails)
     )
     publish_on_commit(delivery.pk)
     return delivery

@@ -12,6 +12,7 @@ from django.db.models import OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
@@ -60,6 +61,8 @@ class WebhooksView(WorkspaceViewMixin, View):
             "access": self.access,
             "form": form,
             "webhooks": self.webhooks(),
+            "webhook_limit": services.webhook_limit(),
+            "now": timezone.now(),
             "events": EVENTS,
         }
         return render(request, self.template_name, context, status=status)
@@ -85,7 +88,7 @@ class WebhooksView(WorkspaceViewMixin, View):
                 for error in errors:
                     form.add_error(name if name in form.fields else None, error)
             return self._render(request, form, status=400)
-        messages.success(request, f"Webhook {webhook.pk} added; it gets the next event.")
+        messages.success(request, f"Webhook to {webhook.endpoint} added; it gets the next event.")
         return HttpResponseRedirect(
             reverse("workspace-webhooks", kwargs={"workspace_slug": self.workspace.slug})
         )
@@ -101,7 +104,7 @@ class WebhookDeleteView(WorkspaceViewMixin, View):
         if webhook is None:
             raise Http404("No such webhook in this workspace.")
         services.delete_webhook(webhook=webhook, by=signed_in_user(request))
-        messages.success(request, f"Webhook {webhook_id} removed, with its delivery log.")
+        messages.success(request, f"Webhook to {webhook.endpoint} removed, with its delivery log.")
         return HttpResponseRedirect(
             reverse("workspace-webhooks", kwargs={"workspace_slug": self.workspace.slug})
         )

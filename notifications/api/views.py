@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -48,7 +49,18 @@ class WebhookViewSet(WorkspaceScopedViewSet):
 
     @extend_schema(
         request=WebhookCreateSerializer,
-        responses={201: WebhookSerializer, **refusals(400, 413, words=ADMINS_ONLY)},
+        responses={
+            201: WebhookSerializer,
+            **refusals(
+                400,
+                413,
+                words={
+                    **ADMINS_ONLY,
+                    400: "Also when the workspace has as many webhooks as it may have "
+                    "(`TAU_WEBHOOKS_PER_WORKSPACE`, 20 by default); `detail` says so.",
+                },
+            ),
+        },
     )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = WebhookCreateSerializer(data=request.data)
@@ -63,7 +75,9 @@ class WebhookViewSet(WorkspaceScopedViewSet):
                 by=signed_in_user(request),
             )
         except DjangoValidationError as exc:
-            raise ValidationError(exc.message_dict) from None
+            errors = dict(exc.message_dict)
+            general = errors.pop(NON_FIELD_ERRORS, [])
+            raise ValidationError({**({"detail": general} if general else {}), **errors}) from None
         return Response(
             WebhookSerializer(webhook, context=self.get_serializer_context()).data,
             status=status.HTTP_201_CREATED,

@@ -1,3 +1,3 @@
-from tests.notifications.helpers import endpoint, notify_settings, smtp, tls_endpoint
+from tests.notifications.helpers import endpoint, notify_settings, smtp, tls_endpoint, trickler
 
-__all__ = ["endpoint", "notify_settings", "smtp", "tls_endpoint"]
+__all__ = ["endpoint", "notify_settings", "smtp", "tls_endpoint", "trickler"]

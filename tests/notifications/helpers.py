@@ -9,6 +9,7 @@ import email.policy
 import hashlib
 import hmac
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -106,6 +107,82 @@ def endpoint() -> Iterator[Endpoint]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class Trickler:
+    """A slow receiver, as issue 30's attacker ran one: it reads each POST, then answers
+    ``HTTP/1.1 200 OK`` one byte every ``interval`` seconds, for up to ``hold`` seconds per
+    connection (a timeout per read never fires). Real sockets on 127.0.0.1, a thread per
+    connection; ``connections`` counts the POSTs it was sent, ``open_now`` those it holds,
+    ``held`` how long each one it let go was held (until the sender hung up)."""
+
+    #: Long enough never to be over before ``hold`` at a byte a second.
+    ANSWER = (
+        b"HTTP/1.1 200 OK\r\nX-Padding: "
+        + b"." * 400
+        + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+    )
+
+    def __init__(self, *, interval: float = 1.0, hold: float = 120.0) -> None:
+        self.interval = interval
+        self.hold = hold
+        self.connections = 0
+        self.open_now = 0
+        self.held: list[float] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hooks/slow"
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(client,), daemon=True).start()
+
+    def _trickle(self, client: socket.socket) -> None:
+        with self._lock:
+            self.connections += 1
+            self.open_now += 1
+        started = time.monotonic()
+        try:
+            client.settimeout(10)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                chunk = client.recv(4096)
+                if not chunk:
+                    return
+                request += chunk
+            for byte in self.ANSWER[:-1]:  # never the last byte: the answer never completes
+                if self._stopping.wait(self.interval) or time.monotonic() - started > self.hold:
+                    return
+                client.sendall(bytes([byte]))  # fails once the sender has hung up
+        except OSError:
+            return
+        finally:
+            client.close()
+            with self._lock:
+                self.open_now -= 1
+                self.held.append(time.monotonic() - started)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._server.close()
+
+
+@pytest.fixture
+def trickler() -> Iterator[Trickler]:
+    receiver = Trickler()
+    yield receiver
+    receiver.stop()
 
 
 class Mailbox:

@@ -58,3 +58,68 @@ def test_the_notification_pages_pass_axe_at_both_widths(
     assert page.is_visible("text=you will get no more e-mails about")
     check_page(page, "unsubscribed")
     assert problems == []
+
+
+NGINX_502 = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad "
+    b"Gateway</h1></center>\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n"
+)
+
+
+def test_a_failing_webhook_reads_as_words_and_is_named_by_its_host(
+    world: Any, live_server: Any, page: Any, notify_settings: Any, endpoint: Any
+) -> None:
+    """Issue 30: the receiver's HTML error page was shown raw, the admin called webhooks
+    "webhook 2 of 2", and TEST-NET addresses were called private. A real endpoint answers
+    nginx's 502 page to a real delivery; the pages show what it means."""
+    from notifications import delivery
+    from tests.notifications.helpers import finish
+    from tests.runs.factories import make_run
+
+    notify_settings.EMAIL_HOST = ""
+    endpoint.statuses = [502]
+    endpoint.answer = NGINX_502
+    endpoint.headers = {"Content-Type": "text/html"}
+    webhook = Webhook.objects.create(
+        workspace=world.alpha, url=endpoint.url, secret=SECRET, events=["run.succeeded"]
+    )
+    finish(make_run(world))
+    (row,) = NotificationDelivery.objects.for_workspace(world.alpha).filter(webhook=webhook)
+    assert delivery.deliver(row.pk) is False
+    problems = watch_console(page)
+
+    log_in(page.context, live_server.url, world.users["workspace_admin"])
+    page.goto(f"{live_server.url}/w/alpha/settings/webhooks/")
+    facts = page.locator(".webhook-facts").inner_text()
+    assert "failing: HTTP 502 Bad Gateway" in facts
+    assert "paused until" in facts
+    assert "<" not in facts
+    assert "nginx" not in facts
+    assert (
+        page.locator(
+            f"button[aria-label='Remove the webhook to 127.0.0.1:{endpoint.port}']"
+        ).count()
+        == 1
+    )
+    check_page(page, "webhooks-failing")
+    # A documentation address is called what it is, not "private".
+    page.fill("#id_url", "https://192.0.2.10/hook")
+    page.fill("#id_secret", SECRET)
+    page.click("button:has-text('Add webhook')")
+    refusal = page.locator(".field-error[role=alert]").inner_text()
+    assert "192.0.2.10 is a documentation (TEST-NET) address" in refusal
+    assert "private" not in refusal
+
+    page.context.clear_cookies()
+    log_in(page.context, live_server.url, world.users["platform_admin"])
+    page.goto(f"{live_server.url}/admin/notifications/notificationdelivery/")
+    table = page.locator("#result_list").inner_text()
+    assert f"127.0.0.1:{endpoint.port} (#{webhook.pk})" in table
+    assert "HTTP 502 Bad Gateway" in table
+    assert "of " not in table.split("HTTP 502")[0].split("\n")[-1]
+    page.goto(f"{live_server.url}/admin/notifications/webhook/{webhook.pk}/change/")
+    assert (
+        page.locator("h2, h1").filter(has_text=f"127.0.0.1:{endpoint.port} (#{webhook.pk})").count()
+        >= 1
+    )
+    assert problems == []

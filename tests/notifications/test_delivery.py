@@ -148,12 +148,12 @@ def test_a_down_endpoint_gets_retries_with_backoff_then_is_given_up(
     endpoint.answer = b"upstream is down"
     Webhook.objects.for_workspace(world.alpha).filter(pk=hook.pk).update(url=endpoint.url)
     _due_now(row)
-    assert delivery.due_deliveries(grace_seconds=0) == [row.pk]
+    assert delivery.due_deliveries() == [row.pk]
     assert delivery.deliver(row.pk) is False
     row.refresh_from_db()
     assert row.tries == 2
     assert row.last_status_code == 500
-    assert row.last_error == "HTTP 500: upstream is down"
+    assert row.last_error == "HTTP 500 Internal Server Error: upstream is down"
     assert row.next_try_at - row.last_tried_at == pytest.approx(
         timedelta(seconds=2), abs=timedelta(seconds=0.5)
     )
@@ -164,19 +164,24 @@ def test_a_down_endpoint_gets_retries_with_backoff_then_is_given_up(
     assert row.tries == 3
     assert row.given_up_at is not None
     assert row.status == "given up"
-    assert row.last_error == "HTTP 500: upstream is down"
+    assert row.last_error == "HTTP 500 Internal Server Error: upstream is down"
     _due_now(row)
-    assert delivery.due_deliveries(grace_seconds=0) == []
+    assert delivery.due_deliveries() == []
     assert delivery.deliver(row.pk) is False
     assert len(endpoint.received) == 2
 
 
 def _due_now(row: NotificationDelivery) -> None:
-    """Let the backoff pass without waiting for it."""
+    """Let the backoff pass without waiting for it: the row's, and its endpoint's pause."""
     NotificationDelivery.objects.for_workspace(row.workspace_id).filter(pk=row.pk).update(
         next_try_at=timezone.now() - timedelta(seconds=1),
         created_at=timezone.now() - timedelta(minutes=1),
+        published_at=None,
     )
+    if row.webhook_id is not None:
+        Webhook.objects.for_workspace(row.workspace_id).filter(pk=row.webhook_id).update(
+            resume_at=timezone.now() - timedelta(seconds=1)
+        )
 
 
 def test_a_retry_that_works_is_delivered(
@@ -217,8 +222,8 @@ def test_redirects_are_not_followed_and_answers_are_read_bounded(
     _due_now(row)
     delivery.deliver(row.pk)
     row.refresh_from_db()
-    assert row.last_error.startswith("HTTP 500: xxx")
-    assert len(row.last_error) <= 600
+    assert row.last_error.startswith("HTTP 500 Internal Server Error: xxx")
+    assert len(row.last_error) <= 300
 
 
 def test_an_endpoint_that_never_answers_times_out_quickly(world: Any, notify_settings: Any) -> None:
@@ -312,6 +317,129 @@ def test_the_slack_format_is_text_and_blocks(
     assert block["text"]["text"].startswith(f"*<{link}|Run {run.name} failed")
     assert "Failure: Exited with an error" in block["text"]["text"]
     assert "Hint: " in block["text"]["text"]
+
+
+#: A run's last line of output as issue 30's attacker wrote it: a ping for the whole channel,
+#: a link whose words are the portal's address, and Slack's own escapes in the raw.
+HOSTILE_OUTPUT = (
+    "<!channel> log in again at <https://evil.example/login|https://taugrid.example.org/login>"
+    " & <@U0123> &lt;"
+)
+
+
+def test_slack_messages_escape_what_runs_and_people_wrote(
+    world: Any, notify_settings: Any, endpoint: Endpoint
+) -> None:
+    webhook(world, endpoint.url, format=PayloadFormat.SLACK)
+    run = make_run(world)
+    finish(run, RunState.FAILED, reason=f"Exited with code 1. Its last output: {HOSTILE_OUTPUT}")
+    # A budget warning's title holds the workspace's name, which its admins choose.
+    announce(
+        Notice(
+            event="budget.threshold",
+            workspace_id=world.alpha.pk,
+            title="<!here> <https://evil.example|Alpha> has used 80% of its GPU-hour budget",
+            data={"month": "2026-12", "threshold_percent": 80},
+            key="budget:hostile",
+        )
+    )
+    assert send_all(world) == [True, True]
+    failed, budget = (received.json for received in endpoint.received)
+    for body in (failed, budget):
+        (block,) = body["blocks"]
+        for text in (body["text"], block["text"]["text"]):
+            # No ping and no link but the portal's own: every < and > is escaped.
+            assert "<!" not in text
+            assert "<@" not in text
+            assert "<https://evil" not in text
+    shown = failed["blocks"][0]["text"]["text"]
+    link = f"https://taugrid.example.org/w/alpha/runs/{run.name}/"
+    assert shown.count("<") == 1  # the run's link, the only markup
+    assert shown.startswith(f"*<{link}|Run {run.name} failed")
+    assert (
+        "Why: Exited with code 1. Its last output: &lt;!channel&gt; log in again at "
+        "&lt;https://evil.example/login|https://taugrid.example.org/login&gt; &amp; "
+        "&lt;@U0123&gt; &amp;lt;"
+    ) in shown
+    assert budget["text"].startswith("&lt;!here&gt; &lt;https://evil.example|Alpha&gt; has used")
+
+
+def test_slack_messages_stay_within_slacks_section_limit(notify_settings: Any) -> None:
+    payload = {
+        "title": "Run r failed",
+        "url": "https://taugrid.example.org/w/alpha/runs/r/",
+        "workspace": "alpha",
+        "run": {"name": "r"},
+        "data": {"reason": "<" * 5000, "hint": "&" * 5000, "cancelled_by": ">" * 5000},
+    }
+    text = sending.slack_message(payload, count=1)["blocks"][0]["text"]["text"]
+    assert len(text) <= sending.SLACK_SECTION_LIMIT
+    assert "<" not in text.replace("*<https://taugrid.example.org/w/alpha/runs/r/|", "")
+    # Never an escape cut in two.
+    assert not any(text.endswith(part) for part in ("&", "&l", "&lt", "&a", "&am", "&amp"))
+
+
+NGINX_502 = b"""<html>
+<head><title>502 Bad Gateway</title></head>
+<body>
+<center><h1>502 Bad Gateway</h1></center>
+<hr><center>nginx/1.25.3</center>
+</body>
+</html>
+"""
+
+MAINTENANCE_PAGE = (
+    b"<!DOCTYPE html><html><head><title>  Down for\n maintenance \xe2\x80\xae until 18:00"
+    b"</title><style>body { color: red }</style><script>alert(1)</script></head>"
+    b"<body><h1>Sorry</h1>" + b"<p>filler</p>" * 2000 + b"</body></html>"
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "answer", "content_type", "logged"),
+    [
+        (502, NGINX_502, "text/html", "HTTP 502 Bad Gateway"),
+        (
+            503,
+            MAINTENANCE_PAGE,
+            "text/html; charset=utf-8",
+            "HTTP 503 Service Unavailable: Down for maintenance until 18:00",
+        ),
+        (
+            500,
+            b"<html><body><h1>Oops</h1>\n<p>Try\tagain   later.</p></body></html>",
+            None,
+            "HTTP 500 Internal Server Error: Oops Try again later.",
+        ),
+        (
+            400,
+            b'{"error": "invalid_payload",\n "ok": false}',
+            "application/json",
+            'HTTP 400 Bad Request: {"error": "invalid_payload", "ok": false}',
+        ),
+    ],
+)
+def test_an_endpoints_error_page_is_logged_as_a_short_text(
+    world: Any,
+    notify_settings: Any,
+    endpoint: Endpoint,
+    status: int,
+    answer: bytes,
+    content_type: str | None,
+    logged: str,
+) -> None:
+    endpoint.statuses = [status]
+    endpoint.answer = answer
+    if content_type:
+        endpoint.headers = {"Content-Type": content_type}
+    webhook(world, endpoint.url)
+    finish(make_run(world))
+    assert send_all(world) == [False]
+    (row,) = rows(world)
+    assert row.last_status_code == status
+    assert row.last_error == logged
+    assert "<" not in row.last_error.replace('{"error"', "")
+    assert len(row.last_error) <= 300
 
 
 def test_repeated_events_are_folded_into_one_delivery(
@@ -449,16 +577,29 @@ def test_a_long_wait_is_told_of_once_per_wait(world: Any, notify_settings: Any) 
 
 
 def test_the_reconciler_sends_what_no_task_did(
-    world: Any, notify_settings: Any, endpoint: Endpoint
+    world: Any, notify_settings: Any, endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from notifications.tasks import reconcile_notifications
 
+    published: list[int] = []
+
+    def publish(pk: int) -> bool:
+        published.append(pk)
+        return True
+
+    monkeypatch.setattr(delivery, "publish", publish)
     webhook(world, endpoint.url)
     finish(make_run(world))
     (row,) = rows(world)
-    assert reconcile_notifications() == 0  # within the grace the published task has
-    _due_now(row)
+    assert reconcile_notifications() == 0  # the task published at commit is waiting
+    _due_now(row)  # a task that was lost: the row is due, no task waits for it
+    # The reconciler publishes it for the notifier's slots (it sends nothing itself, so it
+    # never holds a slot for the time many endpoints take), once.
     assert reconcile_notifications() == 1
+    assert reconcile_notifications() == 0
+    assert published == [row.pk]
+    assert endpoint.received == []
+    assert delivery.deliver(row.pk) is True
     assert len(endpoint.received) == 1
 
 

@@ -96,6 +96,57 @@ def test_private_addresses_are_allowed_when_the_setting_says_so(world: Any, sett
     assert create(world, url="http://127.0.0.1:9/x").status_code == 201
 
 
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("http://169.254.169.254/latest/meta-data/", "169.254.169.254 is a link-local address"),
+        ("http://[2002:a9fe:a9fe::]/latest/", "leads to 169.254.169.254 (6to4)"),
+        ("http://[::ffff:169.254.169.254]/latest/", "leads to 169.254.169.254 (IPv4-mapped)"),
+        ("http://[fd00:ec2::254]/latest/", "a cloud metadata address"),
+        ("http://0.0.0.0:9000/", "unspecified address"),
+        ("http://127.0.0.1:8000/api/v1/workspaces/", "this portal itself"),
+        ("http://[2002:7f00:1::]:8000/metrics", "this portal itself"),
+        ("https://taugrid.example.org/api/v1/", "this portal itself"),
+    ],
+)
+def test_metadata_and_the_portal_are_refused_even_with_private_addresses_allowed(
+    world: Any, settings: Any, url: str, words: str
+) -> None:
+    """Issue 30: with TAU_WEBHOOK_ALLOW_PRIVATE_ADDRESSES on, the metadata address and the
+    portal itself were accepted. They never are."""
+    settings.TAU_WEBHOOK_ALLOW_PRIVATE_ADDRESSES = True
+    settings.TAU_API_URL = "http://127.0.0.1:8000"
+    settings.TAU_PUBLIC_URL = "https://taugrid.example.org"
+    refused = create(world, url=url)
+    assert refused.status_code == 400, refused.json()
+    assert words in " ".join(refused.json()["url"])
+    assert not Webhook.objects.for_workspace(world.alpha).exists()
+
+
+def test_the_issues_6to4_loopback_url_is_refused(world: Any) -> None:
+    refused = create(world, url="http://[2002:7f00:1::]:9000/hook")
+    assert refused.status_code == 400
+    assert "leads to 127.0.0.1 (6to4), is a loopback address" in " ".join(refused.json()["url"])
+    assert not Webhook.objects.for_workspace(world.alpha).exists()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://192.0.2.10/x",
+        "https://198.51.100.7/x",
+        "https://203.0.113.5/x",
+        "https://[2001:db8::1]/x",
+    ],
+)
+def test_documentation_addresses_are_called_what_they_are(world: Any, url: str) -> None:
+    refused = create(world, url=url)
+    assert refused.status_code == 400
+    message = " ".join(refused.json()["url"])
+    assert "is a documentation (TEST-NET) address, reserved for examples" in message
+    assert "private" not in message
+
+
 @pytest.mark.parametrize(("who", "status"), [("researcher", 403), ("viewer", 403)])
 def test_members_who_are_not_admins_may_not_see_or_change_webhooks(
     world: Any, who: str, status: int
