@@ -141,8 +141,12 @@ def _artifacts(run: Run, sealed: dict[str, Any] | None) -> list[KeptArtifact]:
             KeptArtifact(entry["path"], entry["sha256"], int(entry["size"]))
             for entry in sealed["artifacts"]
         ]
-    rows = Artifact.objects.for_workspace(run.workspace_id).filter(run=run).order_by("path")
-    return [KeptArtifact(row.path, row.sha256, row.size) for row in rows]
+    rows = Artifact.objects.for_workspace(run.workspace_id).filter(run=run)
+    # By path in code point order, as the format says and the verifier checks: the
+    # database's collation may order differently (case, punctuation).
+    return sorted(
+        (KeptArtifact(row.path, row.sha256, row.size) for row in rows), key=lambda kept: kept.path
+    )
 
 
 def _artifact_member(artifact: KeptArtifact) -> archive.Member:

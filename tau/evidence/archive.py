@@ -34,6 +34,7 @@ __all__ = [
     "bytes_member",
     "check_member_name",
     "member_header",
+    "member_rank",
     "tar_stream",
 ]
 
@@ -61,6 +62,26 @@ def attempt_log(number: int) -> str:
 def artifact_member(path: str) -> str:
     """The member holding the collected artifact at ``path`` (relative, as the run declared it)."""
     return f"artifacts/{path}"
+
+
+def member_rank(name: str) -> tuple[int, int, str] | None:
+    """Where ``name`` stands in the export's fixed order (docs/evidence.md, "The export
+    file"): the manifest, its signature, ``spec.json``, ``tau.yaml``, ``bundle.zip``, each
+    attempt's log by attempt number, ``metrics.jsonl``, ``events.jsonl``, then the artifacts
+    by path (code point order). Members sort by their rank; None for a name the format has
+    no place for."""
+    fixed = {MANIFEST: 0, SIGNATURE: 1, SPEC: 2, TAU_YAML: 3, BUNDLE: 4, METRICS: 6, EVENTS: 7}
+    if name in fixed:
+        return (fixed[name], 0, "")
+    parts = name.split("/")
+    if len(parts) == 3 and parts[0] == "attempts" and parts[2] == "log.txt":
+        number = parts[1]
+        if number.isascii() and number.isdigit() and number == str(int(number)):
+            return (5, int(number), "")
+        return None
+    if name.startswith("artifacts/") and len(name) > len("artifacts/"):
+        return (8, 0, name.removeprefix("artifacts/"))
+    return None
 
 
 class MemberNameError(ValueError):

@@ -1,11 +1,12 @@
 """The offline verifier of an exported evidence record (docs/evidence.md, "What verify checks").
 
 It trusts nothing in the file until it has checked it: the tar's every header, padding and
-trailer against what the writer produces, the signature over the manifest (and the signer
-against the keys it was told to trust), every member's digest and size against the manifest,
-the files inside ``bundle.zip``, the event chain, the metric count and the artifacts. It goes
-on after the first mismatch and names every one (the member, the manifest field, the event's
-``seq``), so a reader sees at once how much of the record is affected.
+trailer against what the writer produces, its members in the order the format fixes, the
+signature over the manifest (and the signer against the keys it was told to trust), every
+member's digest and size against the manifest, the files inside ``bundle.zip``, the event
+chain, the metric count and the artifacts. It goes on after the first mismatch and names every
+one (the member, the manifest field, the event's ``seq``), so a reader sees at once how much
+of the record is affected.
 
 Members are hashed as streams, a chunk at a time: a record holding a 1 GiB log is verified
 in a few MiB of memory.
@@ -201,6 +202,27 @@ class _Verifier:
                 self.problem(f"{info.name}: cannot be read ({error})")
         self.infos = infos
 
+    def check_order(self) -> None:
+        """The members in the order the format fixes (``archive.member_rank``): a reader
+        may rely on it (the manifest first, to stream the rest against it), and an export
+        written any other way was not written by the format's writer."""
+        previous: tuple[str, tuple[int, int, str]] | None = None
+        for info in self.infos:
+            if info.name not in self.members:
+                continue  # refused by name or type already
+            rank = archive.member_rank(info.name)
+            if rank is None:
+                self.problem(f"{info.name}: the format has no place for this member")
+                continue
+            if previous is not None and rank <= previous[1]:
+                self.problem(
+                    f"{info.name}: out of order (after {previous[0]}); members come in the "
+                    "order docs/evidence.md gives: manifest.json, manifest.sig, spec.json, "
+                    "tau.yaml, bundle.zip, attempts/<n>/log.txt by n, metrics.jsonl, "
+                    "events.jsonl, artifacts/<path> by path"
+                )
+            previous = (info.name, rank)
+
     def check_layout(self, mtime: int | None) -> None:
         position = 0
         for info in self.infos:
@@ -296,6 +318,7 @@ def verify_file(path: str | Path, trusted_keys: dict[str, bytes] | None = None) 
 
 def _verify(verifier: _Verifier, report: Report) -> None:
     verifier.read_members()
+    verifier.check_order()
     manifest_bytes = verifier.member_bytes(archive.MANIFEST, 64 << 20)
     signature_bytes = verifier.member_bytes(archive.SIGNATURE, 1 << 16)
     manifest: dict[str, Any] = {}

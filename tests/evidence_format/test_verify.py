@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -160,9 +161,10 @@ def test_an_artifact_byte(tmp_path: Path, key: Ed25519PrivateKey) -> None:
 
 
 def test_a_member_added(tmp_path: Path, key: Ed25519PrivateKey) -> None:
-    data = _retar(record(sample_parts(), key), add=("artifacts/extra.txt", b"slipped in\n"))
+    # Added where the format's order puts it, so that this is the one problem.
+    data = _retar(record(sample_parts(), key), add=("artifacts/zz-extra.txt", b"slipped in\n"))
     assert _verify(tmp_path, data).problems == [
-        "artifacts/extra.txt: member not listed in the manifest's files"
+        "artifacts/zz-extra.txt: member not listed in the manifest's files"
     ]
 
 
@@ -371,3 +373,59 @@ def test_changed_bytes_are_found(tmp_path: Path, key: Ed25519PrivateKey) -> None
         if _verify(tmp_path, bytes(changed)).ok:
             passed.append(position)
     assert passed == []
+
+
+def _reordered(key: Ed25519PrivateKey, order: Callable[[list[str]], list[str]]) -> bytes:
+    """The sample record, signed as sealed, with its members (after the manifest and the
+    signature) written in ``order`` instead of the format's."""
+    manifest_bytes, members = build(sample_parts())
+    by_name = {member.name: member for member in members}
+    shuffled = [by_name[name] for name in order([member.name for member in members])]
+    return tar_of(manifest_bytes, signature_document(key, manifest_bytes), shuffled)
+
+
+def _swap(first: str, second: str) -> Callable[[list[str]], list[str]]:
+    def order(names: list[str]) -> list[str]:
+        a, b = names.index(first), names.index(second)
+        names[a], names[b] = names[b], names[a]
+        return names
+
+    return order
+
+
+@pytest.mark.parametrize(
+    ("order", "named"),
+    [
+        (
+            _swap("metrics.jsonl", "events.jsonl"),
+            "metrics.jsonl: out of order (after events.jsonl)",
+        ),
+        (
+            _swap("attempts/1/log.txt", "attempts/2/log.txt"),
+            "attempts/1/log.txt: out of order (after attempts/2/log.txt)",
+        ),
+        (
+            _swap("artifacts/model/weights.bin", "artifacts/report.txt"),
+            "artifacts/model/weights.bin: out of order (after artifacts/report.txt)",
+        ),
+        (_swap("spec.json", "bundle.zip"), "tau.yaml: out of order (after bundle.zip)"),
+        (lambda names: [*names[1:], names[0]], "spec.json: out of order (after artifacts/"),
+    ],
+)
+def test_members_out_of_the_documented_order_are_refused(
+    tmp_path: Path, key: Ed25519PrivateKey, order: Callable[[list[str]], list[str]], named: str
+) -> None:
+    """docs/evidence.md fixes the members' order; a file that has every member, each
+    matching its digest under a valid signature, but in another order, does not verify."""
+    report = _verify(tmp_path, _reordered(key, order))
+    assert any(problem.startswith(named) for problem in report.problems), report.problems
+    # Nothing else is wrong with it: the order is the one problem (one per member moved).
+    assert all("out of order" in problem for problem in report.problems), report.problems
+
+
+def test_a_member_the_format_has_no_place_for_is_named(
+    tmp_path: Path, key: Ed25519PrivateKey
+) -> None:
+    data = _retar(record(sample_parts(), key), add=("attempts/01/log.txt", b"sneaked in\n"))
+    report = _verify(tmp_path, data)
+    assert "attempts/01/log.txt: the format has no place for this member" in report.problems
