@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from accounting import reports
+from accounting.hours import hours_text
 from accounting.models import BudgetAlert, WorkspaceUsage
 from runs import budgets
 from runs.accounting import LOST, Period, Totals, Usage, summarize
@@ -33,7 +34,7 @@ _month_usage: ContextVar[Usage | None] = ContextVar("month_usage", default=None)
 
 
 def _hours(value: float) -> str:
-    return f"{value:,.1f}".removesuffix(".0")
+    return hours_text(value)
 
 
 @admin.register(WorkspaceUsage)

@@ -197,9 +197,17 @@ class MonthLine:
 
 
 def months_before(
-    period: Period, *, workspace_ids: list[int] | None, count: int = 12, now: datetime | None = None
+    period: Period,
+    *,
+    workspace_ids: list[int] | None,
+    count: int = 12,
+    now: datetime | None = None,
+    created: datetime | None = None,
 ) -> list[MonthLine]:
-    """The ``count`` months up to ``period``, newest first (one read of their attempts)."""
+    """The ``count`` months up to ``period``, newest first (one read of their attempts).
+    ``created``: when the workspace (or, for the platform, the first one) was created; the
+    months before it that have no use are left out, so a new workspace is not shown a year
+    of zeros. ``period`` itself is always there."""
     now = now or timezone.now()
     periods = [period]
     while len(periods) < count:
@@ -222,7 +230,14 @@ def months_before(
                 if use.outcome in accounting.LOST:
                     lost += use.gpus * seconds / 3600
         lines.append(MonthLine(month, totals, lost))
+    if created is not None:
+        while len(lines) > 1 and lines[-1].period.end <= created and _unused(lines[-1].totals):
+            lines.pop()
     return lines
+
+
+def _unused(totals: Totals) -> bool:
+    return not (totals.gpu_seconds or totals.cpu_seconds or totals.memory_gib_seconds)
 
 
 CSV_COLUMNS = [

@@ -3,8 +3,10 @@ with charts, tables and a CSV export of the same numbers (``accounting.reports``
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+from django.db.models import Min
 from django.http import Http404, HttpRequest, StreamingHttpResponse
 from django.utils import timezone
 from django.views import View
@@ -13,6 +15,7 @@ from django.views.generic import TemplateView
 from accounting import reports
 from runs.accounting import MonthRefused, Period
 from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
+from workspaces.models import Workspace
 
 #: Months offered in the month picker (this one and the ones before it).
 PICKER_MONTHS = 12
@@ -25,18 +28,24 @@ def _period(request: HttpRequest) -> Period:
         raise Http404(str(exc)) from None
 
 
-def _months(now_period: Period) -> list[Period]:
+def _months(now_period: Period, since: datetime | None) -> list[Period]:
+    """This month and the ones before it, back to the month ``since`` falls in (the
+    workspace's creation, or the first workspace's): a new workspace is offered no year of
+    empty months."""
     months = [now_period]
-    while len(months) < PICKER_MONTHS:
+    while len(months) < PICKER_MONTHS and (since is None or months[-1].start > since):
         months.append(months[-1].previous())
     return months
 
 
-def _month_context(period: Period) -> dict[str, Any]:
+def _month_context(period: Period, since: datetime | None) -> dict[str, Any]:
     current = Period.containing(timezone.now())
+    months = _months(current, since)
+    if period not in months:
+        months.append(period)  # an older month asked for by its address is still shown
     return {
         "period": period,
-        "months": _months(current),
+        "months": months,
         "previous": period.previous(),
         "next": period.next() if period.next().start <= timezone.now() else None,
     }
@@ -49,11 +58,14 @@ class WorkspaceUsageView(WorkspaceViewMixin, TemplateView):
         context = super().get_context_data(**kwargs)
         period = _period(self.request)
         report = reports.workspace_report(self.workspace, period)
-        context.update(_month_context(period))
+        since = self.workspace.created_at
+        context.update(_month_context(period, since))
         context.update(
             {
                 "report": report,
-                "history": reports.months_before(period, workspace_ids=[self.workspace.pk]),
+                "history": reports.months_before(
+                    period, workspace_ids=[self.workspace.pk], created=since
+                ),
                 "data": report.as_dict(),
                 "chart": report.chart(),
                 "outcomes": report.outcome_rows(),
@@ -79,6 +91,14 @@ class WorkspaceUsageCsvView(WorkspaceViewMixin, View):
         )
 
 
+def _first_workspace_created() -> datetime | None:
+    # unscoped(): the platform's usage spans every workspace.
+    first: datetime | None = Workspace.objects.unscoped().aggregate(first=Min("created_at"))[
+        "first"
+    ]
+    return first
+
+
 class PlatformUsageView(StaffRequiredMixin, TemplateView):
     template_name = "accounting/platform.html"
 
@@ -86,11 +106,12 @@ class PlatformUsageView(StaffRequiredMixin, TemplateView):
         context = super().get_context_data(**kwargs)
         period = _period(self.request)
         report = reports.platform_report(period)
-        context.update(_month_context(period))
+        since = _first_workspace_created()
+        context.update(_month_context(period, since))
         context.update(
             {
                 "report": report,
-                "history": reports.months_before(period, workspace_ids=None),
+                "history": reports.months_before(period, workspace_ids=None, created=since),
                 "rows": report.workspace_rows(),
                 "total": report.usage.total.as_dict(),
                 "lost": report.usage.lost().as_dict(),

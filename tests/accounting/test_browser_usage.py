@@ -3,7 +3,7 @@ shows another month, the budget meter is there, and both pages pass axe at both 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -55,3 +55,30 @@ def test_a_member_reads_a_month_and_a_staff_member_every_workspace(
     assert page.get_by_role("link", name="Alpha").count() == 1
     check_page(page, "usage-platform")
     assert problems == []
+
+
+def test_a_new_workspace_s_usage_reads_right(world: Any, live_server: Any, page: Any) -> None:
+    """A workspace made this month has one month to show, not a year of zeros; a short CPU
+    run's CPU-hours read 0.017, not 0.0."""
+    from django.utils import timezone
+
+    from tests.accounting.helpers import CPU_SPEC
+
+    run = gpu_run(world, spec=CPU_SPEC)  # 2 CPUs
+    now = timezone.now()
+    attempt_at(run, 1, now - timedelta(seconds=30), now)  # 2 CPUs x 30 s = 0.0167 CPU-hours
+    log_in(page.context, live_server.url, world.users["viewer"])
+    page.goto(f"{live_server.url}/w/alpha/usage/")
+    totals = page.locator("#usage-totals").inner_text()
+    assert "CPU-hours\n0.017" in totals, totals
+    assert "0.0\n" not in totals + "\n", totals
+    months = page.locator("#by-month-heading + .table-wrap tbody tr")
+    assert months.count() == 1
+    assert page.locator("#usage-month option").count() == 1
+    assert "0.017" in months.first.inner_text()
+    check_page(page, "usage-new-workspace")
+
+    log_in(page.context, live_server.url, world.users["platform_admin"])
+    page.goto(f"{live_server.url}/usage/")
+    assert page.locator("#by-month-heading + .table-wrap tbody tr").count() == 1
+    assert page.locator("#usage-month option").count() == 1
