@@ -125,8 +125,8 @@ class PreparationPlan:
 
 @dataclass(frozen=True)
 class Prepared:
-    command: list[str]
-    env: dict[str, str]
+    command: list[str]  # reads the workload's environment from ``sandbox.ENVIRONMENT_FD``
+    env: dict[str, str]  # the workload's environment: for the wrapper, never the launcher
     cwd: Path
 
 
@@ -221,7 +221,8 @@ def wrapped_command(
     plan: PreparationPlan, command: list[str], *, venv: Path, sdk_dir: Path | None = None
 ) -> list[str]:
     """The command line the agent starts: the wrapper (which records the outcome) around the
-    workload, inside the sandbox when there is one."""
+    workload, inside the sandbox when there is one. It is started by ``sandbox.start`` with
+    the workload's environment as ``environment`` (the wrapper alone passes it on)."""
     layout = plan.layout
     interpreter = environments.base_interpreter()
     rlimits = plan.limits.rlimits if plan.limits is not None else {}
@@ -240,6 +241,8 @@ def wrapped_command(
             str(layout.work),
             *(["--log-limit", str(plan.log_limit)] if plan.log_limit is not None else []),
             *rlimit_words,
+            "--environment-fd",
+            sandboxing.ENVIRONMENT_FD,
             "--",
             *command,
         ]
@@ -261,6 +264,7 @@ def wrapped_command(
             shm_folder=layout.shm if tmp_size is None else None,
             tmp_size=tmp_size,
             rlimits=rlimits,
+            environment_from_descriptor=True,
         ),
         python=interpreter,
     )

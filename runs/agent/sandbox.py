@@ -33,6 +33,14 @@ opened by any uid. The uid is the second wall, for whatever is mounted:
   portal's own uid: the mount namespace is the whole isolation (``--disable-userns`` and
   the seccomp filter keep the workload from nesting namespaces of its own).
 
+Whose environment. bwrap runs outside the sandbox (as root, when the agent is), so it must
+never see a variable the run chose: ``runtime.env`` may name ``LD_PRELOAD=./evil.so``, and
+the dynamic loader of a root process started in the run's folder would load the run's
+library before any namespace exists. bwrap (and the wrapper inside) get a fixed environment
+of the agent's; the workload's own reaches the wrapper through a memory file descriptor
+(``ENVIRONMENT_FD``, made by ``start``), never a file or a command line (it holds the run
+token), and only the workload is started with it.
+
 The process group is the agent's handle: bwrap does not start a new session, so the
 workload, the wrapper and bwrap's own pid 1 of the namespace are in the group the agent
 signals; a SIGKILL to the group kills that pid 1, and with it everything left in the
@@ -81,6 +89,8 @@ PROBE_WORD = "taugrid-sandbox-probe"
 STATUS_FILE = "local-executor.json"
 # In a sandbox's command line, where the seccomp filter's descriptor goes (``start``, ``run``).
 SECCOMP_FD = "{seccomp-fd}"
+# Where the descriptor of the workload's environment goes (the wrapper reads it, ``start``).
+ENVIRONMENT_FD = "{environment-fd}"
 # The sandbox's own scratch folders (never the host's: see Layout.tmp_folder).
 SANDBOX_TMP = "/tmp"  # noqa: S108
 SANDBOX_SHM = "/dev/shm"  # noqa: S108
@@ -157,6 +167,9 @@ class Layout:
     tmp_size: int | None = None
     # The workload's resource limits, set by the wrapper: name -> value (RLIMIT_<NAME>).
     rlimits: Mapping[str, int] = field(default_factory=dict)
+    # The wrapper reads the workload's environment from a descriptor (``start``'s
+    # ``environment``) instead of passing on its own, which is then the launcher's.
+    environment_from_descriptor: bool = False
 
 
 @dataclass(frozen=True)
@@ -223,6 +236,8 @@ class Sandbox:
             args += ["--log-limit", str(layout.log_limit)]
         for name, value in sorted(layout.rlimits.items()):
             args += ["--rlimit", f"{name}={value}"]
+        if layout.environment_from_descriptor:
+            args += ["--environment-fd", ENVIRONMENT_FD]
         return [*args, "--", *layout.command]
 
     def _namespaces(self, layout: Layout) -> list[str]:
@@ -241,32 +256,51 @@ class Sandbox:
 
 
 @contextlib.contextmanager
-def _with_filter(command: Sequence[str]) -> Iterator[tuple[list[str], tuple[int, ...]]]:
-    """``command`` with the seccomp filter's descriptor in place of ``SECCOMP_FD``, and the
-    descriptors to pass on; a command without the placeholder is left as it is."""
-    if SECCOMP_FD not in command:
-        yield list(command), ()
-        return
-    descriptor = os.memfd_create("taugrid-seccomp", os.MFD_CLOEXEC)
+def _descriptors(
+    command: Sequence[str], environment: Mapping[str, str] | None
+) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+    """``command`` with descriptors in place of its placeholders — the seccomp filter for
+    ``SECCOMP_FD``, the workload's ``environment`` (JSON) for ``ENVIRONMENT_FD`` — and the
+    descriptors to pass on. Memory files: nothing on disk, nothing on a command line."""
+    contents: dict[str, bytes] = {}
+    if SECCOMP_FD in command:
+        contents[SECCOMP_FD] = seccomp.filter_program()
+    if ENVIRONMENT_FD in command:
+        if environment is None:
+            raise ValueError("this command reads the workload's environment: give it one")
+        contents[ENVIRONMENT_FD] = json.dumps(dict(environment)).encode()
+    made: dict[str, int] = {}
     try:
-        os.write(descriptor, seccomp.filter_program())
-        os.lseek(descriptor, 0, os.SEEK_SET)
-        yield [str(descriptor) if word == SECCOMP_FD else word for word in command], (descriptor,)
+        for placeholder, data in contents.items():
+            descriptor = os.memfd_create(f"taugrid-{placeholder.strip('{}')}", os.MFD_CLOEXEC)
+            made[placeholder] = descriptor
+            view = memoryview(data)
+            while view:
+                view = view[os.write(descriptor, view) :]
+            os.lseek(descriptor, 0, os.SEEK_SET)
+        yield [str(made[word]) if word in made else word for word in command], tuple(made.values())
     finally:
-        os.close(descriptor)
+        for descriptor in made.values():
+            os.close(descriptor)
 
 
-def start(command: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
-    """``subprocess.Popen`` for a command that may be a sandbox's: the filter's descriptor
-    is made and passed here (the only way a sandboxed command should be started)."""
-    with _with_filter(command) as (words, descriptors):
+def start(
+    command: Sequence[str], *, environment: Mapping[str, str] | None = None, **options: Any
+) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen`` for a command that may be a sandbox's: the filter's descriptor,
+    and the workload's ``environment`` when the wrapper reads it from one, are made and
+    passed here (the only way a sandboxed command should be started). ``env`` is then the
+    environment of the launcher alone (bwrap, as root): never the workload's."""
+    with _descriptors(command, environment) as (words, descriptors):
         passed = tuple(options.pop("pass_fds", ())) + descriptors
         return subprocess.Popen(words, pass_fds=passed, **options)  # noqa: S603 - our own
 
 
-def run(command: Sequence[str], **options: Any) -> subprocess.CompletedProcess[Any]:
+def run(
+    command: Sequence[str], *, environment: Mapping[str, str] | None = None, **options: Any
+) -> subprocess.CompletedProcess[Any]:
     """``subprocess.run`` for a command that may be a sandbox's (see ``start``)."""
-    with _with_filter(command) as (words, descriptors):
+    with _descriptors(command, environment) as (words, descriptors):
         passed = tuple(options.pop("pass_fds", ())) + descriptors
         return subprocess.run(words, pass_fds=passed, **options)  # noqa: S603
 

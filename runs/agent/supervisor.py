@@ -822,7 +822,8 @@ class Agent:
     def _spawn(self, execution: Execution, prepared: Prepared) -> None:
         env = dict(prepared.env)
         # A token that can only report on this run, for this attempt's lifetime. Its
-        # plaintext goes into the child's environment and nowhere else.
+        # plaintext goes into the workload's environment (through the wrapper) and nowhere
+        # else: not the sandbox's, not a file, not a command line.
         token = run_tokens.issue_run_token(
             run=execution.run,
             attempt=execution.attempt,
@@ -849,8 +850,9 @@ class Agent:
         try:
             process = sandboxing.start(  # the researcher's command, no shell
                 command,
+                environment=env,  # for the workload only, through the wrapper
+                env=launcher_environment(env),
                 cwd=prepared.cwd,
-                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -1182,6 +1184,8 @@ class Agent:
             artifact_collection.collect_artifacts(
                 run=execution.run, attempt=execution.attempt.number, output=execution.layout.output
             )
+        # Its processes are gone: so is its cgroup, before it is recorded as ended.
+        self._release_cgroup(execution)
         with transaction.atomic():
             if execution.metrics.bad_lines:
                 metrics.note_skipped_lines(
@@ -1207,14 +1211,15 @@ class Agent:
                 recorded.log_dropped,
             )
         self._revoke_token(execution)
-        self._release_cgroup(execution)
         self.free_gpus.extend(execution.gpus)
         self.free_gpus.sort()
         del self.executions[execution.attempt.pk]
         self._wake.set()  # its resources are free: admit at once
 
     def _release_cgroup(self, execution: Execution) -> None:
-        if execution.cgroup is not None and not execution.cgroup.release():
+        if execution.cgroup is None or execution.cgroup.released:
+            return  # none, or released on an earlier try of _finish
+        if not execution.cgroup.release():
             # A process still dying holds it: the next sweep removes it.
             logger.info("the cgroup %s is still busy; removed later", execution.cgroup.name)
 
@@ -1336,6 +1341,17 @@ class Agent:
             if execution.phase in {Phase.RUNNING, Phase.DRAINING} and execution.pid is not None:
                 processes.signal_group(execution.pid, signal.SIGKILL)
             execution.cancelled.set()
+
+
+def launcher_environment(workload: Mapping[str, str]) -> dict[str, str]:
+    """The environment of what the agent starts (the sandbox, and the wrapper in it): fixed
+    by the agent, nothing of the run's (bwrap runs as root outside the sandbox), but for
+    the markers by which a crashed agent's attempts are found again."""
+    return {
+        "PATH": environments.BASE_PATH,
+        "LANG": "C.UTF-8",
+        **{name: workload[name] for name in ("TAU_RUN_ID", "TAU_ATTEMPT") if name in workload},
+    }
 
 
 def _cgroup_name(execution: Execution) -> str:

@@ -1,7 +1,8 @@
 """The attempt wrapper: runs one workload, keeps its log, and writes down how it ended.
 
     python -I -S wrapper.py [--outcome DIR] [--cwd DIR] [--user UID --group GID]
-                            [--log-limit BYTES] [--rlimit NAME=VALUE ...] -- COMMAND [ARG ...]
+                            [--log-limit BYTES] [--rlimit NAME=VALUE ...]
+                            [--environment-fd FD] -- COMMAND [ARG ...]
 
 The agent starts every attempt through this script (inside the sandbox when there is one),
 with the attempt's ``run.log`` open as stdout and stderr. The wrapper starts COMMAND as its
@@ -51,6 +52,11 @@ own attempt (it could as well exit with that status).
 its change of user and its start (``fsize`` for the per-file cap of its disk allowance,
 ``nproc`` for its processes: ``run_limits``). The wrapper itself stays unlimited, so it can
 always write the log and the outcome.
+
+``--environment-fd FD``: the workload's environment, a JSON object read from FD (then
+closed, so the workload does not inherit it). The wrapper and the sandbox around it run
+with a fixed environment of the agent's: nothing the run chose (``LD_PRELOAD``, say)
+reaches a process that runs as root. Without it the workload inherits the wrapper's.
 
 Standard library only, and run with ``-I -S``: inside the sandbox there is only the base
 interpreter, and nothing of the run's (its ``PYTHONPATH``, a ``sitecustomize``) may run here.
@@ -170,7 +176,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def parse(argv: list[str]) -> dict[str, object]:
     options: dict[str, object] = {}
-    names = {"--outcome": str, "--cwd": str, "--user": int, "--group": int, "--log-limit": int}
+    names = {
+        "--outcome": str,
+        "--cwd": str,
+        "--user": int,
+        "--group": int,
+        "--log-limit": int,
+        "--environment-fd": int,
+    }
     limits: list[tuple[int, int]] = []
     options["rlimits"] = limits
     index = 0
@@ -197,6 +210,26 @@ def _rlimit(text: str) -> tuple[int, int]:
     if not isinstance(number, int) or not value.isdigit():
         raise SystemExit(f"wrapper: not a resource limit: {text}")
     return number, int(value)
+
+
+def read_environment(descriptor: int) -> dict[str, str]:
+    """The workload's environment from ``descriptor`` (a JSON object of strings), which is
+    closed."""
+    chunks = []
+    try:
+        while chunk := os.read(descriptor, _CHUNK):
+            chunks.append(chunk)
+    finally:
+        os.close(descriptor)
+    try:
+        environment = json.loads(b"".join(chunks))
+    except ValueError:
+        environment = None
+    if not isinstance(environment, dict) or not all(
+        isinstance(name, str) and isinstance(value, str) for name, value in environment.items()
+    ):
+        raise SystemExit("wrapper: the environment is not a JSON object of strings")
+    return environment
 
 
 def write_outcome(directory_fd: int, record: dict[str, object]) -> None:
@@ -231,6 +264,9 @@ def main(argv: list[str]) -> int:
     group = options.get("group")
     limit = options.get("log_limit")
     rlimits: list[tuple[int, int]] = options["rlimits"]  # type: ignore[assignment]
+    environment_fd = options.get("environment_fd")
+    assert environment_fd is None or isinstance(environment_fd, int)
+    environment = read_environment(environment_fd) if environment_fd is not None else None
     assert outcome_dir is None or isinstance(outcome_dir, str)
     assert cwd is None or isinstance(cwd, str)
     assert user is None or isinstance(user, int)
@@ -283,6 +319,7 @@ def main(argv: list[str]) -> int:
             stdout=write_end,
             stderr=write_end,
             close_fds=True,
+            env=environment,
             cwd=cwd if user is None else None,
             # The log pump has not started yet: the wrapper has no other thread here.
             preexec_fn=before_exec if (user is not None and cwd) or rlimits else None,

@@ -20,6 +20,7 @@ from tests.runs.agent_harness import (
     Agent,
     attempt_dir,
     attempts,
+    host_pid,
     local_quota,
     spec,
     submit,
@@ -354,3 +355,61 @@ def test_links_from_a_run_s_folders_to_host_paths_reveal_nothing(
     assert list(Artifact.objects.for_workspace(run.workspace_id).filter(run=run)) == []
     assert secret.read_text() == "not for runs"
     assert os.path.lexists(var_dir / "runs" / str(run.pk) / "checkpoints" / "step-3")
+
+
+# --- the run's environment stays the workload's ----------------------------------------------
+
+SHOWS_ITS_ENVIRONMENT = """\
+    import json, os, time
+    out = os.environ["TAU_OUTPUT_DIR"]
+    seen = {"PLANTED": os.environ.get("PLANTED"), "wrapper": os.getppid()}
+    with open(os.path.join(out, "seen.json"), "w") as handle:
+        json.dump(seen, handle)
+    release = os.path.join(out, "release")
+    deadline = time.time() + 120
+    while not os.path.exists(release) and time.time() < deadline:
+        time.sleep(0.05)
+    """
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        entries = handle.read().decode(errors="replace").split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
+
+
+def test_a_run_s_environment_reaches_its_workload_only(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    """``runtime.env`` is the run's to choose (``LD_PRELOAD`` included), and bwrap runs as
+    root outside the sandbox, in the run's folder: a library of the run's would load there
+    as root. The sandbox and the wrapper get the agent's fixed environment; the workload
+    (and only it) gets the run's, through a memory file, with its run token."""
+    local_quota(world.alpha)
+    environment = """\
+        runtime:
+          env:
+            PLANTED: from-the-spec
+            LD_PRELOAD: ./not-a-library.so
+        """
+    run = submit(
+        world,
+        spec("environment", extra=textwrap.dedent(NO_RETRIES) + textwrap.dedent(environment)),
+        {"main.py": SHOWS_ITS_ENVIRONMENT},
+    )
+    agent = start_agent()
+    seen_file = attempt_dir(var_dir, run, 1) / "output" / "seen.json"
+    wait_until(seen_file.exists, timeout=60, what="the workload's start", agent=agent)
+    seen = json.loads(seen_file.read_text())
+    assert seen["PLANTED"] == "from-the-spec"
+    (attempt,) = attempts(run)
+    assert attempt.pid is not None
+    wrapper = host_pid(run, 1, seen["wrapper"])
+    assert wrapper is not None
+    for pid in (attempt.pid, wrapper):  # the sandbox (root, outside), the wrapper inside
+        launcher = environment_of(pid)
+        # The agent's fixed variables (and the folder bwrap starts the wrapper in).
+        assert set(launcher) <= {"LANG", "PATH", "TAU_ATTEMPT", "TAU_RUN_ID", "PWD"}, launcher
+    (seen_file.parent / "release").touch()
+    _, log = finished(run, agent)
+    assert run.state == RunState.SUCCEEDED, log
