@@ -25,16 +25,25 @@ outlives attempts), sleeps a little, appends ``end <attempt>`` and exits 0. At t
 
 The exit status is 0 only when all three are 0. ``tests/runs/test_fault_injection.py`` runs
 a small version (20 submissions, one agent kill) in the test suite.
+
+Slow webhooks (issue 30, :func:`slow_webhooks_experiment`; ``make bench`` runs it and reports
+it under *faults*, benchmarks/bench_faults.py): two receivers on 127.0.0.1 that
+trickle their answer a byte a second are one workspace's webhooks; a run there fails, and
+while the notifier holds both deliveries, a run is submitted in another workspace. Its time
+from submitted to running is compared with the same time measured before, without them.
+``tests/notifications/test_end_to_end.py`` asserts that it stays within its usual time.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
 import random
 import re
+import secrets
 import signal
 import statistics
 import sys
@@ -352,6 +361,161 @@ def experiment(
         "faults": events,
         "lost_names": lost[:20],
         "rerun_names": rerun[:20],
+    }
+
+
+FAILING_WORKLOAD = """\
+import sys
+print("<!channel> something went wrong", flush=True)
+sys.exit(3)
+"""
+
+
+def _bundle_of(main: str) -> bytes:
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("main.py", main)
+    return archive.getvalue()
+
+
+def slow_webhooks_experiment(
+    *,
+    var_dir: Path,
+    receivers: int = 2,
+    baseline_runs: int = 3,
+    trickle_seconds: float = 1.0,
+    webhook_deadline_seconds: int = 30,
+    wait_timeout: float = 120.0,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Issue 30, acceptance 2: a run's time from submitted to running in one workspace,
+    first alone (``baseline_runs`` runs after one to warm up: their median and longest),
+    then while ``receivers`` slow webhook receivers of another workspace, told of a failed run
+    there, each hold a delivery (their deadline, ``webhook_deadline_seconds``, outlasts the
+    measurement, so they are held throughout). The figures, with how many receivers were
+    held when the run started."""
+    from django.contrib.auth import get_user_model
+
+    from identity.tokens import issue_token
+    from notifications.models import NotificationDelivery, Webhook
+    from runs.models import Run, RunEvent, RunState
+    from tests.notifications.helpers import Trickler
+    from tests.runs.agent_harness import Agent, local_quota
+    from tests.runs.processes import Portal, PrivateRedis
+    from workspaces.models import Membership, Role, Workspace
+
+    var_dir.mkdir(parents=True, exist_ok=True)
+    user = get_user_model().objects.create_user(username="slow-hooks", password=None)
+    tokens = {}
+    workspaces = {}
+    for slug in ("quiet", "noisy"):
+        workspace = Workspace.unscoped_objects.create(
+            slug=slug, name=slug.title(), namespace=f"tau-{slug}", local_queue=slug
+        )
+        Membership.objects.create(workspace=workspace, user=user, role=Role.RESEARCHER)
+        local_quota(workspace, cpu="2")
+        workspaces[slug] = workspace
+        tokens[slug] = issue_token(user=user, name=slug, workspace=workspace).plaintext
+    slow = [
+        Trickler(interval=trickle_seconds, hold=webhook_deadline_seconds + 60)
+        for _ in range(receivers)
+    ]
+    for receiver in slow:
+        Webhook.objects.create(
+            workspace=workspaces["noisy"],
+            url=receiver.url,
+            secret=secrets.token_hex(16),
+            events=["run.failed"],
+        )
+    env = {
+        "TAU_WEBHOOK_ALLOW_PRIVATE_ADDRESSES": "true",  # the receivers are on 127.0.0.1
+        "TAU_WEBHOOK_TIMEOUT_SECONDS": str(webhook_deadline_seconds),
+    }
+    redis = PrivateRedis(var_dir)
+    redis.start()
+    portal = Portal(broker_url=redis.url, var_dir=var_dir, extra_env=env)
+    # The agent records the failed run, and publishes its notifications to this broker.
+    agent = Agent(var_dir, {"TAU_API_URL": portal.url, "CELERY_BROKER_URL": redis.url, **env})
+    index = iter(range(10**6))
+
+    def submit(slug: str, bundle: bytes) -> Run:
+        spec = SPEC.format(index=next(index), seconds=0.5)
+        answer = post_run(portal.url, tokens[slug], slug, spec, bundle)
+        return Run.objects.for_workspace(workspaces[slug]).get(name=answer["name"])
+
+    def wait(check: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + wait_timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{what} did not happen within {wait_timeout:.0f}s\n"
+                    f"worker: {portal.log('worker')[-1500:]}\nagent: {agent.output()[-1500:]}"
+                )
+            time.sleep(0.05)
+
+    def state(run: Run) -> str:
+        return str(Run.objects.for_workspace(run.workspace_id).get(pk=run.pk).state)
+
+    def submitted_to_running(run: Run) -> float:
+        wait(
+            lambda: state(run) not in {RunState.PENDING, RunState.QUEUED, RunState.ADMITTED},
+            f"run {run.name} running",
+        )
+        running = (
+            RunEvent.objects.for_workspace(run.workspace_id)
+            .filter(run=run, new_state=RunState.RUNNING)
+            .order_by("seq")
+            .values_list("time", flat=True)
+            .first()
+        )
+        assert running is not None, f"run {run.name} never ran ({state(run)})"
+        return (running - run.created_at).total_seconds()
+
+    def finished(run: Run) -> bool:
+        return state(run) in {RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED}
+
+    quiet_bundle = _bundle()
+    try:
+        portal.start()
+        agent.start()
+        say("portal (web, worker, notifier, beat), agent and receivers started")
+        # A first run while the agent and the workers warm up (the agent's first pass comes
+        # once it has started, seconds later): not counted.
+        warm_up = submit("quiet", quiet_bundle)
+        submitted_to_running(warm_up)
+        wait(functools.partial(finished, warm_up), "the warm-up run finishing")
+        baseline: list[float] = []
+        for _ in range(baseline_runs):
+            run = submit("quiet", quiet_bundle)
+            baseline.append(submitted_to_running(run))
+            wait(functools.partial(finished, run), f"run {run.name} finished")
+        say(f"alone: submitted to running in {statistics.median(baseline):.2f}s (median)")
+        failing = submit("noisy", _bundle_of(FAILING_WORKLOAD))
+        wait(lambda: state(failing) == RunState.FAILED, "the noisy run failing")
+        wait(lambda: all(receiver.open_now for receiver in slow), "the receivers being held")
+        say(f"{receivers} slow receivers hold a delivery each")
+        run = submit("quiet", quiet_bundle)
+        faulted = submitted_to_running(run)
+        held_then = sum(1 for receiver in slow if receiver.open_now)
+        say(f"with slow webhooks: submitted to running in {faulted:.2f}s ({held_then} held)")
+        wait(lambda: all(receiver.held for receiver in slow), "the deadline cutting them off")
+        attempts = NotificationDelivery.objects.for_workspace(workspaces["noisy"]).count()
+    finally:
+        agent.stop()
+        portal.stop()
+        redis.stop()
+        for receiver in slow:
+            receiver.stop()
+    return {
+        "slow_receivers": receivers,
+        "trickle_seconds_per_byte": trickle_seconds,
+        "webhook_deadline_seconds": webhook_deadline_seconds,
+        "submitted_to_running_alone_seconds": round(statistics.median(baseline), 2),
+        "submitted_to_running_alone_max_seconds": round(max(baseline), 2),
+        "submitted_to_running_with_slow_webhooks_seconds": round(faulted, 2),
+        "receivers_held_when_it_ran": held_then,
+        "slow_delivery_held_seconds": [round(min(receiver.held), 1) for receiver in slow],
+        "notification_deliveries": attempts,
     }
 
 

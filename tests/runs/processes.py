@@ -143,7 +143,17 @@ class Portal:
             start_new_session=True,
         )
 
-    def start(self, *, web: bool = True, worker: bool = True, beat: bool = True) -> None:
+    def start(
+        self,
+        *,
+        web: bool = True,
+        worker: bool = True,
+        beat: bool = True,
+        notifier: bool | None = None,
+    ) -> None:
+        """Start the parts asked for. ``notifier`` (the worker of the ``notifications`` queue)
+        follows ``worker`` unless given, and is started only if it is not running already (a
+        test that restarts a killed main worker keeps the notifier it has)."""
         if web:
             self._spawn("web", self.web_command())
             wait_for(self._healthy, timeout=60, what="the web server's start")
@@ -155,12 +165,35 @@ class Portal:
                     "-A",
                     "portal",
                     "worker",
+                    "--queues",
+                    "celery",
                     "--concurrency",
                     "2",
                     "--loglevel",
                     "INFO",
                     "--hostname",
                     f"test-{self.port}@localhost",
+                ],
+            )
+        # Notifications have a queue and a worker of their own (CELERY_TASK_ROUTES), as under
+        # make run and in the chart: more slots than one workspace's share of them
+        # (TAU_NOTIFY_WORKSPACE_CONCURRENCY, 2).
+        if (worker if notifier is None else notifier) and not self.running("notifier"):
+            self._spawn(
+                "notifier",
+                [
+                    str(BIN / "celery"),
+                    "-A",
+                    "portal",
+                    "worker",
+                    "--queues",
+                    "notifications",
+                    "--concurrency",
+                    "3",
+                    "--loglevel",
+                    "INFO",
+                    "--hostname",
+                    f"notifier-{self.port}@localhost",
                 ],
             )
         if beat:
@@ -177,6 +210,11 @@ class Portal:
                     str(self.logs / "beat-schedule"),
                 ],
             )
+
+    def running(self, name: str) -> bool:
+        """Whether the process ``name`` was started and has not ended."""
+        process = self.processes.get(name)
+        return process is not None and process.poll() is None
 
     def _healthy(self) -> bool:
         try:
