@@ -1562,7 +1562,9 @@ def evidence_pull(
                 response.read()
                 if response.status_code == 409:
                     said = problem_text(api.json_of(response))
-                    raise CliError(f"no evidence of {name} to download yet: {said}")
+                    # Given up after repeated failures: nothing comes by waiting.
+                    yet = "" if "could not be sealed" in said else " yet"
+                    raise CliError(f"no evidence of {name} to download{yet}: {said}")
                 api.check(response)
             if to_stdout:
                 for chunk in response.iter_bytes():
