@@ -30,7 +30,7 @@ from runs.backends.registry import available_backend_names, backend_named
 from runs.models import Run
 from tau.spec import MAX_FILE_BYTES, locate
 from tau.spec.dialects import Reading
-from tau.spec.schema import read_source
+from tau.spec.schema import compute_alone, read_source
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -144,7 +144,9 @@ def check_spec(
 ) -> policy.Placement:
     """Validate and place a spec without submitting it (the submit page's live check uses
     this). Problems the backend's machines make come first: when none of them could ever
-    run it, that is the reason that matters, whatever the workspace's quota says."""
+    run it, that is the reason that matters, whatever the workspace's quota says. A file
+    with schema problems is still asked about its compute block (``compute_alone``), so
+    every problem is said at once."""
     backend = backend or settings.TAU_BACKEND
     if len(source) > MAX_SPEC_BYTES:
         raise SubmissionRefused(
@@ -153,21 +155,43 @@ def check_spec(
     # Read once: the problems found after the schema are placed by the same reading.
     reading = reading_of(source)
     if reading.spec is None:
-        raise SubmissionRefused(
-            [
-                SubmissionProblem(
-                    p.path, p.message, line=p.line or None, column=p.column or None, hint=p.hint
-                )
-                for p in reading.problems
+        problems = [
+            SubmissionProblem(
+                p.path, p.message, line=p.line or None, column=p.column or None, hint=p.hint
+            )
+            for p in reading.problems
+        ]
+        # A typo elsewhere is no reason to hide that the run could never start here: the
+        # compute block, read on its own, is asked about too (TauGrid's own dialect).
+        alone = compute_alone(source) if reading.dialect == "tau" else None
+        if alone is not None:
+            found, _ = _placed(source, alone, workspace=workspace, backend=backend)
+            said = {problem.path for problem in problems}
+            problems += [
+                problem
+                for problem in found
+                if problem.path.startswith("compute.") and problem.path not in said
             ]
-        )
-    spec = reading.spec
+        raise SubmissionRefused(problems)
+    problems, placement = _placed(source, reading.spec, workspace=workspace, backend=backend)
+    if problems or placement is None:
+        raise SubmissionRefused(problems)
+    return placement
+
+
+def _placed(
+    source: bytes, spec: Spec, *, workspace: Workspace, backend: str
+) -> tuple[list[SubmissionProblem], policy.Placement | None]:
+    """What the backend's machines and the workspace's policy refuse in ``spec``, or where it
+    is placed. The machines speak first, and a field they refuse is not refused again in
+    the quota's words: "more CPUs than this machine has" is the reason, said once."""
     problems: list[SubmissionProblem] = []
+    machine_fields: set[str] = set()
     runs_on = _backend(backend)
     if runs_on is not None:
-        problems += [
-            _at(source, path, message) for path, message in runs_on.submission_problems(spec)
-        ]
+        for path, message in runs_on.submission_problems(spec):
+            problems.append(_at(source, path, message))
+            machine_fields.add(path)
     placement = None
     try:
         placement = policy.apply_policy(spec, workspace, backend=backend)
@@ -176,11 +200,12 @@ def check_spec(
         # The backend may have said the same (what Kubernetes cannot carry): once is enough.
         said = {(p.path, p.message) for p in problems}
         problems += [
-            _at(source, p.path, p.message) for p in exc.problems if (p.path, p.message) not in said
+            _at(source, p.path, p.message)
+            for p in exc.problems
+            if (p.path, p.message) not in said
+            and not (p.path.startswith("compute.") and p.path in machine_fields)
         ]
-    if problems or placement is None:
-        raise SubmissionRefused(problems)
-    return placement
+    return problems, placement
 
 
 def check_bundle(

@@ -1418,6 +1418,36 @@ def read_source(source: str | bytes) -> Reading:
     return Reading(dialect, spec, [], warnings, notes, sources)
 
 
+#: What stands in for the rest of a file whose ``compute`` block is read on its own: a Job,
+#: which asks for the workers' resources only (a RayJob's head would add to them), so what
+#: is found is never more than the whole file would be refused for.
+_COMPUTE_ALONE = {
+    "schema_version": SCHEMA_VERSION,
+    "name": "compute",
+    "run": {"entrypoint": "x.py", "workload_kind": "job"},
+}
+
+
+def compute_alone(source: str | bytes) -> Spec | None:
+    """A spec of this file's ``compute`` block and nothing else of it (a stand-in name and
+    entry point), when the block is valid on its own: what the submit check asks the
+    machines and the quota about while the file still has problems elsewhere, so that "this
+    can never run here" is said with the typo, not after it is fixed. None for a file that
+    cannot be loaded, has no ``compute`` block, or whose block has problems of its own."""
+    root = load_yaml(source, ProblemCollector())
+    if not isinstance(root, MappingNode):
+        return None
+    compute = next((value for key, value in root.entries if key.text == "compute"), None)
+    if compute is None:
+        return None
+    stand_in = from_python(_COMPUTE_ALONE)
+    assert isinstance(stand_in, MappingNode)
+    key = ScalarNode("str", "compute", "compute", True, compute.line, compute.column)
+    problems = ProblemCollector()
+    spec = check_document(MappingNode((*stand_in.entries, (key, compute)), 0, 0), problems)
+    return None if problems or spec is None else spec
+
+
 def check_source(source: str | bytes) -> tuple[Spec | None, list[SpecProblem]]:
     """Load, check and normalise tau.yaml text: the Spec, or None and every problem."""
     reading = read_source(source)

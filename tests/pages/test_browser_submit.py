@@ -159,3 +159,51 @@ def test_a_zip_of_the_project_folder_is_unwrapped_and_runs(
         agent=machine,
     )
     assert problems == []
+
+
+def test_the_check_says_every_problem_at_once_and_what_is_ignored_here(
+    submit_page: Any, world: Any, tmp_path: Path
+) -> None:
+    """A typo elsewhere no longer hides that the run could never start here (it was said
+    only once the typo was fixed); a field the machine refuses is not refused again in the
+    quota's words; and the environment says that the image tau.yaml names is not used on
+    this machine."""
+    from decimal import Decimal
+
+    from workspaces.models import ResourceFlavor, WorkspaceQuota
+
+    page = submit_page
+    # A quota smaller than the machine (alpha is in a cohort: leave it for beta's rules).
+    world.alpha.cohort = None
+    world.alpha.save()
+    local, _ = ResourceFlavor.objects.get_or_create(name="local")
+    WorkspaceQuota.objects.create(
+        workspace=world.alpha, flavor=local, resource="cpu", nominal=Decimal(1)
+    )
+    WorkspaceQuota.objects.create(
+        workspace=world.alpha, flavor=local, resource="memory", nominal=Decimal(2**31)
+    )
+    typo = SPEC.replace("cpus: 1", "cpus: 3").replace("name: tiny", "name: Tiny Run")
+    page.fill("#spec-text", typo)
+    page.wait_for_selector("#validation .problems")
+    problems = page.locator("#validation .problems li").all_inner_texts()
+    assert any(problem.startswith("line 2") and "name" in problem for problem in problems)
+    cpus = [problem for problem in problems if "compute.cpus" in problem]
+    assert len(cpus) == 1, problems  # said once, in the machine's words
+    assert "this machine has 2 (TAU_LOCAL_CPUS)" in cpus[0]
+
+    page.fill("#spec-text", SPEC.replace("cpus: 1", "cpus: 3"))
+    page.wait_for_function(
+        "() => !document.querySelector('#validation').textContent.includes('line 2')"
+    )
+    problems = page.locator("#validation .problems li").all_inner_texts()
+    assert [problem for problem in problems if "compute.cpus" in problem] == cpus, problems
+    assert len(problems) == 1, problems
+
+    page.set_input_files("#bundle", str(write_zip(tmp_path / "p.zip", {"main.py": "print(1)\n"})))
+    page.fill("#spec-text", SPEC + "runtime:\n  image: python:3.12-slim\n")
+    page.wait_for_selector("#validation .ok-text")
+    environment = page.inner_text("#check-environment")
+    assert "not the image python:3.12-slim" in environment, environment
+    assert "runtime.image is ignored here" in environment, environment
+    check_page(page, "submit-image-ignored")
