@@ -218,6 +218,9 @@ def _write_limits(
             # No swap beyond the limit: the limit is what the run was admitted with.
             _write_if_present(directory / "memory.swap.max", "0")
         else:
+            # memory+swap may never be below memory: lift it first (a reused cgroup may
+            # hold a lower one), then set both.
+            _write_if_present(directory / "memory.memsw.limit_in_bytes", "-1")
             _write(directory / "memory.limit_in_bytes", str(memory))
             _write_if_present(directory / "memory.memsw.limit_in_bytes", str(memory))
     if "pids" in hierarchy.controllers and processes is not None:
