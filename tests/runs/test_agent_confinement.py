@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,7 +188,9 @@ def test_a_sandboxed_program_cannot_make_namespaces_or_mounts_but_runs_normally(
         ),
         python=interpreter,
     )
-    user = {"user": as_user, "group": as_user, "extra_groups": []} if as_user else {}
+    user: dict[str, Any] = (
+        {"user": as_user, "group": as_user, "extra_groups": []} if as_user else {}
+    )
     result = sandboxing.run(
         command,
         capture_output=True,
