@@ -127,3 +127,37 @@ def test_a_sweep_trial_s_rows_are_its_own(
     assert tau.flush(timeout=60)
     keys = dict(MetricPoint.objects.unscoped().filter(run=in_a_run).values_list("key", "value"))
     assert keys == {"trial-3/loss": 0.5, "trial-3/acc": 0.75}
+
+
+def test_a_step_the_portal_would_refuse_is_refused_here_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30: steps above 2^53 - 1 cannot be held exactly by a run's evidence (nor by any
+    JSON reader): the SDK says so at once instead of sending what the portal refuses."""
+    monkeypatch.setenv("TAU_API_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("TAU_RUN_TOKEN", "tau_run_not-sent")
+    monkeypatch.setenv("TAU_WORKSPACE", "alpha")
+    monkeypatch.setenv("TAU_RUN_NAME", "train-1")
+    sdk._reset()
+    try:
+        tau.log_metrics(2**53, loss=0.5)
+        tau.log_metrics(-1, loss=0.5)
+        tau.checkpoint_saved("step-1", 2**53)
+        tau.checkpoint_saved("step-1", 1, size=2**60)
+        reporter = sdk.reporter()
+        assert (list(reporter.rows), list(reporter.checkpoints)) == ([], [])
+    finally:
+        sdk._reset()
+    said = capfd.readouterr().err
+    assert "log_metrics: step must be a whole number from 0 to 2^53 - 1" in said
+    assert "not 9007199254740992; row skipped" in said
+    assert "checkpoint_saved: size must be a whole number from 0 to 2^53 - 1" in said
+
+    class NumpyInt:  # what numpy.int64 and torch integers offer: __index__
+        def __index__(self) -> int:
+            return 7
+
+    assert sdk._whole_number(NumpyInt(), "step") == 7
+    assert sdk._whole_number(2**53 - 1, "step") == 2**53 - 1
+    assert isinstance(sdk._whole_number(True, "step"), str)
+    assert isinstance(sdk._whole_number(1.5, "step"), str)
