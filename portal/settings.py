@@ -630,6 +630,25 @@ TAU_KUBE_WATCHER_LEASE_NAMESPACE = (
 )
 TAU_KUBE_WATCHER_LEASE_SECONDS = env_int("TAU_KUBE_WATCHER_LEASE_SECONDS", 15, minimum=2)
 TAU_KUBE_WATCHER_RESYNC_SECONDS = env_int("TAU_KUBE_WATCHER_RESYNC_SECONDS", 300, minimum=10)
+# Namespaces no workspace may be given (workspaces.models.namespace_refusal; glob patterns,
+# comma-separated, replacing the defaults): the cluster's and its operators'. The portal's
+# own namespace (TAU_KUBE_WATCHER_LEASE_NAMESPACE, and taugrid) is refused whatever this says.
+TAU_WORKSPACE_NAMESPACES_DENIED = env_list(
+    "TAU_WORKSPACE_NAMESPACES_DENIED",
+    [
+        "kube-*",
+        "default",
+        "kueue-system",
+        "kuberay-system",
+        "ray-system",
+        "cert-manager",
+        "gpu-operator",
+        "monitoring",
+        "ingress-nginx",
+        "local-path-storage",
+        "openshift-*",
+    ],
+)
 # The local executor runs submitted code as the portal's own user: on by default on one
 # machine, and only when explicitly enabled in production.
 TAU_LOCAL_EXECUTOR = env_bool("TAU_LOCAL_EXECUTOR", not PRODUCTION)

@@ -225,7 +225,12 @@ MATRIX: dict[str, Route] = {
     # Creating workspaces, flavors and cohorts is the platform team's (tokens: unscoped).
     "api:workspace-list": Route(
         {"GET": same(200, anon=401), "POST": STAFF_API(201)},
-        data={"slug": "made-by-matrix", "name": "Matrix"},
+        # A workspace keeps an admin from the start.
+        data={
+            "slug": "made-by-matrix",
+            "name": "Matrix",
+            "members": [{"username": "rob", "role": "admin"}],
+        },
         api=True,
     ),
     "api:workspace-detail": Route(

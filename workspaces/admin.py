@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
@@ -22,6 +24,7 @@ from workspaces.models import (
     Membership,
     PriorityClass,
     ResourceFlavor,
+    Role,
     Workspace,
     WorkspaceBudget,
     WorkspaceQuota,
@@ -37,10 +40,33 @@ class PlatformScopeMixin:
         return unscoped() if unscoped is not None else queryset  # type: ignore[no-any-return]
 
 
+class MembershipFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
+    """A workspace keeps an admin: a new one is saved with one, and a change of its members
+    cannot leave it without (the member page's and the API's last-admin rule)."""
+
+    def clean(self) -> None:
+        super().clean()
+        if any(self.errors) or not (self.instance._state.adding or self.has_changed()):
+            return
+        admins = [
+            form
+            for form in self.forms
+            if form.cleaned_data
+            and not form.cleaned_data.get("DELETE")
+            and form.cleaned_data.get("role") == Role.ADMIN
+        ]
+        if not admins:
+            raise ValidationError(
+                "A workspace needs an admin: give at least one member the role admin.",
+                code="no_admin",
+            )
+
+
 # One empty row of each inline is on the form from the start; a row left untouched is
-# ignored on save (Django skips unchanged extra forms), so it never blocks or adds anything.
+# ignored on save (Django skips unchanged extra forms), so it never adds anything.
 class MembershipInline(PlatformScopeMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = Membership
+    formset = MembershipFormSet
     extra = 1
     autocomplete_fields = ["user"]
     fields = ["user", "role", "created_at"]

@@ -7,6 +7,7 @@ follows Kueue's own rules, so what the platform team saves is what Kueue will ac
 
 from __future__ import annotations
 
+import fnmatch
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -29,6 +30,7 @@ from tau.k8s_names import (
     resource_name_problem,
 )
 from tau.quantity import format_quantity
+from workspaces.cluster_access import PORTAL_NAMESPACE
 from workspaces.fields import QuantityField
 
 if TYPE_CHECKING:
@@ -269,6 +271,29 @@ def default_namespace(slug: str) -> str:
     return f"tau-{slug}"
 
 
+def namespace_refusal(namespace: str) -> str | None:
+    """Why a workspace may not have ``namespace``, or None. A workspace's members run code in
+    its namespace and TauGrid creates, labels and may delete objects there, so it may not be
+    a namespace of the cluster itself or of its operators (``TAU_WORKSPACE_NAMESPACES_DENIED``,
+    glob patterns: ``kube-*``, ``default``, ``kueue-system`` … by default), nor the portal's
+    own (``TAU_KUBE_WATCHER_LEASE_NAMESPACE``, where its secrets and its leader lease are;
+    always refused, whatever the list says)."""
+    own = {PORTAL_NAMESPACE, settings.TAU_KUBE_WATCHER_LEASE_NAMESPACE}
+    if namespace in own:
+        return (
+            f"{namespace!r} is the namespace TauGrid itself runs in; a workspace needs a "
+            "namespace of its own (leave this empty for tau- and the slug)."
+        )
+    for pattern in settings.TAU_WORKSPACE_NAMESPACES_DENIED:
+        if fnmatch.fnmatchcase(namespace, pattern):
+            return (
+                f"{namespace!r} is a namespace of the cluster or of its operators (it matches "
+                f"{pattern!r} in TAU_WORKSPACE_NAMESPACES_DENIED); a workspace needs a namespace "
+                "of its own (leave this empty for tau- and the slug)."
+            )
+    return None
+
+
 def cluster_queue_name(slug: str) -> str:
     """The Kueue ClusterQueue of the workspace ``slug``: ``tau-<slug>``."""
     return f"tau-{slug}"
@@ -466,6 +491,19 @@ class Workspace(AuditedModel):
 
     def _cluster_name_errors(self) -> dict[str, str]:
         errors: dict[str, str] = {}
+        if self.namespace:
+            # Checked when named or renamed: a workspace already there is not refused every
+            # other change (moving it is the platform team's decision).
+            before = (
+                None
+                if self._state.adding
+                else Workspace.unscoped_objects.filter(pk=self.pk)
+                .values_list("namespace", flat=True)
+                .first()
+            )
+            refusal = namespace_refusal(self.namespace) if self.namespace != before else None
+            if refusal:
+                errors["namespace"] = refusal
         if self._state.adding:
             filled = self.fill_cluster_defaults()
             if (

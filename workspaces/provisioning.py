@@ -170,8 +170,11 @@ def _member_rows(rows: Sequence[MemberRow], problems: dict[str, Any]) -> list[tu
         found.append(said)
     if any(found):
         problems["members"] = found
-    elif rows and not any(role == Role.ADMIN for _, role in members):
-        problems["members"] = ["Name at least one admin: a workspace keeps one."]
+    elif not any(role == Role.ADMIN for _, role in members):
+        # Someone must be able to manage its members, tokens and webhooks from the start.
+        problems["members"] = [
+            "A workspace needs an admin: name at least one admin among its members."
+        ]
     return members
 
 

@@ -93,6 +93,14 @@ def add_page(world: Any) -> dict[str, str]:
     return rendered_form(response.content.decode())
 
 
+def with_an_admin(world: Any, form: dict[str, str]) -> dict[str, str]:
+    """The add form with its member row filled in: a workspace is saved with an admin."""
+    form.update(
+        {"memberships-0-user": str(world.users["researcher"].pk), "memberships-0-role": "admin"}
+    )
+    return form
+
+
 def test_add_form_shows_one_empty_member_row_and_one_empty_quota_row(world: Any) -> None:
     form = add_page(world)
     for prefix in ("memberships", "quotas"):
@@ -118,17 +126,63 @@ def test_change_form_shows_one_empty_row_after_the_existing_ones(world: Any) -> 
 
 
 def test_untouched_empty_rows_neither_block_nor_add_anything(world: Any) -> None:
-    form = add_page(world)
-    form.update({"slug": "gamma", "name": "Gamma"})
+    form = with_an_admin(world, add_page(world))
+    form.update({"slug": "gamma", "name": "Gamma"})  # the quota row stays untouched
     response = world.client_for("platform_admin").post(reverse(ADD_URL), form)
     assert response.status_code == 302, response.content.decode()[:3000]
     gamma = Workspace.unscoped_objects.get(slug="gamma")
-    assert Membership.objects.for_workspace(gamma).count() == 0
+    assert Membership.objects.for_workspace(gamma).count() == 1
     assert WorkspaceQuota.objects.for_workspace(gamma).count() == 0
     recorded = AuditEvent.objects.for_workspace(gamma)
-    assert [(event.action, event.object_type) for event in recorded] == [
-        ("create", "workspaces.workspace")
+    assert sorted((event.action, event.object_type) for event in recorded) == [
+        ("create", "workspaces.membership"),
+        ("create", "workspaces.workspace"),
     ]
+
+
+def test_a_workspace_without_an_admin_is_not_saved(world: Any) -> None:
+    form = add_page(world)
+    form.update({"slug": "gamma", "name": "Gamma"})
+    response = world.client_for("platform_admin").post(reverse(ADD_URL), form)
+    assert response.status_code == 200
+    assert "A workspace needs an admin: give at least one member the role admin." in (
+        response.content.decode()
+    )
+    form.update(
+        {"memberships-0-user": str(world.users["researcher"].pk), "memberships-0-role": "viewer"}
+    )
+    response = world.client_for("platform_admin").post(reverse(ADD_URL), form)
+    assert response.status_code == 200
+    assert not Workspace.unscoped_objects.filter(slug="gamma").exists()
+
+
+def test_the_last_admin_cannot_be_removed_or_demoted_here(world: Any) -> None:
+    url = reverse("admin:workspaces_workspace_change", args=[world.alpha.pk])
+    client = world.client_for("platform_admin")
+    form = rendered_form(client.get(url).content.decode())
+    admin_row = next(
+        name.removesuffix("-role")
+        for name, value in form.items()
+        if name.startswith("memberships-") and name.endswith("-role") and value == "admin"
+    )
+    for change in ({f"{admin_row}-role": "viewer"}, {f"{admin_row}-DELETE": "on"}):
+        response = client.post(url, {**form, **change})
+        assert response.status_code == 200
+        assert "A workspace needs an admin" in response.content.decode()
+    admin = Membership.objects.for_workspace(world.alpha).get(user=world.users["workspace_admin"])
+    assert admin.role == "admin"
+
+
+@pytest.mark.parametrize("namespace", ["kube-system", "default", "kueue-system", "taugrid"])
+def test_system_and_portal_namespaces_are_refused(world: Any, namespace: str) -> None:
+    form = with_an_admin(world, add_page(world))
+    form.update({"slug": "gamma", "name": "Gamma", "namespace": namespace})
+    response = world.client_for("platform_admin").post(reverse(ADD_URL), form)
+    assert response.status_code == 200
+    [error] = response.context["adminform"].form.errors["namespace"]
+    assert error.startswith(f"{namespace!r} is ")
+    assert error.endswith("(leave this empty for tau- and the slug).")
+    assert not Workspace.unscoped_objects.filter(slug="gamma").exists()
 
 
 def test_filled_rows_next_to_the_empty_ones_are_saved(world: Any) -> None:
@@ -155,6 +209,7 @@ def test_blank_namespace_and_queue_default_from_the_slug(world: Any) -> None:
     form = add_page(world)
     assert form["namespace"] == ""
     assert form["local_queue"] == ""
+    form = with_an_admin(world, form)
     form.update({"slug": "vision-team", "name": "Vision"})
     response = world.client_for("platform_admin").post(reverse(ADD_URL), form)
     assert response.status_code == 302, response.content.decode()[:3000]
@@ -176,7 +231,7 @@ def test_the_add_form_says_what_an_empty_namespace_means(world: Any) -> None:
 
 
 def test_typed_names_are_kept(world: Any) -> None:
-    form = add_page(world)
+    form = with_an_admin(world, add_page(world))
     form.update({"slug": "gamma", "name": "Gamma", "namespace": "ml-gamma", "local_queue": "main"})
     response = world.client_for("platform_admin").post(reverse(ADD_URL), form)
     assert response.status_code == 302

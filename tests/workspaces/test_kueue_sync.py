@@ -45,6 +45,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
@@ -251,6 +252,11 @@ def test_a_gpu_workspace_from_the_admin_admits_runs_within_its_quota(
         {
             "slug": slug,
             "name": "Vision",
+            # A workspace is saved with an admin.
+            "memberships-0-user": str(
+                get_user_model().objects.create_user(username=f"lead-{uid}", password=None).pk
+            ),
+            "memberships-0-role": "admin",
             "quotas-TOTAL_FORMS": "3",
             **{f"quotas-{i}-flavor": str(flavor.pk) for i in range(3)},
             "quotas-0-resource": GPU,

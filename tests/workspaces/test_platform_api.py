@@ -163,6 +163,12 @@ def test_only_staff_with_a_platform_token_may_create(world: Any, who: str, optio
             ["members", 0],
             "at least one admin",
         ),
+        # Issue 30: a workspace without an admin, in the cluster's or the portal's namespace.
+        ({"members": []}, ["members", 0], "at least one admin"),
+        ({"namespace": "kube-system"}, ["namespace"], "a namespace of the cluster"),
+        ({"namespace": "kube-public"}, ["namespace"], "matches 'kube-*'"),
+        ({"namespace": "default"}, ["namespace"], "a namespace of the cluster"),
+        ({"namespace": "taugrid"}, ["namespace"], "the namespace TauGrid itself runs in"),
         ({"default_priority": "urgent"}, ["default_priority"], "not one of the allowed"),
         (
             {"quotas": [{"flavor": "h100", "resource": "memory", "nominal": "lots"}]},
@@ -319,3 +325,55 @@ def test_cohorts_nest_through_the_api_and_a_circle_is_refused(world: Any) -> Non
     unknown = client.post(f"{API}/cohorts/", {"name": "lab-b", "parent": "nowhere"}, format="json")
     assert unknown.status_code == 400
     assert "parent" in unknown.json()
+
+
+def test_a_workspace_without_members_is_refused(world: Any) -> None:
+    body = gamma()
+    del body["members"]
+    response = with_token(world, "platform_admin").post(f"{API}/workspaces/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["members"] == [
+        "A workspace needs an admin: name at least one admin among its members."
+    ]
+    assert not Workspace.unscoped_objects.filter(slug="gamma").exists()
+
+
+def test_the_portals_own_namespace_is_refused_wherever_it_runs(world: Any, settings: Any) -> None:
+    settings.TAU_KUBE_WATCHER_LEASE_NAMESPACE = "platform-taugrid"
+    response = with_token(world, "platform_admin").post(
+        f"{API}/workspaces/", gamma(namespace="platform-taugrid"), format="json"
+    )
+    assert response.status_code == 400
+    assert "TauGrid itself runs in" in response.json()["namespace"][0]
+
+
+def test_the_deny_list_is_the_platform_teams(world: Any, settings: Any) -> None:
+    settings.TAU_WORKSPACE_NAMESPACES_DENIED = ["shared-*"]
+    client = with_token(world, "platform_admin")
+    refused = client.post(f"{API}/workspaces/", gamma(namespace="shared-ml"), format="json")
+    assert refused.status_code == 400
+    assert "TAU_WORKSPACE_NAMESPACES_DENIED" in refused.json()["namespace"][0]
+    assert (
+        client.post(f"{API}/workspaces/", gamma(namespace="ml-gamma"), format="json").status_code
+        == 201
+    )
+
+
+def test_a_workspace_cannot_be_moved_into_a_system_namespace(world: Any) -> None:
+    client = with_token(world, "platform_admin")
+    response = client.patch(f"{API}/workspaces/alpha/", {"namespace": "kube-system"}, format="json")
+    assert response.status_code == 400
+    assert "a namespace of the cluster" in response.json()["namespace"][0]
+    world.alpha.refresh_from_db()
+    assert world.alpha.namespace == "tau-alpha"
+
+
+def test_a_workspace_already_in_a_denied_namespace_keeps_working(world: Any) -> None:
+    """Made before the rule (or by hand): other changes are still saved; moving it is the
+    platform team's decision."""
+    Workspace.unscoped_objects.filter(pk=world.alpha.pk).update(namespace="default")
+    client = with_token(world, "platform_admin")
+    response = client.patch(f"{API}/workspaces/alpha/", {"name": "Alpha lab"}, format="json")
+    assert response.status_code == 200, response.content
+    world.alpha.refresh_from_db()
+    assert (world.alpha.name, world.alpha.namespace) == ("Alpha lab", "default")

@@ -41,7 +41,11 @@ def refused(error: provisioning.Refused) -> ValidationError:
 
 
 class QuotaInputSerializer(serializers.Serializer[Any]):
-    flavor = serializers.CharField(max_length=63, min_length=1)
+    flavor = serializers.CharField(
+        max_length=63,
+        min_length=1,
+        help_text="An existing flavor's name (GET /api/v1/flavors/); another is a 400.",
+    )
     resource = serializers.CharField(max_length=253, min_length=1)
     nominal = serializers.CharField(max_length=40, min_length=1, help_text=QUANTITY_HELP)
     borrowing_limit = serializers.CharField(
@@ -66,7 +70,11 @@ class QuotaInputSerializer(serializers.Serializer[Any]):
 
 
 class MemberInputSerializer(serializers.Serializer[Any]):
-    username = serializers.CharField(max_length=150, min_length=1)
+    username = serializers.CharField(
+        max_length=150,
+        min_length=1,
+        help_text="An existing user (people appear after their first login); another is a 400.",
+    )
     role = serializers.ChoiceField(choices=Role.choices, default=Role.RESEARCHER)
 
 
@@ -78,11 +86,21 @@ class WorkspaceInputSerializer(serializers.Serializer[Any]):
     slug = serializers.CharField(max_length=40, min_length=1)
     name = serializers.CharField(max_length=100, min_length=1)
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
-    namespace = serializers.CharField(required=False, allow_blank=True, max_length=63)
+    namespace = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=63,
+        help_text="Empty: tau- and the slug. Not a namespace of the cluster or its operators "
+        "(TAU_WORKSPACE_NAMESPACES_DENIED: kube-*, default, kueue-system …) nor TauGrid's own: "
+        "those are a 400.",
+    )
     local_queue = serializers.CharField(required=False, allow_blank=True, max_length=63)
     default_image = serializers.CharField(required=False, allow_blank=True, max_length=255)
     allowed_priorities = serializers.ListField(
-        child=serializers.CharField(max_length=253, min_length=1), required=False, max_length=50
+        child=serializers.CharField(max_length=253, min_length=1),
+        required=False,
+        max_length=50,
+        help_text="Names of existing priority classes; another is a 400.",
     )
     default_priority = serializers.CharField(required=False, allow_blank=True, max_length=253)
     cohort = serializers.CharField(
@@ -90,9 +108,15 @@ class WorkspaceInputSerializer(serializers.Serializer[Any]):
         allow_null=True,
         max_length=63,
         min_length=1,
-        help_text="A cohort's name; null: none.",
+        help_text="An existing cohort's name (GET /api/v1/cohorts/), another is a 400; null: none.",
     )
-    members = MemberInputSerializer(many=True, required=False, max_length=1000)  # type: ignore[call-arg]
+    members = MemberInputSerializer(  # type: ignore[call-arg]
+        many=True,
+        required=False,
+        max_length=1000,
+        help_text="On creation at least one must be an admin (a workspace keeps one): "
+        "without, a 400. Changed later with /api/v1/workspaces/{slug}/members/.",
+    )
     quotas = QuotaInputSerializer(many=True, required=False, max_length=500)  # type: ignore[call-arg]
 
 
@@ -189,7 +213,8 @@ class CohortSerializer(serializers.ModelSerializer[Cohort]):
         queryset=Cohort.objects.all(),
         allow_null=True,
         required=False,
-        help_text="The cohort this one is nested in (Kueue's spec.parentName); null: none.",
+        help_text="An existing cohort this one is nested in (Kueue's spec.parentName), another "
+        "is a 400; null: none.",
     )
 
     class Meta:
