@@ -843,6 +843,26 @@ def evidence_with_a_run_token(world: Any, tmp: Path, settings: Any) -> HttpRespo
     return bearer(run_token(world, ran)).get(run_path(ran.name, "evidence/"))
 
 
+@call("GET", f"{RUN}/evidence/records/", 200)
+def evidence_records(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = sealed_run(world, settings)
+    return client(world, "viewer").get(run_path(ran.name, "evidence/records/"))
+
+
+@call("GET", f"{RUN}/evidence/records/{{ending_event}}/", 200)
+def evidence_record(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = sealed_run(world, settings)
+    listed = client(world, "viewer").get(run_path(ran.name, "evidence/records/")).json()
+    return client(world, "viewer").get(
+        run_path(ran.name, f"evidence/records/{listed[0]['ending_event']}/")
+    )
+
+
+@call("GET", f"{RUN}/evidence/records/{{ending_event}}/", 404)
+def evidence_record_not_sealed(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(run_path(make_run(world).name, "evidence/records/9/"))
+
+
 @call("GET", "/api/v1/evidence/keys/", 200)
 def evidence_keys(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     settings.TAU_EVIDENCE_SIGNING_KEY = TEST_SIGNING_KEY
