@@ -64,9 +64,11 @@ def claim_is_live(claimed_at: datetime | None, now: datetime) -> bool:
     return claimed_at is not None and claimed_at > now - timedelta(seconds=lease_seconds())
 
 
-def unclaimed_or_lapsed(now: datetime) -> Q:
-    """The rows no live worker holds, for a reconciler's query."""
-    return Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - timedelta(seconds=lease_seconds()))
+def unclaimed_or_lapsed(now: datetime, field: str = "claimed_at") -> Q:
+    """The rows no live worker holds, for a reconciler's query (``field``: the claim's
+    column, where a model names it otherwise)."""
+    lapsed = now - timedelta(seconds=lease_seconds())
+    return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__lt": lapsed})
 
 
 class Lease:
@@ -170,8 +172,8 @@ class Lease:
         now = timezone.now()
         try:
             renewed = self.held().update(**{self._field: now})
-        except Exception:  # the database is away for a moment: try again at the next tick
-            logger.warning("%s: could not renew the claim; trying again", self._what, exc_info=True)
+        except Exception as error:  # the database is away or busy: try again at the next tick
+            logger.warning("%s: could not renew the claim (%s); trying again", self._what, error)
             return True
         if not renewed:
             self.lost = True
