@@ -154,6 +154,25 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
 INVALID_REQUEST = "The request is not valid; nothing was changed."
 
 
+def query_text(params: Any, name: str) -> str | None:
+    """A query parameter as given (its last value), or None when it is not given.
+
+    Given empty (``?month=``) is a 400, never "any" or "the default": a client that sends a
+    parameter means a value, and an empty one is a mistake to be told about (the schema says
+    so with ``minLength``). So is text with NUL, which no column can be compared with."""
+    values = params.getlist(name) if hasattr(params, "getlist") else [params.get(name)]
+    if not values or values[-1] is None:
+        return None
+    value = str(values[-1])
+    if not value:
+        raise exceptions.ValidationError(
+            {name: ["is empty: give a value, or leave the parameter out"]}
+        )
+    if "\x00" in value:
+        raise exceptions.ValidationError({name: ["must not contain NUL characters"]})
+    return value
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF's answers to its exceptions, every one in the API's one problem shape
     (:data:`PROBLEM_SCHEMA`): a ``detail`` in words always; a 400 about fields keeps the
@@ -161,6 +180,20 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     # Imported here: rest_framework.views reads REST_FRAMEWORK, which names this module.
     from rest_framework.views import exception_handler as drf_exception_handler
 
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        # Say what to send: a form or multipart body would lose every field that is not
+        # plain text (a mapping, a list, null), so the API reads what it documents only.
+        view = context.get("view")
+        request = context.get("request")
+        readable = sorted(
+            {parser.media_type for parser in view.get_parsers()} if view is not None else set()
+        )
+        sent = request.content_type.split(";")[0] if request is not None else "this body"
+        exc = exceptions.UnsupportedMediaType(
+            sent,
+            detail=f"This route reads {' or '.join(readable) or 'no body'}, not {sent}; "
+            "nothing was changed.",
+        )
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -230,6 +263,88 @@ def add_problem_components(result: dict[str, Any], **kwargs: Any) -> dict[str, A
     schemas["Problem"] = PROBLEM_SCHEMA
     schemas["SpecProblem"] = SPEC_PROBLEM_SCHEMA
     return result
+
+
+#: Text the API reads never holds NUL (no database column stores it): every string a client
+#: sends says so in the schema, and the server refuses it (BoundedJSONParser, query_text).
+WITHOUT_NUL = "^[^\\u0000]*$"
+
+
+def describe_refusals(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: the schema says what the server refuses, so that
+    a request valid by the schema is not refused (``SPECTACULAR_SETTINGS``, whose
+    ``COMPONENT_SPLIT_REQUEST`` gives the fields that may not be blank ``minLength: 1``):
+
+    * a query parameter given empty is a 400 (:func:`query_text`): ``minLength: 1``;
+    * text with NUL is a 400: every string of a request body (and query parameter) without
+      a pattern, format or enum of its own gets the pattern :data:`WITHOUT_NUL`;
+    * a body of a media type the route does not read is a 415: documented on every
+      operation that takes a body (each reads only the media types its schema lists)."""
+    schemas = result.get("components", {}).get("schemas", {})
+    requested: set[str] = set()
+    for item in result.get("paths", {}).values():
+        for method, operation in item.items():
+            if not isinstance(operation, dict) or method == "parameters":
+                continue
+            for parameter in operation.get("parameters", []):
+                schema = parameter.get("schema", {})
+                if parameter.get("in") == "query" and schema.get("type") == "string":
+                    schema.setdefault("minLength", 1)
+                    _without_nul(schema)
+            body = operation.get("requestBody")
+            if body is None:
+                continue
+            for media in body.get("content", {}).values():
+                _collect_references(media.get("schema", {}), schemas, requested)
+            operation.setdefault("responses", {}).setdefault(
+                "415", {"description": REFUSAL_WORDS[415], "content": _problem_content()}
+            )
+    for name in requested:
+        _walk_strings(schemas[name], _without_nul)
+    return result
+
+
+def _problem_content() -> dict[str, Any]:
+    return {"application/json": {"schema": PROBLEM_REF}}
+
+
+def _without_nul(schema: dict[str, Any]) -> None:
+    if not ({"pattern", "format", "enum"} & schema.keys()):
+        schema["pattern"] = WITHOUT_NUL
+
+
+def _collect_references(schema: Any, schemas: dict[str, Any], found: set[str]) -> None:
+    """The components ``schema`` refers to, transitively."""
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            reference = node.get("$ref", "")
+            name = (
+                reference.rpartition("/")[2]
+                if reference.startswith("#/components/schemas/")
+                else ""
+            )
+            if name and name not in found and name in schemas:
+                found.add(name)
+                pending.append(schemas[name])
+            pending.extend(value for key, value in node.items() if key != "$ref")
+        elif isinstance(node, list):
+            pending.extend(node)
+
+
+def _walk_strings(schema: Any, change: Callable[[dict[str, Any]], None]) -> None:
+    """Apply ``change`` to every string schema inside ``schema`` (not through references:
+    each component is walked on its own)."""
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "string":
+                change(node)
+            pending.extend(value for key, value in node.items() if isinstance(value, dict | list))
+        elif isinstance(node, list):
+            pending.extend(node)
 
 
 REFUSAL_WORDS = {

@@ -477,10 +477,10 @@ REST_FRAMEWORK = {
         "identity.tokens.TokenScopePermission",
     ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": [
-        "portal.api.BoundedJSONParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
+    # JSON only: a form or multipart body carries text alone, so a mapping, a list or null
+    # sent that way would be dropped or changed, and a write that claims success must store
+    # or refuse. Routes that take files say so themselves (a submission, an artifact).
+    "DEFAULT_PARSER_CLASSES": ["portal.api.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # Every refusal in one shape, {"detail": "…"} (and the fields at fault on a 400).
     "EXCEPTION_HANDLER": "portal.api.exception_handler",
@@ -502,7 +502,12 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "portal.api.add_problem_components",
+        "portal.api.describe_refusals",
     ],
+    # Requests and answers have components of their own, so that what a request may hold is
+    # stated for requests: fields that may not be blank say so (minLength 1), as the server
+    # refuses them, without claiming it of every answer's text.
+    "COMPONENT_SPLIT_REQUEST": True,
     "PATH_CONVERTER_OVERRIDES": {
         "slug": {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"},
         "str": {"type": "string", "pattern": "^[^/]+$"},

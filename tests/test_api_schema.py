@@ -1005,6 +1005,134 @@ def webhook_delete_missing(world: Any, tmp: Path, settings: Any) -> HttpResponse
     return client(world, "workspace_admin").delete(f"{API}/alpha/webhooks/999999/")
 
 
+# --- Requests a client could believe valid (issue 30) ---------------------------------------
+
+
+@call("PATCH", f"{FLAVORS}/{{name}}/", 415)
+def flavor_change_as_a_form(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    """A form cannot carry a mapping: the same change as JSON is validated, as a form it was
+    answered 200 with ``node_labels`` silently left out."""
+    return staff(world).patch(
+        f"{FLAVORS}/h100/", {"node_labels": '{"pool": "big"}'}, format="multipart"
+    )
+
+
+@call("POST", f"{COHORTS}/", 415)
+def cohort_create_as_a_form(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    """A form's empty ``parent`` used to become null, a cohort without a parent."""
+    return staff(world).post(f"{COHORTS}/", {"name": "vision", "parent": ""}, format="multipart")
+
+
+@call("POST", f"{API}/", 400)
+def workspace_create_with_a_blank_cohort(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return staff(world).post(f"{API}/", {**NEW_WORKSPACE, "cohort": ""}, format="json")
+
+
+@call("POST", f"{API}/", 415)
+def workspace_create_as_a_form(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    """As a form, ``cohort: ""`` became null and the workspace was created."""
+    form = {"slug": "gamma", "name": "Gamma", "cohort": ""}
+    return staff(world).post(f"{API}/", form, format="multipart")
+
+
+@call("GET", f"{WS}/usage/", 400)
+def workspace_usage_of_an_empty_month(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{API}/alpha/usage/", {"month": ""})
+
+
+def test_a_write_sent_as_a_form_changes_nothing(world: Any, tmp_path: Path, settings: Any) -> None:
+    flavor_change_as_a_form(world, tmp_path, settings)
+    cohort_create_as_a_form(world, tmp_path, settings)
+    answer = workspace_create_as_a_form(world, tmp_path, settings)
+    assert answer.json()["detail"] == (
+        "This route reads application/json, not multipart/form-data; nothing was changed."
+    )
+    assert staff(world).get(f"{FLAVORS}/h100/").json()["node_labels"] != {"pool": "big"}
+    assert not Workspace.unscoped_objects.filter(slug="gamma").exists()
+    assert staff(world).get(f"{COHORTS}/vision/").status_code == 404
+    refused = workspace_create_with_a_blank_cohort(world, tmp_path, settings)
+    assert "cohort" in refused.json()
+    assert not Workspace.unscoped_objects.filter(slug="gamma").exists()
+
+
+def test_only_submissions_and_artifacts_take_anything_but_json(schema: dict[str, Any]) -> None:
+    taken = {
+        (method.upper(), path, media)
+        for path, item in schema["paths"].items()
+        for method, operation in item.items()
+        for media in operation.get("requestBody", {}).get("content", {})
+        if media != "application/json"
+    }
+    assert taken == {
+        ("POST", f"{WS}/runs/", "multipart/form-data"),
+        ("POST", f"{RUN}/report/artifacts/", "application/octet-stream"),
+    }
+    # And each says what else it answers.
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            if "requestBody" in operation:
+                assert "415" in operation["responses"], (method, path)
+
+
+def test_every_query_parameter_given_empty_is_refused(
+    world: Any, schema: dict[str, Any], openapi: OpenAPI, tmp_path: Path, settings: Any
+) -> None:
+    """``?month=``, ``?name=``, ``?after=``: an empty value is a 400 naming the parameter,
+    never "any" or the default, on every operation, as the schema says (``minLength``)."""
+    settings.VAR_DIR = tmp_path
+    run = make_run(world)
+    attempt_with_log(run, 1, b"line\n", tmp_path)
+    asked = 0
+    for path, item in schema["paths"].items():
+        operation = item.get("get")
+        if operation is None or "{" in path.replace("{workspace_slug}", "").replace(
+            "{run_name}", ""
+        ):
+            continue
+        url = path.replace("{workspace_slug}", "alpha").replace("{run_name}", run.name)
+        for parameter in operation.get("parameters", []):
+            if parameter["in"] != "query":
+                continue
+            if parameter["schema"].get("type") == "string":
+                assert parameter["schema"].get("minLength", 0) >= 1, (path, parameter["name"])
+            response = client(world, "viewer").get(url, {parameter["name"]: ""})
+            assert response.status_code == 400, (path, parameter["name"], response.content)
+            assert parameter["name"] in response.json(), response.json()
+            conforms(openapi, response)
+            asked += 1
+    assert asked >= 15
+
+
+def test_every_string_a_client_sends_says_it_may_not_hold_nul(schema: dict[str, Any]) -> None:
+    """The server refuses NUL in every text it reads; the schema says so, so that a request
+    valid by it is not refused."""
+    components = schema["components"]["schemas"]
+    unsaid = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            reference = node.get("$ref", "")
+            if reference:
+                walk(components[reference.rsplit("/", 1)[-1]], reference)
+            if node.get("type") == "string" and not {"pattern", "enum", "format"} & node.keys():
+                unsaid.append(where)
+            for key, value in node.items():
+                if key != "$ref":
+                    walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{where}[{index}]")
+
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            for media, body in operation.get("requestBody", {}).get("content", {}).items():
+                walk(body["schema"], f"{method} {path} {media}")
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] == "query":
+                    walk(parameter["schema"], f"{method} {path} ?{parameter['name']}")
+    assert unsaid == []
+
+
 # --- The tests ------------------------------------------------------------------------------
 
 

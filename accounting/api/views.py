@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from accounting import reports
 from accounting.api.serializers import UsageSerializer
-from portal.api import refusals
+from portal.api import query_text, refusals
 from runs.accounting import MonthRefused
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import WorkspaceBudget
@@ -37,7 +37,7 @@ class UsageViewSet(WorkspaceScopedViewSet):
     )
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         try:
-            period = reports.period_from(request.query_params.get("month"))
+            period = reports.period_from(query_text(request.query_params, "month"))
         except MonthRefused as exc:
             raise exceptions.ValidationError({"month": [str(exc)]}) from None
         report = reports.workspace_report(self.workspace, period)

@@ -393,7 +393,11 @@ class UploadField(serializers.FileField):
 class SubmitSerializer(serializers.Serializer[Any]):
     """A submission, as `curl -F spec=@tau.yaml -F bundle=@project.zip` sends it."""
 
-    spec = UploadField(help_text="The tau.yaml: a file part, or its text as a plain part.")
+    spec = UploadField(
+        help_text="The tau.yaml: a file part, or its text as a plain part; UTF-8 text of at "
+        "most 256 KiB and 4,000 keys, values and list items. Anything else (other bytes, "
+        "invalid YAML, a spec the server's checker refuses) is a 400 listing every problem."
+    )
     bundle = UploadField(required=False, help_text="The project directory as a zip (optional).")
 
 

@@ -29,7 +29,13 @@ from rest_framework.response import Response
 
 from identity.models import ApiToken
 from identity.tokens import token_of
-from portal.api import INVALID_REQUEST, BoundedJSONParser, FileDownloadNegotiation, refusals
+from portal.api import (
+    INVALID_REQUEST,
+    BoundedJSONParser,
+    FileDownloadNegotiation,
+    query_text,
+    refusals,
+)
 from portal.rate_limits import window_wait
 from portal.requests import signed_in_user
 from runs import (
@@ -124,6 +130,7 @@ class RunCursorPagination(CursorPagination):
         """The cursor, or a 404 when it is not one this API gave out: DRF checks how it is
         encoded, not that its position is a time, and the database would be asked with it."""
         refused = exceptions.NotFound(self.invalid_cursor_message)
+        query_text(request.query_params, self.cursor_query_param)  # given empty: a 400
         cursor = super().decode_cursor(request)
         if cursor is not None and cursor.position is not None:
             try:
@@ -201,12 +208,12 @@ class RunViewSet(WorkspaceScopedViewSet):
         return [renderer() for renderer in classes] if classes else super().get_renderers()
 
     def get_parsers(self) -> list[BaseParser]:
-        # Only a submission carries files; resume takes JSON alone, so that a form it could
-        # not read is a 415, not a resume with nothing asked.
-        # (Asked before DRF sets self.action; the resume route maps only POST to resume.)
-        if getattr(self, "action_map", {}).get("post") == "resume":
-            return [BoundedJSONParser()]
-        return super().get_parsers()
+        # Only a submission carries files; every other route takes JSON alone, so that a form
+        # it could not read whole is a 415, not a change with something left out.
+        # (Asked before DRF sets self.action; the list route maps POST to create.)
+        if getattr(self, "action_map", {}).get("post") == "create":
+            return super().get_parsers()
+        return [BoundedJSONParser()]
 
     def get_object(self) -> Run:
         try:
@@ -445,7 +452,7 @@ class RunViewSet(WorkspaceScopedViewSet):
             ),
             OpenApiParameter(
                 "pod",
-                {"type": "string", "pattern": f"^({_POD_NAME.pattern})?$"},
+                {"type": "string", "pattern": f"^{_POD_NAME.pattern}$"},
                 description="On Kubernetes, which of the attempt's pods (the answer's `pods` "
                 "lists them); default a RayJob's driver log (its submitter pod), a Job's first "
                 "worker.",
@@ -483,6 +490,7 @@ class RunViewSet(WorkspaceScopedViewSet):
     def logs(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
         run = self.get_object()
         params = request.query_params
+        query_text(params, "format")  # DRF reads it (json or text); given empty: a 400
         attempt_number = _int_param(params, "attempt")
         pod = _pod_param(params)
         if request.accepted_renderer.format == PlainTextRenderer.format:
@@ -528,7 +536,7 @@ class RunViewSet(WorkspaceScopedViewSet):
     def metrics(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         run = self.get_object()
         available = selectors.metric_keys(run)
-        wanted = [key for key in (request.query_params.get("keys") or "").split(",") if key]
+        wanted = [key for key in _text_param(request.query_params, "keys").split(",") if key]
         keys = [key for key in wanted if key in available] if wanted else available
         asked = _int_param(request.query_params, "max_points")
         if asked == 0:
@@ -576,10 +584,8 @@ def _spec_source(request: Request) -> bytes:
 
 
 def _text_param(params: Any, name: str) -> str:
-    value = str(params.get(name) or "")
-    if "\x00" in value:
-        raise exceptions.ValidationError({name: ["must not contain NUL characters"]})
-    return value
+    """The parameter's text, "" when it is not given (given empty, or with NUL: a 400)."""
+    return query_text(params, name) or ""
 
 
 def _pod_param(params: Any) -> str | None:
@@ -592,8 +598,8 @@ def _pod_param(params: Any) -> str | None:
 
 
 def _int_param(params: Any, name: str) -> int | None:
-    value = params.get(name)
-    if value in (None, ""):
+    value = query_text(params, name)
+    if value is None:
         return None
     try:
         number = int(value)
