@@ -26,6 +26,7 @@ from identity import oidc, tokens
 from identity.login_throttle import LoginThrottle, Refusal, refusal_message
 from identity.models import ApiToken, OIDCIdentity
 from portal.requests import signed_in_user
+from tau.printable import hidden_character_problem
 from workspaces.models import Workspace
 from workspaces.selectors import user_workspaces
 
@@ -168,6 +169,13 @@ class TokenForm(forms.Form):
         days.widget.attrs["max"] = settings.TAU_TOKEN_MAX_DAYS
         days.initial = settings.TAU_TOKEN_DEFAULT_DAYS
         days.help_text = f"At most {settings.TAU_TOKEN_MAX_DAYS} days."
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        hidden = hidden_character_problem(name, "A token's name")
+        if hidden:
+            raise forms.ValidationError(f"{hidden}.")
+        return name
 
     def clean_expires_in_days(self) -> int:
         days: int = self.cleaned_data["expires_in_days"]

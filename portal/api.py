@@ -356,6 +356,7 @@ REFUSAL_WORDS = {
     "read-only, or a run token reaches only its own run's reports.",
     404: "No such workspace (one the caller may not see looks the same), or no such object in it.",
     409: "Not possible in the run's present state.",
+    411: "The body came without a length this server can read.",
     413: "The body declares more than this route accepts; none of it was read.",
     415: "The body is not of a media type this route reads (the request body says which).",
     429: "Too many failed token checks from this address or for this token key within the "

@@ -7,7 +7,8 @@ any backend uploads one with its run token (``tau.save_artifact``, the API's
 ``report/artifacts/``).
 
 **Names.** An artifact's ``path`` is a normalised relative POSIX path (no ``.``/``..``
-components, no leading ``/``, no backslashes or control characters) that matches one of the
+components, no leading ``/``, no backslashes, printable text: no control or invisible
+characters such as a right-to-left override, ``tau.printable``) that matches one of the
 run's declared glob patterns: ``*`` and ``?`` within one path component, ``**`` as a whole
 component for any number of components (``model/**`` is every file below ``model/``).
 A path is a name only; it is never joined to a folder to find the bytes.
@@ -41,11 +42,11 @@ from django.db.models import Sum
 
 from runs.events import append_event
 from runs.models import Artifact, EventKind, Run
+from tau.printable import hidden_character_problem
 
 MAX_PATH_LENGTH = 1000
 _CHUNK = 2**16
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_UNSAFE_CHARACTERS = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
 class Readable(Protocol):
@@ -84,8 +85,12 @@ def normalise_path(name: str) -> str:
     """``name`` as an artifact path (relative POSIX, no ``.``/``..``), or ArtifactRefused."""
     if not name or len(name) > MAX_PATH_LENGTH:
         raise ArtifactRefused(f"An artifact's name must have 1 to {MAX_PATH_LENGTH} characters.")
-    if _UNSAFE_CHARACTERS.search(name):
-        raise ArtifactRefused("An artifact's name may not hold backslashes or control characters.")
+    if "\\" in name:
+        raise ArtifactRefused("An artifact's name may not hold backslashes; separate with '/'.")
+    hidden = hidden_character_problem(name, "An artifact's name")
+    if hidden:
+        # A right-to-left override (U+202E) would make a name read backwards on the page.
+        raise ArtifactRefused(f"{hidden}.")
     if name.startswith("/"):
         raise ArtifactRefused(f"{name!r} is absolute; name it relative to the output folder.")
     parts = [part for part in name.split("/") if part not in ("", ".")]

@@ -7,11 +7,11 @@ Nothing here touches the database; the agent's file reader and the API hand over
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 from tau.evidence.canonical import MAX_SAFE_INTEGER
+from tau.printable import hidden_character_problem
 
 #: Steps are stored as 64-bit integers, but a run's evidence (canonical JSON, whose numbers
 #: are doubles) and every JSON reader hold integers exactly only up to 2^53 - 1: a larger step
@@ -24,26 +24,16 @@ MAX_VALUES_PER_ROW = 200
 #: Distinct metric names one run may have. Each is a chart on the run page, redrawn while it
 #: runs, and a series the metrics route reads; 200 is far more than any real run plots.
 MAX_KEYS_PER_RUN = 200
-#: Unicode categories a name may not contain: control characters (Cc), invisible format
-#: characters such as the bidi overrides and zero-width joiners (Cf), lone surrogates (Cs,
-#: which no database text column can store) and the line and paragraph separators (Zl, Zp).
-#: A name is shown as text; these would hide, reorder or break it.
-_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
 def metric_key_problem(key: str) -> str | None:
-    """Why ``key`` cannot be a metric name, or None when it can."""
+    """Why ``key`` cannot be a metric name, or None when it can (printable text: the rule
+    every name follows, ``tau.printable``)."""
     if not key:
         return "a metric name cannot be empty"
     if len(key) > MAX_KEY_LENGTH:
         return f"metric names are at most {MAX_KEY_LENGTH} characters"
-    for character in key:
-        if unicodedata.category(character) in _UNPRINTABLE_CATEGORIES:
-            return (
-                f"metric names must be printable text; U+{ord(character):04X} is an "
-                "invisible or control character"
-            )
-    return None
+    return hidden_character_problem(key, "metric names")
 
 
 def step_problem(step: Any) -> str | None:

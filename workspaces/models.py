@@ -29,6 +29,7 @@ from tau.k8s_names import (
     label_value_problem,
     resource_name_problem,
 )
+from tau.printable import hidden_character_problem
 from tau.quantity import format_quantity
 from workspaces.cluster_access import PORTAL_NAMESPACE
 from workspaces.fields import QuantityField
@@ -538,6 +539,9 @@ class Workspace(AuditedModel):
 
     def clean(self) -> None:
         errors: dict[str, str] = self._cluster_name_errors()
+        hidden = hidden_character_problem(self.name or "", "A workspace's name")
+        if hidden:
+            errors["name"] = f"{hidden}."
         if not self.preemption_within_queue:
             self.preemption_within_queue = WithinClusterQueue.LOWER_PRIORITY
         if not self.preemption_reclaim_in_cohort:

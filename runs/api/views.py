@@ -14,7 +14,13 @@ from datetime import UTC
 from typing import Any
 
 from django.db.models import Prefetch, Q, QuerySet, prefetch_related_objects
-from django.http import FileResponse, Http404, HttpResponseBase, StreamingHttpResponse
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpRequest,
+    HttpResponseBase,
+    StreamingHttpResponse,
+)
 from django.utils.dateparse import parse_datetime
 from django.utils.http import urlencode
 from drf_spectacular.types import OpenApiTypes
@@ -818,6 +824,30 @@ class ArtifactBodyParser(BaseParser):
         return stream
 
 
+CHUNKED_UNREADABLE = (
+    "The body was sent in chunks (Transfer-Encoding: chunked), which this web server does not "
+    "pass on; send the file with a Content-Length. Nothing was kept."
+)
+
+
+def _upload_body(request: HttpRequest) -> artifacts.Readable | None:
+    """Where an upload's bytes are read from; None when they cannot be read at all.
+
+    Django reads a WSGI request's body only as far as its ``Content-Length``: a chunked
+    upload has none, so it read nothing and an empty file was kept (answered 201). gunicorn
+    and every server that decodes chunks itself say so (``wsgi.input_terminated``): their
+    input ends where the body ends, and is read directly. Under ASGI the server has decoded
+    the body into the request's own stream. Any other WSGI server: no body can be read."""
+    meta = request.META
+    chunked = "chunked" in str(meta.get("HTTP_TRANSFER_ENCODING", "")).lower()
+    if not chunked or meta.get("CONTENT_LENGTH") or "wsgi.input" not in meta:
+        return request
+    if meta.get("wsgi.input_terminated"):
+        source: artifacts.Readable = meta["wsgi.input"]
+        return source
+    return None
+
+
 class RunArtifactUploadViewSet(RunReportViewSet):
     """A workload saves an artifact with its run token (``tau.save_artifact``): the body is
     the file, ``?path=`` its name under the run's output folder. The run token reaches its
@@ -841,9 +871,11 @@ class RunArtifactUploadViewSet(RunReportViewSet):
             201: ArtifactSerializer,
             **refusals(
                 400,
+                411,
                 413,
                 words={
                     400: "Also: the path is not acceptable or matches no declared pattern.",
+                    411: CHUNKED_UNREADABLE,
                     413: "Also: the file would pass the run's or the workspace's artifact "
                     "limit; nothing was kept and the run's history says so.",
                     429: REPORTS_429,
@@ -857,12 +889,15 @@ class RunArtifactUploadViewSet(RunReportViewSet):
             declared = int(request.META.get("CONTENT_LENGTH") or 0) or None
         except ValueError:
             declared = None
+        body = _upload_body(request._request)
+        if body is None:
+            return Response({"detail": CHUNKED_UNREADABLE}, status=411)
         try:
             artifact = artifacts.store_artifact(
                 run=self.run,
                 attempt=self.attempt_number,
                 name=name,
-                source=request._request,  # the body's stream, read in chunks
+                source=body,  # read in chunks
                 declared_size=declared,
             )
         except artifacts.ArtifactRefused as exc:

@@ -19,6 +19,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import yaml
 
+from tau.printable import hidden_character_problem
 from tau.quantity import QuantityError, format_quantity, parse_quantity
 from tau.spec.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from tau.spec.problems import Located, ProblemCollector, index_path, join_path, quote
@@ -815,7 +816,7 @@ def relative_path_problem(text: str, *, what: str = "path") -> str | None:
         return f"the {what} {quote(text)} starts with `~`, which is not expanded"
     if ".." in text.split("/"):
         return f"the {what} {quote(text)} uses `..`; it must stay inside its directory"
-    return None
+    return hidden_character_problem(text, f"the {what} {quote(text)}")
 
 
 def normalise_relative_path(text: str) -> str:

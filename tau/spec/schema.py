@@ -20,6 +20,7 @@ from tau.k8s_names import (
     dns1123_subdomain_problem,
     label_value_problem,
 )
+from tau.printable import hidden_character_problem
 from tau.quantity import parse_quantity
 from tau.spec.dialects import Reading, read_document
 from tau.spec.fields import (
@@ -251,7 +252,7 @@ def _tag_problem(text: str) -> str | None:
 def _label_text_problem(text: str) -> str | None:
     if text != text.strip():
         return f"{quote(text)} starts or ends with spaces"
-    return None
+    return hidden_character_problem(text, f"the label {quote(text)}")
 
 
 def _metrics_file_problem(text: str) -> str | None:

@@ -9,6 +9,7 @@ import io
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.db import connection
@@ -176,10 +177,57 @@ def test_collection_over_the_limit_keeps_going_and_says_so(
 
 def upload(client: Any, run: Run, path: str, body: bytes) -> Any:
     return client.post(
-        f"/api/v1/workspaces/alpha/runs/{run.name}/report/artifacts/?path={path}",
+        f"/api/v1/workspaces/alpha/runs/{run.name}/report/artifacts/?{urlencode({'path': path})}",
         body,
         content_type="application/octet-stream",
     )
+
+
+#: Names that would read as something they are not (issue 30): the rule every name follows
+#: (``tau.printable``), shared with metric names.
+HIDDEN = [
+    "model/x\u202egnp.exe",  # right-to-left override: shown as "model/xexe.png"
+    "model/\u2067w\u2069.pt",  # right-to-left isolate (Cf)
+    "model/w\u200d.pt",  # zero-width joiner (Cf)
+    "model/w\u2028.pt",  # line separator (Zl)
+    "model/w\x07.pt",  # a control character (Cc)
+]
+
+
+@pytest.mark.parametrize("name", HIDDEN)
+def test_names_with_invisible_or_control_characters_are_refused(
+    world: Any, settings: Any, tmp_path: Path, name: str
+) -> None:
+    settings.VAR_DIR = tmp_path
+    run = run_with_artifacts(world)
+    refused = upload(bearer(run_token(world, run)), run, name, b"weights")
+    assert refused.status_code == 400, refused.content
+    [said] = refused.json()["path"]
+    assert said.startswith("An artifact's name must be printable text; U+")
+    assert said.endswith("is an invisible or control character.")
+    assert kept(run) == {}
+
+
+def test_collection_keeps_no_file_named_with_an_invisible_character(
+    world: Any, settings: Any, tmp_path: Path
+) -> None:
+    settings.VAR_DIR = tmp_path / "var"
+    run = run_with_artifacts(world)
+    output = tmp_path / "output"
+    (output / "model").mkdir(parents=True)
+    (output / "model" / "x\u202egnp.exe").write_text("not what it looks like")
+    (output / "model" / "w.pt").write_text("weights")
+    collected = collect_artifacts(run=run, attempt=1, output=output)
+    assert kept(run) == {"model/w.pt": "weights"}
+    assert [why for _, why in collected.refused if "U+202E" in why], collected.refused
+
+
+def test_names_in_any_script_are_fine(world: Any, settings: Any, tmp_path: Path) -> None:
+    settings.VAR_DIR = tmp_path
+    run = run_with_artifacts(world)
+    client = bearer(run_token(world, run))
+    for name in ("model/Gewichte (ü).pt", "model/权重.pt", "model/📦 w.pt"):
+        assert upload(client, run, name, b"w").status_code == 201, name
 
 
 def test_a_workload_uploads_with_its_run_token(world: Any, settings: Any, tmp_path: Path) -> None:
