@@ -207,3 +207,35 @@ def test_the_check_says_every_problem_at_once_and_what_is_ignored_here(
     assert "not the image python:3.12-slim" in environment, environment
     assert "runtime.image is ignored here" in environment, environment
     check_page(page, "submit-image-ignored")
+
+
+def test_a_submission_past_the_limit_says_when_to_try_again(
+    submit_page: Any, world: Any, live_server: Any, tmp_path: Path, settings: Any, monkeypatch: Any
+) -> None:
+    """Issue 30: submissions are limited per token (the pages count as one); the page says so
+    where the check is (a 429 htmx swaps in), and keeps what was chosen."""
+    from portal import rate_limits
+
+    settings.TAU_SUBMISSIONS_PER_MINUTE = 1
+    monkeypatch.setattr(rate_limits.time, "time", lambda: 1_899_999_990.0)  # one window
+    page = submit_page
+    problems = watch_console(page)
+    project = write_zip(tmp_path / "p.zip", {"main.py": "print(1)"})
+    page.set_input_files("#bundle", str(project))
+    page.fill("#spec-text", SPEC)
+    page.wait_for_selector("#validation .ok-text")
+    submit_button(page).click()
+    page.wait_for_url(re.compile(r"/w/alpha/runs/tiny-[a-z0-9]{6}/$"))
+
+    page.goto(f"{live_server.url}{SUBMIT}")
+    page.set_input_files("#bundle", str(project))
+    page.fill("#spec-text", SPEC)
+    page.wait_for_selector("#validation .ok-text")
+    submit_button(page).click()
+    page.locator("#validation").get_by_text("More than 1 submissions a minute").wait_for()
+    check = page.inner_text("#validation")
+    assert "Not submitted" in check
+    assert "this run was not submitted. Try again in 30 seconds." in check
+    assert page.eval_on_selector("#bundle", "input => input.files[0].name") == "p.zip"
+    assert Run.objects.for_workspace(world.alpha).count() == 1
+    assert problems == []
