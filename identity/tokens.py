@@ -158,6 +158,9 @@ def revoke_token(*, token: ApiToken) -> None:
             object_type=TOKEN_OBJECT_TYPE,
             object_id=str(token.pk),
             object_repr=f"{token.name} ({token.display_prefix}) of {token.user.get_username()}",
+            # What kind of token it was, as the server knows it: the audit pages tell a run
+            # token's revocation by this, not by a name its owner could choose.
+            after={"kind": token.kind},
         )
 
 

@@ -21,6 +21,9 @@ class TauGridAdminSite(admin.AdminSite):
     site_header = "TauGrid platform admin"
     site_title = "TauGrid admin"
     index_title = "Workspaces, members, quotas and audit"
+    # The sidebar repeats the index's list of models and took a quarter of a 1280 px window
+    # from every list and form; the index and the breadcrumbs lead everywhere it did.
+    enable_nav_sidebar = False
 
     def admin_view(self, view: View, cacheable: bool = False) -> View:
         checked = super().admin_view(view, cacheable)

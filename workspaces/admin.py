@@ -18,6 +18,7 @@ from django.utils.text import Truncator
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import format_quantity
 from workspaces import kueue_coverage, kueue_sync
+from workspaces.admin_forms import ResourceFlavorForm, WorkspaceForm
 from workspaces.models import (
     Cohort,
     KueueSync,
@@ -69,8 +70,13 @@ class MembershipInline(PlatformScopeMixin, admin.TabularInline):  # type: ignore
     formset = MembershipFormSet
     extra = 1
     autocomplete_fields = ["user"]
-    fields = ["user", "role", "created_at"]
-    readonly_fields = ["created_at"]
+    fields = ["user", "role", "member_since"]
+    readonly_fields = ["member_since"]
+
+    @admin.display(description="Member since")
+    def member_since(self, membership: Membership) -> str:
+        # A row not saved yet has no date: its default (now) is not when anyone joined.
+        return _when(membership.created_at) if membership.pk else "—"
 
 
 class BudgetInline(PlatformScopeMixin, admin.TabularInline):  # type: ignore[type-arg]
@@ -145,6 +151,7 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ["active", "cohort"]
     search_fields = ["slug", "name", "namespace", "description"]
     list_select_related = ["cohort"]
+    form = WorkspaceForm
     inlines = [MembershipInline, QuotaInline, BudgetInline]
     readonly_fields = ["created_at", "kueue_sync", "quota_coverage"]
     actions = ["sync_now"]
@@ -188,7 +195,11 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_fieldsets(self, request: HttpRequest, obj: Workspace | None = None) -> Any:
         fieldsets = list(super().get_fieldsets(request, obj))
-        if obj is not None and kueue_sync.enabled():
+        if obj is None:
+            # A workspace being added has no history: its "created at" would be the moment
+            # the empty form was drawn.
+            return [fieldset for fieldset in fieldsets if fieldset[0] != "History"]
+        if kueue_sync.enabled():
             fieldsets.insert(-1, self.kueue_fieldset)  # type: ignore[arg-type]
         return fieldsets
 
@@ -339,6 +350,7 @@ class WorkspaceQuotaAdmin(PlatformScopeMixin, admin.ModelAdmin):  # type: ignore
 
 @admin.register(ResourceFlavor)
 class ResourceFlavorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    form = ResourceFlavorForm
     list_display = ["name", "gpu_model", "labels", "workspaces_with_quota"]
     search_fields = ["name", "gpu_model", "description"]
 

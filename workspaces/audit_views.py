@@ -16,11 +16,18 @@ from django.utils.http import urlencode
 from django.views.generic import TemplateView
 
 from portal import audit
+from portal.audit_kinds import COUNT_LIMIT, AuditKind, left_out, of_kind
 from portal.models import AuditEvent
 from workspaces.access import StaffRequiredMixin, WorkspaceViewMixin
 from workspaces.models import Role
 
 AUDIT_PAGE_SIZE = 50
+#: What the default view's summary calls the entries it leaves out.
+LEFT_OUT_WORDS: dict[str, str] = {
+    AuditKind.RUN_TOKENS: "run-token entries (each attempt of a run is issued a token, revoked "
+    "when it ends)",
+    AuditKind.SIGN_INS: "sign-ins and sign-outs",
+}
 # The dates the audit filters take: any real entry lies between them, and the day after the
 # last still exists (9999-12-31 has none).
 AUDIT_EARLIEST = date(1900, 1, 1)
@@ -28,8 +35,14 @@ AUDIT_LATEST = date(9998, 12, 31)
 
 
 class AuditFilterForm(forms.Form):
+    kind = forms.ChoiceField(required=False, choices=AuditKind.choices, label="Kind")
     action = forms.CharField(required=False, max_length=40)
-    actor = forms.CharField(required=False, max_length=150, label="User")
+    actor = forms.CharField(
+        required=False,
+        max_length=150,
+        label="Who",
+        help_text='A username, or "system" for what TauGrid did itself.',
+    )
     workspace = forms.SlugField(required=False, max_length=40)
     object_type = forms.CharField(required=False, max_length=100, label="Object type")
     since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
@@ -53,10 +66,23 @@ def filtered_audit_events(
     queryset: QuerySet[AuditEvent], data: dict[str, Any]
 ) -> tuple[list[AuditEvent], int | None]:
     """One page of events matching the filters, newest first, and the cursor for the next."""
+    queryset = of_kind(_filtered(queryset, data), data.get("kind") or "")
+    if data.get("before"):
+        queryset = queryset.filter(id__lt=data["before"])
+    # Keyset pagination on the id: stays fast however long the log grows.
+    rows = list(queryset.order_by("-id")[: AUDIT_PAGE_SIZE + 1])
+    next_cursor = rows[AUDIT_PAGE_SIZE - 1].id if len(rows) > AUDIT_PAGE_SIZE else None
+    return rows[:AUDIT_PAGE_SIZE], next_cursor
+
+
+def _filtered(queryset: QuerySet[AuditEvent], data: dict[str, Any]) -> QuerySet[AuditEvent]:
+    """The entries matching every filter but the kind and the page."""
     if data.get("action"):
         queryset = queryset.filter(action=data["action"])
     if data.get("actor"):
-        queryset = queryset.filter(actor_username=data["actor"])
+        # What TauGrid did itself is recorded without a user.
+        actor = "" if data["actor"] == "system" else data["actor"]
+        queryset = queryset.filter(actor_username=actor)
     if data.get("workspace"):
         queryset = queryset.filter(workspace_slug=data["workspace"])
     if data.get("object_type"):
@@ -68,12 +94,7 @@ def filtered_audit_events(
     if data.get("until"):
         end = timezone.make_aware(datetime.combine(data["until"], time.min)) + timedelta(days=1)
         queryset = queryset.filter(time__lt=end)
-    if data.get("before"):
-        queryset = queryset.filter(id__lt=data["before"])
-    # Keyset pagination on the id: stays fast however long the log grows.
-    rows = list(queryset.order_by("-id")[: AUDIT_PAGE_SIZE + 1])
-    next_cursor = rows[AUDIT_PAGE_SIZE - 1].id if len(rows) > AUDIT_PAGE_SIZE else None
-    return rows[:AUDIT_PAGE_SIZE], next_cursor
+    return queryset
 
 
 @dataclass(frozen=True)
@@ -107,6 +128,31 @@ def _audit_context(
         messages.error(request, f"{str(label).capitalize()}: {said}")
     data = form.cleaned_data if valid else {}
     events, next_cursor = filtered_audit_events(queryset, data)
+    kind = data.get("kind") or AuditKind.NOT_ROUTINE
+    # The default view says what it leaves out (on the first page only: it is the same on
+    # every page), with a link to each.
+    left = (
+        left_out(_filtered(queryset, data))
+        if kind == AuditKind.NOT_ROUTINE and not data.get("before")
+        else {}
+    )
+    summary = [
+        {
+            "count": count,
+            "more": count > COUNT_LIMIT,
+            "limit": COUNT_LIMIT,
+            "kind": shown,
+            "words": LEFT_OUT_WORDS[shown],
+            "query": urlencode(
+                {
+                    **{key: str(value) for key, value in request.GET.items() if value},
+                    "kind": shown,
+                }
+            ),
+        }
+        for shown, count in left.items()
+        if count
+    ]
     entries = [AuditEntry(event, audit.describe_changes(event)) for event in events]
     next_query = None
     if next_cursor is not None:
@@ -122,6 +168,7 @@ def _audit_context(
         "show_workspace": show_workspace,
         "filtered": any(value for key, value in data.items() if key != "before"),
         "refused": refused,
+        "left_out": summary,
     }
 
 

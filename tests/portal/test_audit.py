@@ -44,7 +44,7 @@ def workspace_form(**overrides: str) -> dict[str, str]:
         "local_queue": "gamma",
         "cohort": "",
         "default_image": "",
-        "allowed_priorities": "[]",
+        # allowed_priorities: checkboxes, none chosen, send nothing.
         "default_priority": "",
     }
     data.update(overrides)
@@ -112,7 +112,7 @@ def test_admin_change_records_only_what_changed(world: Any) -> None:
         namespace=alpha.namespace,
         local_queue=alpha.local_queue,
         cohort=str(world.cohort.pk),
-        allowed_priorities='["normal"]',
+        allowed_priorities="normal",  # its checkbox
     )
     data.update(inline_management("memberships", len(memberships), len(memberships)))
     for index, membership in enumerate(memberships):
