@@ -69,3 +69,17 @@ def test_the_queue_says_when_a_run_may_start_in_words(world: Any) -> None:
     text = check.content.decode()
     assert "about 5 min 46 s (position 4)" in text, text
     assert "0:05:46" not in text
+
+
+def test_the_readme_names_the_button_the_workspace_page_shows(world: Any) -> None:
+    """The quick start said *New run*; the button reads "Submit a run"."""
+    import re
+
+    from tests.runs.factories import ROOT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    named = re.findall(r"open the demo workspace, \*([^*]+)\*", readme)
+    assert named, "the quick start's step is gone: update this test with it"
+    html = world.client_for("researcher").get("/w/alpha/").content.decode()
+    for button in named:
+        assert f">{button}</a>" in html, button
