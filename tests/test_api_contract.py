@@ -223,7 +223,9 @@ def _schemathesis_config(contract: Contract, directory: Path) -> Path:
         "continue-on-failure = true",
         "[generation]",
         f"max-examples = {MAX_EXAMPLES}",
-        # Text with NUL is refused by every route (no database column stores it; documented).
+        # Text with NUL is refused by every route (no database column stores it). The schema
+        # says so for every string value (pattern); the keys of free-form objects (an event's
+        # data, a trial's config) cannot say it in OpenAPI 3.0 (no propertyNames).
         "allow-x00 = false",
         "[auth.wfc]",
         f"path = {json.dumps(str(auth))}",
