@@ -35,8 +35,9 @@ guesses is held to the same limits) and given back when it was no failure:
 
 **The bound.** Without a known browser of the account, from any number of addresses, an
 attacker gets ``FAILURES_PER_ACCOUNT`` guesses, then one after waits of 1, 2, 4 and 8 minutes
-and then one every 15 minutes (the defaults): about 110 on the first day and 96 a day after,
-and the count starts again only when the owner logs in. The owner logs in from a known
+and then one every 15 minutes (the defaults): about 110 on the first day and 96 a day after.
+Only the owner's successful login forgives the failures (and so gives a guesser the quick
+ones again: about 10 more per login of the owner). The owner logs in from a known
 browser at any time, and single sign-on is never limited. What an attacker can still do is
 slow a *new* browser's password login for the account they guess at, and pause one account's
 login from an address they share with its owner when the owner's browser is not known there
