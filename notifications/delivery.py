@@ -79,7 +79,7 @@ SEND_TASK = "notifications.tasks.send_notification"
 
 #: A row whose task was published this long ago and never taken (a task lost with its worker
 #: or its broker) is published again by the reconciler.
-REPUBLISH_SECONDS = 120
+REPUBLISH_SECONDS = 60
 
 Channel = NotificationDelivery.Channel
 

@@ -39,7 +39,7 @@ from tests.portal.test_settings import PRODUCTION_SECRETS, deploy_check
 from workspaces.cluster_access import HELM_RULES_HEADER, render_rules
 
 VALUES = {"default": (), "production": (PRODUCTION_VALUES,)}
-WORKLOADS = {"web", "worker", "beat", "watcher"}
+WORKLOADS = {"web", "worker", "notifier", "beat", "watcher"}
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_no_container_runs_as_root_or_escalates_or_goes_unbounded(
     rendered: dict[str, list[Body]], values: str
 ) -> None:
     specs = dict(pod_specs(rendered[values]))
-    assert len(specs) == 5  # four Deployments and the migrations Job
+    assert len(specs) == 6  # five Deployments and the migrations Job
     for where, spec in specs.items():
         pod = spec.get("securityContext") or {}
         assert pod.get("runAsNonRoot") is True, where
@@ -226,6 +226,7 @@ def test_only_the_pods_that_talk_to_kubernetes_get_a_token(rendered: dict[str, l
     assert mounts == {
         "Deployment/taugrid-web": True,
         "Deployment/taugrid-worker": True,
+        "Deployment/taugrid-notifier": False,
         "Deployment/taugrid-watcher": True,
         "Deployment/taugrid-beat": False,
         "Job/taugrid-migrate": False,
@@ -350,7 +351,7 @@ def test_the_charts_settings_pass_the_deploy_check(
         where: [(item["name"], item["value"]) for item in spec["containers"][0]["env"]]
         for where, spec in pod_specs(rendered["production"])
     }
-    assert len(environments) == 5
+    assert len(environments) == 6
     first, *others = environments.values()
     assert all(other == first for other in others), environments
     env = {
@@ -406,8 +407,13 @@ def test_the_workloads_commands_are_the_portals(rendered: dict[str, list[Body]])
     }
     assert commands["taugrid-watcher"] == ["python", "manage.py", "run_kube_watcher"]
     assert commands["taugrid-worker"][:3] == ["celery", "--app=portal", "worker"]
+    assert commands["taugrid-notifier"][:3] == ["celery", "--app=portal", "worker"]
     assert commands["taugrid-beat"][:3] == ["celery", "--app=portal", "beat"]
-    for argv in (commands["taugrid-worker"], commands["taugrid-beat"]):
+    for argv in (
+        commands["taugrid-worker"],
+        commands["taugrid-notifier"],
+        commands["taugrid-beat"],
+    ):
         done = subprocess.run(
             [str(Path(sys.executable).parent / "celery"), *argv[1:3], "--help"],
             cwd=REPO,
@@ -418,6 +424,31 @@ def test_the_workloads_commands_are_the_portals(rendered: dict[str, list[Body]])
         assert done.returncode == 0, done.stderr
         for option in argv[3:]:
             assert option.split("=")[0] in done.stdout, option
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_notifications_have_workers_of_their_own(
+    rendered: dict[str, list[Body]], values: str
+) -> None:
+    """Issue 30: a slow webhook held the worker that hands runs over. The workers consume the
+    default queue only, the notifier only the queue notifications are routed to, with more
+    slots than one workspace may use at once."""
+    from django.conf import settings
+
+    def option(argv: list[str], name: str) -> str:
+        (value,) = [arg.split("=", 1)[1] for arg in argv if arg.startswith(f"{name}=")]
+        return value
+
+    objects = by_kind_and_name(rendered[values])
+    worker, notifier = (
+        objects[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]["command"]
+        for name in ("taugrid-worker", "taugrid-notifier")
+    )
+    routed = {route["queue"] for route in settings.CELERY_TASK_ROUTES.values()}
+    assert routed == {"notifications"}
+    assert option(worker, "--queues") == settings.CELERY_TASK_DEFAULT_QUEUE == "celery"
+    assert option(notifier, "--queues") == "notifications"
+    assert int(option(notifier, "--concurrency")) > settings.TAU_NOTIFY_WORKSPACE_CONCURRENCY
 
 
 def test_documents_parse_the_way_the_api_server_will(helm: Helm) -> None:
