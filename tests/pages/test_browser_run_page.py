@@ -15,7 +15,7 @@ from runs import attempts, state
 from runs.backends.kubernetes import KeptLogs
 from runs.models import Backend, Run, RunState
 from tests.pages.browser_support import check_page, log_in, watch_console
-from tests.runs.factories import make_run
+from tests.runs.factories import cluster_quota, make_run
 from tests.runs.histories import RETRYING, storied_run, write_log
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -175,6 +175,7 @@ def test_a_cluster_run_s_log_is_read_pod_by_pod(
     offers worker 1. (The keeping itself, from real pods, is tested on the test cluster.)"""
     settings.VAR_DIR = tmp_path / "var"
     settings.TAU_BACKEND = "kubernetes"
+    cluster_quota(world.alpha)  # Kubernetes refuses a run whose resources have no quota
     run = state.transition(make_run(world, spec=RETRYING), RunState.QUEUED)
     Run.objects.unscoped().filter(pk=run.pk).update(backend=Backend.KUBERNETES)
     attempt = attempts.admit_attempt(run=fresh_run(run))

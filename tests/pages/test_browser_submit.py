@@ -146,9 +146,10 @@ def test_a_zip_of_the_project_folder_is_unwrapped_and_runs(
     preview = page.inner_text("#validation")
     assert "cpu-quickstart/" in preview
     assert "the folder is unwrapped" in preview
-    # Local runs use this machine's Python, not the spec's image: the preview says so.
+    # Local runs use this machine's Python, not the spec's image: the preview says so, and
+    # that the image the spec names is not used here.
     assert "This machine's Python" in preview
-    assert "python:3.12-slim" not in preview
+    assert "not the image python:3.12-slim that tau.yaml names" in preview
     submit_button(page).click()
     page.wait_for_url(re.compile(r"/w/alpha/runs/cpu-quickstart-[a-z0-9]{6}/$"))
     run = Run.objects.for_workspace(world.alpha).get()
