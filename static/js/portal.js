@@ -145,9 +145,11 @@
 
   // --- Messages ---------------------------------------------------------------------------
   // What an action just did ("Submitted run-x.") is news for a moment: once a live part of
-  // the page changes, the page itself shows what happened since and the note goes; it goes
-  // after NEWS_SECONDS anyway. Warnings and errors stay until dismissed; any can be.
+  // the page changes, the page itself shows what happened since and the note goes (but not
+  // before it could be read: READ_SECONDS); it goes after NEWS_SECONDS anyway. Warnings and
+  // errors stay until dismissed; any can be.
   var NEWS_SECONDS = 12;
+  var READ_SECONDS = 4;
 
   function isNews(message) {
     return message.classList.contains("message-success") || message.classList.contains("message-info");
@@ -173,6 +175,7 @@
         dismiss(message);
       });
       message.appendChild(button);
+      message.dataset.shownAt = String(Date.now());
       if (isNews(message)) {
         window.setTimeout(function () {
           dismiss(message);
@@ -183,7 +186,11 @@
 
   function liveChanged() {
     document.querySelectorAll(".messages .message").forEach(function (message) {
-      if (isNews(message)) dismiss(message);
+      if (!isNews(message)) return;
+      var left = parseInt(message.dataset.shownAt || "0", 10) + READ_SECONDS * 1000 - Date.now();
+      window.setTimeout(function () {
+        if (message.isConnected) dismiss(message);
+      }, Math.max(0, left));
     });
   }
 
