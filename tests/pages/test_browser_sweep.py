@@ -109,8 +109,10 @@ def test_a_trials_returned_mapping_is_the_last_point_of_its_curve(
     sweep = SWEEP.replace(b"lr: [0.1, 0.01, 0.001]", b"start: [1.0, 2.0]\n    via: [sdk, file]")
     run = submit(world, sweep, {"main.py": RETURNS_ITS_LAST_ROW})
     wait_until(
-        lambda: Run.objects.for_workspace(world.alpha).get(pk=run.pk).state
-        in {RunState.SUCCEEDED, RunState.FAILED},
+        lambda: (
+            Run.objects.for_workspace(world.alpha).get(pk=run.pk).state
+            in {RunState.SUCCEEDED, RunState.FAILED}
+        ),
         timeout=120,
         what="the sweep to end",
         agent=machine,
