@@ -468,6 +468,9 @@ ADMIN_OBJECTS: dict[type, Callable[[Any], Any]] = {
     NotificationDelivery: lambda world: NotificationDelivery.objects.for_workspace(world.alpha).get(
         webhook_id=WEBHOOK(world)["webhook_id"]
     ),
+    SealRequest: lambda world: SealRequest.objects.unscoped().get(
+        run__name=SEALED_RUN(world)["run_name"]
+    ),
 }
 # The audit log is view-only even for superusers; so is usage (what runs used) and the
 # budget warnings sent.
@@ -491,9 +494,6 @@ def _object_kwargs(model: type) -> Kwargs:
     return build
 
 
-    SealRequest: lambda world: SealRequest.objects.unscoped().get(
-        run__name=SEALED_RUN(world)["run_name"]
-    ),
 def _admin_routes() -> Iterator[tuple[str, Route]]:
     yield "admin:index", Route({"GET": STAFF_ONLY(200)})
     # The admin's login form is replaced by the portal's login page (and single sign-on);
