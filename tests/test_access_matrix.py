@@ -212,9 +212,9 @@ MATRIX: dict[str, Route] = {
     "healthz": Route({"GET": same(200)}),
     "favicon": Route({"GET": same(302)}),  # to the icon's static file, for everyone
     "readyz": Route({"GET": same(200)}),
-    # Loopback clients while TAU_METRICS_TOKEN is unset, signed in or not; with a token, only
-    # the token counts (tests/web/test_metrics.py).
-    "metrics": Route({"GET": same(200)}),
+    # Only the scrape token counts, signed in or not and from wherever (loopback included:
+    # runs share it); tests/portal/test_metrics.py reads it with the token.
+    "metrics": Route({"GET": same(401)}),
     "login": Route({"GET": same(302, anon=200)}),
     "logout": Route({"POST": same(302), "GET": same(405)}),
     "workspace-home": Route(
