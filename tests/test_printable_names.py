@@ -50,7 +50,6 @@ def test_a_specs_labels_and_paths_follow_it() -> None:
     assert all("U+202E (RIGHT-TO-LEFT OVERRIDE) is an invisible" in m for m in said.values())
 
 
-
 def test_a_workspaces_name_follows_it(world: Any) -> None:
     client = world.api_client_for("workspace_admin")
     response = client.patch("/api/v1/workspaces/alpha/", {"name": f"Alpha{RLO}"}, format="json")

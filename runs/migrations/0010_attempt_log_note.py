@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0009_run_trials'),
+        ("runs", "0009_run_trials"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='runattempt',
-            name='log_note',
+            model_name="runattempt",
+            name="log_note",
             field=models.CharField(blank=True, max_length=500),
         ),
     ]

@@ -30,6 +30,7 @@ CHUNKS = [b"weights " * 10, bytes(range(256)) * 400, b"end"]
 
 def upload_in_chunks(portal: Portal, token: str, run_name: str, name: str) -> tuple[int, Any]:
     where = urllib.parse.urlsplit(portal.url)
+    assert where.hostname is not None
     connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
     query = urllib.parse.urlencode({"path": name})
     connection.putrequest(

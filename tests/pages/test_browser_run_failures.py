@@ -34,8 +34,7 @@ resilience:
 """
 #: What runs.kube_status says about a Job deleted behind TauGrid's back (infrastructure).
 GONE = (
-    "Its Job or RayJob is gone, deleted outside TauGrid (by hand or by a controller) while it "
-    "ran."
+    "Its Job or RayJob is gone, deleted outside TauGrid (by hand or by a controller) while it ran."
 )
 #: And about a RayJob whose dashboard never said how the job ended (unknown), longer than the
 #: 400 characters the box used to cut it at.

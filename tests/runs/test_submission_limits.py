@@ -29,7 +29,7 @@ def one_minute(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every request of a test in the same minute of the limits' fixed windows (a test that
     straddled two windows would see its count start again)."""
     frozen = 1_800_000_000.0 + 60 * (id(monkeypatch) % 1_000_000)
-    monkeypatch.setattr(rate_limits.time, "time", lambda: frozen + 30)
+    monkeypatch.setattr(rate_limits, "clock", lambda: frozen + 30)
 
 
 def token_for(world: Any, who: str = "researcher") -> str:
