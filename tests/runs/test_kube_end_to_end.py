@@ -14,8 +14,11 @@ its tau.yaml (``runtime.env``; see deploy/cluster/kwok/stages.yaml)."""
 from __future__ import annotations
 
 import base64
+import io
 import json
+import tarfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -524,3 +527,50 @@ def test_cancel_ends_a_queued_and_an_admitted_run_and_removes_their_objects(
     assert place.history(queued) == ["pending", "queued", "cancelled"]
     # Its pod existed (unplaced): cancelling until Kubernetes has removed it.
     assert place.history(admitted) == ["pending", "queued", "admitted", "cancelling", "cancelled"]
+
+
+def test_a_run_cancelled_while_running_is_sealed_at_once_saying_why_it_has_no_log(
+    team: Callable[..., Team], uid: str
+) -> None:
+    """Issue 30: the evidence of a run cancelled while it ran on the test cluster waited for
+    the log of its attempt ("waiting for the log of attempt 1", a traceback per retry) that
+    could not come: the cancel had deleted the pods. The watcher now says there is none, and
+    the worker seals at once, saying why."""
+    place = team(cpus=1)
+    name = place.submit(example_spec(lasts="600s"))
+    place.wait(name, "running", timeout=90)
+    post_json(f"{place.base}{name}/cancel/", place.token)
+    place.wait(name, "cancelled", timeout=90)
+    cancelled = time.monotonic()
+
+    def sealed() -> bytes | None:
+        request = urllib.request.Request(
+            f"{place.base}{name}/evidence/", headers={"Authorization": f"Bearer {place.token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return bytes(response.read())
+        except urllib.error.HTTPError as error:
+            if error.code == 409:
+                return None
+            raise
+
+    export = wait_until(
+        "the evidence sealed",
+        sealed,
+        timeout=90,
+        describe=lambda: (
+            f"{place.portal.log('worker')[-2000:]}\n{place.portal.log('watcher')[-2000:]}"
+        ),
+    )
+    took = time.monotonic() - cancelled
+    print(f"sealed {took:.1f} s after the run was cancelled")
+    assert took < 60, took  # not the 5 minutes sealing waited for a log before
+    with tarfile.open(fileobj=io.BytesIO(export)) as tar:
+        extracted = tar.extractfile("manifest.json")
+        assert extracted is not None
+        (attempt,) = json.loads(extracted.read())["attempts"]
+    print(f"attempt 1: log {attempt['log']!r}, log_note {attempt['log_note']!r}")
+    # Either the watcher kept what the pod wrote, or the record says why there is no log.
+    assert attempt["log"] is not None or attempt["log_note"], attempt
+    assert "LogNotKeptYet" not in place.portal.log("worker")  # no traceback per retry
