@@ -338,6 +338,9 @@ def detect(
             reasons.append(f"cgroup v1: cannot write the {controller} hierarchy ({exc.strerror})")
             continue
         hierarchies.append(Hierarchy(version=1, controllers=(controller,), base=base))
+    if len(hierarchies) == len(CONTROLLERS):
+        # cgroup v1 holds every limit: why v2 could not is not worth a line at start-up.
+        return Cgroups(hierarchies=tuple(hierarchies))
     return Cgroups(hierarchies=tuple(hierarchies), reasons=tuple(reasons))
 
 
