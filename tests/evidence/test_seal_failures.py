@@ -152,7 +152,8 @@ def test_a_seal_that_keeps_failing_is_given_up_said_and_sealed_again_by_staff(
     )
     assert "Sealing again 1 record(s)" in answer.content.decode()
     request.refresh_from_db()
-    assert (request.given_up_at, request.tries) == (None, 0)
+    assert request.given_up_at is None
+    assert request.tries == 0
     assert AuditEvent.objects.unscoped().filter(
         action="evidence.seal_again", object_id=str(request.pk)
     )
