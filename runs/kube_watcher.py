@@ -40,10 +40,14 @@ A loop over small steps, each tested on its own:
    ``taugrid-kube-watcher`` in ``TAU_KUBE_WATCHER_LEASE_NAMESPACE``, created if missing (and
    its namespace with it, where the portal does not run in one: ``make run``),
    renewed every fifth of ``TAU_KUBE_WATCHER_LEASE_SECONDS``. The holder acts only while its
-   last renewal is younger than two thirds of the lease; a standby takes the Lease once it has
-   seen it unchanged for a whole lease (its own clock, as client-go does, so clock skew does
-   not matter) and only then starts its informers. A replica that stops gracefully gives the
-   Lease up at once.
+   last renewal is younger than two thirds of the lease; a standby takes the Lease as soon as
+   it lapses — a whole lease after it saw it change, or sooner when the holder's
+   ``renewTime`` is a lease old by this machine's clock (within a skew allowance), so a
+   replica that starts after the holder died does not wait another lease — and only then
+   starts its informers. A replica that stops gracefully gives the Lease up at once, and a
+   standby takes it at its next round. A holder that could not renew in time (the API server
+   did not answer) stops acting but keeps its informers until another replica holds the Lease:
+   renewed, it acts again at once on what it read meanwhile, with a sweep.
 
 What the watcher decides about an attempt, and why, is in ``runs.kube_status``.
 """
@@ -83,7 +87,14 @@ from runs.attempts import (
     note_nodes,
 )
 from runs.backends.kubernetes import KubernetesBackend, no_pod_left
-from runs.kube_status import AttemptObjects, Observation, ObservedState, node_facts, observe
+from runs.kube_status import (
+    AttemptObjects,
+    Observation,
+    ObservedState,
+    node_facts,
+    observe,
+    parse_time,
+)
 from runs.models import (
     LIVE_STATES,
     TERMINAL_STATES,
@@ -97,6 +108,7 @@ from runs.models import (
 )
 from runs.state import lock_run, note_reason, transition
 from runs.watcher_heartbeat import HeartbeatWriter
+from workspaces import kueue_sync
 from workspaces.cluster_access import LEADER_LEASE
 
 logger = logging.getLogger(__name__)
@@ -132,6 +144,9 @@ QUEUE_SETTLE_SECONDS: Final = 2.0
 QUEUE_REFRESH_BATCH: Final = 50
 #: The most warning Events kept (the oldest are dropped first).
 MAX_EVENTS: Final = 10_000
+#: How far another replica's clock may be ahead of the holder's before it could take the Lease
+#: while the holder still acts (:class:`LeaderElection`).
+LEASE_SKEW_SECONDS: Final = 2.0
 #: How long a kind that cannot be watched (RayJob without KubeRay, Nodes without RBAC) waits
 #: before it is tried again.
 UNAVAILABLE_RETRY_SECONDS: Final = 60.0
@@ -940,6 +955,11 @@ class KubeWatcher:
         for informer in self.informers:
             informer.start()
 
+    def sweep_soon(self) -> None:
+        """Sweep at the next step (every live run's current attempt reconciled): after a time
+        in which it did not act, whatever the watches said meanwhile."""
+        self.swept_at = None
+
     def stop(self) -> None:
         if not self.informers:
             return
@@ -1256,7 +1276,26 @@ def default_identity() -> str:
 
 class LeaderElection:
     """Hold the Lease (module docstring, step 6). :meth:`try_acquire_or_renew` is one round;
-    :meth:`run` repeats it in a thread of its own; :attr:`leading` is read by the loop."""
+    :meth:`run` repeats it in a thread of its own; :attr:`leading` is read by the loop.
+
+    When a standby may take the Lease: at once when nobody holds it (a holder that stopped
+    gracefully gives it up, :meth:`release`); otherwise once it has lapsed, by either of two
+    clocks, whichever says so first:
+
+    * its own (client-go's rule): the Lease seen unchanged for a whole lease. Immune to clock
+      skew, but a replica that first sees the Lease long after the holder died (it started
+      late, or the API server was frozen) waits a whole lease more for nothing;
+    * the holder's ``renewTime`` plus the lease plus :data:`LEASE_SKEW_SECONDS`, against this
+      machine's wall clock: a Lease last renewed long ago is taken as soon as it is seen.
+      The holder stops acting two thirds of a lease after its last renewal, so a clock ahead
+      by up to a third of a lease plus the allowance still never lets two replicas act at once
+      (and a moment of both acting changes nothing twice: every step is guarded by the
+      database). A ``renewTime`` in the future (a clock far behind) is not believed.
+
+    Every call has a short timeout (:attr:`retry_period`): an API server that stopped
+    answering must not hold a round for the client's usual 30 s, or a holder would renew (and
+    a standby take over) only long after the server came back. A standby's next round is due
+    when the Lease lapses, not a retry period later."""
 
     def __init__(
         self,
@@ -1267,6 +1306,7 @@ class LeaderElection:
         name: str = LEADER_LEASE,
         identity: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.client = client
         self.namespace = namespace
@@ -1275,11 +1315,17 @@ class LeaderElection:
         self.lease_seconds = lease_seconds
         self.renew_deadline = lease_seconds * 2 / 3
         self.retry_period = max(0.5, lease_seconds / 5)
+        self.timeout = (min(2.0, self.retry_period), self.retry_period)
         self.clock = clock
+        self.wall_clock = wall_clock
         self._leading_until = 0.0
         self._observed: tuple[str, str, str] | None = None
         self._observed_at = 0.0
         self._was_leading = False
+        #: Another replica held the Lease at the last round that could read it.
+        self.held_elsewhere = False
+        #: When (this object's clock) the Lease held by another lapses: the next round is due.
+        self._lapses_at: float | None = None
 
     @property
     def leading(self) -> bool:
@@ -1287,8 +1333,11 @@ class LeaderElection:
 
     def try_acquire_or_renew(self) -> bool:
         now = self.clock()
+        self._lapses_at = None
         try:
-            lease = self.client.get(COORDINATION, "Lease", self.name, self.namespace)
+            lease = self.client.get(
+                COORDINATION, "Lease", self.name, self.namespace, timeout=self.timeout
+            )
         except kube.NotFound:
             return self._create(now)
         except KubeError as error:
@@ -1301,10 +1350,14 @@ class LeaderElection:
         if record != self._observed:
             self._observed, self._observed_at = record, now
         duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
-        if holder and holder != self.identity and now < self._observed_at + duration:
-            self._leading_until = 0.0
-            return False
-        moment = _micro_time(datetime.now(UTC))
+        if holder and holder != self.identity:
+            lapses_at = self._lapses(spec, duration, now)
+            if now < lapses_at:
+                self._leading_until = 0.0
+                self.held_elsewhere = True
+                self._lapses_at = lapses_at
+                return False
+        moment = _micro_time(self.wall_clock())
         ours = holder == self.identity
         body = {
             "apiVersion": COORDINATION,
@@ -1323,7 +1376,7 @@ class LeaderElection:
             },
         }
         try:
-            stored = self.client.update(body)
+            stored = self.client.update(body, timeout=self.timeout)
         except kube.Conflict:
             return False  # someone else wrote it first: look again next round
         except KubeError as error:
@@ -1339,8 +1392,27 @@ class LeaderElection:
             )
         return True
 
+    def _lapses(self, spec: Mapping[str, Any], duration: float, now: float) -> float:
+        """When (this object's clock) another holder's Lease lapses: a whole lease after this
+        replica saw it change, or sooner by the holder's ``renewTime`` (class docstring)."""
+        by_own_clock = self._observed_at + duration
+        renewed = parse_time(spec.get("renewTime"))
+        if renewed is None:
+            return by_own_clock
+        age = (self.wall_clock() - renewed).total_seconds()
+        if age < -LEASE_SKEW_SECONDS:
+            return by_own_clock  # renewed in our future: that clock cannot be trusted
+        return min(by_own_clock, now + duration + LEASE_SKEW_SECONDS - age)
+
+    def next_round_in(self) -> float:
+        """Seconds until the next round: a retry period, or less when the Lease another
+        replica holds lapses sooner."""
+        if self._lapses_at is None:
+            return self.retry_period
+        return min(self.retry_period, max(0.05, self._lapses_at - self.clock()))
+
     def _create(self, now: float) -> bool:
-        moment = _micro_time(datetime.now(UTC))
+        moment = _micro_time(self.wall_clock())
         lease = {
             "apiVersion": COORDINATION,
             "kind": "Lease",
@@ -1355,12 +1427,12 @@ class LeaderElection:
         }
         try:
             try:
-                stored = self.client.create(lease)
+                stored = self.client.create(lease, timeout=self.timeout)
             except kube.NotFound:
                 # Its namespace is missing (a cluster where the portal does not run in a pod:
                 # `make run` against the test cluster): made once, plain, for the Lease.
                 self._create_namespace()
-                stored = self.client.create(lease)
+                stored = self.client.create(lease, timeout=self.timeout)
         except kube.Conflict:
             return False
         except KubeError as error:
@@ -1380,7 +1452,8 @@ class LeaderElection:
                         "name": self.namespace,
                         "labels": {labels.MANAGED_BY: labels.MANAGED_BY_TAUGRID},
                     },
-                }
+                },
+                timeout=self.timeout,
             )
         except kube.Conflict:
             return
@@ -1395,6 +1468,7 @@ class LeaderElection:
         )
         self._observed_at = now
         self._leading_until = now + self.renew_deadline
+        self.held_elsewhere = False
 
     def release(self) -> None:
         """Give the Lease up (a graceful stop): a standby takes over at its next round."""
@@ -1402,14 +1476,16 @@ class LeaderElection:
             return
         self._leading_until = 0.0
         try:
-            lease = self.client.get(COORDINATION, "Lease", self.name, self.namespace)
+            lease = self.client.get(
+                COORDINATION, "Lease", self.name, self.namespace, timeout=self.timeout
+            )
             spec = dict(lease.get("spec") or {})
             if spec.get("holderIdentity") != self.identity:
                 return
             spec.pop("holderIdentity", None)
             spec["leaseDurationSeconds"] = 1
-            spec["renewTime"] = _micro_time(datetime.now(UTC))
-            self.client.update({**lease, "spec": spec})
+            spec["renewTime"] = _micro_time(self.wall_clock())
+            self.client.update({**lease, "spec": spec}, timeout=self.timeout)
             logger.info("gave up the Lease %s/%s", self.namespace, self.name)
         except KubeError as error:
             logger.warning("could not give up the Lease (it lapses by itself): %s", error)
@@ -1421,10 +1497,19 @@ class LeaderElection:
                 self._was_leading = leading
                 if not leading:
                     logger.warning("lost the Lease %s/%s", self.namespace, self.name)
-            stop.wait(self.retry_period)
+            stop.wait(self.next_round_in())
 
 
 # --- the process ---------------------------------------------------------------------------------
+
+
+def _sync_missing_workspaces() -> None:
+    """Workspaces this cluster has no queues for (made while the portal ran the local backend,
+    or before it was pointed here) are synced now, not at the next drift check."""
+    try:
+        kueue_sync.sync_missing(reason="the watcher started: not on this cluster yet")
+    except DatabaseError:
+        logger.warning("workspaces not synced at start: database error", exc_info=True)
 
 
 def serve(
@@ -1463,17 +1548,33 @@ def serve(
         election.namespace,
         election.name,
     )
+    acting = False
     try:
         while not stop.is_set():
             if not election.leading:
-                if watcher.running:
-                    logger.warning("not the active watcher any more: stopped watching")
+                if acting:
+                    acting = False
+                    logger.warning(
+                        "not the active watcher any more: acting on nothing until it holds the "
+                        "Lease again"
+                    )
+                if watcher.running and election.held_elsewhere:
+                    # Another replica acts now. Until then the informers go on (the Lease
+                    # could not be renewed, say while the API server did not answer): if it
+                    # is renewed, the watcher acts at once on what it has read meanwhile,
+                    # instead of listing everything again.
+                    logger.warning("another replica holds the Lease: stopped watching")
                     watcher.stop()
                 stop.wait(0.2)
                 continue
             if not watcher.running:
                 logger.info("the active watcher: listing and watching the cluster")
                 watcher.start()
+                _sync_missing_workspaces()
+            elif not acting:
+                logger.info("the active watcher again: reconciling every live run")
+                watcher.sweep_soon()
+            acting = True
             try:
                 watcher.step(timeout=0.5)
                 # How far behind it is, for /metrics (runs.watcher_heartbeat).

@@ -170,6 +170,36 @@ def request_sync_now(*, workspace: Workspace, by: Any) -> KueueSync:
     return sync
 
 
+def sync_missing(*, reason: str) -> list[str]:
+    """Request a sync of every active workspace whose ClusterQueue this cluster does not have
+    and that has no sync waiting to run, and of the cluster-wide objects with them; the slugs.
+    Called when the watcher becomes the active one (``runs.kube_watcher.serve``): workspaces
+    made while the portal ran the local backend, or before it was pointed at this cluster,
+    have never been synced to it, and would otherwise wait for the drift check. Nothing when
+    the cluster does not answer (logged; the drift check puts them there later)."""
+    if not enabled():
+        return []
+    try:
+        present = managed_workspace_slugs()
+    except SyncProblem as problem:
+        logger.warning("workspaces not synced at start: %s", problem)
+        return []
+    waiting = set(
+        KueueSync.objects.filter(
+            scope=Scope.WORKSPACE, state__in=[State.PENDING, State.WAITING]
+        ).values_list("workspace_slug", flat=True)
+    )
+    active = Workspace.unscoped_objects.filter(active=True).values_list("slug", flat=True)
+    missing = sorted(set(active) - present - waiting)
+    if missing:
+        with transaction.atomic():
+            request_sync(scope=Scope.CLUSTER, reason=reason)
+            for slug in missing:
+                request_sync(scope=Scope.WORKSPACE, workspace_slug=slug, reason=reason)
+        logger.info("Kueue sync requested for %s: %s", ", ".join(missing), reason)
+    return missing
+
+
 # -- the model hooks ---------------------------------------------------------------------------
 
 

@@ -12,10 +12,11 @@ CLUSTER_TOOL := deploy/cluster/controlplane.py
 cluster-build: install
 	$(PYTHON) $(CLUSTER_TOOL) build
 
-## Start the control plane and its fake KWOK nodes on 127.0.0.1 (or reuse a running one);
-## prints the kubeconfig path.
+## Start the control plane and its fake KWOK nodes on 127.0.0.1 (or reuse a running one), with
+## a real Ray head and a stand-in for KubeRay's submitter pods so that RayJobs end (Ray is
+## installed into its own venv once); prints the kubeconfig path.
 cluster-up: install
-	$(PYTHON) $(CLUSTER_TOOL) up
+	$(PYTHON) $(CLUSTER_TOOL) up --ray
 
 ## Stop every process of the control plane, free its ports and remove its state.
 cluster-down: install

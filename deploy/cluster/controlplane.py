@@ -43,6 +43,7 @@ import dataclasses
 import datetime as dt
 import fcntl
 import http.client
+import importlib.util
 import ipaddress
 import json
 import os
@@ -97,6 +98,12 @@ PROCESSES = (
     "kuberay-operator",
     "kwok",
 )
+
+# With `up --ray`: deploy/cluster/ray_submitter.py, which starts a real Ray head (recorded as
+# ray-head) and plays the part of KubeRay's submitter pods for every RayJob. Stopped first.
+RAY_PROCESSES = ("ray-head", "ray-submitter")
+RAY_SUBMITTER = HERE / "ray_submitter.py"
+RAY_HEAD_SCRIPT = HERE.parent / "dev" / "ray_head.py"
 
 # How the components are started (their flags, mounts, files), recorded in state.json: `up`
 # restarts a running control plane of another revision instead of reusing it. Bump it with
@@ -1543,11 +1550,28 @@ def kwok_config() -> dict[str, Any]:
     }
 
 
+def process_names(record: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The processes of a cluster, in start order (the Ray ones when it was started with them)."""
+    return PROCESSES + (RAY_PROCESSES if (record or {}).get("ray") else ())
+
+
+def ray_ready_file(state: Path) -> Path:
+    return state / "ray" / "ready"
+
+
+def _ray_url(state: Path) -> str | None:
+    """The Ray head's dashboard once it has run a job (its ready file), else None."""
+    try:
+        return ray_ready_file(state).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def cluster_status(state: Path) -> dict[str, Any]:
     """What is running, on which ports, and whether the API answers."""
     data = load_state(state)
     processes = {}
-    for name in PROCESSES:
+    for name in process_names(data):
         pid = read_pid(state, name)
         processes[name] = {"pid": pid, "alive": bool(pid and pid_alive(pid))}
     report: dict[str, Any] = {
@@ -1556,6 +1580,7 @@ def cluster_status(state: Path) -> dict[str, Any]:
         "processes": processes,
         "ports": (data or {}).get("ports", {}),
         "versions": (data or {}).get("versions", {}),
+        "ray": _ray_url(state),
         "ready": False,
     }
     pids = [int(p["pid"]) for p in processes.values() if p["alive"] and p["pid"]]
@@ -1570,6 +1595,7 @@ def cluster_status(state: Path) -> dict[str, Any]:
                 and health_ok(data["ports"]["scheduler"], "/healthz", tls=True, pki=state / "pki")
                 and health_ok(data["ports"]["kwok"], "/healthz", tls=True, pki=state / "pki")
                 and kueue_webhook_probe(kube)
+                and (not data.get("ray") or report["ray"] is not None)
             )
         except (OSError, ControlPlaneError, ssl.SSLError, http.client.HTTPException) as exc:
             report["error"] = str(exc)
@@ -1582,14 +1608,21 @@ def up(
     build_missing: bool = True,
     timeout: float = 180,
     node_files: Sequence[Path] = (NODES_DIR,),
+    ray: bool = False,
 ) -> dict[str, Any]:
-    """Start the control plane (or reuse a healthy one) and return its status report."""
+    """Start the control plane (or reuse a healthy one) and return its status report; with
+    ``ray``, also a real Ray head and the stand-in for KubeRay's submitter pods
+    (deploy/cluster/ray_submitter.py), added to a running control plane that lacks them."""
     state = state_dir()
     with file_lock(state.parent / f".{state.name}.lock"):
         existing = cluster_status(state)
         revision = (load_state(state) or {}).get("launch_revision")
         if existing["ready"] and revision == LAUNCH_REVISION:
             log(f"already up (state in {state}); reusing it")
+            if ray and existing["ray"] is None:
+                ensure_ray()
+                start_ray(state, timeout)
+                return cluster_status(state)
             return existing
         if existing["ready"]:
             log(
@@ -1611,11 +1644,13 @@ def up(
         build(versions)
         mount_namespace_prefix()  # fail now, not after four components have started
         node_manifests(node_files)  # likewise for a broken node file
+        if ray:
+            ensure_ray()  # installed once (minutes when cold), before anything starts
         started = time.monotonic()
         shutil.rmtree(state, ignore_errors=True)
         state.mkdir(parents=True)
         try:
-            _start(state, versions, timeout=timeout, node_files=node_files)
+            _start(state, versions, timeout=timeout, node_files=node_files, ray=ray)
         except BaseException:
             log(f"start failed: stopping what was started (logs kept in {state / 'logs'})")
             _stop_processes(state)
@@ -1633,12 +1668,18 @@ def _start(
     *,
     timeout: float,
     node_files: Sequence[Path],
+    ray: bool = False,
 ) -> None:
     launch = Launch(state, versions, timeout, node_files)
     launch.prepare()
     launch.start_kine()
     launch.start_apiserver()
     launch.install_manifests()
+    if ray:
+        # Its Ray head takes a while to answer: it starts now, beside the rest.
+        launch.record["ray"] = True
+        launch.save_record()
+        launch_ray(state)
     launch.start_controller_manager()
     launch.start_scheduler()
     launch.start_kueue()
@@ -1646,6 +1687,70 @@ def _start(
     launch.create_nodes()
     launch.start_kwok()
     launch.await_ready()
+    if ray:
+        await_ray(state, timeout)
+
+
+def load_ray_head() -> Any:
+    """deploy/dev/ray_head.py, by path (deploy/ is not a package)."""
+    name = "taugrid_ray_head"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, RAY_HEAD_SCRIPT)
+    if spec is None or spec.loader is None:
+        raise ControlPlaneError(f"cannot load {RAY_HEAD_SCRIPT}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def ensure_ray() -> None:
+    """Ray from PyPI in its cached venv (deploy/dev/ray_head.py install): once, a minute."""
+    ray_head = load_ray_head()
+    if not ray_head.is_installed():
+        log("installing Ray for the cluster's Ray head (once; about a minute)")
+    try:
+        ray_head.ensure_ray()
+    except (subprocess.CalledProcessError, OSError) as error:
+        raise ControlPlaneError(
+            f"Ray could not be installed ({error}); see the output above"
+        ) from None
+
+
+def launch_ray(state: Path) -> None:
+    """Start deploy/cluster/ray_submitter.py (it starts the Ray head itself)."""
+    log("starting the Ray head and the stand-in for KubeRay's submitter pods")
+    ray_ready_file(state).unlink(missing_ok=True)
+    start_process(
+        state,
+        "ray-submitter",
+        [sys.executable, str(RAY_SUBMITTER), str(state)],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def await_ray(state: Path, timeout: float) -> None:
+    def alive() -> bool:
+        pid = read_pid(state, "ray-submitter")
+        return bool(pid and pid_alive(pid))
+
+    wait_for(
+        "the Ray head to run a job",
+        lambda: True if ray_ready_file(state).exists() else None,
+        max(timeout, 180),
+        log_file=state / "logs" / "ray-submitter.log",
+        alive=alive,
+    )
+
+
+def start_ray(state: Path, timeout: float) -> None:
+    """Add the Ray head and the submitter stand-in to a running control plane."""
+    record = load_state(state) or {}
+    record["ray"] = True
+    (state / "state.json").write_text(json.dumps(record, indent=2) + "\n")
+    launch_ray(state)
+    await_ray(state, timeout)
 
 
 class Launch:
@@ -2007,7 +2112,9 @@ class Launch:
 def _stop_processes(state: Path) -> tuple[list[int], list[int]]:
     """Stop every process of this state directory; returns (survivors, ports they held)."""
     names = {
-        pid: name for name in reversed(PROCESSES) if (pid := read_pid(state, name)) is not None
+        pid: name
+        for name in reversed(PROCESSES + RAY_PROCESSES)
+        if (pid := read_pid(state, name)) is not None
     }
     pids = list(names)
     # Anything else still naming this state directory (a lost pidfile, a crashed `up`).
@@ -2064,6 +2171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds each component may take to become ready (default 180)",
     )
     p_up.add_argument(
+        "--ray",
+        action="store_true",
+        help="also a real Ray head and a stand-in for KubeRay's submitter pods, so that "
+        "RayJobs end (make cluster-up; added to a running control plane that lacks them)",
+    )
+    p_up.add_argument(
         "--nodes",
         type=Path,
         action="append",
@@ -2088,6 +2201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 build_missing=not args.no_build,
                 timeout=args.timeout,
                 node_files=args.nodes or (NODES_DIR,),
+                ray=args.ray,
             )
             print(state_dir() / "kubeconfig")
         elif args.command == "down":
@@ -2104,6 +2218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for name, port in report["ports"].items():
                     print(f"  port {name:20} {LOOPBACK}:{port}")
                 print(f"listening:  {', '.join(report['listening']) or '-'}")
+                print(f"Ray head:   {report['ray'] or '- (up --ray starts one)'}")
                 print(
                     f"ready: {report['ready']}"
                     + (f" ({report['error']})" if report.get("error") else "")

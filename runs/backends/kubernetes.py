@@ -110,6 +110,9 @@ _FETCHER_CONTAINER: Final = "tau-fetch-bundle"
 #: pod's first, then in the page's order): a 64-worker Job keeps its first workers' logs, not
 #: 64 times the log cap.
 KEPT_POD_LOGS: Final = 16
+#: What a node answers for a container it keeps no log for (KWOK's fake nodes, whose pods run
+#: no container, unless a test gave the pod a log file).
+NO_LOG_ON_NODE: Final = "no logs found"
 #: Which pod's log is shown by default: a RayJob's driver log is its submitter pod's.
 _COMPONENT_ORDER: Final = {
     labels.COMPONENT_SUBMITTER: 0,
@@ -667,7 +670,11 @@ class KubernetesBackend:
                 limit_bytes=int(settings.TAU_RUN_LOG_MAX_BYTES),
             )
         except KubeError as exc:
+            if NO_LOG_ON_NODE in str(exc):
+                return b"", name, names, f"{name} has no log: its node keeps none for it."
             return b"", name, names, f"The log of {name} could not be read: {exc}"
+        if not data and not fetch_failed:
+            return data, name, names, _wrote_nothing(chosen)
         return data, name, names, (note if fetch_failed else "")
 
     def _why_not_started(self, run: Run, pod: Mapping[str, Any], note: str) -> str:
@@ -748,22 +755,26 @@ class KubernetesBackend:
         removed them first). Raises ``KubeError`` when the cluster did not answer (nobody
         knows yet whether there is a log)."""
         pods = self._attempt_pods(run, attempt)
-        data, chosen, names, _ = self._log_bytes(run, attempt, None, pods)
+        data, chosen, names, note = self._log_bytes(run, attempt, None, pods)
         if not chosen:
             return None
         path = Path(settings.VAR_DIR) / "kube-logs" / str(run.pk) / f"attempt-{attempt.number}.log"
         folder = KeptLogs.folder_of(path)
         folder.mkdir(parents=True, exist_ok=True)
         kept = [chosen]
+        # Why a kept log is empty (no log on its node, nothing written), said when it is read.
+        notes = {chosen: note} if note and not data else {}
         for name in names:
             if name == chosen or len(kept) >= KEPT_POD_LOGS:
                 continue
-            other, _, _, _ = self._log_bytes(run, attempt, name, pods)
+            other, _, _, other_note = self._log_bytes(run, attempt, name, pods)
             _write_whole(folder / f"{name}.log", other)
             kept.append(name)
+            if other_note and not other:
+                notes[name] = other_note
         _write_whole(
             folder / KeptLogs.INDEX,
-            json.dumps({"pods": kept, "not_kept": len(names) - len(kept)}).encode(),
+            json.dumps({"pods": kept, "not_kept": len(names) - len(kept), "notes": notes}).encode(),
         )
         _write_whole(path, data)  # last: once it is there, the logs are served from here
         return path, len(data)
@@ -831,6 +842,8 @@ class KeptLogs:
     path: Path
     pods: tuple[str, ...]
     not_kept: int
+    #: Why a pod's kept log is empty, by pod (its node had none, it wrote nothing).
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @staticmethod
     def folder_of(path: Path) -> Path:
@@ -849,24 +862,33 @@ class KeptLogs:
             index = json.loads((cls.folder_of(path) / cls.INDEX).read_text())
             pods = tuple(str(name) for name in index["pods"])
             not_kept = int(index.get("not_kept", 0))
+            notes = {str(pod): str(note) for pod, note in dict(index.get("notes") or {}).items()}
         except (OSError, ValueError, KeyError, TypeError):
-            pods, not_kept = (), 0
-        return cls(path=path, pods=pods, not_kept=not_kept)
+            pods, not_kept, notes = (), 0, {}
+        return cls(path=path, pods=pods, not_kept=not_kept, notes=notes)
 
     def file_of(self, pod: str | None) -> tuple[Path | None, str, str]:
         """(the file of ``pod``'s log, or of the default pod's when None; the pod's name; a
-        note when it was not kept)."""
+        note when it was not kept, or why it is empty)."""
         default = self.pods[0] if self.pods else ""
         if pod is None or pod == default:
-            return self.path, default, ""
+            return self.path, default, self.notes.get(default, "")
         if pod in self.pods:
-            return self.folder_of(self.path) / f"{pod}.log", pod, ""
+            return self.folder_of(self.path) / f"{pod}.log", pod, self.notes.get(pod, "")
         more = (
             f" (the logs of {len(self.pods)} of its pods were kept, {self.not_kept} not)"
             if self.not_kept
             else ""
         )
         return None, "", f"The log of pod {pod} was not kept when the attempt ended{more}."
+
+
+def _wrote_nothing(pod: Mapping[str, Any]) -> str:
+    """Why a started pod's log is empty, in words (not a blank box)."""
+    name = str(pod["metadata"]["name"])
+    if (pod.get("status") or {}).get("phase") in {"Succeeded", "Failed"}:
+        return f"{name} wrote nothing to its log."
+    return f"{name} has written nothing to its log yet."
 
 
 def _container_state(pod: Mapping[str, Any], container: str | None) -> tuple[bool, str, bool]:

@@ -6,12 +6,14 @@ it from the root conftest with ``pytest_plugins = ["tests.cluster.plugin"]``.
 
 The control plane is deploy/cluster/controlplane.py (kube-apiserver on kine, the
 controller-manager, kube-scheduler, Kueue, the KubeRay operator and KWOK with fake GPU and CPU
-nodes, built from Go modules, on 127.0.0.1). The
-fixture reuses a running one (``make cluster-up``) or starts one and stops it at the end of the
-session (``TAUGRID_KEEP_CLUSTER=1`` keeps it for the next run). Without ``go`` (or the
-``kubernetes`` package) the tests are skipped locally with the reason; with ``CI`` set that is a
-failure, so CI can never pass by skipping the only tests that talk to the real thing. A control
-plane that fails to start is a failure everywhere, with the end of its output in the message.
+nodes, built from Go modules, on 127.0.0.1; with ``--ray``, as here, a real Ray head and a
+stand-in for KubeRay's submitter pods, deploy/cluster/ray_submitter.py). The fixture reuses
+a running one (``make cluster-up``; one without the Ray head gets it) or starts one and stops
+it at the end of the session (``TAUGRID_KEEP_CLUSTER=1`` keeps it for the next run). Without
+``go`` (or the ``kubernetes`` package) the tests are skipped locally with the reason; with
+``CI`` set that is a failure, so CI can never pass by skipping the only tests that talk to the
+real thing. A control plane that fails to start is a failure everywhere, with the end of its
+output in the message.
 
 Fixtures: ``kube_cluster`` (session: ``.kubeconfig``, ``.api_client()``, ``.dynamic()``,
 ``.resource()``) and ``kube`` (per test: creates objects and deletes them afterwards).
@@ -186,26 +188,6 @@ class KubeCluster:
         found: Resource = self.dynamic().resources.get(api_version=api_version, kind=kind)
         return found
 
-    @property
-    def operator_hosts(self) -> Path:
-        """The KubeRay operator's /etc/hosts: controlplane.py bind-mounts this file there in
-        the operator's own mount namespace (README: "The KubeRay operator's hosts file")."""
-        hosts: Path = load_controlplane().operator_hosts_file(self.state_dir)
-        return hosts
-
-    def add_operator_host(self, address: str, name: str) -> None:
-        """Make the KubeRay operator resolve ``name`` to ``address`` (within ~5 s: Go re-reads
-        /etc/hosts when it changed). Appends in place: the bind mount holds the file's inode."""
-        if not self.operator_hosts.is_file():
-            pytest.fail(
-                f"{self.operator_hosts} is missing: this control plane was started before the "
-                "KubeRay operator got its own hosts file; stop it (`controlplane.py down`) and "
-                "start it again",
-                pytrace=False,
-            )
-        with self.operator_hosts.open("a") as hosts:
-            hosts.write(f"{address} {name}\n")
-
 
 @pytest.fixture(scope="session")
 def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
@@ -229,8 +211,20 @@ def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
 
     report = cluster_report(request)
     started_here = False
+    if report.get("ready") and not report.get("ray"):
+        # A running control plane without its Ray head (started without --ray): added to it.
+        result = run_controlplane(request, "up", "--ray")
+        if result.returncode != 0:
+            pytest.fail(
+                f"`controlplane.py up --ray` could not add the Ray head (exit "
+                f"{result.returncode}):\n{result.stderr_tail}",
+                pytrace=False,
+            )
+        report = cluster_report(request)
     if not report.get("ready"):
-        result = run_controlplane(request, "up")
+        # As `make cluster-up`: with the Ray head and the stand-in for KubeRay's submitter
+        # pods (deploy/cluster/ray_submitter.py), which RayJobs need to end.
+        result = run_controlplane(request, "up", "--ray")
         if result.returncode != 0:
             pytest.fail(
                 f"`controlplane.py up` failed (exit {result.returncode}); the end of its "

@@ -846,6 +846,37 @@ def test_each_worker_s_log_is_read_and_kept_when_the_attempt_ends(
 
 
 @cluster
+def test_a_pod_without_a_log_says_so_live_and_once_kept(
+    place: Place, kube: Kube, keep_pods_running: None, tmp_path: Path, settings: Any
+) -> None:
+    """A fake node keeps no log for a pod nobody gave one (no container runs on the test
+    cluster): the API's ``note`` says so in words, instead of "could not be read" with the
+    node's error, and still says it once the log was kept at the attempt's end."""
+    settings.VAR_DIR = tmp_path / "var"
+    run = place.submit(job_spec("kb-nolog"))
+    place.deliver_all()
+    pod = wait_until("its pod running", running_pod(kube, run, 1), timeout=TIMEOUT)
+    watcher_starts(fresh(run))
+    name = pod["metadata"]["name"]
+    api = place.api()
+    url = f"{place.runs_url}{run.name}/logs/"
+    answer = api.get(url).json()
+    assert (answer["text"], answer["pod"]) == ("", name)
+    assert answer["note"] == f"{name} has no log: its node keeps none for it."
+
+    attempt = attempt_of(run)
+    finish_attempt(attempt=attempt, outcome=AttemptOutcome(succeeded=True, exit_code=0))
+    attempt = attempt_of(run)
+    kept = kube_backend.KubernetesBackend().archive_log(fresh(run), attempt)
+    assert kept is not None
+    assert kept[1] == 0
+    note_log_kept(attempt_id=attempt.pk, path=str(kept[0]), size=kept[1])
+    answer = api.get(url).json()
+    assert (answer["text"], answer["complete"]) == ("", True)
+    assert answer["note"] == f"{name} has no log: its node keeps none for it."
+
+
+@cluster
 def test_a_pod_that_never_started_says_why(
     cluster_backend: Recorded, django_user_model: Any, uid: str, kube: Kube
 ) -> None:

@@ -4,30 +4,36 @@ polling a real Ray dashboard (issue 14), and followed by the real watcher to the
 What is real: the runs are submitted (``runs.submission.submit``) and delivered by the
 Kubernetes backend; Kueue admits the RayJobs; the KubeRay operator (v1.6.0) builds their Ray
 clusters, whose pods KWOK runs on fake nodes, creates the submitter Jobs (K8sJobMode, as
-TauGrid renders it), and reads each Ray job's status from a real Ray dashboard: a Ray head from
-PyPI (``deploy/dev/ray_head.py``, ``ray[default]`` pinned there) on a loopback address,
-which the operator reaches because the test maps the head Service's name to it in the
-operator's own hosts file (``kube_cluster.add_operator_host``; deploy/cluster/README.md, "The
-KubeRay operator's hosts file"). The watcher (``runs.kube_watcher.KubeWatcher``, driven in this
+TauGrid renders it), and reads each Ray job's status from a real Ray dashboard: the test
+cluster's Ray head (``controlplane.py up --ray``, as ``make cluster-up`` starts it: a Ray from
+PyPI, ``deploy/dev/ray_head.py``, ``ray[default,tune]`` pinned there, on a loopback address),
+which the operator reaches through its own hosts file (deploy/cluster/README.md, "The KubeRay
+operator's hosts file"). The watcher (``runs.kube_watcher.KubeWatcher``, driven in this
 process) maps what it sees with ``runs.kube_status.observe``.
 
-**The test plays the submitter's part.** KWOK's submitter pod runs nothing, so nothing would
-submit the Ray job. As soon as KubeRay has given the RayJob its ``status.jobId`` the test
-submits the RayJob's own ``spec.entrypoint`` to the real Ray with that id as submission id,
-parsed as the real submitter does (bash splits the words, ``ray job submit`` joins them with
-``subprocess.list2cmdline``, Ray runs the line with ``/bin/sh``). Ray really runs it; the fake
-submitter pod completes after 2 s (KWOK), which K8sJobMode needs before ``Complete``.
+**The cluster plays the submitter's part.** KWOK's submitter pod runs nothing, so
+``deploy/cluster/ray_submitter.py`` submits each RayJob's Ray job, with KubeRay's
+``status.jobId`` as its submission id, and makes the Ray job's log the submitter pod's (a KWOK
+``Logs`` object). These runs ask it (``TAUGRID_TEST_RAY=entrypoint`` in ``runtime.env``) for
+their own ``spec.entrypoint``, parsed as the real submitter does (bash splits the words, ``ray
+job submit`` joins them with ``subprocess.list2cmdline``, Ray runs the line with ``/bin/sh``).
+Ray really runs it; the fake submitter pod completes after 2 s (KWOK), which K8sJobMode needs
+before ``Complete``.
 
-* ``echo …`` → Ray ``SUCCEEDED`` → RayJob ``Complete``/``SUCCEEDED`` → run ``succeeded``;
+* ``echo …`` → Ray ``SUCCEEDED`` → RayJob ``Complete``/``SUCCEEDED`` → run ``succeeded``, the
+  echo in its driver log;
 * ``sh -c "exit 1"`` → Ray ``FAILED`` → RayJob ``Failed``/``AppFailed`` → run ``failed``,
-  ``user_error``, with Ray's message.
+  ``user_error``, with Ray's message;
+* the README's GPU example (``examples/gpu-quickstart``: a RayJob with one GPU worker) in the
+  demo workspace as ``make run`` bootstraps it on the Kubernetes backend: the cluster's
+  stand-in Ray job says what it stands for, and the run succeeds.
 
-The Ray head starts once per session (about 20 s, a warm-up job included); if Ray cannot be
-installed or started, the test fails with the reason (no skip).
+If the cluster has no Ray head, the tests fail with the reason (no skip).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
 import subprocess
@@ -40,15 +46,21 @@ from typing import Any
 
 import pytest
 import yaml
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
 
 import kube as adapter
 from runs import render, workload_sdk
+from runs.backends.kubernetes import KubernetesBackend
+from runs.delivery import deliver
 from runs.kube_watcher import KubeWatcher
 from runs.models import FailureClass, MetricPoint, Run, RunEvent, RunState, RunTrial
+from runs.submission import submit
 from runs.trials import trials_table
 from tau.spec import load_spec
+from tests.cluster.kueue_objects import KUEUE
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
-from tests.runs.factories import make_run
+from tests.runs.factories import ROOT, make_run, zip_directory
 from tests.runs.render_cases import target_for
 from tests.runs.test_api import run_token
 from tests.runs.test_kube_backend import (  # noqa: F401 (fixtures)
@@ -61,20 +73,24 @@ from tests.runs.test_kube_backend import (  # noqa: F401 (fixtures)
     uid,
 )
 from tests.scripts import load_script
+from workspaces.models import KueueSync, Workspace
+from workspaces.tasks import sync_kueue
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_HEAD_SCRIPT = REPO / "deploy" / "dev" / "ray_head.py"
+RAY_SUBMITTER_SCRIPT = REPO / "deploy" / "cluster" / "ray_submitter.py"
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 #: Admission, the Ray cluster's pods, the submitter and the operator's polling (3 s requeues).
 TIMEOUT = 120
 
 
 def ray_spec(name: str, entrypoint: str) -> bytes:
+    """A RayJob whose own entry point the cluster's submitter stand-in runs on its Ray head."""
     return (
         f"schema_version: 1\nname: {name}\n"
         f"run:\n  entrypoint: {entrypoint}\n  workload_kind: rayjob\n"
         "compute:\n  cpus: 1\n  memory: 1Gi\n"
-        "runtime:\n  image: rayproject/ray:2.60.0\n"
+        "runtime:\n  image: rayproject/ray:2.60.0\n  env: {TAUGRID_TEST_RAY: entrypoint}\n"
         "resilience:\n  max_retries: 0\n"
     ).encode()
 
@@ -84,16 +100,21 @@ def load_ray_head() -> ModuleType:
     return load_script(RAY_HEAD_SCRIPT, "taugrid_ray_head")
 
 
+def load_ray_submitter() -> ModuleType:
+    return load_script(RAY_SUBMITTER_SCRIPT, "taugrid_ray_submitter")
+
+
 @pytest.fixture(scope="session")
-def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A real Ray head on loopback for the whole session (deploy/dev/ray_head.py)."""
-    ray = load_ray_head()
-    try:
-        head = ray.start_head(tmp_path_factory.mktemp("ray-head"))
-    except (ray.RayHeadError, subprocess.CalledProcessError, OSError) as error:
-        pytest.fail(f"a real Ray head could not be started: {error}", pytrace=False)
-    yield head
-    ray.stop_head(head)
+def ray_head(kube_cluster: KubeCluster) -> Any:
+    """The test cluster's real Ray head (``controlplane.py up --ray``)."""
+    head = load_ray_submitter().head_of(kube_cluster.state_dir)
+    if head is None:
+        pytest.fail(
+            f"the test cluster in {kube_cluster.state_dir} has no Ray head: start it with "
+            "`controlplane.py up --ray` (make cluster-up)",
+            pytrace=False,
+        )
+    return head
 
 
 @pytest.fixture
@@ -116,13 +137,12 @@ def states(run: Run) -> list[str]:
     )
 
 
-def submitted_line(entrypoint: str) -> str:
-    """The command line Ray runs for a RayJob ``entrypoint``: KubeRay's submitter pastes it
-    into ``bash -c "… ray job submit … -- <entrypoint>"``; bash splits it into words and
-    ``ray job submit`` joins them with ``subprocess.list2cmdline``. (The kubelet's ``$$`` → ``$``
-    does not arise: these entry points have no ``$``.)"""
-    assert "$" not in entrypoint
-    return subprocess.list2cmdline(shlex.split(entrypoint))
+def driver_log(run: Run) -> str:
+    """The run's newest attempt's log as the run page and the API read it (the submitter
+    pod's, for a RayJob; kept by the watcher once the attempt ended)."""
+    attempt = attempt_of(fresh(run))
+    chunk = KubernetesBackend().read_log(fresh(run), attempt, offset=0, tail_lines=None)
+    return str(chunk.text)
 
 
 def follow(
@@ -151,7 +171,6 @@ def test_rayjobs_end_through_the_real_operator_polling_a_real_ray_dashboard(
     django_user_model: Any,
     uid: str,  # noqa: F811
     kube: Kube,
-    kube_cluster: KubeCluster,
     ray_head: Any,
     watcher: KubeWatcher,
 ) -> None:
@@ -173,30 +192,7 @@ def test_rayjobs_end_through_the_real_operator_polling_a_real_ray_dashboard(
             for key, job in found.items()
         )
 
-    # The submitter's part, as soon as KubeRay has named the Ray job and the Ray cluster it
-    # will poll: route the head Service's name to the real dashboard, submit the entry point.
-    # Only an unsuspended RayJob past Suspending counts: KubeRay initializes a RayJob before
-    # Kueue's admission too, and names a new job and cluster once Kueue lets it go.
-    submitted: dict[str, set[str]] = {key: set() for key in names}
-
-    def submit_new_ray_jobs() -> None:
-        for key, name in names.items():
-            job = kube.get(*RAY, name, namespace) or {}
-            status = job.get("status") or {}
-            if job.get("spec", {}).get("suspend") or status.get("jobDeploymentStatus") not in {
-                "Initializing",
-                "Running",
-            }:
-                continue
-            if not status.get("jobId") or status["jobId"] in submitted[key]:
-                continue
-            service = f"{status['rayClusterName']}-head-svc.{namespace}.svc.cluster.local"
-            kube_cluster.add_operator_host(ray_head.dashboard_host, service)
-            ray.submit_job(ray_head, submitted_line(job["spec"]["entrypoint"]), status["jobId"])
-            submitted[key].add(status["jobId"])
-
     def ended() -> bool:
-        submit_new_ray_jobs()
         return all(
             fresh(run).state in {RunState.SUCCEEDED, RunState.FAILED} for run in runs.values()
         )
@@ -208,12 +204,11 @@ def test_rayjobs_end_through_the_real_operator_polling_a_real_ray_dashboard(
     assert ok is not None
     status = ok["status"]
     assert (status["jobDeploymentStatus"], status["jobStatus"]) == ("Complete", "SUCCEEDED")
-    assert status["jobId"] in submitted["ok"]  # the job the test submitted, as Ray reports it
     assert status["dashboardURL"] == (
         f"{status['rayClusterName']}-head-svc.{namespace}.svc.cluster.local:8265"
     )
     assert status["message"] == "Job finished successfully."
-    info = ray.job_info(ray_head, status["jobId"])
+    info = ray.job_info(ray_head, status["jobId"])  # the job the cluster submitted, in Ray
     assert info is not None
     assert info["status"] == "SUCCEEDED"
     assert info["entrypoint"] == "echo trained on a real Ray"
@@ -227,6 +222,8 @@ def test_rayjobs_end_through_the_real_operator_polling_a_real_ray_dashboard(
     submitter = kube.get("batch/v1", "Job", names["ok"], namespace)
     assert submitter is not None
     assert any(c["type"] == "Complete" for c in submitter["status"]["conditions"])
+    # Its pod's log, the run's driver log, is the Ray job's.
+    assert "trained on a real Ray" in driver_log(run)
 
     # The failure: the entry point exited 1 in Ray; KubeRay says AppFailed; the program's fault.
     # KubeRay records the Ray job's FAILED (which ends the run) one reconcile before it moves
@@ -244,7 +241,11 @@ def test_rayjobs_end_through_the_real_operator_polling_a_real_ray_dashboard(
     status = failed["status"]
     assert (status["jobDeploymentStatus"], status["jobStatus"]) == ("Failed", "FAILED")
     assert status["reason"] == "AppFailed"
-    assert status["jobId"] in submitted["fails"]
+    info = ray.job_info(ray_head, status["jobId"])
+    assert info is not None
+    # The line the real submitter would give Ray (bash splits, list2cmdline joins) ran.
+    submitted = subprocess.list2cmdline(shlex.split(failed["spec"]["entrypoint"]))
+    assert (info["status"], info["entrypoint"]) == ("FAILED", submitted)
     run = fresh(runs["fails"])
     assert run.state == RunState.FAILED
     assert run.failure_class == FailureClass.USER_ERROR
@@ -252,6 +253,74 @@ def test_rayjobs_end_through_the_real_operator_polling_a_real_ray_dashboard(
         "The Ray job failed. KubeRay says: Job entrypoint command failed with exit code 1"
         in run.state_reason
     ), run.state_reason
+
+
+def test_the_readmes_gpu_example_succeeds_on_the_test_cluster(
+    cluster_backend: Recorded,  # noqa: F811
+    kube: Kube,
+    ray_head: Any,
+    watcher: KubeWatcher,
+    settings: Any,
+) -> None:
+    """The README's flow: ``make cluster-up`` (this cluster, with its Ray head), ``make run``
+    on the Kubernetes backend (``bootstrap_demo`` gives the demo workspace quota on the test
+    cluster's fake H100 pool), and ``examples/gpu-quickstart`` submitted as the researcher:
+    Kueue admits its RayJob onto a GPU node, the cluster's stand-in Ray job says what it
+    stands for, and the run succeeds with that in its driver log (it used to fail after about
+    a minute, "the ray job did not reach terminal state", classed infrastructure and retried)."""
+    call_command("bootstrap_demo", verbosity=0)
+    demo = Workspace.unscoped_objects.get(slug="demo")
+    try:
+        gpu_example_succeeds(demo, cluster_backend, kube, watcher)
+    finally:  # the demo's queues and namespace are not the test's to keep
+        kube.delete(KUEUE, "ClusterQueue", "tau-demo")
+        kube.delete("v1", "Namespace", demo.namespace)
+
+
+def gpu_example_succeeds(
+    demo: Workspace,
+    cluster_backend: Recorded,  # noqa: F811
+    kube: Kube,
+    watcher: KubeWatcher,
+) -> None:
+    while cluster_backend.syncs:
+        sync_kueue(cluster_backend.syncs.pop(0))
+    synced = [
+        (sync.scope, sync.state, sync.last_error)
+        for sync in KueueSync.objects.filter(state__in=["failed", "pending"])
+    ]
+    assert synced == []
+    example = ROOT / "examples" / "gpu-quickstart"
+    run = submit(
+        workspace=demo,
+        user=get_user_model().objects.get(username="researcher"),
+        spec_source=(example / "tau.yaml").read_bytes(),
+        bundle=io.BytesIO(zip_directory(example)),
+    )
+    while cluster_backend.deliveries:
+        deliver(cluster_backend.deliveries.pop(0))
+
+    def seen() -> str:
+        now = fresh(run)
+        job = kube.get(*RAY, f"{run.name}-a1", demo.namespace) or {}
+        return f"run {now.state} ({now.state_reason}); RayJob status {job.get('status')}"
+
+    follow(
+        watcher,
+        "the GPU example to end",
+        lambda: fresh(run).state in {RunState.SUCCEEDED, RunState.FAILED},
+        seen,
+        timeout=180,
+    )
+    run = fresh(run)
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    assert states(run) == ["pending", "queued", "admitted", "running", "succeeded"]
+    attempt = attempt_of(run)
+    assert attempt.flavors.get("nvidia.com/gpu") == "h100"
+    assert any(node.startswith("gpu-h100-") for node in attempt.node_names)
+    said = driver_log(run)
+    assert "stands in for the entry point of the RayJob" in said
+    assert "python train.py" in said
 
 
 def test_the_rendered_runtime_env_ships_the_code_and_the_sdk_to_a_real_ray(

@@ -951,3 +951,26 @@ def test_lowering_a_quota_below_use_evicts_nothing_and_the_pages_say_so(
     assert "8 of 4" in queue_page
     assert "over the quota by 4" in queue_page
     assert "over quota" in client.get(f"/w/{workspace.slug}/").content.decode()
+
+
+@cluster
+def test_workspaces_made_before_the_switch_are_synced_when_the_watcher_starts(
+    kueue_backend: list[int], kube: Kube, settings: Any, uid: str, cleanup: None
+) -> None:
+    """A workspace made while the portal ran the local backend has no sync and no queues on
+    the cluster; when the watcher becomes the active one (``kueue_sync.sync_missing``) it is
+    synced then, not at the next drift check a minute later. One whose queues exist, or whose
+    sync waits to run, is left alone."""
+    settings.TAU_BACKEND = "local"
+    old = Workspace.unscoped_objects.create(
+        slug=f"old-{uid}", name="Made on the local backend", namespace=f"tau-old-{uid}"
+    )
+    assert not KueueSync.objects.filter(workspace_slug=old.slug).exists()
+    settings.TAU_BACKEND = "kubernetes"
+
+    assert old.slug in kueue_sync.sync_missing(reason="the watcher started")
+    assert old.slug not in kueue_sync.sync_missing(reason="again")  # its sync waits to run
+    run_published(kueue_backend)
+    assert kube.get(KUEUE, "ClusterQueue", f"tau-old-{uid}") is not None
+    assert kube.get(KUEUE, "LocalQueue", old.local_queue, old.namespace) is not None
+    assert old.slug not in kueue_sync.sync_missing(reason="once more")  # on the cluster now

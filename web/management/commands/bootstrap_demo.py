@@ -2,6 +2,12 @@
 
 Passwords are generated on first use and kept in ``var/demo-credentials.json`` (readable only
 by the owner), so a demo portal never ships with a password everyone knows.
+
+The workspace's quota is this machine's (flavor ``local``: 4 CPUs, 8 GiB). On the Kubernetes
+backend, the README's test cluster (``make cluster-up``), it also gets the GPU pool of that
+cluster (flavor ``h100``: the labels and taint of deploy/cluster/nodes/gpu-h100.yaml, 8 GPUs,
+64 CPUs and 512 GiB on it), so the README's GPU example can run there; a flavor of that name
+that exists already is used as it is.
 """
 
 from __future__ import annotations
@@ -20,6 +26,20 @@ from django.db import transaction
 
 from portal import audit
 from workspaces.models import Membership, ResourceFlavor, Role, Workspace, WorkspaceQuota
+
+#: The test cluster's GPU pool (deploy/cluster/nodes/gpu-h100.yaml), for the Kubernetes backend.
+TEST_CLUSTER_GPU_FLAVOR = {
+    "name": "h100",
+    "gpu_model": "NVIDIA-H100-80GB-HBM3",
+    "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "description": "The test cluster's fake H100 nodes (make cluster-up).",
+}
+TEST_CLUSTER_GPU_QUOTA = (
+    ("nvidia.com/gpu", Decimal(8)),
+    ("cpu", Decimal(64)),
+    ("memory", Decimal(512 * 2**30)),
+)
 
 DEMO_USERS = {
     "admin": {
@@ -128,6 +148,18 @@ class Command(BaseCommand):
                     resource=resource,
                     defaults={"nominal": amount},
                 )
+            if settings.TAU_BACKEND == "kubernetes":
+                fields = dict(TEST_CLUSTER_GPU_FLAVOR)
+                gpu_flavor, _ = ResourceFlavor.objects.get_or_create(
+                    name=fields.pop("name"), defaults=fields
+                )
+                for resource, amount in TEST_CLUSTER_GPU_QUOTA:
+                    WorkspaceQuota.objects.get_or_create(
+                        workspace=workspace,
+                        flavor=gpu_flavor,
+                        resource=resource,
+                        defaults={"nominal": amount},
+                    )
         # `make run` asks for silence (-v 0): runportal prints the login details once the
         # portal answers, where they are not pushed out of sight by the servers' start-up.
         if options["verbosity"] >= 1:
