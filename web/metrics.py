@@ -450,21 +450,31 @@ class PortalCollector(Collector):
             SealRequest.objects.unscoped()
             .filter(sealed_at__isnull=True)
             .aggregate(
-                pending=Count("pk"),
-                failing=Count("pk", filter=~Q(last_error="")),
-                oldest=Min("created_at"),
+                pending=Count("pk", filter=Q(given_up_at__isnull=True)),
+                # A seal waiting for a cluster's log keeps a last_error without a failed try.
+                failing=Count("pk", filter=Q(given_up_at__isnull=True, tries__gt=0)),
+                given_up=Count("pk", filter=Q(given_up_at__isnull=False)),
+                oldest=Min("created_at", filter=Q(given_up_at__isnull=True)),
             )
         )
         return [
             GaugeMetricFamily(
                 "taugrid_evidence_seals_pending",
-                "Finished runs whose evidence record is not sealed yet.",
+                "Finished runs whose evidence record is not sealed yet (given up ones not "
+                "counted).",
                 value=row["pending"],
             ),
             GaugeMetricFamily(
                 "taugrid_evidence_seals_failing",
-                "Pending seals whose last try failed (they are tried again, never given up).",
+                "Pending seals with a failed try behind them (tried again until they are given "
+                "up after evidence.sealing.MAX_TRIES tries).",
                 value=row["failing"],
+            ),
+            GaugeMetricFamily(
+                "taugrid_evidence_seals_given_up",
+                "Evidence records that could not be sealed and were given up: the run page "
+                "and the admin say why; staff can seal them again once the cause is fixed.",
+                value=row["given_up"],
             ),
             GaugeMetricFamily(
                 "taugrid_evidence_seal_oldest_pending_seconds",

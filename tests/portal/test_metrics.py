@@ -284,6 +284,7 @@ def test_the_numbers_are_the_rows(scene: Scene) -> None:
 
     assert value(samples, "taugrid_evidence_seals_pending") == 2
     assert value(samples, "taugrid_evidence_seals_failing") == 1
+    assert value(samples, "taugrid_evidence_seals_given_up") == 0
     assert value(samples, "taugrid_evidence_seal_oldest_pending_seconds") == (
         pytest.approx(300, abs=5)
     )
@@ -299,6 +300,22 @@ def test_the_numbers_are_the_rows(scene: Scene) -> None:
     assert value(samples, "taugrid_gpu_fleet_nodes") == 2
     # The local backend runs no watcher: nothing of it is said.
     assert not [name for name, _ in samples if name.startswith("taugrid_kube_watcher")]
+
+
+def test_a_given_up_seal_is_counted_as_given_up_not_as_pending(scene: Scene) -> None:
+    """A seal given up after its last try waits for nobody: it leaves pending, failing and
+    the oldest-pending age (which an alert watches), and is counted on its own; a seal that
+    only waits for a cluster's log (a last_error, no failed try) is not failing."""
+    failed = scene.runs["b_failed"]
+    SealRequest.objects.unscoped().filter(run=failed).update(given_up_at=timezone.now(), tries=8)
+    SealRequest.objects.unscoped().exclude(run=failed).filter(sealed_at__isnull=True).update(
+        last_error="waiting for the log of attempt 1", tries=0
+    )
+    samples = scrape()
+    assert value(samples, "taugrid_evidence_seals_given_up") == 1
+    assert value(samples, "taugrid_evidence_seals_pending") == 1
+    assert value(samples, "taugrid_evidence_seals_failing") == 0
+    assert value(samples, "taugrid_evidence_seal_oldest_pending_seconds") < 300
 
 
 def test_an_empty_portal_says_zero_and_nan_not_nothing() -> None:

@@ -25,12 +25,13 @@ from typing import Any
 import pytest
 import yaml
 from django.conf import settings
-from django.test import Client, override_settings
+from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from runs import delivery, submission
 from runs.models import RunState
 from telemetry.dcgm import LabelNames, MetricNames
+from tests.portal.test_metrics import scraper
 from tests.runs.factories import TINY_FILES, TINY_SPEC, make_run, zip_bytes
 from tests.runs.processes import Portal, free_port, wait_for
 
@@ -93,7 +94,7 @@ def known_metrics(db: None) -> set[str]:
     """The portal's metric names as /metrics serves them (the watcher's too: the Kubernetes
     backend), dcgm-exporter's default names TauGrid reads, and Prometheus' own ``up``."""
     with override_settings(TAU_BACKEND="kubernetes"):
-        response = Client().get("/metrics")
+        response = scraper().get("/metrics")
     assert response.status_code == 200
     names = {"up"}
     for family in text_string_to_metric_families(response.content.decode()):
