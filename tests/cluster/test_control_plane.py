@@ -34,6 +34,24 @@ from tests.cluster.kueue_objects import (
     workload_of,
 )
 from tests.cluster.plugin import CONTROLPLANE, Kube, KubeCluster, load_controlplane, wait_until
+from tests.scripts import load_script
+
+RAY_SUBMITTER = CONTROLPLANE.parent / "ray_submitter.py"
+
+
+def ray_processes(temp_dir: str) -> list[int]:
+    """The processes of a Ray head: every one names its temporary directory."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if temp_dir in cmdline:
+                found.append(int(entry.name))
+    return found
+
 
 pytestmark = pytest.mark.cluster
 
@@ -339,10 +357,13 @@ def test_admitted_rayjob_gets_a_raycluster(kube: Kube) -> None:
 
 
 def test_down_leaves_no_process_or_port(kube_cluster: KubeCluster, tmp_path: Path) -> None:
-    """A second, throwaway control plane (own state dir and ports) is started and stopped.
+    """A second, throwaway control plane (own state dir and ports), with its Ray head and the
+    stand-in for KubeRay's submitter pods (``--ray``, as ``make cluster-up``), is started and
+    stopped: nothing of it is left, the Ray head's processes included.
 
-    It also checks, while it runs, that every socket its processes listen on is on 127.0.0.1.
-    The shared session cluster is not touched.
+    It also checks, while it runs, that every socket its processes listen on is on 127.0.0.1
+    (the Ray head's too: its dashboard on another loopback address). The shared session
+    cluster is not touched.
     """
     controlplane = load_controlplane()
     env = dict(os.environ, TAUGRID_CLUSTER_DIR=str(tmp_path / "cluster"))
@@ -357,22 +378,28 @@ def test_down_leaves_no_process_or_port(kube_cluster: KubeCluster, tmp_path: Pat
             check=False,
         )
 
-    started = run("up", "--no-build", f"--nodes={controlplane.NODES_DIR / 'cpu.yaml'}")
+    started = run("up", "--no-build", "--ray", f"--nodes={controlplane.NODES_DIR / 'cpu.yaml'}")
+    state = tmp_path / "cluster"
+    head = load_script(RAY_SUBMITTER, "taugrid_ray_submitter").head_of(state)
     try:
         assert started.returncode == 0, started.stderr[-4000:]
-        state = tmp_path / "cluster"
-        pids = controlplane.owned_pids(state)
-        assert len(pids) >= len(controlplane.PROCESSES), pids
+        assert head is not None
+        ray_pids = ray_processes(head.temp_dir)
+        assert ray_pids, "no process of the Ray head?"
+        pids = controlplane.owned_pids(state) + ray_pids
+        assert len(pids) >= len(controlplane.PROCESSES + controlplane.RAY_PROCESSES), pids
         listening = controlplane.listening_sockets(pids)
         assert listening, "the control plane's processes listen on nothing?"
-        assert {host for host, _ in listening} == {"127.0.0.1"}, listening
-        ports = {port for _, port in listening}
+        assert {host for host, _ in listening} == {"127.0.0.1", head.dashboard_host}, listening
+        # By address too: other Ray heads' dashboards listen on 8265 of their own addresses.
+        sockets = set(listening)
     finally:
         stopped = run("down")
     assert stopped.returncode == 0, stopped.stderr[-4000:]
     assert [p for p in pids if controlplane.pid_alive(p)] == []
+    assert ray_processes(head.temp_dir) == []
     assert controlplane.owned_pids(state) == []
-    still_listening = ports & {port for _, port in controlplane.listening_sockets(None)}
+    still_listening = sockets & set(controlplane.listening_sockets(None))
     assert still_listening == set(), still_listening
     assert not state.exists()
     assert kube_cluster.state_dir != state
