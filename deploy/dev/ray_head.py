@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""A real Ray head on loopback, for the tests in which KubeRay's operator polls a real Ray
-dashboard (tests/runs/test_kube_rayjob_ray.py). Standard library only.
+"""A real Ray head on loopback: the test cluster's (``controlplane.py up --ray``, as ``make
+cluster-up``, starts one through deploy/cluster/ray_submitter.py), whose dashboard KubeRay's
+operator polls for every RayJob, and that tests/runs/test_kube_rayjob_ray.py uses. Standard
+library only.
 
     python deploy/dev/ray_head.py install        # what deploy/dev/test_tools.py (make test) runs
     python deploy/dev/ray_head.py start DIR      # prints the head as JSON; DIR holds its log
@@ -33,8 +35,8 @@ The dashboard alone listens elsewhere: on a loopback address of its own, ``127.x
 KubeRay dials a RayJob's dashboard as ``<head-svc>.<namespace>.svc.cluster.local:8265`` (the
 head Service's ``dashboard`` port, 8265 unless the pod template says otherwise), so the port is
 fixed; a random address of 127.0.0.0/8 (checked free) lets several heads (several sessions)
-coexist. The test maps the Service's name to that address in the operator's hosts file
-(deploy/cluster/README.md, "The KubeRay operator's hosts file").
+coexist. deploy/cluster/ray_submitter.py maps each RayJob's head Service name to that address
+in the operator's hosts file (deploy/cluster/README.md, "The KubeRay operator's hosts file").
 
 Before it returns, :func:`start_head` runs one trivial job through the job API and waits for
 ``SUCCEEDED``: that proves the whole path (dashboard, job agent, raylet, a worker) and pays
