@@ -211,6 +211,22 @@ class Portal:
                 ],
             )
 
+    def web_command(self) -> list[str]:
+        if not self.gunicorn:
+            from web.management.commands.runportal import web_command
+
+            return web_command("127.0.0.1", self.port)
+        # As the Helm chart's web container (deploy/helm/taugrid/templates/web.yaml).
+        return [
+            str(BIN / "gunicorn"),
+            "portal.wsgi:application",
+            f"--bind=127.0.0.1:{self.port}",
+            "--workers=1",
+            "--threads=4",
+            "--forwarded-allow-ips=",
+            "--no-control-socket",
+        ]
+
     def running(self, name: str) -> bool:
         """Whether the process ``name`` was started and has not ended."""
         process = self.processes.get(name)
@@ -249,22 +265,6 @@ def portal_processes(tmp_path: Path, broker_url: str, **kwargs: Any) -> Iterator
 def multipart_form(
     parts: list[tuple[str, str, bytes]], boundary: str = "taugridtest"
 ) -> tuple[bytes, str]:
-    def web_command(self) -> list[str]:
-        if not self.gunicorn:
-            from web.management.commands.runportal import web_command
-
-            return web_command("127.0.0.1", self.port)
-        # As the Helm chart's web container (deploy/helm/taugrid/templates/web.yaml).
-        return [
-            str(BIN / "gunicorn"),
-            "portal.wsgi:application",
-            f"--bind=127.0.0.1:{self.port}",
-            "--workers=1",
-            "--threads=4",
-            "--forwarded-allow-ips=",
-            "--no-control-socket",
-        ]
-
     """A multipart/form-data body of (field, file name, content) file parts, as
     `curl -F field=@file` sends them, and its Content-Type."""
     body = (
