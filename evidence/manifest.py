@@ -15,11 +15,12 @@ import json
 import sys
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 
@@ -53,6 +54,22 @@ class Coverage:
     event_count: int
 
 
+Row = TypeVar("Row")
+
+
+@contextmanager
+def _read_through(rows: Iterator[Row]) -> Iterator[Iterator[Row]]:
+    """A queryset's ``iterator()``, closed when the block ends, even when a row could not be
+    written: a half-read server-side cursor left to the garbage collector is closed later,
+    inside whatever transaction the connection is in by then, and aborts it."""
+    try:
+        yield rows
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
+
+
 def _events_bytes(run: Run, coverage: Coverage) -> tuple[bytes, str]:
     """``events.jsonl`` and the head hash. Each line carries exactly the content the chain
     hashed when the event was appended (``runs.events``: the time as ``isoformat()``)."""
@@ -63,24 +80,25 @@ def _events_bytes(run: Run, coverage: Coverage) -> tuple[bytes, str]:
         .filter(run=run, seq__lte=coverage.event_count)
         .order_by("seq")
     )
-    for event in events.iterator(chunk_size=2000):
-        lines.append(
-            event_line(
-                {
-                    "run": event.run_id,
-                    "seq": event.seq,
-                    "time": event.time.isoformat(),
-                    "kind": event.kind,
-                    "old_state": event.old_state,
-                    "new_state": event.new_state,
-                    "message": event.message,
-                    "data": event.data,
-                    "prev_hash": event.prev_hash,
-                    "hash": event.hash,
-                }
+    with _read_through(events.iterator(chunk_size=2000)) as rows:
+        for event in rows:
+            lines.append(
+                event_line(
+                    {
+                        "run": event.run_id,
+                        "seq": event.seq,
+                        "time": event.time.isoformat(),
+                        "kind": event.kind,
+                        "old_state": event.old_state,
+                        "new_state": event.new_state,
+                        "message": event.message,
+                        "data": event.data,
+                        "prev_hash": event.prev_hash,
+                        "hash": event.hash,
+                    }
+                )
             )
-        )
-        head = event.hash
+            head = event.hash
     return b"".join(lines), head
 
 
@@ -91,13 +109,20 @@ def _metrics_bytes(run: Run, coverage: Coverage) -> tuple[bytes, int]:
         .order_by("attempt", "key", "step", "id")
         .values_list("attempt", "key", "step", "time", "value")
     )
-    lines = [
-        canonical_json(
-            {"attempt": attempt, "key": key, "step": step, "time": rfc3339(time), "value": value}
-        )
-        + b"\n"
-        for attempt, key, step, time, value in points.iterator(chunk_size=5000)
-    ]
+    with _read_through(points.iterator(chunk_size=5000)) as rows:
+        lines = [
+            canonical_json(
+                {
+                    "attempt": attempt,
+                    "key": key,
+                    "step": step,
+                    "time": rfc3339(time),
+                    "value": value,
+                }
+            )
+            + b"\n"
+            for attempt, key, step, time, value in rows
+        ]
     return b"".join(lines), len(lines)
 
 

@@ -229,3 +229,24 @@ def test_an_attempt_that_never_started_is_sealed_saying_no_log_was_written(
     assert sealing.seal(request.pk)
     (entry,) = manifest_of(records_of(run)[0])["attempts"]
     assert entry["log_note"] == "no log was written: the attempt never started"
+
+
+def test_a_seal_that_fails_halfway_through_the_metrics_leaves_no_cursor_open(
+    world: Any, var_dir: Path
+) -> None:
+    """A half-read server-side cursor left to the garbage collector is closed later, inside
+    whatever transaction the connection is in then, and aborts it (a worker's next task, or
+    in the suite, the next test's admin request): sealing closes its cursors when it fails."""
+    from django.db import connection
+
+    run = make_run(world)
+    MetricPoint.objects.create(run=run, attempt=1, key="a", step=1, value=1.0)
+    MetricPoint.objects.create(run=run, attempt=1, key="b", step=TOO_BIG, value=1.0)
+    MetricPoint.objects.create(run=run, attempt=1, key="c", step=1, value=1.0)
+    run = finish(run, RunState.FAILED)
+    (request,) = SealRequest.objects.unscoped().filter(run=run)
+    assert not sealing.seal(request.pk)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_cursors")
+        (open_cursors,) = cursor.fetchone()
+    assert open_cursors == 0
