@@ -15,20 +15,9 @@ from django.utils.html import format_html
 from accounting import reports
 from accounting.hours import hours_text
 from accounting.models import BudgetAlert, WorkspaceUsage
+from portal.admin_site import ReadOnlyAdmin
 from runs import budgets
 from runs.accounting import LOST, Period, Totals, Usage, summarize
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 _month_usage: ContextVar[Usage | None] = ContextVar("month_usage", default=None)
 

@@ -14,6 +14,7 @@ from django.utils.text import Truncator
 
 from evidence import sealing
 from evidence.models import SealRequest
+from portal.admin_site import ReadOnlyAdmin
 
 FIELDS = (
     "run",
@@ -70,7 +71,7 @@ class StatusFilter(admin.SimpleListFilter):
 
 
 @admin.register(SealRequest)
-class SealRequestAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class SealRequestAdmin(ReadOnlyAdmin):
     list_display = ["id", "run_display", "terminal_seq", "status", "tries", "error", "created_at"]
     list_filter = [StatusFilter]
     search_fields = ["run__name", "run__workspace__slug", "last_error"]
@@ -79,18 +80,6 @@ class SealRequestAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     fields = FIELDS
     readonly_fields = FIELDS
     actions = ["seal_again"]
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).unscoped()  # type: ignore[attr-defined, no-any-return]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="Run", ordering="run__name")
     def run_display(self, request: SealRequest) -> str:

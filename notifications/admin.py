@@ -6,14 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
-from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from notifications.models import NotificationDelivery, Webhook
+from portal.admin_site import ReadOnlyAdmin
 
 # Never "secret": it signs deliveries and is shown nowhere.
 WEBHOOK_FIELDS = (
@@ -47,20 +46,6 @@ DELIVERY_FIELDS = (
     "given_up_at",
     "payload",
 )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).unscoped()  # type: ignore[attr-defined, no-any-return]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Webhook)

@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from portal import audit
+from portal.admin_site import ReadOnlyAdmin
 from portal.audit_kinds import AuditKind, of_kind
 from portal.models import AuditEvent
 
@@ -59,7 +60,7 @@ class KindFilter(admin.SimpleListFilter):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class AuditEventAdmin(ReadOnlyAdmin):
     # Six columns that fit a 1280 px window; source and address are on each entry's page.
     list_display = [
         "time",
@@ -79,18 +80,6 @@ class AuditEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
     readonly_fields = AUDIT_FIELDS + RECORDED_FIELDS
     show_full_result_count = False
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[AuditEvent]:
-        return super().get_queryset(request).unscoped()  # type: ignore[attr-defined, no-any-return]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="Actor", ordering="actor_username")
     def actor_display(self, event: AuditEvent) -> str:

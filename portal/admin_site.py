@@ -12,6 +12,7 @@ from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
 from django.contrib.admin.exceptions import DisallowedModelAdminToField
 from django.contrib.admin.options import TO_FIELD_VAR
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseBase
 
 View = TypeVar("View", bound=Callable[..., HttpResponseBase])
@@ -35,6 +36,26 @@ class TauGridAdminSite(admin.AdminSite):
             return checked(request, *args, **kwargs)
 
         return cast(View, refuse_empty_to_field)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A model the platform admin reads and never writes through the admin (the audit log,
+    usage, outbox rows): every row, whatever its workspace (staff see all), no add, change or
+    delete. Actions a list offers (such as sealing evidence again) go through services."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        queryset = super().get_queryset(request)
+        unscoped = getattr(queryset, "unscoped", None)
+        return unscoped() if unscoped is not None else queryset
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 class TauGridAdminConfig(AdminConfig):
