@@ -26,7 +26,7 @@ from portal.models import AuditEvent
 from runs.models import Run, RunAttempt, RunState
 from tests.cluster.plugin import KubeCluster, wait_until
 from tests.pages.browser_support import check_page, log_in, watch_console
-from tests.runs.factories import TINY_SPEC, make_run
+from tests.runs.factories import TINY_SPEC, cluster_quota, make_run
 
 pytestmark = [
     pytest.mark.browser,
@@ -171,6 +171,7 @@ def test_a_researcher_sees_their_workspaces_gpus(
     settings.TAU_PROMETHEUS_URL = prometheus.url
     settings.TAU_PROMETHEUS_CACHE_SECONDS = 1
     cache.clear()
+    cluster_quota(world.alpha)
     with override_settings(TAU_BACKEND="kubernetes"):
         run = make_run(world, spec=TINY_SPEC.replace(b"cpus: 1", b"cpus: 1\n  gpus: 2"))
     started = timezone.now() - timedelta(minutes=20)
