@@ -1503,13 +1503,17 @@ class LeaderElection:
 # --- the process ---------------------------------------------------------------------------------
 
 
-def _sync_missing_workspaces() -> None:
+def _sync_missing_workspaces(client: KubeClient) -> None:
     """Workspaces this cluster has no queues for (made while the portal ran the local backend,
-    or before it was pointed here) are synced now, not at the next drift check."""
+    or before it was pointed here) are synced now, not at the next drift check. Asked of the
+    cluster this watcher follows (``client``); whatever goes wrong is logged and left to the
+    drift check: it must never stop the watcher."""
     try:
-        kueue_sync.sync_missing(reason="the watcher started: not on this cluster yet")
-    except DatabaseError:
-        logger.warning("workspaces not synced at start: database error", exc_info=True)
+        kueue_sync.sync_missing(
+            reason="the watcher started: not on this cluster yet", client=client
+        )
+    except Exception:
+        logger.warning("workspaces not synced at start", exc_info=True)
 
 
 def serve(
@@ -1570,7 +1574,7 @@ def serve(
             if not watcher.running:
                 logger.info("the active watcher: listing and watching the cluster")
                 watcher.start()
-                _sync_missing_workspaces()
+                _sync_missing_workspaces(watcher.client)
             elif not acting:
                 logger.info("the active watcher again: reconciling every live run")
                 watcher.sweep_soon()

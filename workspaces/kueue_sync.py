@@ -59,6 +59,7 @@ from django.db.models import Model
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.utils import timezone
 
+from kube import KubeClient
 from portal import audit
 from portal.outbox import (
     Lease,
@@ -170,7 +171,7 @@ def request_sync_now(*, workspace: Workspace, by: Any) -> KueueSync:
     return sync
 
 
-def sync_missing(*, reason: str) -> list[str]:
+def sync_missing(*, reason: str, client: KubeClient | None = None) -> list[str]:
     """Request a sync of every active workspace whose ClusterQueue this cluster does not have
     and that has no sync waiting to run, and of the cluster-wide objects with them; the slugs.
     Called when the watcher becomes the active one (``runs.kube_watcher.serve``): workspaces
@@ -180,7 +181,7 @@ def sync_missing(*, reason: str) -> list[str]:
     if not enabled():
         return []
     try:
-        present = managed_workspace_slugs()
+        present = managed_workspace_slugs(client)
     except SyncProblem as problem:
         logger.warning("workspaces not synced at start: %s", problem)
         return []
