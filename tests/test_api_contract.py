@@ -37,7 +37,7 @@ import pytest
 from django.test import override_settings
 
 from evidence import sealing
-from evidence.models import SealRequest
+from evidence.models import EvidenceRecord, SealRequest
 from identity import tokens
 from runs import artifacts, run_tokens, submission
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt, RunState
@@ -294,6 +294,12 @@ def test_schemathesis_finds_nothing(contract: Contract, tmp_path: Path) -> None:
     assert contract.portal.processes["web"].poll() is None, contract.portal.log("web")[-3000:]
 
 
+def _ending_event(run: Run) -> int:
+    """The ending whose evidence record the run has (its owner reads that record)."""
+    record = EvidenceRecord.objects.unscoped().filter(run=run).order_by("-terminal_seq").first()
+    return record.terminal_seq if record is not None else 1
+
+
 def _paths_with(schema: dict[str, Any], method: str) -> list[str]:
     return [path for path, item in schema["paths"].items() if method in item]
 
@@ -323,6 +329,7 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
                 .replace("{run_name}", run.name)
                 .replace("{username}", members[workspace])
                 .replace("{artifact_path}", ARTIFACT)
+                .replace("{ending_event}", str(_ending_event(run)))
             )
             url = f"{contract.portal.url}{path}"
             status, body = _get(url, contract.tokens[who])
@@ -350,6 +357,7 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
                     .replace("{run_name}", name)
                     .replace("{username}", foreign_member)
                     .replace("{artifact_path}", ARTIFACT)
+                    .replace("{ending_event}", str(_ending_event(foreign_run)))
                 )
                 status, body = _get(f"{contract.portal.url}{path}", contract.tokens[who])
                 assert status in (403, 404), (who, path, status, body[:300])
