@@ -626,7 +626,9 @@ def test_the_workload_sdk_rides_with_the_bundle() -> None:
     packed = workload_sdk.packed()
     assert "$" not in packed  # the kubelet expands $(…) in args
     assert set(packed) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
-    assert len(packed) < 16 * 1024  # a few KiB in each pod spec, not more
+    # A few KiB in each pod spec, not more (17 KiB since the SDK checks steps and sweeps
+    # place a trial's returned row; an object may hold 1.5 MiB).
+    assert len(packed) < 24 * 1024
 
     spec, target = _case("resume-from-checkpoint")
     pod = render_workload(spec, target)["spec"]["template"]["spec"]
