@@ -521,20 +521,3 @@ def test_the_ingress_asks_for_a_buffering_proxy_by_default(
     assert production["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"] == (
         "600m"
     )
-
-
-def test_the_install_notes_say_the_proxy_must_buffer(helm: Helm) -> None:
-    def notes(*values: str) -> str:
-        args = ["install", "taugrid", str(REPO / "deploy" / "helm" / "taugrid"), "--namespace"]
-        args += ["taugrid", "--dry-run=client"]
-        for value in values:
-            args += ["--set", value]
-        return helm.run(*args).stdout.partition("NOTES:")[2]
-
-    with_ingress = ("ingress.enabled=true", "ingress.hosts={portal.example.org}")
-    assert "buffering proxy" in notes(*with_ingress)
-    assert "WARNING" not in notes(*with_ingress)
-    unbuffered = "ingress.annotations.nginx\\.ingress\\.kubernetes\\.io/proxy-request-buffering"
-    dropped = notes(*with_ingress, f"{unbuffered}=null")
-    assert "WARNING: ingress.annotations no longer ask ingress-nginx to buffer" in dropped
-    assert "must buffer requests too" in notes()

@@ -31,7 +31,7 @@ from runs import submission
 from runs.kube_watcher import KubeWatcher, LeaderElection
 from runs.models import Run, RunAttempt, RunState
 from tests.cluster.plugin import Kube, KubeCluster, wait_for_access
-from tests.deploy.helm import PRODUCTION_VALUES, Body, Helm, helm_binary
+from tests.deploy.helm import PRODUCTION_VALUES, REPO, Body, Helm, helm_binary
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from tests.runs.test_kube_watcher import (
     attempt_of,
@@ -251,3 +251,23 @@ def test_the_sync_and_the_watcher_work_as_the_charts_service_account(
         for kind, name in (("ClusterQueue", f"tau-{slug}"), ("ResourceFlavor", f"h100-{uid}")):
             admin.delete("kueue.x-k8s.io/v1beta2", kind, name, missing_ok=True)
         admin.delete("v1", "Namespace", f"tau-{slug}", missing_ok=True)
+
+
+def test_the_install_notes_say_the_proxy_must_buffer(helm: Helm, kube_cluster: KubeCluster) -> None:
+    """NOTES.txt as `helm install` prints it (helm template leaves NOTES out, and helm 3.22's
+    client-only dry run still asks a cluster for its version: this one answers)."""
+
+    def notes(*values: str) -> str:
+        args = ["install", "taugrid", str(REPO / "deploy" / "helm" / "taugrid"), "--namespace"]
+        args += ["taugrid", "--dry-run=client", "--kubeconfig", str(kube_cluster.kubeconfig)]
+        for value in values:
+            args += ["--set", value]
+        return helm.run(*args).stdout.partition("NOTES:")[2]
+
+    with_ingress = ("ingress.enabled=true", "ingress.hosts={portal.example.org}")
+    assert "buffering proxy" in notes(*with_ingress)
+    assert "WARNING" not in notes(*with_ingress)
+    unbuffered = "ingress.annotations.nginx\\.ingress\\.kubernetes\\.io/proxy-request-buffering"
+    dropped = notes(*with_ingress, f"{unbuffered}=null")
+    assert "WARNING: ingress.annotations no longer ask ingress-nginx to buffer" in dropped
+    assert "must buffer requests too" in notes()
