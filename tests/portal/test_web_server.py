@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -255,5 +256,8 @@ def test_a_streaming_response_is_sent_as_it_is_produced() -> None:
             sent_first.set()
 
     response = StreamingHttpResponse(chunks())
-    asyncio.run(PortalASGIHandler().send_response(response, send))
+    # In a thread of its own: after a browser test, Playwright's sync API keeps an event loop
+    # running in this one, where asyncio.run() refuses to start another.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, PortalASGIHandler().send_response(response, send)).result()
     assert order == ["first sent", "second made"]
