@@ -374,7 +374,9 @@ def start_head(work_dir: Path, version: str = RAY_VERSION) -> RayHead:
     return head
 
 
-def _pids_naming(marker: str) -> list[int]:
+def pids_naming(marker: str) -> list[int]:
+    """The processes whose command line contains ``marker`` (a head's temporary directory:
+    every process of that head names it)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -392,13 +394,13 @@ def stop_head(head: RayHead, timeout: float = 20) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(head.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _pids_naming(head.temp_dir):
+    while time.monotonic() < deadline and pids_naming(head.temp_dir):
         with contextlib.suppress(ChildProcessError):
             os.waitpid(head.pid, os.WNOHANG)
         time.sleep(0.3)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(head.pid, signal.SIGKILL)
-    for pid in _pids_naming(head.temp_dir):
+    for pid in pids_naming(head.temp_dir):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):

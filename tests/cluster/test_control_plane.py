@@ -39,20 +39,6 @@ from tests.scripts import load_script
 RAY_SUBMITTER = CONTROLPLANE.parent / "ray_submitter.py"
 
 
-def ray_processes(temp_dir: str) -> list[int]:
-    """The processes of a Ray head: every one names its temporary directory."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if temp_dir in cmdline:
-                found.append(int(entry.name))
-    return found
-
-
 pytestmark = pytest.mark.cluster
 
 RAY = "ray.io/v1"
@@ -384,7 +370,7 @@ def test_down_leaves_no_process_or_port(kube_cluster: KubeCluster, tmp_path: Pat
     try:
         assert started.returncode == 0, started.stderr[-4000:]
         assert head is not None
-        ray_pids = ray_processes(head.temp_dir)
+        ray_pids = controlplane.load_ray_head().pids_naming(head.temp_dir)
         assert ray_pids, "no process of the Ray head?"
         pids = controlplane.owned_pids(state) + ray_pids
         assert len(pids) >= len(controlplane.PROCESSES + controlplane.RAY_PROCESSES), pids
@@ -397,7 +383,7 @@ def test_down_leaves_no_process_or_port(kube_cluster: KubeCluster, tmp_path: Pat
         stopped = run("down")
     assert stopped.returncode == 0, stopped.stderr[-4000:]
     assert [p for p in pids if controlplane.pid_alive(p)] == []
-    assert ray_processes(head.temp_dir) == []
+    assert controlplane.load_ray_head().pids_naming(head.temp_dir) == []
     assert controlplane.owned_pids(state) == []
     still_listening = sockets & set(controlplane.listening_sockets(None))
     assert still_listening == set(), still_listening

@@ -1813,6 +1813,16 @@ def throwaway_cluster(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[Kub
         assert stopped.returncode == 0, stopped.stderr[-4000:]
 
 
+def alpha_queued_in(client: adapter.KubeClient, world: Any, name: str) -> None:
+    """alpha's runs in the namespace ``name`` of a throwaway cluster, queued through its
+    LocalQueue ``team`` into the ClusterQueue ``name`` (8 CPUs of flavor ``cpu``)."""
+    client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    client.create({"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": "cpu"}})
+    client.create(cluster_queue(name, "cpu", name, 0, cpu="8"))
+    client.create(local_queue("team", name, name))
+    type(world.alpha).unscoped_objects.filter(pk=world.alpha.pk).update(namespace=name)
+
+
 @cluster
 def test_the_watcher_follows_on_after_kube_apiserver_restarts(
     world: Any, throwaway_cluster: KubeCluster
@@ -1822,12 +1832,7 @@ def test_the_watcher_follows_on_after_kube_apiserver_restarts(
     back: the running run's Job completes (written through its status subresource, as the
     Job controller writes it: the other controllers recover in their own time)."""
     client = adapter.KubeClient(adapter.new_api_client(throwaway_cluster.kubeconfig))
-    namespace = "restart"
-    client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    client.create({"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": "cpu"}})
-    client.create(cluster_queue("restart", "cpu", namespace, 0, cpu="8"))
-    client.create(local_queue("team", namespace, "restart"))
-    type(world.alpha).unscoped_objects.filter(pk=world.alpha.pk).update(namespace=namespace)
+    alpha_queued_in(client, world, "restart")
     run = kube_run(world)
     job = client.create(labelled_job(run, annotations={TEST_DURATION: "10m"}))
     watcher = KubeWatcher(client, resync_seconds=300)
@@ -1877,12 +1882,7 @@ def test_after_a_frozen_api_server_a_watcher_started_meanwhile_follows_on_at_onc
     every run's state stale meanwhile), lists, and a Job that completes right after the server
     is back is the run's success within the budget."""
     client = adapter.KubeClient(adapter.new_api_client(throwaway_cluster.kubeconfig))
-    namespace = "freeze"
-    client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    client.create({"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": "cpu"}})
-    client.create(cluster_queue("freeze", "cpu", namespace, 0, cpu="8"))
-    client.create(local_queue("team", namespace, "freeze"))
-    type(world.alpha).unscoped_objects.filter(pk=world.alpha.pk).update(namespace=namespace)
+    alpha_queued_in(client, world, "freeze")
     run = kube_run(world)
     job = client.create(labelled_job(run, annotations={TEST_DURATION: "10m"}))
     env = watcher_env(throwaway_cluster.kubeconfig, "lease", tmp_path)
