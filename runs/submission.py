@@ -322,8 +322,9 @@ def submit(
 
 # --- Request size ---------------------------------------------------------------------------
 
-#: Routes that take a submission (or the live check's), and the most each may declare.
-_SIZED_ROUTES = {
+#: Routes that take a submission (or the live check's), and the most each may declare
+#: (also refused by make run's server before a byte is read: web.asgi).
+SIZED_ROUTES: dict[str, int] = {
     "api:run-list": MAX_SUBMISSION_BYTES,
     "run-submit": MAX_SUBMISSION_BYTES,
     "run-validate": MAX_CHECK_BYTES,
@@ -363,7 +364,7 @@ class SubmissionSizeMiddleware:
         self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any
     ) -> HttpResponseBase | None:
         match = request.resolver_match
-        limit = _SIZED_ROUTES.get(match.view_name) if match is not None else None
+        limit = SIZED_ROUTES.get(match.view_name) if match is not None else None
         if limit is None or request.method != "POST":
             return None
         try:

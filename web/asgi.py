@@ -82,8 +82,7 @@ def body_limit(view_name: str | None) -> int:
     if view_name == "api:run-report-artifacts":
         return int(settings.TAU_ARTIFACT_MAX_BYTES_PER_RUN)
     # runs.submission's table: one source for the limit the page and the API promise.
-    sized: dict[str, int] = submission._SIZED_ROUTES
-    return sized.get(view_name, int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
+    return submission.SIZED_ROUTES.get(view_name, int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
 
 
 def _view_name(path: str) -> str | None:
