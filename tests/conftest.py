@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
+from portal import rate_limits
 from workspaces.models import (
     Cohort,
     Membership,
@@ -21,6 +23,19 @@ from workspaces.models import (
 )
 
 pytest_plugins = ["tests.browser", "tests.cluster.plugin", "tests.telemetry.plugin"]
+
+_MINUTES = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def one_minute_of_rate_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test's requests fall in one fixed window of the portal's rate limits, a window
+    no other test of the session uses: a test that straddled a minute boundary would see its
+    count start again (``test_reports_are_rate_limited_per_run_token`` did, in CI), and one
+    that shared a window with the test before it would inherit its count."""
+    frozen = 1_800_000_000.0 + 60 * next(_MINUTES) + 30
+    monkeypatch.setattr(rate_limits, "clock", lambda: frozen)
+
 
 CAST = ("platform_admin", "workspace_admin", "researcher", "viewer", "outsider", "anonymous")
 

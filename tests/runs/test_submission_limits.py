@@ -15,21 +15,12 @@ from django.test import Client
 from django.urls import reverse
 
 from identity import tokens
-from portal import rate_limits
 from runs.models import Run
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from tests.runs.test_api import RUNS, bearer
 from tests.spec.test_loader import the_attack_of_issue_30
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def one_minute(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every request of a test in the same minute of the limits' fixed windows (a test that
-    straddled two windows would see its count start again)."""
-    frozen = 1_800_000_000.0 + 60 * (id(monkeypatch) % 1_000_000)
-    monkeypatch.setattr(rate_limits, "clock", lambda: frozen + 30)
 
 
 def token_for(world: Any, who: str = "researcher") -> str:
