@@ -32,7 +32,7 @@ from tau import __version__
 from tau.evidence import archive
 from tau.evidence.canonical import canonical_json
 from tau.evidence.chain import GENESIS_HASH, event_line
-from tau.spec import Spec
+from tau.spec import spec_from_dict
 
 #: Bytes read at a time when hashing a member: large enough that hashing runs at the speed
 #: of sha256 itself, small enough to keep memory flat.
@@ -259,7 +259,7 @@ def _bundle_files(path: Path) -> list[dict[str, Any]]:
 def local_environment(run: Run) -> dict[str, Any] | None:
     """The run's virtual environment, as the local executor built it: its Python and its
     packages. None when it is not on this machine (any more)."""
-    spec = Spec.from_dict(run.spec)
+    spec = spec_from_dict(run.spec)
     venv = environments.environment_path(Path(settings.VAR_DIR) / "venvs", spec.runtime.pip)
     if not environments.is_ready(venv):
         return None
@@ -293,7 +293,7 @@ def _objects(run: Run, attempt: RunAttempt) -> list[dict[str, Any]]:
     if not attempt.backend_name:
         return []
     if run.backend == Backend.KUBERNETES:
-        _, kind = workload_kind(Spec.from_dict(run.spec))
+        _, kind = workload_kind(spec_from_dict(run.spec))
         return [{"kind": kind, "name": attempt.backend_name, "namespace": run.workspace.namespace}]
     return [{"kind": "process", "name": attempt.backend_name, "namespace": None}]
 
@@ -357,7 +357,7 @@ def build_manifest(
             "member": archive.BUNDLE,
             "files": _bundle_files(bundles.bundle_path(run.bundle.sha256)),
         }
-    image = Spec.from_dict(run.spec).runtime.image
+    image = spec_from_dict(run.spec).runtime.image
     checkpoints = (
         Checkpoint.objects.for_workspace(run.workspace_id)
         .filter(run=run, attempt__lte=coverage.attempt_count)

@@ -105,7 +105,7 @@ from runs.models import RUNNING_STATES, Backend, Run
 from runs.policy import requested_totals
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError, parse_quantity
-from tau.spec import Spec, SpecError
+from tau.spec import SpecError, spec_from_dict
 from telemetry.nvml import probe_local_gpus
 from workspaces.models import ResourceFlavor
 
@@ -567,7 +567,7 @@ def _local_runs() -> list[dict[str, Any]]:
     )
     for run in running:
         try:
-            gpus = int(requested_totals(Spec.from_dict(run.spec)).get(GPU_RESOURCE, Decimal(0)))
+            gpus = int(requested_totals(spec_from_dict(run.spec)).get(GPU_RESOURCE, Decimal(0)))
         except (SpecError, ValueError, TypeError, KeyError):
             continue  # a spec this version cannot read holds nothing it can count
         if gpus > 0:

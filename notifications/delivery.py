@@ -70,6 +70,7 @@ from django.utils import timezone
 
 from notifications import sending
 from notifications.models import NotificationDelivery, Webhook
+from notifications.preferences import email_events_for
 from portal.outbox import Lease, claim_is_live, doubling_delay, once_on_commit, unclaimed_or_lapsed
 
 logger = logging.getLogger(__name__)
@@ -364,8 +365,6 @@ def _email(delivery: NotificationDelivery) -> sending.Email:
     user: Any = get_user_model()._default_manager.get(pk=delivery.user_id)
     if not user.email:
         raise sending.NotWanted("The person has no e-mail address any more.")
-    from notifications.services import email_events_for
-
     if delivery.event not in email_events_for(user.pk):
         raise sending.NotWanted(
             f"The person stopped e-mails about {delivery.event} before this one was sent."

@@ -31,6 +31,7 @@ from notifications.events import (
     wants,
 )
 from notifications.models import EmailPreference, NotificationDelivery, PayloadFormat, Webhook
+from notifications.preferences import email_events_for
 from portal import audit
 from workspaces.models import Membership, Role, Workspace
 
@@ -149,14 +150,6 @@ def delete_webhook(*, webhook: Webhook, by: User) -> None:
 
 
 # -- e-mail preferences ---------------------------------------------------------------------------
-
-
-def email_events_for(user_id: int) -> list[str]:
-    """What the person is e-mailed about (their choice, or the defaults)."""
-    chosen = EmailPreference.objects.filter(user_id=user_id).values_list("events", flat=True)
-    for events in chosen:
-        return [name for name in EVENTS if name in events]
-    return list(DEFAULT_EMAIL_EVENTS)
 
 
 @transaction.atomic

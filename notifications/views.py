@@ -17,7 +17,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
-from notifications import services
+from notifications import preferences, services
 from notifications.events import EVENTS
 from notifications.forms import EmailPreferencesForm, WebhookForm
 from notifications.models import NotificationDelivery, Webhook
@@ -127,7 +127,7 @@ class EmailPreferencesView(LoginRequiredMixin, View):
         return render(request, self.template_name, context, status=status)
 
     def get(self, request: HttpRequest) -> HttpResponse:
-        chosen = services.email_events_for(signed_in_user(request).pk)
+        chosen = preferences.email_events_for(signed_in_user(request).pk)
         return self._render(request, EmailPreferencesForm(initial={"events": chosen}))
 
     def post(self, request: HttpRequest) -> HttpResponse:

@@ -29,7 +29,7 @@ from django.utils import timezone
 from runs.models import Backend, FailureClass, RunAttempt
 from runs.policy import cluster_totals, requested_totals
 from tau.k8s_names import GPU_RESOURCE
-from tau.spec import Spec
+from tau.spec import spec_from_dict
 
 GIB = Decimal(2**30)
 
@@ -148,7 +148,7 @@ class AttemptUse:
 
 
 def _amounts(spec: dict[str, Any], backend: str) -> tuple[int, Decimal, Decimal]:
-    parsed = Spec.from_dict(spec)
+    parsed = spec_from_dict(spec)
     totals = cluster_totals(parsed) if backend == Backend.KUBERNETES else requested_totals(parsed)
     return (
         int(totals.get(GPU_RESOURCE, 0)),

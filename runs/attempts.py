@@ -31,7 +31,7 @@ from runs.models import (
     RunState,
 )
 from runs.state import IllegalTransition, lock_run, transition
-from tau.spec import Spec
+from tau.spec import spec_from_dict
 
 
 class NoWaitingAttempt(IllegalTransition):
@@ -239,9 +239,9 @@ def finish_attempt(
     if state in TERMINAL_STATES:
         return run  # already decided (e.g. cancelled while the process was exiting)
     if outcome.succeeded:
-        run.failure_class = ""
-        run.save(update_fields=["failure_class"])
-        return transition(run, RunState.SUCCEEDED, reason="Finished successfully.", data=data)
+        return transition(
+            run, RunState.SUCCEEDED, reason="Finished successfully.", data=data, failure_class=""
+        )
     if outcome.cancelled or state == RunState.CANCELLING:
         return transition(
             run,
@@ -251,8 +251,7 @@ def finish_attempt(
             kind=EventKind.CANCELLED,
         )
     failure = FailureClass(attempt.failure_class)
-    run.failure_class = failure
-    spec = Spec.from_dict(run.spec)
+    spec = spec_from_dict(run.spec)
     decision = retry.decide(
         spec,
         failure,
@@ -260,7 +259,6 @@ def finish_attempt(
         interrupted=outcome.interrupted,
     )
     if not decision.again:
-        run.save(update_fields=["failure_class"])
         return transition(
             run,
             RunState.FAILED,
@@ -268,6 +266,7 @@ def finish_attempt(
                 f"Attempt {attempt.number} failed: {failure.label.lower()}. {outcome.message}"
             ).strip(),
             data={**data, "failure_class": failure.value},
+            failure_class=failure,
         )
     # An interruption starts again at once; a retry waits out its backoff.
     run.not_before = (
@@ -275,7 +274,7 @@ def finish_attempt(
     )
     run.resume_from = newest_checkpoint(run)
     run.retry_reason = failure.value
-    run.save(update_fields=["failure_class", "not_before", "resume_from", "retry_reason"])
+    run.save(update_fields=["not_before", "resume_from", "retry_reason"])
     where = f" from step {run.resume_from.step}" if run.resume_from else ""
     if outcome.interrupted:
         queued_at = run.queued_at
@@ -285,6 +284,7 @@ def finish_attempt(
             reason=f"Interrupted ({outcome.message}); starting again{where}.",
             data={**data, "failure_class": failure.value, "interrupted": True},
             kind=EventKind.RETRY,
+            failure_class=failure,
         )
         _keep_queue_place(run, queued_at)
     else:
@@ -292,7 +292,13 @@ def finish_attempt(
             FailureClass.PREEMPTED,
             FailureClass.EVICTED,
         }:
-            run = transition(run, RunState(failure.value), reason=f"{failure.label}.", data=data)
+            run = transition(
+                run,
+                RunState(failure.value),
+                reason=f"{failure.label}.",
+                data=data,
+                failure_class=failure,
+            )
         run = transition(
             run,
             RunState.QUEUED,
@@ -306,6 +312,7 @@ def finish_attempt(
                 "retry_in_seconds": decision.delay_seconds,
             },
             kind=EventKind.RETRY,
+            failure_class=failure,
         )
     hand_over(run=run, resume_from=run.resume_from, retry_reason=failure.value)
     return run

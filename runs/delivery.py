@@ -294,10 +294,13 @@ def _give_up(delivery: Delivery, lease: Lease, run: Run, *, message: str, error:
     )
     data = {"delivery": delivery.pk, "action": delivery.action, "tries": delivery.tries}
     if locked.state in LIVE_STATES:
-        locked.failure_class = FailureClass.INFRASTRUCTURE
-        locked.save(update_fields=["failure_class"])
         transition(
-            locked, RunState.FAILED, reason=reason, kind=EventKind.DELIVERY_FAILED, data=data
+            locked,
+            RunState.FAILED,
+            reason=reason,
+            kind=EventKind.DELIVERY_FAILED,
+            data=data,
+            failure_class=FailureClass.INFRASTRUCTURE,
         )
     else:
         append_event(locked, EventKind.DELIVERY_FAILED, message=reason, data=data)

@@ -774,16 +774,15 @@ def _apply(run: Run, attempt: RunAttempt, observation: Observation, applied: App
         return
     # It ended before Kueue ever admitted it (its objects were deleted while it waited):
     # there is no started attempt to retry; the run fails with the attempt.
-    locked = lock_run(run.pk)
-    locked.failure_class = observation.failure_class or FailureClass.UNKNOWN
-    locked.save(update_fields=["failure_class"])
+    failure = FailureClass(observation.failure_class or FailureClass.UNKNOWN)
     transition(
-        locked,
+        run,
         RunState.FAILED,
         reason=f"Attempt {attempt.number} failed before it started: {observation.reason}",
-        data={"attempt": attempt.number, "failure_class": locked.failure_class},
+        data={"attempt": attempt.number, "failure_class": failure.value},
+        failure_class=failure,
     )
-    applied.actions.append(f"failed:{locked.failure_class}")
+    applied.actions.append(f"failed:{failure.value}")
     applied.ended_attempt = attempt.number
     applied.delete_object = observation.object_active
 

@@ -188,16 +188,7 @@ def resume_run(*, run: Run, user: User | None, checkpoint: Checkpoint | None = N
     locked.retry_reason = wording.MANUAL_RESUME
     locked.cancel_requested_at = None
     locked.not_before = None
-    locked.failure_class = ""
-    locked.save(
-        update_fields=[
-            "resume_from",
-            "retry_reason",
-            "cancel_requested_at",
-            "not_before",
-            "failure_class",
-        ]
-    )
+    locked.save(update_fields=["resume_from", "retry_reason", "cancel_requested_at", "not_before"])
     who = user.get_username() if user is not None else "the system"
     where = f" from checkpoint at step {start_from.step}" if start_from else " from the start"
     resumed = transition(
@@ -206,6 +197,7 @@ def resume_run(*, run: Run, user: User | None, checkpoint: Checkpoint | None = N
         reason=f"Resumed by {who}{where}.",
         kind=EventKind.RESUMED,
         data={"checkpoint": start_from.path if start_from else None},
+        failure_class="",
     )
     hand_over(run=resumed, resume_from=start_from, retry_reason=wording.MANUAL_RESUME)
     return resumed

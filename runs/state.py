@@ -9,7 +9,7 @@ state it is about, so a run that moved on meanwhile keeps its own words.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from django.db import transaction
 from django.dispatch import Signal
@@ -82,8 +82,13 @@ def transition(
     message: str = "",
     data: dict[str, Any] | None = None,
     kind: EventKind = EventKind.STATE,
+    failure_class: FailureClass | Literal[""] | None = None,
 ) -> Run:
     """Move the run to ``new_state`` (row-locked, checked, recorded). Returns the fresh run.
+
+    ``failure_class`` is what the run's failure class becomes with the move (``""``: it has
+    none any more, as when it succeeds or is resumed; None: unchanged). This is the one
+    place it is written, so it always changes with the state and its event.
 
     A run that ends while an attempt of it still waits (cancelled before it was admitted,
     failed because no backend could be told) ends that attempt with it: cancelled, or failed
@@ -95,6 +100,8 @@ def transition(
     now = timezone.now()
     locked.state = new_state
     locked.state_reason = reason
+    if failure_class is not None:
+        locked.failure_class = failure_class
     if new_state != RunState.QUEUED:
         locked.queue_position = None
     stamp = _TIMESTAMP_FOR_STATE.get(new_state)

@@ -49,9 +49,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imported_modules(path: Path, module: str | None = None) -> Iterator[tuple[int, str]]:
+def imported_modules(
+    path: Path, module: str | None = None, *, modules: set[str] | None = None
+) -> Iterator[tuple[int, str]]:
     """Every module the file imports, absolute, with its line (``module``: the file's module
-    name, when it is not in the tree)."""
+    name, when it is not in the tree). With ``modules`` (the package's modules) ``from pkg
+    import sub`` of a module ``pkg.sub`` is an import of that module only: the package's
+    ``__init__`` is loaded before any of its modules whatever they import, so it is no
+    dependency of theirs (counting it made every module a package re-exports from a cycle)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = module or module_name(path)
     if path.name != "__init__.py":
@@ -67,10 +72,12 @@ def imported_modules(path: Path, module: str | None = None) -> Iterator[tuple[in
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            yield node.lineno, target
+            named = [f"{target}.{alias.name}" for alias in node.names]
+            if modules is None or not all(name in modules for name in named):
+                yield node.lineno, target
             # ``from runs import delivery`` imports the module runs.delivery.
-            for alias in node.names:
-                yield node.lineno, f"{target}.{alias.name}"
+            for name in named:
+                yield node.lineno, name
 
 
 def project_packages() -> set[str]:
@@ -110,7 +117,7 @@ def module_graph(package: str) -> dict[str, set[str]]:
     modules = {module_name(path): path for path in python_files(package)}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for _, target in imported_modules(path):
+        for _, target in imported_modules(path, modules=set(modules)):
             if target in modules and target != name:
                 graph[name].add(target)
     return graph
@@ -145,7 +152,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("package", ["runs", "workspaces", "identity", "portal"])
+@pytest.mark.parametrize("package", sorted(LAYERS))
 def test_no_import_cycle_inside_a_package(package: str) -> None:
     # A package's __init__ importing its own modules is how a package re-exports; a module
     # importing its package's __init__ back is the cycle that matters, and is caught.
@@ -166,3 +173,10 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     )
     targets = {target for _, target in imported_modules(source, "portal.sub.mod")}
     assert {"runs.models", "runs.models.Run", "web.urls", "portal.audit"} <= targets
+    # ``from pkg import sub`` of a module is that module, not the package's __init__ too;
+    # ``from pkg import name`` of anything else is the package.
+    source.write_text("from pkg import sub\nfrom pkg import helper\n", encoding="utf-8")
+    named = [
+        target for _, target in imported_modules(source, "pkg.mod", modules={"pkg", "pkg.sub"})
+    ]
+    assert named == ["pkg.sub", "pkg", "pkg.helper"]

@@ -96,7 +96,7 @@ from runs.render import sweep_settings
 from runs.state import IllegalTransition
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import parse_quantity
-from tau.spec import Spec
+from tau.spec import Spec, spec_from_dict
 from workspaces.models import WorkspaceQuota
 
 logger = logging.getLogger("runs.agent")
@@ -667,7 +667,7 @@ class Agent:
             return
         for run_id, data in Run.objects.unscoped().filter(pk__in=missing).values_list("pk", "spec"):
             try:
-                self._specs[run_id] = Spec.from_dict(data)
+                self._specs[run_id] = spec_from_dict(data)
             except Exception as exc:  # a stored spec the current schema refuses
                 logger.warning("run %s has a spec that no longer validates: %s", run_id, exc)
                 with contextlib.suppress(IllegalTransition, Run.DoesNotExist):
@@ -675,6 +675,8 @@ class Agent:
                         Run(pk=run_id),
                         RunState.FAILED,
                         reason=f"Its stored tau.yaml no longer validates: {exc}",
+                        # Valid when it was accepted: the platform changed under it.
+                        failure_class=FailureClass.INFRASTRUCTURE,
                     )
 
     def _usage(self) -> admission.Usage:
@@ -1464,7 +1466,7 @@ def outcome_of_exit(
 
 def _max_runtime(run: Run) -> int | None:
     try:
-        return Spec.from_dict(run.spec).run.max_runtime
+        return spec_from_dict(run.spec).run.max_runtime
     except Exception:  # a stored spec the current schema refuses
         return None
 

@@ -87,7 +87,7 @@ from runs.models import (
 from runs.state import lock_run, transition
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError, format_quantity, parse_quantity
-from tau.spec import Spec
+from tau.spec import Spec, spec_from_dict
 from workspaces import kueue_usage
 from workspaces.models import ResourceFlavor, Workspace
 
@@ -162,7 +162,7 @@ def no_storage_warning(workspace: Workspace) -> str:
 
 def target_for(run: Run, attempt: RunAttempt) -> tuple[Spec, render.RunTarget]:
     """The spec and the render target of ``attempt`` of ``run``."""
-    spec = Spec.from_dict(run.spec)
+    spec = spec_from_dict(run.spec)
     workspace = run.workspace
     flavor = None
     gpu_type = spec.compute.gpu_type
@@ -471,9 +471,9 @@ class KubernetesBackend:
             locked = lock_run(run.pk)
             if locked.state not in LIVE_STATES:
                 return
-            locked.failure_class = FailureClass.INFRASTRUCTURE
-            locked.save(update_fields=["failure_class"])
-            transition(locked, RunState.FAILED, reason=reason)
+            transition(
+                locked, RunState.FAILED, reason=reason, failure_class=FailureClass.INFRASTRUCTURE
+            )
 
     def _create_or_adopt(self, body: Mapping[str, Any], target: render.RunTarget) -> dict[str, Any]:
         """``body`` created, or the object of that name when it is this attempt's already."""
@@ -589,7 +589,7 @@ class KubernetesBackend:
         current = Run.objects.unscoped().filter(pk=run.pk).values_list("state", flat=True).first()
         still_cancelled = current in {RunState.CANCELLED, RunState.CANCELLING}
         keep = None if still_cancelled else run.attempt_count
-        spec = Spec.from_dict(run.spec)
+        spec = spec_from_dict(run.spec)
         deleted = self._delete_other_attempts(run, spec, keep=keep)
         logger.info("cancel of %s: %d workload(s) asked to go", run.name, deleted)
         if current == RunState.CANCELLED:
@@ -623,7 +623,7 @@ class KubernetesBackend:
     ) -> tuple[bytes, str, tuple[str, ...], str]:
         """(the log, the pod it is of, the attempt's pods, a note on why there is none);
         ``pods``: the attempt's pods when the caller has just listed them."""
-        spec = Spec.from_dict(run.spec)
+        spec = spec_from_dict(run.spec)
         if pods is None:
             try:
                 pods = self._attempt_pods(run, attempt)

@@ -28,7 +28,7 @@ from runs.policy import requested_totals
 from runs.state import lock_run, transition
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError
-from tau.spec import Spec
+from tau.spec import Spec, spec_from_dict
 
 
 #: The tau.yaml field each resource of the machine is asked for in.
@@ -183,7 +183,7 @@ class LocalBackend:
         flavor = settings.TAU_LOCAL_FLAVOR
         for workspace_id, spec in runs.values_list("workspace_id", "spec"):
             line = used.setdefault(workspace_id, {})
-            for resource, amount in requested_totals(Spec.from_dict(spec)).items():
+            for resource, amount in requested_totals(spec_from_dict(spec)).items():
                 key = (flavor, resource)
                 line[key] = line.get(key, Decimal(0)) + amount
         return used

@@ -10,7 +10,7 @@ no network, nothing but PyYAML.
 
 ``load_spec`` raises :class:`SpecError` listing every problem (path, line, column, message,
 hint); ``validate`` returns the same problems as a list. ``Spec.to_dict()`` is the normal
-form the server stores and ``Spec.from_dict()`` reads it back; ``spec_hash`` is the SHA-256
+form the server stores and ``spec_from_dict()`` reads it back; ``spec_hash`` is the SHA-256
 of its canonical JSON. ``json_schema()`` is the JSON Schema for editors and web forms.
 The field reference is ``docs/tau-yaml.md``.
 """
@@ -47,6 +47,7 @@ from tau.spec.schema import (
     RUN_NAME_SUFFIX_MAX_LENGTH,
     check_source,
     json_schema,
+    spec_from_dict,
 )
 
 __all__ = [
@@ -80,6 +81,7 @@ __all__ = [
     "json_schema",
     "load_spec",
     "locate",
+    "spec_from_dict",
     "spec_hash",
     "validate",
 ]

@@ -3,7 +3,7 @@
 These frozen dataclasses are what the server stores (``Spec.to_dict()`` as JSON), hashes
 (``spec_hash``) and renders into Kubernetes objects. They hold no defaults of their own: the
 schema (``tau.spec.schema``) is the one place defaults live, and every ``Spec`` comes from it,
-either by loading a tau.yaml or by ``Spec.from_dict`` re-checking stored JSON.
+either by loading a tau.yaml or by ``spec_from_dict`` re-checking stored JSON.
 
 Normal form, so that equal meanings are equal values (and hash the same):
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal, TypeAlias
@@ -446,7 +445,8 @@ class Spec:
     execution: Execution
 
     def to_dict(self) -> dict[str, Any]:
-        """The normal form as JSON-ready data; ``Spec.from_dict`` reads it back exactly."""
+        """The normal form as JSON-ready data; ``tau.spec.spec_from_dict`` reads it back
+        exactly."""
         data = self._base_dict()
         # Blocks newer than the first specs are present only when used, so that older specs
         # keep their normal form and spec hash.
@@ -468,16 +468,6 @@ class Spec:
             "outputs": self.outputs.to_dict(),
             "experiment": self.experiment.to_dict(),
         }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Spec:
-        """A Spec from ``to_dict()`` output (or any tau.yaml-shaped data), checked by the
-        same rules as a file; raises ``SpecError`` (positions are 0: there is no file)."""
-        # Imported here because the schema builds Spec objects: the dependency is circular
-        # by nature, and the model module must stay importable on its own.
-        from tau.spec.schema import spec_from_data
-
-        return spec_from_data(data)
 
     def canonical_json(self) -> str:
         return canonical_json(self.to_dict())

@@ -3,7 +3,7 @@
 The schema checks these nodes rather than plain Python values so that every problem can name
 its line and column, and so that a scalar keeps the text the user typed (``1.10`` stays
 ``1.10`` in ``args``; ``010`` in an integer field is caught rather than read as 8).
-``from_python`` builds the same tree from JSON-like data, which is how ``Spec.from_dict``
+``from_python`` builds the same tree from JSON-like data, which is how ``spec_from_dict``
 re-validates a stored normalised spec with exactly the same rules.
 """
 

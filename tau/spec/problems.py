@@ -29,7 +29,7 @@ class SpecProblem:
     """One mistake: where it is and what to do about it.
 
     ``line`` and ``column`` are 1-based positions in the file. They are 0 only for problems
-    in data that did not come from a file (``Spec.from_dict``).
+    in data that did not come from a file (``spec_from_dict``).
     """
 
     path: str

@@ -1455,7 +1455,7 @@ def check_source(source: str | bytes) -> tuple[Spec | None, list[SpecProblem]]:
     return reading.spec, reading.problems
 
 
-def spec_from_data(data: Mapping[str, Any]) -> Spec:
+def spec_from_dict(data: Mapping[str, Any]) -> Spec:
     """A Spec from JSON-like data (``Spec.to_dict()`` output), by the same rules as a file."""
     problems = ProblemCollector()
     try:

@@ -3,7 +3,9 @@ the events form a hash chain that detects any tampering."""
 
 from __future__ import annotations
 
+import ast
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -215,3 +217,71 @@ def test_an_interrupted_attempt_keeps_the_runs_place_in_the_queue(world: Any) ->
     newest = RunAttempt.objects.for_workspace(world.alpha).filter(run=run).latest("number")
     assert (newest.number, newest.state) == (2, RunAttempt.State.WAITING)
     assert Delivery.objects.for_workspace(world.alpha).filter(run=run, attempt=newest).exists()
+
+
+def test_the_failure_class_moves_with_the_state_it_explains(world: Any) -> None:
+    """``transition`` writes the failure class with the state and its event: set when the
+    run fails, cleared when it is resumed, unchanged when not given."""
+    run = make_run(world, state=RunState.RUNNING)
+    failed = transition(
+        run, RunState.FAILED, reason="no memory", failure_class=FailureClass.OOM_KILLED
+    )
+    assert Run.objects.for_workspace(world.alpha).get(pk=run.pk).failure_class == "oom_killed"
+    assert failed.failure_class == FailureClass.OOM_KILLED
+    queued = transition(failed, RunState.QUEUED, reason="resumed", failure_class="")
+    assert Run.objects.for_workspace(world.alpha).get(pk=queued.pk).failure_class == ""
+    transition(queued, RunState.CANCELLED, reason="stopped")  # None: left as it is
+    assert Run.objects.for_workspace(world.alpha).get(pk=queued.pk).failure_class == ""
+
+
+def failure_class_writes(path: Path) -> list[str]:
+    """Where a file writes a run's failure class other than through ``transition``: an
+    assignment to ``<run>.failure_class`` (an attempt's, an exception's and an outcome's are
+    their own), ``"failure_class"`` in ``update_fields``, or ``.update(failure_class=...)``
+    on anything but waiting attempts."""
+    found = []
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr == "failure_class":
+                    owner = ast.unparse(target.value)
+                    if "attempt" not in owner and owner != "self":
+                        found.append(f"{path}:{node.lineno} sets {owner}.failure_class")
+        elif isinstance(node, ast.keyword) and node.arg == "update_fields":
+            if "'failure_class'" in ast.unparse(node.value):
+                found.append(f"{path}:{node.value.lineno} saves failure_class")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "update"
+            and any(keyword.arg == "failure_class" for keyword in node.keywords)
+            and ast.unparse(node.func.value) != "waiting"
+        ):
+            found.append(f"{path}:{node.lineno} updates failure_class")
+    return found
+
+
+def test_only_transition_writes_a_runs_failure_class(tmp_path: Path) -> None:
+    """Issue 31: "lock, set the class, save, move to failed" was written out in six places;
+    now the class is an argument of the one function that moves a run."""
+    root = Path(__file__).resolve().parents[2]
+    state = root / "runs" / "state.py"
+    product = [
+        path
+        for package in ("runs", "evidence", "gpus", "accounting", "notifications", "workspaces")
+        for path in sorted((root / package).rglob("*.py"))
+        if "migrations" not in path.parts and path != state
+    ]
+    assert [line for path in product for line in failure_class_writes(path)] == []
+    # The check finds each shape it looks for.
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "locked.failure_class = 'x'\n"
+        "run.save(update_fields=['failure_class'])\n"
+        "Run.objects.filter(pk=1).update(failure_class='x')\n"
+        "attempt.failure_class = 'x'\n",
+        encoding="utf-8",
+    )
+    assert len(failure_class_writes(sample)) == 3

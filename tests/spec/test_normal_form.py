@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from tau.spec import Spec, SpecError, canonical_json, load_spec, spec_hash
+from tau.spec import SpecError, canonical_json, load_spec, spec_from_dict, spec_hash
 from tau.spec.samples import ARTICLE_EXAMPLE, FULL_EXAMPLE
 
 from .support import EXAMPLES, spec
@@ -161,7 +161,7 @@ def test_setting_a_default_explicitly_keeps_the_hash_but_unset_policy_fields_do_
 def test_to_dict_from_dict_round_trip_is_exact(text: str) -> None:
     original = load_spec(text)
     stored = json.loads(json.dumps(original.to_dict()))
-    restored = Spec.from_dict(stored)
+    restored = spec_from_dict(stored)
     assert restored == original
     assert restored.to_dict() == original.to_dict()
     assert spec_hash(restored) == spec_hash(original)
@@ -177,7 +177,7 @@ def test_from_dict_checks_with_the_same_rules() -> None:
     data["compute"]["gpus"] = 99
     data["runtime"]["env"] = {"TAU_RUN_ID": "x"}
     with pytest.raises(SpecError) as raised:
-        Spec.from_dict(data)
+        spec_from_dict(data)
     assert [(p.path, p.line, p.column) for p in raised.value.errors] == [
         ("compute.gpus", 0, 0),
         ("runtime.env.TAU_RUN_ID", 0, 0),
@@ -186,7 +186,7 @@ def test_from_dict_checks_with_the_same_rules() -> None:
 
 def test_from_dict_refuses_what_json_cannot_hold() -> None:
     with pytest.raises(SpecError) as raised:
-        Spec.from_dict({"schema_version": 1, "name": "x", "run": {"entrypoint": {1, 2}}})
+        spec_from_dict({"schema_version": 1, "name": "x", "run": {"entrypoint": {1, 2}}})
     assert raised.value.errors[0].message == "not JSON-like data: set is not a JSON value"
 
 
