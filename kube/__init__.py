@@ -17,6 +17,10 @@ and credentials stay in one place::
   (of a CRD), with a timeout on
   every request and ``spec.suspend`` never applied (Kueue owns it);
 - :mod:`kube.errors` — :class:`KubeError` and the kinds of failure callers act on.
+- :mod:`kube.informer` — :class:`~kube.informer.Informer`: list, then watch, one kind in a
+  thread, resuming, backing off and listing again on its own;
+- :mod:`kube.leader` — :class:`~kube.leader.LeaderElection`: one active replica through a
+  ``coordination.k8s.io/v1`` Lease.
 
 It imports nothing from the portal's apps (nor Django): configuration comes as arguments or
 from the environment.

@@ -4,13 +4,12 @@ run services what happened (``manage.py run_kube_watcher``; ``make run`` starts 
 
 A loop over small steps, each tested on its own:
 
-1. **Informers** (:class:`Informer`, one thread per kind) list, then watch, Workloads
-   (``kueue.x-k8s.io/v1beta2``), Jobs, RayJobs (``ray.io/v1``) and Pods with TauGrid's labels,
-   warning Events, ClusterQueues and LocalQueues, in all namespaces, and Nodes (for the XID
-   errors node-problem-detector reports on them). Each watch resumes from
-   the last ``resourceVersion`` it saw (bookmarks keep it fresh); a ``410 Gone`` means list
-   again; a connection lost or an API server that does not answer (restarting) means wait
-   (doubling, up to :data:`MAX_BACKOFF_SECONDS`) and list again; every
+1. **Informers** (:class:`kube.informer.Informer`, one thread per kind) list, then watch,
+   Workloads (``kueue.x-k8s.io/v1beta2``), Jobs, RayJobs (``ray.io/v1``) and Pods with
+   TauGrid's labels, warning Events, ClusterQueues and LocalQueues, in all namespaces, and
+   Nodes (for the XID errors node-problem-detector reports on them). Each watch resumes from
+   the last ``resourceVersion`` it saw; a ``410 Gone`` means list again; a lost connection
+   means wait (doubling, up to ``kube.informer.MAX_BACKOFF_SECONDS``) and list again; every
    ``TAU_KUBE_WATCHER_RESYNC_SECONDS`` the watch is replaced by a full list anyway. Informers
    touch no database: they put what they read on one queue.
 2. **The cache** (:class:`ClusterCache`, the main thread's only) keeps the objects and indexes
@@ -36,18 +35,19 @@ A loop over small steps, each tested on its own:
 5. **Sweep**, once every informer has listed and then at each resync: every live Kubernetes
    run's current attempt is reconciled whatever the watches said, which catches what happened
    while no watcher ran: objects deleted behind TauGrid's back, a cancel whose pods are gone.
-6. **One active replica** (:class:`LeaderElection`): a ``coordination.k8s.io/v1`` Lease named
-   ``taugrid-kube-watcher`` in ``TAU_KUBE_WATCHER_LEASE_NAMESPACE``, created if missing (and
-   its namespace with it, where the portal does not run in one: ``make run``),
-   renewed every fifth of ``TAU_KUBE_WATCHER_LEASE_SECONDS``. The holder acts only while its
-   last renewal is younger than two thirds of the lease; a standby takes the Lease as soon as
-   it lapses — a whole lease after it saw it change, or sooner when the holder's
-   ``renewTime`` is a lease old by this machine's clock (within a skew allowance), so a
-   replica that starts after the holder died does not wait another lease — and only then
-   starts its informers. A replica that stops gracefully gives the Lease up at once, and a
-   standby takes it at its next round. A holder that could not renew in time (the API server
-   did not answer) stops acting but keeps its informers until another replica holds the Lease:
-   renewed, it acts again at once on what it read meanwhile, with a sweep.
+6. **One active replica** (:class:`kube.leader.LeaderElection`): a
+   ``coordination.k8s.io/v1`` Lease named ``taugrid-kube-watcher`` in
+   ``TAU_KUBE_WATCHER_LEASE_NAMESPACE``, created if missing (and its namespace with it, where
+   the portal does not run in one: ``make run``), renewed every fifth of
+   ``TAU_KUBE_WATCHER_LEASE_SECONDS``. The holder acts only while its last renewal is younger
+   than two thirds of the lease; a standby takes the Lease as soon as it lapses — a whole
+   lease after it saw it change, or sooner when the holder's ``renewTime`` is a lease old by
+   this machine's clock (within a skew allowance), so a replica that starts after the holder
+   died does not wait another lease — and only then starts its informers. A replica that
+   stops gracefully gives the Lease up at once, and a standby takes it at its next round. A
+   holder that could not renew in time (the API server did not answer) stops acting but keeps
+   its informers until another replica holds the Lease: renewed, it acts again at once on
+   what it read meanwhile, with a sweep.
 
 What the watcher decides about an attempt, and why, is in ``runs.kube_status``.
 """
@@ -55,17 +55,14 @@ What the watcher decides about an attempt, and why, is in ``runs.kube_status``.
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import secrets
 import signal
-import socket
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from types import FrameType
 from typing import Any, Final
 
@@ -75,6 +72,8 @@ from django.utils import timezone
 
 import kube
 from kube import KubeClient, KubeError
+from kube.informer import Informer, Listed, Message, WatchedKind
+from kube.leader import LeaderElection
 from runs import labels, run_tokens, selectors, wording
 from runs.attempts import (
     AttemptOutcome,
@@ -93,7 +92,6 @@ from runs.kube_status import (
     ObservedState,
     node_facts,
     observe,
-    parse_time,
 )
 from runs.models import (
     LIVE_STATES,
@@ -116,13 +114,8 @@ logger = logging.getLogger(__name__)
 Body = dict[str, Any]
 
 KUEUE: Final = "kueue.x-k8s.io/v1beta2"
-COORDINATION: Final = "coordination.k8s.io/v1"
 #: TauGrid's objects: its own label, and the run id present.
 TAUGRID_SELECTOR: Final = f"{labels.MANAGED_BY}={labels.MANAGED_BY_TAUGRID},{labels.RUN_ID}"
-#: The longest wait between two tries of a list or watch that failed.
-MAX_BACKOFF_SECONDS: Final = 10.0
-#: How long a watch runs before it is replaced (the server ends it; a resync may come first).
-WATCH_SECONDS: Final = 300
 #: A Job or RayJob TauGrid created and the cache does not hold is "deleted" only once its
 #: creation is this old: a watch event can lag the backend's write by a moment.
 ABSENCE_GRACE: Final = timedelta(seconds=30)
@@ -144,27 +137,10 @@ QUEUE_SETTLE_SECONDS: Final = 2.0
 QUEUE_REFRESH_BATCH: Final = 50
 #: The most warning Events kept (the oldest are dropped first).
 MAX_EVENTS: Final = 10_000
-#: How far another replica's clock may be ahead of the holder's before it could take the Lease
-#: while the holder still acts (:class:`LeaderElection`).
-LEASE_SKEW_SECONDS: Final = 2.0
-#: How long a kind that cannot be watched (RayJob without KubeRay, Nodes without RBAC) waits
-#: before it is tried again.
-UNAVAILABLE_RETRY_SECONDS: Final = 60.0
 
 FINISHED_ATTEMPT_STATES: Final = frozenset(
     {RunAttempt.State.SUCCEEDED, RunAttempt.State.FAILED, RunAttempt.State.CANCELLED}
 )
-
-
-@dataclass(frozen=True)
-class WatchedKind:
-    api_version: str
-    kind: str
-    label_selector: str | None = None
-    field_selector: str | None = None
-    #: The watcher works without it (an installation whose RBAC predates it): a refusal
-    #: (403) counts as "none of them", logged, and is tried again later.
-    optional: bool = False
 
 
 JOB: Final = WatchedKind("batch/v1", "Job", label_selector=TAUGRID_SELECTOR)
@@ -233,146 +209,6 @@ def _owned_by_rayjob(obj: Mapping[str, Any]) -> bool:
 
 
 # --- informers ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Listed:
-    """A full list of one kind: the cache replaces what it held of that kind."""
-
-    generation: int
-    kind: str
-    items: list[Body]
-
-
-@dataclass(frozen=True)
-class Changed:
-    generation: int
-    kind: str
-    type: str  # ADDED, MODIFIED, DELETED
-    object: Body
-
-
-Message = Listed | Changed
-
-
-class Informer:
-    """List, then watch, one kind, forever (until ``stop``): see the module docstring, step 1.
-    Runs in a thread of its own; everything it reads goes to ``sink``."""
-
-    def __init__(
-        self,
-        client: KubeClient,
-        watched: WatchedKind,
-        sink: Callable[[Message], None],
-        *,
-        generation: int,
-        stop: threading.Event,
-        resync_seconds: float,
-        watch_seconds: int = WATCH_SECONDS,
-    ) -> None:
-        self.client = client
-        self.watched = watched
-        self.sink = sink
-        self.generation = generation
-        self.stop = stop
-        self.resync_seconds = resync_seconds
-        self.watch_seconds = watch_seconds
-        self.lists = 0  # how many full lists it made
-        self.watches = 0  # how many watches it started (a clean end resumes from the version)
-        self._watch: kube.Watch | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self.run, name=f"informer-{self.watched.kind}", daemon=True
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        """End the current watch at once (``stop`` must be set first)."""
-        current = self._watch
-        if current is not None:
-            current.close()
-
-    def join(self, timeout: float) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def run(self) -> None:
-        backoff = 0.0
-        kind = self.watched.kind
-        while not self.stop.is_set():
-            if backoff:
-                self.stop.wait(backoff)
-                if self.stop.is_set():
-                    return
-            try:
-                version = self._list()
-                backoff = 0.0
-                self._watch_until_resync(version)
-            except kube.Gone as error:
-                logger.info("the watch of %s expired (%s); listing again", kind, error)
-            except KubeError as error:
-                if self._unavailable(error):
-                    # RayJob without KubeRay: nothing of that kind can exist; Nodes the
-                    # watcher may not read: as if there were none. Look again later.
-                    logger.warning("%s cannot be watched: %s", kind, error)
-                    self.sink(Listed(self.generation, kind, []))
-                    backoff = UNAVAILABLE_RETRY_SECONDS
-                    continue
-                backoff = min(MAX_BACKOFF_SECONDS, max(0.5, backoff * 2))
-                logger.warning(
-                    "watching %s failed (%s); listing again in %.1f s", kind, error, backoff
-                )
-            except Exception:
-                backoff = MAX_BACKOFF_SECONDS
-                logger.exception("the %s informer failed; listing again in %.0f s", kind, backoff)
-
-    def _unavailable(self, error: KubeError) -> bool:
-        if isinstance(error, kube.UnknownKind):
-            return True
-        refused = isinstance(error, kube.Forbidden) and not isinstance(error, kube.Unauthorized)
-        return refused and self.watched.optional
-
-    def _list(self) -> str:
-        watched = self.watched
-        listing = self.client.list_with_version(
-            watched.api_version,
-            watched.kind,
-            label_selector=watched.label_selector,
-            field_selector=watched.field_selector,
-        )
-        self.lists += 1
-        self.sink(Listed(self.generation, watched.kind, listing.items))
-        return listing.resource_version
-
-    def _watch_until_resync(self, version: str) -> None:
-        watched = self.watched
-        resync_at = time.monotonic() + self.resync_seconds
-        while not self.stop.is_set():
-            left = resync_at - time.monotonic()
-            if left <= 0:
-                return  # a full list: the periodic resync
-            self.watches += 1
-            self._watch = self.client.watch(
-                watched.api_version,
-                watched.kind,
-                resource_version=version,
-                label_selector=watched.label_selector,
-                field_selector=watched.field_selector,
-                timeout_seconds=max(1, min(self.watch_seconds, int(left) + 1)),
-            )
-            try:
-                for event in self._watch:
-                    if self.stop.is_set():
-                        return
-                    version = event.resource_version or version
-                    if event.type == "BOOKMARK":
-                        continue
-                    self.sink(Changed(self.generation, watched.kind, event.type, event.object))
-            finally:
-                self._watch.close()
-                self._watch = None
 
 
 # --- the cache --------------------------------------------------------------------------------
@@ -1265,240 +1101,6 @@ class KubeWatcher:
 # --- leader election ---------------------------------------------------------------------------
 
 
-def _micro_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def default_identity() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-class LeaderElection:
-    """Hold the Lease (module docstring, step 6). :meth:`try_acquire_or_renew` is one round;
-    :meth:`run` repeats it in a thread of its own; :attr:`leading` is read by the loop.
-
-    When a standby may take the Lease: at once when nobody holds it (a holder that stopped
-    gracefully gives it up, :meth:`release`); otherwise once it has lapsed, by either of two
-    clocks, whichever says so first:
-
-    * its own (client-go's rule): the Lease seen unchanged for a whole lease. Immune to clock
-      skew, but a replica that first sees the Lease long after the holder died (it started
-      late, or the API server was frozen) waits a whole lease more for nothing;
-    * the holder's ``renewTime`` plus the lease plus :data:`LEASE_SKEW_SECONDS`, against this
-      machine's wall clock: a Lease last renewed long ago is taken as soon as it is seen.
-      The holder stops acting two thirds of a lease after its last renewal, so a clock ahead
-      by up to a third of a lease plus the allowance still never lets two replicas act at once
-      (and a moment of both acting changes nothing twice: every step is guarded by the
-      database). A ``renewTime`` in the future (a clock far behind) is not believed.
-
-    Every call has a short timeout (:attr:`retry_period`): an API server that stopped
-    answering must not hold a round for the client's usual 30 s, or a holder would renew (and
-    a standby take over) only long after the server came back. A standby's next round is due
-    when the Lease lapses, not a retry period later."""
-
-    def __init__(
-        self,
-        client: KubeClient,
-        *,
-        namespace: str,
-        lease_seconds: int,
-        name: str = LEADER_LEASE,
-        identity: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    ) -> None:
-        self.client = client
-        self.namespace = namespace
-        self.name = name
-        self.identity = identity or default_identity()
-        self.lease_seconds = lease_seconds
-        self.renew_deadline = lease_seconds * 2 / 3
-        self.retry_period = max(0.5, lease_seconds / 5)
-        self.timeout = (min(2.0, self.retry_period), self.retry_period)
-        self.clock = clock
-        self.wall_clock = wall_clock
-        self._leading_until = 0.0
-        self._observed: tuple[str, str, str] | None = None
-        self._observed_at = 0.0
-        self._was_leading = False
-        #: Another replica held the Lease at the last round that could read it.
-        self.held_elsewhere = False
-        #: When (this object's clock) the Lease held by another lapses: the next round is due.
-        self._lapses_at: float | None = None
-
-    @property
-    def leading(self) -> bool:
-        return self.clock() < self._leading_until
-
-    def try_acquire_or_renew(self) -> bool:
-        now = self.clock()
-        self._lapses_at = None
-        try:
-            lease = self.client.get(
-                COORDINATION, "Lease", self.name, self.namespace, timeout=self.timeout
-            )
-        except kube.NotFound:
-            return self._create(now)
-        except KubeError as error:
-            logger.warning("cannot read the Lease %s/%s: %s", self.namespace, self.name, error)
-            return False
-        spec = lease.get("spec") or {}
-        holder = str(spec.get("holderIdentity") or "")
-        version = str(_meta(lease).get("resourceVersion") or "")
-        record = (holder, str(spec.get("renewTime") or ""), version)
-        if record != self._observed:
-            self._observed, self._observed_at = record, now
-        duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
-        if holder and holder != self.identity:
-            lapses_at = self._lapses(spec, duration, now)
-            if now < lapses_at:
-                self._leading_until = 0.0
-                self.held_elsewhere = True
-                self._lapses_at = lapses_at
-                return False
-        moment = _micro_time(self.wall_clock())
-        ours = holder == self.identity
-        body = {
-            "apiVersion": COORDINATION,
-            "kind": "Lease",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "resourceVersion": version,
-            },
-            "spec": {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": self.lease_seconds,
-                "acquireTime": spec.get("acquireTime") if ours else moment,
-                "renewTime": moment,
-                "leaseTransitions": int(spec.get("leaseTransitions") or 0) + (0 if ours else 1),
-            },
-        }
-        try:
-            stored = self.client.update(body, timeout=self.timeout)
-        except kube.Conflict:
-            return False  # someone else wrote it first: look again next round
-        except KubeError as error:
-            logger.warning("cannot renew the Lease %s/%s: %s", self.namespace, self.name, error)
-            return False
-        self._held(stored, now)
-        if not ours:
-            logger.info(
-                "took the Lease %s/%s (%s)",
-                self.namespace,
-                self.name,
-                f"from {holder}, whose lease ran out" if holder else "it was free",
-            )
-        return True
-
-    def _lapses(self, spec: Mapping[str, Any], duration: float, now: float) -> float:
-        """When (this object's clock) another holder's Lease lapses: a whole lease after this
-        replica saw it change, or sooner by the holder's ``renewTime`` (class docstring)."""
-        by_own_clock = self._observed_at + duration
-        renewed = parse_time(spec.get("renewTime"))
-        if renewed is None:
-            return by_own_clock
-        age = (self.wall_clock() - renewed).total_seconds()
-        if age < -LEASE_SKEW_SECONDS:
-            return by_own_clock  # renewed in our future: that clock cannot be trusted
-        return min(by_own_clock, now + duration + LEASE_SKEW_SECONDS - age)
-
-    def next_round_in(self) -> float:
-        """Seconds until the next round: a retry period, or less when the Lease another
-        replica holds lapses sooner."""
-        if self._lapses_at is None:
-            return self.retry_period
-        return min(self.retry_period, max(0.05, self._lapses_at - self.clock()))
-
-    def _create(self, now: float) -> bool:
-        moment = _micro_time(self.wall_clock())
-        lease = {
-            "apiVersion": COORDINATION,
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
-            "spec": {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": self.lease_seconds,
-                "acquireTime": moment,
-                "renewTime": moment,
-                "leaseTransitions": 0,
-            },
-        }
-        try:
-            try:
-                stored = self.client.create(lease, timeout=self.timeout)
-            except kube.NotFound:
-                # Its namespace is missing (a cluster where the portal does not run in a pod:
-                # `make run` against the test cluster): made once, plain, for the Lease.
-                self._create_namespace()
-                stored = self.client.create(lease, timeout=self.timeout)
-        except kube.Conflict:
-            return False
-        except KubeError as error:
-            logger.warning("cannot create the Lease %s/%s: %s", self.namespace, self.name, error)
-            return False
-        logger.info("created the Lease %s/%s", self.namespace, self.name)
-        self._held(stored, now)
-        return True
-
-    def _create_namespace(self) -> None:
-        try:
-            self.client.create(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Namespace",
-                    "metadata": {
-                        "name": self.namespace,
-                        "labels": {labels.MANAGED_BY: labels.MANAGED_BY_TAUGRID},
-                    },
-                },
-                timeout=self.timeout,
-            )
-        except kube.Conflict:
-            return
-        logger.info("created the namespace %s for the watcher's Lease", self.namespace)
-
-    def _held(self, stored: Body, now: float) -> None:
-        spec = stored.get("spec") or {}
-        self._observed = (
-            self.identity,
-            str(spec.get("renewTime") or ""),
-            str(_meta(stored).get("resourceVersion") or ""),
-        )
-        self._observed_at = now
-        self._leading_until = now + self.renew_deadline
-        self.held_elsewhere = False
-
-    def release(self) -> None:
-        """Give the Lease up (a graceful stop): a standby takes over at its next round."""
-        if not self.leading:
-            return
-        self._leading_until = 0.0
-        try:
-            lease = self.client.get(
-                COORDINATION, "Lease", self.name, self.namespace, timeout=self.timeout
-            )
-            spec = dict(lease.get("spec") or {})
-            if spec.get("holderIdentity") != self.identity:
-                return
-            spec.pop("holderIdentity", None)
-            spec["leaseDurationSeconds"] = 1
-            spec["renewTime"] = _micro_time(self.wall_clock())
-            self.client.update({**lease, "spec": spec}, timeout=self.timeout)
-            logger.info("gave up the Lease %s/%s", self.namespace, self.name)
-        except KubeError as error:
-            logger.warning("could not give up the Lease (it lapses by itself): %s", error)
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            leading = self.try_acquire_or_renew()
-            if leading != self._was_leading:
-                self._was_leading = leading
-                if not leading:
-                    logger.warning("lost the Lease %s/%s", self.namespace, self.name)
-            stop.wait(self.next_round_in())
-
-
 # --- the process ---------------------------------------------------------------------------------
 
 
@@ -1528,6 +1130,8 @@ def serve(
         client,
         namespace=settings.TAU_KUBE_WATCHER_LEASE_NAMESPACE,
         lease_seconds=settings.TAU_KUBE_WATCHER_LEASE_SECONDS,
+        name=LEADER_LEASE,
+        namespace_labels={labels.MANAGED_BY: labels.MANAGED_BY_TAUGRID},
         identity=identity,
     )
     watcher = KubeWatcher(

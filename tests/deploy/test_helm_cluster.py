@@ -27,8 +27,9 @@ import pytest
 
 import kube as adapter
 from kube import KubeClient, new_api_client
+from kube.leader import LeaderElection
 from runs import submission
-from runs.kube_watcher import KubeWatcher, LeaderElection
+from runs.kube_watcher import KubeWatcher
 from runs.models import Run, RunAttempt, RunState
 from tests.cluster.plugin import Kube, KubeCluster, wait_for_access
 from tests.deploy.helm import PRODUCTION_VALUES, REPO, Body, Helm, helm_binary
@@ -44,6 +45,7 @@ from tests.runs.test_kube_watcher import (
 from tests.workspaces.test_cluster_check import h100_flavor_row, run_command
 from tests.workspaces.test_kueue_sync import gpu_flavor, make_workspace
 from workspaces import kueue_cluster
+from workspaces.cluster_access import LEADER_LEASE
 from workspaces.models import Membership, Role
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
@@ -195,7 +197,9 @@ def test_the_sync_and_the_watcher_work_as_the_charts_service_account(
         assert queue is not None, outcome.detail
 
         # The watcher's leader election, in the release's namespace.
-        election = LeaderElection(portal, namespace=release_namespace, lease_seconds=15)
+        election = LeaderElection(
+            portal, namespace=release_namespace, name=LEADER_LEASE, lease_seconds=15
+        )
         assert election.try_acquire_or_renew()  # creates the Lease
         assert election.try_acquire_or_renew()  # renews it (get and update by name)
         lease = kube.get(

@@ -56,6 +56,8 @@ from django.db import transaction
 from django.utils import timezone
 
 import kube as adapter
+from kube.informer import Changed, Informer, Listed, Message
+from kube.leader import LeaderElection
 from runs import delivery, labels
 from runs.events import verify_event_chain
 from runs.kube_status import AttemptObjects, Observation, ObservedState, observe, parse_time
@@ -65,13 +67,8 @@ from runs.kube_watcher import (
     QUEUE_REFRESH_BATCH,
     QUEUE_SETTLE_SECONDS,
     AttemptKey,
-    Changed,
     ClusterCache,
-    Informer,
     KubeWatcher,
-    LeaderElection,
-    Listed,
-    Message,
     apply_observation,
 )
 from runs.lifecycle import cancel_run
@@ -106,6 +103,8 @@ OBJECTS = Path(__file__).parent / "kube_objects"
 cluster = pytest.mark.cluster
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
+#: The watcher's Lease (what ``serve`` names it).
+LEASE = "taugrid-kube-watcher"
 NO_RETRIES = TINY_SPEC + b"resilience:\n  max_retries: 0\n"
 
 
@@ -1381,10 +1380,10 @@ def test_one_lease_holder_at_a_time(client: adapter.KubeClient, kube: Kube) -> N
 def elect(client: adapter.KubeClient, namespace: str) -> None:
     now = [1000.0]
     a = LeaderElection(
-        client, namespace=namespace, lease_seconds=6, identity="a", clock=lambda: now[0]
+        client, namespace=namespace, name=LEASE, lease_seconds=6, identity="a", clock=lambda: now[0]
     )
     b = LeaderElection(
-        client, namespace=namespace, lease_seconds=6, identity="b", clock=lambda: now[0]
+        client, namespace=namespace, name=LEASE, lease_seconds=6, identity="b", clock=lambda: now[0]
     )
     assert a.try_acquire_or_renew()  # creates the Lease
     assert a.leading
@@ -1402,7 +1401,7 @@ def elect(client: adapter.KubeClient, namespace: str) -> None:
     assert b.try_acquire_or_renew()  # a whole lease without a change: b takes over
     assert b.leading
     assert not a.try_acquire_or_renew()  # and a cannot take it back
-    lease = client.get("coordination.k8s.io/v1", "Lease", "taugrid-kube-watcher", namespace)
+    lease = client.get("coordination.k8s.io/v1", "Lease", LEASE, namespace)
     assert (lease["spec"]["holderIdentity"], lease["spec"]["leaseTransitions"]) == ("b", 1)
     b.release()
     assert a.try_acquire_or_renew()  # given up: taken at once
@@ -1426,6 +1425,7 @@ def test_a_lease_renewed_long_ago_is_taken_as_soon_as_it_is_seen(
             return LeaderElection(
                 client,
                 namespace=namespace,
+                name=LEASE,
                 lease_seconds=6,
                 identity=identity,
                 clock=lambda: mono[0],
@@ -1504,7 +1504,7 @@ class WatcherProcess:
 
 def lease_holder(client: adapter.KubeClient, namespace: str) -> str | None:
     try:
-        lease = client.get("coordination.k8s.io/v1", "Lease", "taugrid-kube-watcher", namespace)
+        lease = client.get("coordination.k8s.io/v1", "Lease", LEASE, namespace)
     except adapter.NotFound:
         return None
     return str(lease["spec"].get("holderIdentity") or "") or None
