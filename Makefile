@@ -13,11 +13,12 @@ export PORT
 
 include deploy/cluster/cluster.mk
 
-.PHONY: help run test test-tools fuzz check-all lint format typecheck migrations-check pytest install install-dev lock bench clean
+.PHONY: help run test test-fast test-tools fuzz check-all lint format typecheck migrations-check pytest install install-dev lock bench clean
 
 help:
 	@echo "make run    — start the portal on http://127.0.0.1:$(PORT) (embedded default, no services needed)"
 	@echo "make test   — lint, type checks, migrations check and the whole test suite on PostgreSQL"
+	@echo "make test-fast — the unit and database tiers only (no services, browser or cluster): the edit-test loop"
 	@echo "make lock   — refresh $(CONSTRAINTS) from the current environment"
 
 $(PYTHON):
@@ -49,6 +50,11 @@ run: install
 # visible; the tests that need it start it themselves.
 test: install-dev test-tools cluster-build
 	$(PYTHON) deploy/dev/test_services.py run -- $(MAKE) --no-print-directory check-all
+
+# The edit-test loop: the unit and db tiers (tests/tiers.py) without the slow ones, on the
+# suite's own PostgreSQL and Redis; nothing else is built or started.
+test-fast: install-dev
+	$(PYTHON) deploy/dev/test_services.py run -- $(VENV)/bin/pytest -m "(unit or db) and not slow" $(PYTEST_ARGS)
 
 # Chromium (Debian) for the browser tests, npm packages of the test OpenID provider.
 test-tools:

@@ -22,7 +22,12 @@ from workspaces.models import (
     WorkspaceQuota,
 )
 
-pytest_plugins = ["tests.browser", "tests.cluster.plugin", "tests.telemetry.plugin"]
+pytest_plugins = [
+    "tests.browser",
+    "tests.cluster.plugin",
+    "tests.telemetry.plugin",
+    "tests.tiers",
+]
 
 _MINUTES = itertools.count()
 
