@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
-from django.conf import settings
-
 from runs import artifacts, bundles
-from runs.agent import environments
-from runs.backends.kubernetes import workload_kind
-from runs.models import Artifact, Backend, Checkpoint, MetricPoint, Run, RunAttempt, RunEvent
+from runs.backends.registry import describing_backend
+from runs.models import Artifact, Checkpoint, MetricPoint, Run, RunAttempt, RunEvent
 from tau import __version__
 from tau.evidence import archive
 from tau.evidence.canonical import canonical_json
@@ -256,48 +251,6 @@ def _bundle_files(path: Path) -> list[dict[str, Any]]:
     return sorted(files, key=lambda entry: entry["path"])
 
 
-def local_environment(run: Run) -> dict[str, Any] | None:
-    """The run's virtual environment, as the local executor built it: its Python and its
-    packages. None when it is not on this machine (any more)."""
-    spec = spec_from_dict(run.spec)
-    venv = environments.environment_path(Path(settings.VAR_DIR) / "venvs", spec.runtime.pip)
-    if not environments.is_ready(venv):
-        return None
-    packages = {
-        (dist.metadata["Name"] or "", dist.version)
-        for site in venv.glob("lib/python*/site-packages")
-        for dist in metadata.distributions(path=[str(site)])
-    }
-    return {
-        "kind": "local-venv",
-        "python": _venv_python(venv),
-        "packages": [
-            {"name": name, "version": version} for name, version in sorted(packages) if name
-        ],
-    }
-
-
-def _venv_python(venv: Path) -> str:
-    """The Python version its ``pyvenv.cfg`` records (the base interpreter's otherwise)."""
-    try:
-        for line in (venv / "pyvenv.cfg").read_text(encoding="utf-8").splitlines():
-            name, _, value = line.partition("=")
-            if name.strip() in {"version", "version_info"}:
-                return value.strip()
-    except OSError:
-        pass
-    return ".".join(str(part) for part in sys.version_info[:3])
-
-
-def _objects(run: Run, attempt: RunAttempt) -> list[dict[str, Any]]:
-    if not attempt.backend_name:
-        return []
-    if run.backend == Backend.KUBERNETES:
-        _, kind = workload_kind(spec_from_dict(run.spec))
-        return [{"kind": kind, "name": attempt.backend_name, "namespace": run.workspace.namespace}]
-    return [{"kind": "process", "name": attempt.backend_name, "namespace": None}]
-
-
 #: The log note of an attempt that never started (no process, no pod ever ran).
 NEVER_STARTED = "no log was written: the attempt never started"
 
@@ -321,7 +274,7 @@ def _attempt_entry(
     return {
         "number": attempt.number,
         "backend": run.backend,
-        "objects": _objects(run, attempt),
+        "objects": describing_backend(run).attempt_objects(run, attempt),
         "cluster_queue": attempt.cluster_queue or None,
         "flavor": ",".join(flavors) or None,
         "nodes": list(attempt.node_names or []),
@@ -383,7 +336,7 @@ def build_manifest(
         "source": {"tau_yaml": archive.TAU_YAML if run.spec_source else None},
         "bundle": bundle,
         "image": {"reference": image or None, "digest": None},
-        "environment": local_environment(run) if run.backend == Backend.LOCAL else None,
+        "environment": describing_backend(run).environment(run),
         "attempts": [
             _attempt_entry(
                 run, attempt, archive.attempt_log(attempt.number) in files, log_notes or {}

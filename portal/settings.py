@@ -565,6 +565,11 @@ TAU_MAX_GPUS_PER_NODE = env_int("TAU_MAX_GPUS_PER_NODE", 8, minimum=0)
 TAU_BACKEND = env_str("TAU_BACKEND", "kubernetes" if PRODUCTION else "local") or "local"
 if TAU_BACKEND not in {"local", "kubernetes"}:
     raise ImproperlyConfiguredEnv(f"TAU_BACKEND must be local or kubernetes, got {TAU_BACKEND!r}")
+# The class of each backend (runs/backends/registry.py): the run core never imports one.
+TAU_BACKEND_CLASSES = {
+    "local": "runs.backends.local.LocalBackend",
+    "kubernetes": "runs.backends.kubernetes.KubernetesBackend",
+}
 # Telling the backend (runs/delivery.py): a failed try is tried again after
 # TAU_DELIVERY_RETRY_SECONDS, doubling up to TAU_DELIVERY_RETRY_MAX_SECONDS; after
 # TAU_DELIVERY_MAX_TRIES tries the run fails (class infrastructure) with the backend's message.

@@ -6,11 +6,17 @@ class RunsConfig(AppConfig):
     verbose_name = "Runs"
 
     def ready(self) -> None:
+        from functools import partial
+
+        from django.conf import settings
+
         from portal import health
-        from runs.health import local_executor_note
+        from runs.backends import registry
         from runs.selectors import live_run_count
         from workspaces import kueue_cluster
 
-        health.add_readiness_note("local_executor", local_executor_note)
+        # Each backend says what it adds to /readyz ("local_executor": the agent's sandbox).
+        for name in settings.TAU_BACKEND_CLASSES:
+            health.add_readiness_note(f"{name}_executor", partial(registry.readiness_note, name))
         # Archiving a workspace removes its Kueue queues only once none of its runs is live.
         kueue_cluster.register_live_work_check(live_run_count)

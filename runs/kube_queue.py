@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote
 
 import kube
 from kube import KubeError
+from runs.backends import QueueReading
 from runs.models import Backend, Run, RunState
 from runs.render import RenderError, workload_name
 from workspaces.models import Workspace
@@ -44,24 +44,6 @@ def pending_workloads_path(namespace: str, local_queue: str) -> str:
         f"{VISIBILITY_API}/namespaces/{quote(namespace, safe='')}/localqueues/"
         f"{quote(local_queue, safe='')}/pendingworkloads"
     )
-
-
-@dataclass
-class QueueReading:
-    """Positions (1 = next) of queued runs, by run id, and whether Kueue said them."""
-
-    positions: dict[int, int] = field(default_factory=dict)
-    #: Why Kueue's own order could not be read ('' when it was): the positions are then
-    #: TauGrid's estimate.
-    unavailable: str = ""
-
-    def position(self, run_id: int) -> int | None:
-        return self.positions.get(run_id)
-
-    def merge(self, other: QueueReading) -> None:
-        self.positions.update(other.positions)
-        if other.unavailable and not self.unavailable:
-            self.unavailable = other.unavailable
 
 
 def _value(run: Run | Mapping[str, Any], name: str) -> Any:
@@ -93,6 +75,7 @@ def read_queue(
     queued = _queued_on_kubernetes(runs)
     if not queued:
         return QueueReading()
+    covered = {int(_value(run, "id")) for run in queued}
     by_workload: dict[str, int] = {}
     for run in queued:
         try:
@@ -115,12 +98,13 @@ def read_queue(
         )
         return QueueReading(
             positions=fallback_positions(workspace),
+            covered=covered,
             unavailable=(
                 f"Kueue's queue could not be read ({exc}); the positions shown are TauGrid's "
                 "own order: priority, then the time each run was queued."
             ),
         )
-    reading = QueueReading()
+    reading = QueueReading(covered=covered)
     for item in answer.get("items") or []:
         position = item.get("positionInLocalQueue")
         if not isinstance(position, int):
@@ -142,10 +126,3 @@ def fallback_positions(workspace: Workspace) -> dict[int, int]:
         .values_list("pk", flat=True)[:PENDING_LIMIT]
     )
     return {run_id: index for index, run_id in enumerate(ordered, start=1)}
-
-
-def apply_positions(runs: Iterable[Run], reading: QueueReading) -> None:
-    """Show Kueue's positions on the runs (in memory only; nothing is saved)."""
-    for run in runs:
-        if run.state == RunState.QUEUED and run.backend == Backend.KUBERNETES:
-            run.queue_position = reading.position(run.pk)

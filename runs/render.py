@@ -142,7 +142,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -152,6 +151,7 @@ from typing import Any, Final
 import yaml
 
 from runs import labels, workload_sdk
+from runs.sweeps import sweep_environment
 from tau.k8s_names import (
     GPU_RESOURCE,
     dns1035_label_problem,
@@ -514,23 +514,6 @@ def ray_command(spec: Spec) -> list[str]:
     return command
 
 
-def sweep_settings(spec: Spec) -> dict[str, Any]:
-    """``TAU_SWEEP``: what ``tau.sweep`` (local) and ``tau.ray_tune`` (a Ray cluster) run."""
-    sweep = spec.execution
-    resources: dict[str, float] = {"cpu": 1}
-    if spec.compute.gpus:
-        resources["gpu"] = spec.compute.gpus
-    return {
-        "trials": sweep.trials(),
-        "max_concurrent_trials": sweep.max_concurrent_trials,
-        "metric": sweep.metric,
-        "mode": sweep.mode,
-        "metrics_file": spec.outputs.metrics_file,
-        # A trial takes one CPU and one worker's GPUs, so each GPU trial has a worker's GPUs.
-        "resources_per_trial": resources,
-    }
-
-
 #: A sweep's Ray Tune driver comes with the bundle (the SDK rides in py_modules).
 SWEEP_NEEDS_BUNDLE: Final = "a sweep needs its project zip: the Ray Tune driver ships with it"
 
@@ -836,7 +819,7 @@ def runtime_env_yaml(spec: Spec, target: RunTarget) -> str | None:
         # In the runtime environment, so that the driver and every trial on every worker
         # see the sweep.
         runtime_env["env_vars"] = {
-            "TAU_SWEEP": json.dumps(sweep_settings(spec), sort_keys=True),
+            **sweep_environment(spec),
             "TAU_METRICS_FILE": spec.outputs.metrics_file,
         }
     if target.bundle_sha256 is not None:

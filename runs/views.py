@@ -43,9 +43,10 @@ from django.views.generic import TemplateView
 
 from portal import live
 from portal.requests import signed_in_user
-from runs import bundles, compare, kube_queue, lifecycle, selectors, submission
+from runs import bundles, compare, lifecycle, queueing, selectors, submission
 from runs.access import REFUSAL, may_act_on
-from runs.backends.kubernetes import no_storage_warning
+from runs.backends import QueueReading
+from runs.backends.registry import backend_for_run, backend_named
 from runs.checkpoints import checkpoint_exists
 from runs.models import (
     LIVE_STATES,
@@ -187,9 +188,9 @@ class RunListView(WorkspaceViewMixin, TemplateView):
         page = list(runs.order_by(*order)[: PAGE_SIZE + 1])
         has_more = len(page) > PAGE_SIZE
         page = page[:PAGE_SIZE]
-        # Kueue's own positions for the queued Kubernetes runs shown: one call at most.
-        reading = kube_queue.read_queue(self.workspace, page)
-        kube_queue.apply_positions(page, reading)
+        # The backends' own positions for the queued runs shown (Kueue's: one call at most).
+        reading = queueing.read_positions(self.workspace, page)
+        queueing.apply_positions(page, reading)
         next_query = None
         if has_more:
             last = page[-1]
@@ -249,13 +250,13 @@ class RunDetailView(WorkspaceViewMixin, TemplateView):
 
     template_name = "runs/detail.html"
 
-    def _queue(self, run: Run) -> kube_queue.QueueReading:
-        """Kueue's position of the run, when it is queued on Kubernetes (one call)."""
-        reading = kube_queue.read_queue(self.workspace, [run])
-        kube_queue.apply_positions([run], reading)
+    def _queue(self, run: Run) -> QueueReading:
+        """The backend's position of the run, when it keeps one (Kueue's: one call)."""
+        reading = queueing.read_positions(self.workspace, [run])
+        queueing.apply_positions([run], reading)
         return reading
 
-    def _context(self, run: Run, reading: kube_queue.QueueReading) -> dict[str, Any]:
+    def _context(self, run: Run, reading: QueueReading) -> dict[str, Any]:
         attempts = list(
             RunAttempt.objects.for_workspace(self.workspace)
             .filter(run=run)
@@ -456,8 +457,9 @@ class SubmitView(WorkspaceViewMixin, TemplateView):
             )
             return self.render_to_response(context, status=400)
         messages.success(request, f"Submitted {run.name}.")
-        if run.backend == Backend.KUBERNETES and no_storage_warning(self.workspace):
-            messages.warning(request, no_storage_warning(self.workspace))
+        storage_warning = backend_for_run(run).storage_warning(self.workspace)
+        if storage_warning:
+            messages.warning(request, storage_warning)
         url = reverse(
             "run-page", kwargs={"workspace_slug": self.workspace.slug, "run_name": run.name}
         )
@@ -566,10 +568,8 @@ class ValidateView(WorkspaceViewMixin, View):
                 "position": position,
                 "estimate": estimate,
                 "starts_in": estimate.start_after(position - 1) if position > 1 else None,
-                "storage_warning": (
-                    no_storage_warning(self.workspace)
-                    if settings.TAU_BACKEND == Backend.KUBERNETES
-                    else ""
+                "storage_warning": backend_named(settings.TAU_BACKEND).storage_warning(
+                    self.workspace
                 ),
             }
         )
@@ -592,10 +592,10 @@ class QueueView(WorkspaceViewMixin, TemplateView):
                 "queue_position", "-priority_value", "queued_at", "id"
             )[:200]
         )
-        # Queued Kubernetes runs in Kueue's order (one call for the workspace's LocalQueue);
-        # the others keep TauGrid's after them.
-        reading = kube_queue.read_queue(self.workspace, pending)
-        kube_queue.apply_positions(pending, reading)
+        # Queued runs in their backend's order (Kueue's: one call for the workspace's
+        # LocalQueue); the others keep TauGrid's after them.
+        reading = queueing.read_positions(self.workspace, pending)
+        queueing.apply_positions(pending, reading)
         pending.sort(key=lambda run: (run.queue_position is None, run.queue_position or 0))
         running = list(runs.filter(state__in=RUNNING_STATES).order_by("admitted_at")[:200])
         estimate = queue_estimate(self.workspace)
@@ -660,9 +660,9 @@ class PlatformQueueView(StaffRequiredMixin, TemplateView):
         notes: list[str] = []
         for workspace in workspaces:
             mine = [run for run in live if run.workspace_id == workspace.pk]
-            # Kueue's positions: one call per LocalQueue with queued Kubernetes runs.
-            reading = kube_queue.read_queue(workspace, mine)
-            kube_queue.apply_positions(mine, reading)
+            # The backends' positions (Kueue's: one call per LocalQueue with queued runs).
+            reading = queueing.read_positions(workspace, mine)
+            queueing.apply_positions(mine, reading)
             if reading.unavailable:
                 notes.append(f"{workspace.slug}: {reading.unavailable}")
             rows.append(

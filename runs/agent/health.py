@@ -1,4 +1,4 @@
-"""What the runs app adds to ``/readyz``: what the running local agent found — its sandbox,
+"""What the local executor adds to ``/readyz``: what the running local agent found — its sandbox,
 or that it has none, and what holds each run's memory, processes and disk (the agent reports
 it in ``VAR_DIR/local-executor.json``)."""
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
-import json
 import logging
 import math
 import os
@@ -56,7 +55,17 @@ from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
-from runs import attempts, checkpoints, metrics, run_tokens, selectors, state, trials, wording
+from runs import (
+    attempts,
+    checkpoints,
+    metrics,
+    run_tokens,
+    selectors,
+    state,
+    sweeps,
+    trials,
+    wording,
+)
 from runs.agent import (
     admission,
     artifact_collection,
@@ -92,7 +101,6 @@ from runs.models import (
     RunState,
 )
 from runs.policy import requested_totals
-from runs.render import sweep_settings
 from runs.state import IllegalTransition
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import parse_quantity
@@ -817,8 +825,7 @@ class Agent:
             env["TAU_RESUME_FROM"] = attempt.resume_from.path
         if attempt.retry_reason:
             env["TAU_RETRY_REASON"] = attempt.retry_reason
-        if execution.spec.execution.is_sweep:
-            env["TAU_SWEEP"] = json.dumps(sweep_settings(execution.spec), sort_keys=True)
+        env.update(sweeps.sweep_environment(execution.spec))
         return env
 
     def _spawn(self, execution: Execution, prepared: Prepared) -> None:

@@ -19,8 +19,9 @@ from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
 from runs import metric_rules
-from runs.backends.kubernetes import no_storage_warning
-from runs.models import Artifact, Backend, Checkpoint, Run, RunAttempt, RunEvent, RunTrial
+from runs.backends import BackendUnavailable
+from runs.backends.registry import backend_for_run
+from runs.models import Artifact, Checkpoint, Run, RunAttempt, RunEvent, RunTrial
 from tau.spec.schema import MAX_TRIALS
 
 #: Steps and sizes end up in the run's evidence, which holds integers exactly up to 2^53 - 1
@@ -252,9 +253,10 @@ class RunDetailSerializer(RunSummarySerializer):
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_warnings(self, run: Run) -> list[str]:
-        if run.backend != Backend.KUBERNETES:
+        try:
+            warning = backend_for_run(run).storage_warning(run.workspace)
+        except BackendUnavailable:
             return []
-        warning = no_storage_warning(run.workspace)
         return [warning] if warning else []
 
     @extend_schema_field(BUNDLE_SCHEMA)

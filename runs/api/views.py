@@ -48,9 +48,9 @@ from runs import (
     artifacts,
     bundles,
     checkpoints,
-    kube_queue,
     lifecycle,
     metrics,
+    queueing,
     run_tokens,
     selectors,
     state,
@@ -79,7 +79,7 @@ from runs.api.serializers import (
 )
 from runs.checkpoint_paths import CheckpointPathRefused
 from runs.metric_rules import MAX_KEYS_PER_RUN, MetricRow
-from runs.models import Artifact, Backend, Checkpoint, Run, RunAttempt, RunEvent, RunState
+from runs.models import Artifact, Checkpoint, Run, RunAttempt, RunEvent, RunState
 from runs.selectors import EXPERIMENT_FILTERS
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import Role
@@ -264,11 +264,8 @@ class RunViewSet(WorkspaceScopedViewSet):
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         # Rows of the summary's columns, not runs: no spec read, no model built per row.
         page = self.paginate_queryset(self._filtered().values(*SUMMARY_COLUMNS)) or []
-        # A queued Kubernetes run's position is Kueue's: one call for the page, at most.
-        reading = kube_queue.read_queue(self.workspace, page)
-        for row in page:
-            if row["state"] == RunState.QUEUED and row["backend"] == Backend.KUBERNETES:
-                row["queue_position"] = reading.position(row["id"])
+        # A queued run's position is its backend's (Kueue's: one call for the page, at most).
+        queueing.apply_to_rows(page, queueing.read_positions(self.workspace, page))
         summaries = RunSummarySerializer(page, many=True, context={"workspace": self.workspace})
         return self.get_paginated_response(summaries.data)
 
@@ -333,7 +330,7 @@ class RunViewSet(WorkspaceScopedViewSet):
             .prefetch_related(self._attempts())
             .get(pk=run.pk)
         )
-        kube_queue.apply_positions([fresh], kube_queue.read_queue(self.workspace, [fresh]))
+        queueing.apply_positions([fresh], queueing.read_positions(self.workspace, [fresh]))
         return dict(RunDetailSerializer(fresh).data)
 
     @extend_schema(responses={200: RunDetailSerializer, **refusals()})

@@ -15,26 +15,60 @@ own supervisor (the local agent, or the Kubernetes watcher) through the run serv
 And it answers what the core would otherwise read from one backend's files or objects:
 what it could never do for a spec (``submission_problems``, before a run exists), an
 attempt's log (a piece to follow, the whole to download), where a reported checkpoint is
-and whether it still exists, and how much of each workspace's quota its runs use.
+and whether it still exists, how much of each workspace's quota its runs use, where its
+queued runs stand (``queue_positions``), what to warn a submitter of (``storage_warning``),
+what the sealed record names as a run's environment and an attempt's objects, and what it
+adds to ``/readyz``. The core never imports a backend: pages, the API and evidence ask these
+questions of ``registry.backend_named(run.backend)``.
 
 Which backends an installation runs, and which one a run's instructions go to, is
-``registry``'s; ``local`` is this machine's.
+``registry``'s (the classes are named by the ``TAU_BACKEND_CLASSES`` setting); ``local`` is
+this machine's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runs.logs import LogChunk, WholeLog
 from runs.models import Checkpoint, Run, RunAttempt
 
 if TYPE_CHECKING:
     from tau.spec import Spec
+    from workspaces.models import Workspace
 
 #: How much a workspace uses, by (flavor name, resource): ``{("h100", "nvidia.com/gpu"): 4}``.
 QuotaUse = dict[tuple[str, str], Decimal]
+
+
+#: A run as the queue questions see it: a run, or a row of its values with at least ``id``,
+#: ``name``, ``state``, ``backend`` and ``attempt_count`` (the API's list reads rows).
+QueuedRun = Run | Mapping[str, Any]
+
+
+@dataclass
+class QueueReading:
+    """Positions (1 = next) of queued runs, by run id, and whether the backend said them."""
+
+    positions: dict[int, int] = field(default_factory=dict)
+    #: The runs the reading is about: their positions are the ones above (none: not known).
+    #: Runs outside it keep the position stored on them (the local agent stores its own).
+    covered: set[int] = field(default_factory=set)
+    #: Why the backend's own order could not be read ('' when it was): the positions are then
+    #: TauGrid's estimate.
+    unavailable: str = ""
+
+    def position(self, run_id: int) -> int | None:
+        return self.positions.get(run_id)
+
+    def merge(self, other: QueueReading) -> None:
+        self.positions.update(other.positions)
+        self.covered |= other.covered
+        if other.unavailable and not self.unavailable:
+            self.unavailable = other.unavailable
 
 
 class BackendUnavailable(RuntimeError):
@@ -87,4 +121,29 @@ class RunBackend(Protocol):
     def quota_in_use(self, workspace_ids: Collection[int] | None) -> dict[int, QuotaUse]:
         """What this backend's runs hold now, per workspace (``None``: every workspace),
         against the workspaces' quota rows."""
+        ...
+
+    def queue_positions(self, workspace: Workspace, runs: list[QueuedRun]) -> QueueReading:
+        """Where the workspace's queued runs of this backend (``runs``, all queued) stand
+        now, when the backend keeps the order itself (Kueue) and no position is stored on
+        them; at most one question to the backend, whatever their number."""
+        ...
+
+    def storage_warning(self, workspace: Workspace) -> str:
+        """What to tell someone submitting to ``workspace`` about where their run's
+        checkpoints are kept, or '' when nothing is wrong."""
+        ...
+
+    def environment(self, run: Run) -> dict[str, Any] | None:
+        """The environment the run's code ran in, as the sealed record names it (its
+        Python and packages), or None when the backend cannot say."""
+        ...
+
+    def attempt_objects(self, run: Run, attempt: RunAttempt) -> list[dict[str, Any]]:
+        """What the backend made for ``attempt`` (``kind``, ``name``, ``namespace``), for the
+        sealed record; empty when it made nothing."""
+        ...
+
+    def readiness_note(self) -> dict[str, Any] | None:
+        """What this backend adds to ``/readyz`` (None: nothing to say)."""
         ...

@@ -64,8 +64,8 @@ from django.db import transaction
 import kube
 from kube import Conflict, KubeClient, KubeError, NotFound
 from kube.pod_logs import read_pod_log
-from runs import labels, render, run_tokens
-from runs.backends import QuotaUse
+from runs import kube_queue, labels, render, run_tokens
+from runs.backends import QueuedRun, QueueReading, QuotaUse
 from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
 from runs.logs import (
     LogChunk,
@@ -814,6 +814,28 @@ class KubernetesBackend:
             workspace_id: dict(reserved)
             for workspace_id, reserved in kueue_usage.reserved_by_workspace(workspace_ids).items()
         }
+
+    # -- what pages, the API and evidence ask -------------------------------------------
+
+    def queue_positions(self, workspace: Workspace, runs: list[QueuedRun]) -> QueueReading:
+        """Kueue's positions, from its visibility API: one call for the workspace's
+        LocalQueue (:mod:`runs.kube_queue`)."""
+        return kube_queue.read_queue(workspace, runs, client=self._client)
+
+    def storage_warning(self, workspace: Workspace) -> str:
+        return no_storage_warning(workspace)
+
+    def environment(self, run: Run) -> dict[str, Any] | None:
+        return None  # the image's: its reference is in the record, its digest is not known
+
+    def attempt_objects(self, run: Run, attempt: RunAttempt) -> list[dict[str, Any]]:
+        if not attempt.backend_name:
+            return []
+        _, kind = workload_kind(spec_from_dict(run.spec))
+        return [{"kind": kind, "name": attempt.backend_name, "namespace": run.workspace.namespace}]
+
+    def readiness_note(self) -> dict[str, Any] | None:
+        return None  # the watcher's health is its heartbeat (/metrics, the platform pages)
 
 
 def _folders(run: Run) -> list[PurePosixPath]:

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from collections.abc import Collection
 from decimal import Decimal
+from importlib import metadata
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 
-from runs.agent import admission
+from runs.agent import admission, environments
+from runs.agent.health import local_executor_note
 from runs.agent.prepare import AttemptLayout, runs_root
-from runs.backends import QuotaUse
+from runs.backends import QueuedRun, QueueReading, QuotaUse
 from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
 from runs.logs import LogChunk, WholeLog, open_log_file, read_log_file
 from runs.models import RUNNING_STATES, Backend, Checkpoint, Run, RunAttempt, RunState
@@ -29,6 +33,7 @@ from runs.state import lock_run, transition
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError
 from tau.spec import Spec, spec_from_dict
+from workspaces.models import Workspace
 
 
 #: The tau.yaml field each resource of the machine is asked for in.
@@ -90,6 +95,39 @@ def _checkpoint_on_disk(run: Run, parts: tuple[str, ...]) -> bool:
         if index < len(names) - 1 and not stat.S_ISDIR(status.st_mode):
             return False
     return True
+
+
+def local_environment(run: Run) -> dict[str, Any] | None:
+    """The run's virtual environment, as the local executor built it: its Python and its
+    packages. None when it is not on this machine (any more)."""
+    spec = spec_from_dict(run.spec)
+    venv = environments.environment_path(Path(settings.VAR_DIR) / "venvs", spec.runtime.pip)
+    if not environments.is_ready(venv):
+        return None
+    packages = {
+        (dist.metadata["Name"] or "", dist.version)
+        for site in venv.glob("lib/python*/site-packages")
+        for dist in metadata.distributions(path=[str(site)])
+    }
+    return {
+        "kind": "local-venv",
+        "python": _venv_python(venv),
+        "packages": [
+            {"name": name, "version": version} for name, version in sorted(packages) if name
+        ],
+    }
+
+
+def _venv_python(venv: Path) -> str:
+    """The Python version its ``pyvenv.cfg`` records (the base interpreter's otherwise)."""
+    try:
+        for line in (venv / "pyvenv.cfg").read_text(encoding="utf-8").splitlines():
+            name, _, value = line.partition("=")
+            if name.strip() in {"version", "version_info"}:
+                return value.strip()
+    except OSError:
+        pass
+    return ".".join(str(part) for part in sys.version_info[:3])
 
 
 class LocalBackend:
@@ -187,3 +225,23 @@ class LocalBackend:
                 key = (flavor, resource)
                 line[key] = line.get(key, Decimal(0)) + amount
         return used
+
+    # -- what pages, the API and evidence ask -------------------------------------------
+
+    def queue_positions(self, workspace: Workspace, runs: list[QueuedRun]) -> QueueReading:
+        # The agent orders its queue itself and stores each run's position on it.
+        return QueueReading()
+
+    def storage_warning(self, workspace: Workspace) -> str:
+        return ""  # checkpoints stay on this machine's disk between attempts
+
+    def environment(self, run: Run) -> dict[str, Any] | None:
+        return local_environment(run)
+
+    def attempt_objects(self, run: Run, attempt: RunAttempt) -> list[dict[str, Any]]:
+        if not attempt.backend_name:
+            return []
+        return [{"kind": "process", "name": attempt.backend_name, "namespace": None}]
+
+    def readiness_note(self) -> dict[str, Any] | None:
+        return local_executor_note()

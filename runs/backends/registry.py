@@ -4,16 +4,32 @@ go (``backend_for_run``).
 The local backend is always there (runs submitted to it keep being followed and answered);
 the Kubernetes backend is there when the installation runs it (``TAU_BACKEND=kubernetes``).
 Submissions go to ``TAU_BACKEND``; a run keeps the backend it was submitted to.
+
+The classes are named by the ``TAU_BACKEND_CLASSES`` setting (a dotted path per backend name,
+as Django names its ``EMAIL_BACKEND``): nothing in the core imports a backend, so a backend
+can live in a package of its own above the core.
 """
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Any
+
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from runs.backends import BackendUnavailable, RunBackend
-from runs.backends.kubernetes import KubernetesBackend
-from runs.backends.local import LocalBackend
 from runs.models import Backend, Run
+
+
+@cache
+def _backend_class(path: str) -> type[RunBackend]:
+    try:
+        cls: type[RunBackend] = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"TAU_BACKEND_CLASSES names {path!r}: {exc}") from exc
+    return cls
 
 
 def available_backend_names() -> frozenset[str]:
@@ -24,15 +40,25 @@ def available_backend_names() -> frozenset[str]:
 
 
 def backend_named(name: str) -> RunBackend:
-    if name == Backend.LOCAL:
-        return LocalBackend()
-    if name == Backend.KUBERNETES and name in available_backend_names():
-        return KubernetesBackend()
-    raise BackendUnavailable(f"the {name} backend is not available in this installation")
+    if name not in available_backend_names():
+        raise BackendUnavailable(f"the {name} backend is not available in this installation")
+    return _backend_class(settings.TAU_BACKEND_CLASSES[name])()
 
 
 def backend_for_run(run: Run) -> RunBackend:
     return backend_named(run.backend)
+
+
+def readiness_note(name: str) -> dict[str, Any] | None:
+    """What the backend ``name`` adds to ``/readyz`` (None: nothing)."""
+    return _backend_class(settings.TAU_BACKEND_CLASSES[name])().readiness_note()
+
+
+def describing_backend(run: Run) -> RunBackend:
+    """The run's backend, only to describe what it made of the run (the sealed record, made
+    again at every export): also where this installation no longer runs that backend, since
+    the description must not change with the installation. Asks the backend nothing."""
+    return _backend_class(settings.TAU_BACKEND_CLASSES[run.backend])()
 
 
 def available_backends() -> list[RunBackend]:
