@@ -54,7 +54,7 @@ test: install-dev test-tools cluster-build
 # The edit-test loop: the unit and db tiers (tests/tiers.py) without the slow ones, on the
 # suite's own PostgreSQL and Redis; nothing else is built or started.
 test-fast: install-dev
-	$(PYTHON) deploy/dev/test_services.py run -- $(VENV)/bin/pytest -m "(unit or db) and not slow" $(PYTEST_ARGS)
+	$(PYTHON) deploy/dev/test_services.py run -- $(VENV)/bin/pytest -n auto --dist loadscope -m "(unit or db) and not slow" $(PYTEST_ARGS)
 
 # Chromium (Debian) for the browser tests, npm packages of the test OpenID provider.
 test-tools:

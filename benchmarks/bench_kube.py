@@ -354,8 +354,8 @@ class World:
 def make_world(uid: str, base: str, client: Any, kubeconfig: Path) -> World:
     from django.contrib.auth import get_user_model
 
+    from executors.kubernetes import kueue_sync
     from identity import tokens
-    from workspaces import kueue_sync
     from workspaces.models import (
         KueueSync,
         Membership,
@@ -412,7 +412,7 @@ def cleanup_cluster(world: World, lease_namespace: str) -> None:
 
 
 def bench_submission(world: World, folder: Path) -> dict[str, Any]:
-    from runs.render import workload_name
+    from executors.kubernetes.render import workload_name
 
     namespace = world.rays.namespace
     added: dict[str, float] = {}
@@ -535,7 +535,8 @@ def make_runs(world: World) -> list[Any]:
     worker would deliver them; their pods run for 30 minutes."""
     from django.db import connection
 
-    from runs import delivery, render, submission
+    from executors.kubernetes import render
+    from runs import delivery, submission
     from runs.models import Run
     from tests.cluster.kueue_objects import TEST_DURATION
 
@@ -598,9 +599,9 @@ def wait_for_kueue(world: World, total: int) -> float:
 
 
 def time_lists(world: World) -> dict[str, float]:
-    """The watcher's lists (runs.kube_watcher.WATCHED), timed from this process, one after
-    the other, in ms."""
-    from runs.kube_watcher import WATCHED
+    """The watcher's lists (executors.kubernetes.watcher.WATCHED), timed from this process, one
+    after the other, in ms."""
+    from executors.kubernetes.watcher import WATCHED
 
     took = {}
     for watched in WATCHED:

@@ -2,7 +2,7 @@
 
 The full path is what the Kubernetes backend does per submission: parse and validate the
 article's tau.yaml (``load_spec``), then render the RayJob and its run-token Secret
-(``runs.render``, which also hashes the normalised spec). Target: median under 5 ms.
+(``executors.kubernetes.render``, which also hashes the normalised spec). Target: median under 5 ms.
 Parsing and rendering are also timed on their own. Pure Python: no database, no Django.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import SMOKE, measure, report
-from runs.render import (
+from executors.kubernetes.render import (
     Owner,
     RunTarget,
     render_dependents,

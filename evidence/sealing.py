@@ -23,8 +23,8 @@ is gone) fails the same way every time, and must not be retried forever. Each fa
 one line in the log (the traceback once, with the first).
 
 A cluster run's logs are kept by the Kubernetes watcher when its attempts end
-(``runs.kube_watcher``), and sealing waits for that (``LogNotKeptYet``, not a failure): for an
-ended attempt that ran, until the watcher has either kept its log (``log_path``) or said why
+(``executors.kubernetes.watcher``), and sealing waits for that (``LogNotKeptYet``, not a failure):
+for an ended attempt that ran, until the watcher has either kept its log (``log_path``) or said why
 there is none to keep (``log_note``: its pods were gone, or never started) — never longer
 than ``LOG_WAIT``, so a watcher that is down does not hold the record either. An attempt
 without a log is sealed with the reason in its ``log_note``.

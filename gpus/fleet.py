@@ -44,8 +44,8 @@ anything else (``KernelDeadlock``, …)                       never (shown, not 
 ==========================================================  ==========================
 
 Each problem is a sentence: ``XIDErrors since 12:03 UTC: XID 79 — GPU has fallen off the
-bus`` (XID codes in the message explained with :mod:`runs.gpu_faults`; the day is named when
-it is not the sync's), ``NotReady since 09:12 UTC: Kubelet stopped posting node status``.
+bus`` (XID codes in the message explained with :mod:`executors.kubernetes.gpu_faults`; the day is
+named when it is not the sync's), ``NotReady since 09:12 UTC: Kubelet stopped posting node status``.
 Being cordoned (``spec.unschedulable``) is a state, not a problem: a cordoned node can be
 healthy.
 
@@ -96,11 +96,11 @@ from django.db import transaction
 from django.utils import timezone
 
 import kube
+from executors.kubernetes import labels as run_labels
+from executors.kubernetes.gpu_faults import describe, xids_in
 from gpus import actions
 from gpus.models import FleetSync, GpuNode, NodeSource
 from kube import KubeClient, KubeError
-from runs import labels as run_labels
-from runs.gpu_faults import describe, xids_in
 from runs.models import RUNNING_STATES, Backend, Run
 from runs.policy import requested_totals
 from tau.k8s_names import GPU_RESOURCE

@@ -115,6 +115,8 @@ INSTALLED_APPS = [
     "workspaces",
     "identity",
     "runs",
+    "executors.kubernetes",
+    "executors.local",
     "evidence",
     "gpus",
     "accounting",
@@ -567,8 +569,8 @@ if TAU_BACKEND not in {"local", "kubernetes"}:
     raise ImproperlyConfiguredEnv(f"TAU_BACKEND must be local or kubernetes, got {TAU_BACKEND!r}")
 # The class of each backend (runs/backends/registry.py): the run core never imports one.
 TAU_BACKEND_CLASSES = {
-    "local": "runs.backends.local.LocalBackend",
-    "kubernetes": "runs.backends.kubernetes.KubernetesBackend",
+    "local": "executors.local.backend.LocalBackend",
+    "kubernetes": "executors.kubernetes.backend.KubernetesBackend",
 }
 # Telling the backend (runs/delivery.py): a failed try is tried again after
 # TAU_DELIVERY_RETRY_SECONDS, doubling up to TAU_DELIVERY_RETRY_MAX_SECONDS; after
@@ -607,7 +609,7 @@ if TAU_EVIDENCE_SIGNING_KEY is None and PRODUCTION:
     )
 TAU_EVIDENCE_GENERATED_KEY_PATH = VAR_DIR / "evidence_signing_key.pem"
 TAU_EVIDENCE_PUBLIC_KEYS_FILE = env_str("TAU_EVIDENCE_PUBLIC_KEYS_FILE", "") or ""
-# Keeping Kueue in step with the workspaces (workspaces/kueue_sync.py, Kubernetes backend
+# Keeping Kueue in step with the workspaces (executors/kubernetes/kueue_sync.py, Kubernetes backend
 # only): a failed sync is tried again after TAU_KUEUE_SYNC_RETRY_SECONDS, doubling up to
 # TAU_KUEUE_SYNC_RETRY_MAX_SECONDS, at most TAU_KUEUE_SYNC_MAX_TRIES times; every
 # TAU_KUEUE_DRIFT_SECONDS the live objects are compared with TauGrid's and put back.
@@ -621,18 +623,18 @@ if TAU_BACKEND == "kubernetes":
             # The Kueue outbox's relay: syncs a lost task, a broker outage or a killed worker
             # left behind, and archived workspaces waiting for their runs.
             "reconcile-kueue-syncs": {
-                "task": "workspaces.tasks.reconcile_kueue_syncs",
+                "task": "executors.kubernetes.tasks.reconcile_kueue_syncs",
                 "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
             },
             "check-kueue-drift": {
-                "task": "workspaces.tasks.check_kueue_drift",
+                "task": "executors.kubernetes.tasks.check_kueue_drift",
                 "schedule": float(TAU_KUEUE_DRIFT_SECONDS),
             },
         }
     )
-# The Kubernetes watcher (runs/kube_watcher.py, `manage.py run_kube_watcher`): one replica acts
-# at a time, holding the Lease taugrid-kube-watcher in TAU_KUBE_WATCHER_LEASE_NAMESPACE (the
-# portal's namespace, workspaces.cluster_access.PORTAL_NAMESPACE, unless set), renewed every
+# The Kubernetes watcher (executors/kubernetes/watcher.py, `manage.py run_kube_watcher`): one
+# replica acts at a time, holding the Lease taugrid-kube-watcher in TAU_KUBE_WATCHER_LEASE_NAMESPACE
+# (the portal's namespace, workspaces.models.PORTAL_NAMESPACE, unless set), renewed every
 # fifth of TAU_KUBE_WATCHER_LEASE_SECONDS; a standby takes over once it lapses. Every
 # TAU_KUBE_WATCHER_RESYNC_SECONDS each watch is replaced by a full list.
 TAU_KUBE_WATCHER_LEASE_NAMESPACE = (
@@ -679,7 +681,7 @@ TAU_LOCAL_GRACE_SECONDS = env_int("TAU_LOCAL_GRACE_SECONDS", 10, minimum=0)
 # How a running workload reaches the portal's API (TAU_API_URL in its environment).
 _port = env_int("PORT", 8000, minimum=1)  # the port `make run` serves on
 TAU_API_URL = env_str("TAU_API_URL", "") or f"http://127.0.0.1:{_port}"
-# Each local attempt runs in a bubblewrap sandbox (runs/agent/sandbox.py): "auto" uses it
+# Each local attempt runs in a bubblewrap sandbox (executors/local/agent/sandbox.py): "auto" uses it
 # when bwrap works here, "off" never does (as if bwrap were missing).
 TAU_LOCAL_SANDBOX = env_str("TAU_LOCAL_SANDBOX", "auto") or "auto"
 if TAU_LOCAL_SANDBOX not in {"auto", "off"}:
@@ -689,8 +691,8 @@ if TAU_LOCAL_SANDBOX not in {"auto", "off"}:
 # Without a sandbox the agent runs the workloads of one workspace only, unless this says
 # that every workspace's code may run unsandboxed, as the portal's user, on purpose.
 TAU_LOCAL_EXECUTOR_UNSANDBOXED = env_bool("TAU_LOCAL_EXECUTOR_UNSANDBOXED", False)
-# Per local run (runs/agent/run_limits.py): processes and threads together, and the disk its
-# folders may hold (a quantity such as 20Gi). Its memory limit comes from its spec.
+# Per local run (executors/local/agent/run_limits.py): processes and threads together, and the disk
+# its folders may hold (a quantity such as 20Gi). Its memory limit comes from its spec.
 TAU_LOCAL_RUN_PROCESSES = env_int("TAU_LOCAL_RUN_PROCESSES", 1024, minimum=32)
 TAU_LOCAL_RUN_DISK = env_str("TAU_LOCAL_RUN_DISK", "20Gi") or "20Gi"
 
@@ -712,7 +714,7 @@ TAU_GPU_HEALTH_CONDITIONS = env_list(
 # Cordon a node as soon as one of its GPU conditions turns True (audited, with the reason).
 TAU_GPU_AUTO_CORDON = env_bool("TAU_GPU_AUTO_CORDON", False)
 # How long the watcher waits after a GPU pod exits non-zero before calling it the program's
-# failure, for an XID condition node-problem-detector reports late (runs/kube_status.py).
+# failure, for an XID condition node-problem-detector reports late (executors/kubernetes/status.py).
 TAU_XID_SETTLE_SECONDS = env_int("TAU_XID_SETTLE_SECONDS", 30, minimum=0)
 # How often the fleet is read from Kubernetes (or NVML) into the database.
 TAU_GPU_SYNC_SECONDS = env_int("TAU_GPU_SYNC_SECONDS", 15, minimum=1)

@@ -12,11 +12,7 @@ class RunsConfig(AppConfig):
 
         from portal import health
         from runs.backends import registry
-        from runs.selectors import live_run_count
-        from workspaces import kueue_cluster
 
         # Each backend says what it adds to /readyz ("local_executor": the agent's sandbox).
         for name in settings.TAU_BACKEND_CLASSES:
             health.add_readiness_note(f"{name}_executor", partial(registry.readiness_note, name))
-        # Archiving a workspace removes its Kueue queues only once none of its runs is live.
-        kueue_cluster.register_live_work_check(live_run_count)

@@ -2,8 +2,8 @@
 
 Two roads bring a file here, and both end in :func:`store_artifact`, the one writer of
 :class:`~runs.models.Artifact` rows: the local agent collects the matching files from an
-attempt's output folder when the attempt ends (``runs.agent.supervisor``), and a workload on
-any backend uploads one with its run token (``tau.save_artifact``, the API's
+attempt's output folder when the attempt ends (``executors.local.agent.supervisor``), and a workload
+on any backend uploads one with its run token (``tau.save_artifact``, the API's
 ``report/artifacts/``).
 
 **Names.** An artifact's ``path`` is a normalised relative POSIX path (no ``.``/``..``

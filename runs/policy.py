@@ -12,7 +12,7 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from runs import render
+from executors.kubernetes import render
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import parse_quantity
 from tau.spec import Spec
@@ -153,7 +153,7 @@ def requested_totals(spec: Spec) -> dict[str, Decimal]:
 
 def cluster_totals(spec: Spec) -> dict[str, Decimal]:
     """What Kueue admits together for the run on Kubernetes: the workers, plus for a RayJob
-    the Ray head and KubeRay's submitter pod (``runs.render`` fixes their size)."""
+    the Ray head and KubeRay's submitter pod (``executors.kubernetes.render`` fixes their size)."""
     totals = requested_totals(spec)
     if spec.run.workload_kind == "rayjob":
         for fixed in (render.head_requests(spec), render.SUBMITTER_RESOURCES):
@@ -310,7 +310,8 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
 def kueue_pod_sets(spec: Spec) -> list[tuple[str, dict[str, Decimal]]]:
     """The run's pod sets as Kueue places them (who, with the verb for the sentences of
     :class:`workspaces.kueue_coverage.Gap`), each with what it asks for in all: a Job's
-    workers; a RayJob's workers, head and KubeRay's submitter (``runs.render`` sizes them)."""
+    workers; a RayJob's workers, head and KubeRay's submitter (``executors.kubernetes.render`` sizes
+    them)."""
     workers = spec.compute.workers
     pod_sets = [(f"the {workers} worker(s) need", requested_totals(spec))]
     if spec.run.workload_kind == "rayjob":

@@ -3,8 +3,8 @@
 Use comes from the backends: each says what its runs hold of each workspace's quota, by
 flavor and resource (the local executor: what its admitted and running runs asked for, on
 the machine's flavor); on a cluster (``TAU_BACKEND=kubernetes``) Kueue says, from the
-workspaces' ClusterQueues (the Kubernetes backend asks ``workspaces.kueue_usage``). The start
-estimate is computed from the queue's own recent history: how often runs were admitted
+workspaces' ClusterQueues (the Kubernetes backend asks ``executors.kubernetes.kueue_usage``). The
+start estimate is computed from the queue's own recent history: how often runs were admitted
 lately, times the run's position.
 """
 

@@ -7,12 +7,12 @@ every backend, with the SDK of the portal that runs it:
 * **local executor**: the files are written once per content under
   ``VAR_DIR/workload-sdk/<digest>/`` (read-only, never changed in place), mounted read-only
   into the sandbox, and put first on the run's ``PYTHONPATH``;
-* **Kubernetes**: the bundle fetcher (the init container, ``runs.render.FETCH_SCRIPT``)
-  writes them next to the code, from an argument of its own (:func:`packed`) — a few KiB,
-  so no download and nothing to trust but the pod spec; a Job's container mounts them at
-  ``/tau/sdk`` with ``PYTHONPATH``, a RayJob ships them to its driver and workers as a Ray
-  ``py_modules`` entry. (A run without a code bundle has its code, and its SDK if it
-  wants one, in its image.)
+* **Kubernetes**: the bundle fetcher (the init container,
+  ``executors.kubernetes.render.FETCH_SCRIPT``) writes them next to the code, from an argument of
+  its own (:func:`packed`) — a few KiB, so no download and nothing to trust but the pod spec; a
+  Job's container mounts them at ``/tau/sdk`` with ``PYTHONPATH``, a RayJob ships them to its driver
+  and workers as a Ray ``py_modules`` entry. (A run without a code bundle has its code, and its SDK
+  if it wants one, in its image.)
 
 What is shipped is the ``tau`` package's ``__init__`` and ``sdk`` modules, nothing else:
 ``tau/__init__.py`` may import nothing but ``tau.sdk`` (a test keeps it so). A project

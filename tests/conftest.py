@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -30,6 +31,8 @@ pytest_plugins = [
 ]
 
 _MINUTES = itertools.count()
+#: Under pytest-xdist each worker (gw0, gw1, …) counts its windows in a range of its own.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +40,9 @@ def one_minute_of_rate_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test's requests fall in one fixed window of the portal's rate limits, a window
     no other test of the session uses: a test that straddled a minute boundary would see its
     count start again (``test_reports_are_rate_limited_per_run_token`` did, in CI), and one
-    that shared a window with the test before it would inherit its count."""
-    frozen = 1_800_000_000.0 + 60 * next(_MINUTES) + 30
+    that shared a window with the test before it would inherit its count. Parallel workers
+    share the cache, so each has its own range of windows."""
+    frozen = 1_800_000_000.0 + 60 * (1_000_000 * _WORKER + next(_MINUTES)) + 30
     monkeypatch.setattr(rate_limits, "clock", lambda: frozen)
 
 

@@ -447,6 +447,7 @@ FUZZ = settings(
 )
 
 
+@pytest.mark.slow
 def test_no_known_bad_value_causes_a_server_error(world: Any, urls: dict[str, str]) -> None:
     """Every parameter of every page and API route of the project's own (the admin is
     Django's, and in the property test below), one known-bad value at a time."""

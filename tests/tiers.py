@@ -29,7 +29,6 @@ STARTS = {
     "db": {"db", "transactional_db", "django_db_setup"},
 }
 
-_tier_of: dict[str, str] = {}
 _seconds: dict[str, float] = defaultdict(float)
 _counts: dict[str, int] = defaultdict(int)
 
@@ -48,13 +47,14 @@ def tier_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item)
-        _tier_of[item.nodeid] = tier
+        # On the report too: under pytest-xdist the workers collect, the controller sums.
+        item.user_properties.append(("tier", tier))
         if tier not in {mark.name for mark in item.iter_markers()}:
             item.add_marker(getattr(pytest.mark, tier))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    tier = _tier_of.get(report.nodeid)
+    tier = dict(report.user_properties).get("tier")
     if tier is None:
         return
     _seconds[tier] += report.duration  # setup, call and teardown

@@ -9,7 +9,7 @@ rows (runs, deliveries, Kueue syncs, seal requests, the fleet sync) are the one 
 truth; :class:`PortalCollector` turns them into metrics with a fixed number of aggregate
 queries (``GROUP BY``), whatever the number of runs, under a time limit
 (:data:`QUERY_TIMEOUT_MS`), so a scrape costs bounded time. The watcher's lag is the age of
-the heartbeat it writes into the shared cache (``runs.watcher_heartbeat``). Every replica
+the heartbeat it writes into the shared cache (``executors.kubernetes.heartbeat``). Every replica
 answers the same, so Prometheus scrapes one of them (the Service), not every pod.
 
 The same queries run on both databases: PostgreSQL in production and SQLite on the embedded
@@ -65,9 +65,9 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from evidence.models import SealRequest
+from executors.kubernetes.heartbeat import HeartbeatUnreadable, last_heartbeat
 from gpus.models import FleetSync
 from runs.models import WAITING_STATES, Delivery, Run, RunState
-from runs.watcher_heartbeat import HeartbeatUnreadable, last_heartbeat
 from workspaces.models import KueueSync, Workspace
 
 logger = logging.getLogger(__name__)

@@ -15,9 +15,10 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
+from executors.kubernetes import kueue_sync
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import format_quantity
-from workspaces import kueue_coverage, kueue_sync
+from workspaces import kueue_coverage
 from workspaces.admin_forms import ResourceFlavorForm, WorkspaceForm
 from workspaces.models import (
     Cohort,

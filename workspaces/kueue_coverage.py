@@ -3,7 +3,7 @@ which flavors a pod set can land on, and what a run asks for that no flavor coul
 Pure functions over the rows' amounts (:func:`quota_ceilings` reads them), used by the
 submission's policy (``runs.policy``: refuse a run Kueue would never admit) and by the admin
 and the staff API (warn about quotas that leave out what runs ask for). The rendering of the
-rows into resource groups (``workspaces.kueue.resource_groups``) groups them with
+rows into resource groups (``executors.kubernetes.kueue.resource_groups``) groups them with
 :func:`resource_groups_of`, so the two never disagree.
 
 Kueue's rules (v0.17, its flavor assigner):
@@ -23,7 +23,7 @@ Kueue's rules (v0.17, its flavor assigner):
   only that flavor is tried for them.
 
 On the local backend none of this applies: a resource without a row is limited only by the
-machine (``runs.agent.admission``).
+machine (``executors.local.agent.admission``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -31,7 +31,6 @@ from tau.k8s_names import (
 )
 from tau.printable import hidden_character_problem
 from tau.quantity import format_quantity
-from workspaces.cluster_access import PORTAL_NAMESPACE
 from workspaces.fields import QuantityField
 
 if TYPE_CHECKING:
@@ -270,6 +269,12 @@ def _toleration_problems(tolerations: Any) -> list[str]:
 def default_namespace(slug: str) -> str:
     """The namespace a workspace gets when the platform team names none."""
     return f"tau-{slug}"
+
+
+#: The namespace TauGrid itself runs in (its secrets, the watcher's leader lease): never a
+#: workspace's. The shipped RBAC binds the portal's account here (``executors.kubernetes.rbac``
+#: spells it too, as it runs without Django; a test holds the two equal).
+PORTAL_NAMESPACE: Final = "taugrid"
 
 
 def namespace_refusal(namespace: str) -> str | None:
@@ -732,7 +737,7 @@ class WorkspaceQuota(AuditedModel, TenantModel):
 
 class KueueSync(models.Model):
     """Outbox: the cluster's Kueue objects must be brought in step with these rows
-    (``workspaces.kueue_sync``).
+    (``executors.kubernetes.kueue_sync``).
 
     A change to a workspace, its quotas, a flavor, a cohort or a priority class writes one in
     the transaction of the change, for one workspace (``scope`` workspace, by slug: the row

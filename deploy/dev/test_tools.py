@@ -42,8 +42,8 @@ def ensure_chromium() -> None:
 
 
 def ensure_bubblewrap() -> None:
-    """The sandbox of local runs (runs/agent/sandbox.py): `make run` works without it (one
-    workspace's runs, unsandboxed), the tests exercise it for real."""
+    """The sandbox of local runs (executors/local/agent/sandbox.py): `make run` works without it
+    (one workspace's runs, unsandboxed), the tests exercise it for real."""
     if shutil.which("bwrap") is None:
         apt_install(["bubblewrap"])
 

@@ -22,8 +22,9 @@ adds to ``/readyz``. The core never imports a backend: pages, the API and eviden
 questions of ``registry.backend_named(run.backend)``.
 
 Which backends an installation runs, and which one a run's instructions go to, is
-``registry``'s (the classes are named by the ``TAU_BACKEND_CLASSES`` setting); ``local`` is
-this machine's.
+``registry``'s (the classes are named by the ``TAU_BACKEND_CLASSES`` setting):
+``executors.local.backend.LocalBackend`` for this machine, and
+``executors.kubernetes.backend.KubernetesBackend`` for a cluster.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from executors.local.agent.artifact_collection import collect_artifacts
 from runs import artifacts
-from runs.agent.artifact_collection import collect_artifacts
 from runs.models import Artifact, EventKind, Run, RunEvent
 from tests.runs.factories import TINY_SPEC, make_run
 from tests.runs.test_api import bearer, run_token

@@ -148,7 +148,9 @@ def https_front(portal: Portal, tmp_path: Path) -> Iterator[tuple[str, Path]]:
                 relay(client, upstream)
 
     server = _Server(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     yield f"https://127.0.0.1:{server.server_address[1]}", ca
     server.shutdown()
     server.server_close()
@@ -175,7 +177,9 @@ def connect_proxy() -> Iterator[tuple[str, list[str]]]:
                 relay(self.connection, upstream)
 
     server = _Server(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     yield f"http://127.0.0.1:{server.server_address[1]}", asked
     server.shutdown()
     server.server_close()

@@ -82,6 +82,7 @@ def _files(folder: Path) -> set[str]:
     return {path.relative_to(folder).as_posix() for path in folder.rglob("*")}
 
 
+@pytest.mark.slow
 def test_installing_writes_nothing_into_the_checkout(client: Client) -> None:
     """``pip install .`` builds in place: setuptools' build/ and taugrid.egg-info were left
     in the clone (and a build/lib of an earlier build could bring deleted files back into

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from executors.kubernetes.rbac import HELM_RULES_HEADER, render_rules
 from tau.evidence.keys import keyring_document, public_key_bytes
 from tests.deploy.helm import (
     CHART,
@@ -36,7 +37,6 @@ from tests.deploy.helm import (
     pod_specs,
 )
 from tests.portal.test_settings import PRODUCTION_SECRETS, deploy_check
-from workspaces.cluster_access import HELM_RULES_HEADER, render_rules
 
 VALUES = {"default": (), "production": (PRODUCTION_VALUES,)}
 WORKLOADS = {"web", "worker", "notifier", "beat", "watcher"}
@@ -270,7 +270,7 @@ def test_the_charts_cluster_role_is_the_one_cluster_check_verifies(
     chart_rules = (CHART / "files" / "clusterrole-rules.yaml").read_text()
     assert chart_rules == HELM_RULES_HEADER + render_rules(), (
         "deploy/helm/taugrid/files/clusterrole-rules.yaml is stale: "
-        ".venv/bin/python -m workspaces.cluster_access --helm-rules "
+        ".venv/bin/python -m executors.kubernetes.rbac --helm-rules "
         "> deploy/helm/taugrid/files/clusterrole-rules.yaml"
     )
     shipped = yaml.safe_load((REPO / "deploy" / "rbac" / "clusterrole.yaml").read_text())

@@ -26,10 +26,12 @@ from typing import Any
 import pytest
 
 import kube as adapter
+from executors.kubernetes import kueue_cluster
+from executors.kubernetes.rbac import LEADER_LEASE
+from executors.kubernetes.watcher import KubeWatcher
 from kube import KubeClient, new_api_client
 from kube.leader import LeaderElection
 from runs import submission
-from runs.kube_watcher import KubeWatcher
 from runs.models import Run, RunAttempt, RunState
 from tests.cluster.plugin import Kube, KubeCluster, wait_for_access
 from tests.deploy.helm import PRODUCTION_VALUES, REPO, Body, Helm, helm_binary
@@ -44,8 +46,6 @@ from tests.runs.test_kube_watcher import (
 )
 from tests.workspaces.test_cluster_check import h100_flavor_row, run_command
 from tests.workspaces.test_kueue_sync import gpu_flavor, make_workspace
-from workspaces import kueue_cluster
-from workspaces.cluster_access import LEADER_LEASE
 from workspaces.models import Membership, Role
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]

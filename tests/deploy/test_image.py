@@ -26,6 +26,8 @@ from tests.scripts import load_script
 
 from .helm import REPO
 
+pytestmark = pytest.mark.services
+
 image_tool = load_script(REPO / "deploy" / "dev" / "oci_image.py", "taugrid_oci_image")
 
 SECRETS = {

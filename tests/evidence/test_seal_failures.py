@@ -23,10 +23,10 @@ from django.utils import timezone
 
 from evidence import sealing
 from evidence.models import SealRequest
+from executors.kubernetes.watcher import AttemptKey, KubeWatcher
+from executors.local.agent.collect import MetricsReader, checkpoint_step
 from kube import KubeError
 from portal.models import AuditEvent
-from runs.agent.collect import MetricsReader, checkpoint_step
-from runs.kube_watcher import AttemptKey, KubeWatcher
 from runs.metric_rules import MAX_STEP
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt, RunState
 from runs.state import transition
@@ -192,7 +192,7 @@ def test_an_attempt_whose_pods_were_gone_is_sealed_at_once_saying_why(
 ) -> None:
     run, request = _ended_on_the_cluster(world)
     watcher = KubeWatcher(client=None, resync_seconds=300)  # type: ignore[arg-type]
-    kept = "runs.kube_watcher.KubernetesBackend.archive_log"
+    kept = "executors.kubernetes.watcher.KubernetesBackend.archive_log"
 
     # The cluster does not answer: nobody knows yet whether there is a log; sealing waits.
     def no_answer(self: Any, run: Run, attempt: RunAttempt) -> None:

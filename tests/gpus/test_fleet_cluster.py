@@ -22,12 +22,12 @@ import yaml
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 import kube as adapter
+from executors.kubernetes import labels as run_labels
 from gpus import actions
 from gpus.fleet import sync_fleet
 from gpus.models import FleetSync, GpuNode
 from kube import KubeClient, new_api_client
 from portal.models import AuditEvent
-from runs import labels as run_labels
 from tests.cluster.kueue_objects import GPU_TOLERATION, TEST_DURATION, batch_job
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
 

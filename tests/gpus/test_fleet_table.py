@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from executors.kubernetes import labels as run_labels
 from gpus.fleet import (
     NodeView,
     explain_message,
@@ -29,7 +30,6 @@ from gpus.fleet import (
     pod_gpus,
     problem_sentence,
 )
-from runs import labels as run_labels
 from workspaces.models import ResourceFlavor
 
 Body = dict[str, Any]

@@ -16,7 +16,7 @@ PROBE = """
 import json, os, sys
 import django
 django.setup()
-import portal.celery, runs.tasks, web.urls, workspaces.tasks
+import portal.celery, runs.tasks, web.urls, executors.kubernetes.tasks
 from django.urls import get_resolver
 get_resolver().url_patterns  # every view module
 before = sorted(m for m in sys.modules if m.split(".")[0] == "kubernetes")

@@ -100,7 +100,9 @@ def endpoint() -> Iterator[Endpoint]:
     hook = Endpoint()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hook))
     hook.port = int(server.server_address[1])
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield hook
@@ -306,7 +308,9 @@ def tls_endpoint(tmp_path: Any) -> Iterator[tuple[Endpoint, str]]:
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     hook.port = int(server.server_address[1])
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield hook, cert

@@ -26,7 +26,7 @@ from notifications.models import NotificationDelivery, Webhook
 from tests.notifications.helpers import SECRET, Endpoint, Trickler, self_signed_certificate
 from tests.runs.processes import free_port
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
 @pytest.fixture(autouse=True)

@@ -32,7 +32,7 @@ resilience:
   max_retries: 1
   retry_on: [infrastructure]
 """
-#: What runs.kube_status says about a Job deleted behind TauGrid's back (infrastructure).
+#: What executors.kubernetes.status says about a Job deleted behind TauGrid's back (infrastructure).
 GONE = (
     "Its Job or RayJob is gone, deleted outside TauGrid (by hand or by a controller) while it ran."
 )

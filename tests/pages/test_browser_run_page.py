@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from executors.kubernetes.backend import KeptLogs
 from runs import attempts, state
-from runs.backends.kubernetes import KeptLogs
 from runs.models import Backend, Run, RunState
 from tests.pages.browser_support import check_page, log_in, watch_console
 from tests.runs.factories import cluster_quota, make_run
@@ -171,7 +171,7 @@ def test_a_cluster_run_s_log_is_read_pod_by_pod(
     world: Any, live_server: Any, page: Any, settings: Any, tmp_path: Path
 ) -> None:
     """A Job of two workers on Kubernetes, ended, its pods' logs kept by the watcher as the
-    backend keeps them (runs.backends.kubernetes.KeptLogs): worker 0 is shown, and a picker
+    backend keeps them (executors.kubernetes.backend.KeptLogs): worker 0 is shown, and a picker
     offers worker 1. (The keeping itself, from real pods, is tested on the test cluster.)"""
     settings.VAR_DIR = tmp_path / "var"
     settings.TAU_BACKEND = "kubernetes"

@@ -87,6 +87,7 @@ def processes_mentioning(marker: str) -> list[int]:
     return found
 
 
+@pytest.mark.services
 def test_the_embedded_default_runs_with_no_services(tmp_path: Path) -> None:
     """What `make run` does, on a fresh var/ with nothing configured: SQLite, filesystem broker."""
     env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}

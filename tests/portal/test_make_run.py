@@ -33,6 +33,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.runs.processes import free_port
 
+pytestmark = pytest.mark.services
+
 ROOT = Path(__file__).resolve().parents[2]
 # What start-up used to bury the passwords under: none of it means anything to a user.
 NOISE = {

@@ -26,11 +26,11 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from evidence.models import SealRequest
+from executors.kubernetes.heartbeat import HEARTBEAT_KEY, HeartbeatWriter
 from gpus.models import FleetSync
 from runs import submission
 from runs.models import Delivery, Run, RunAttempt, RunState
 from runs.state import transition
-from runs.watcher_heartbeat import HEARTBEAT_KEY, HeartbeatWriter
 from tests.conftest import make_workspace
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from tests.runs.processes import free_port

@@ -16,7 +16,7 @@ from portal import outbox
 from runs.models import Delivery
 from tests.runs.factories import make_run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ from django.core.management.base import OutputWrapper
 
 from web.management.commands import runportal
 
+pytestmark = pytest.mark.services
+
 FIRST, MOST, STABLE = 0.2, 0.8, 3.0
 
 

@@ -28,6 +28,8 @@ from django.http import StreamingHttpResponse
 
 from tests.runs.processes import ROOT, free_port, wait_for
 
+pytestmark = pytest.mark.services
+
 DEADLINE = 2  # TAU_HTTP_HEADER_SECONDS and TAU_HTTP_READ_SECONDS of the server here
 
 

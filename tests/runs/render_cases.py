@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from runs.render import (
+from executors.kubernetes.render import (
     Flavor,
     Manifest,
     Owner,

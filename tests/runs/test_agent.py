@@ -18,12 +18,12 @@ from django.conf import settings
 from django.db import transaction
 from django.test import Client
 
+from executors.local.agent import environments
+from executors.local.agent.supervisor import UNSANDBOXED_REFUSAL
+from executors.local.agent.wrapper import truncation_marker
 from identity.models import ApiToken
 from portal.models import AuditEvent
 from runs import lifecycle
-from runs.agent import environments
-from runs.agent.supervisor import UNSANDBOXED_REFUSAL
-from runs.agent.wrapper import truncation_marker
 from runs.checkpoints import newest_checkpoint
 from runs.events import verify_event_chain
 from runs.models import (

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from executors.local.agent import cgroups, environments, outcomes, run_limits, seccomp
+from executors.local.agent import sandbox as sandboxing
+from executors.local.agent.artifact_collection import matching_files
+from executors.local.agent.collect import CheckpointScanner, read_bounded
 from runs import trials
-from runs.agent import cgroups, environments, outcomes, run_limits, seccomp
-from runs.agent import sandbox as sandboxing
-from runs.agent.artifact_collection import matching_files
-from runs.agent.collect import CheckpointScanner, read_bounded
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"  # readable by any uid (the portal's Python is under /root)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from runs.agent import cgroups
+from executors.local.agent import cgroups
 from runs.models import Artifact, Checkpoint, FailureClass, RunState
 from tests.runs.agent_harness import (
     Agent,

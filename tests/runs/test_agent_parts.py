@@ -18,17 +18,17 @@ from typing import Any
 
 import pytest
 
-from runs.agent import admission, environments, outcomes, processes
-from runs.agent import sandbox as sandboxing
-from runs.agent.admission import Candidate, Quota, Usage, WorkspaceShare, plan_admission
-from runs.agent.collect import CheckpointScanner, MetricsReader, checkpoint_step
-from runs.agent.prepare import (
+from executors.local.agent import admission, environments, outcomes, processes
+from executors.local.agent import sandbox as sandboxing
+from executors.local.agent.admission import Candidate, Quota, Usage, WorkspaceShare, plan_admission
+from executors.local.agent.collect import CheckpointScanner, MetricsReader, checkpoint_step
+from executors.local.agent.prepare import (
     AttemptLayout,
     PreparationFailed,
     child_environment,
     entrypoint_command,
 )
-from runs.agent.wrapper import LogPump, truncation_marker
+from executors.local.agent.wrapper import LogPump, truncation_marker
 from tau.spec import Spec, load_spec
 
 GiB = Decimal(2**30)

@@ -15,9 +15,9 @@ from django.utils import timezone
 from rest_framework.serializers import ModelSerializer
 from rest_framework.test import APIClient
 
+from executors.local import backend as local_backend
 from runs import run_tokens
 from runs.api.serializers import AttemptSerializer, RunDetailSerializer, RunSummarySerializer
-from runs.backends import local as local_backend
 from runs.events import verify_event_chain
 from runs.logs import LOG_STREAM_BLOCK
 from runs.models import Checkpoint, Delivery, MetricPoint, Run, RunAttempt, RunState

@@ -19,9 +19,9 @@ import pytest
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from executors.local.backend import LocalBackend
 from portal import outbox
 from runs import attempts, delivery, lifecycle
-from runs.backends.local import LocalBackend
 from runs.events import verify_event_chain
 from runs.models import (
     Delivery,

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.fault_injection import experiment, journal_rerun
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.services]
 
 
 def test_kill_9_of_the_agent_right_after_exits_loses_and_repeats_nothing(tmp_path: Path) -> None:

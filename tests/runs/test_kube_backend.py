@@ -30,7 +30,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 import kube as adapter
-from runs import delivery, kube_queue, labels, render, submission
+from executors.kubernetes import backend as kube_backend
+from executors.kubernetes import kueue_sync, labels, render
+from executors.kubernetes import queue as kube_queue
+from executors.kubernetes.tasks import sync_kueue
+from runs import delivery, submission
 from runs.attempts import (
     AttemptOutcome,
     admit_attempt,
@@ -38,7 +42,6 @@ from runs.attempts import (
     finish_attempt,
     note_log_kept,
 )
-from runs.backends import kubernetes as kube_backend
 from runs.backends.registry import available_backend_names, backend_named
 from runs.delivery import deliver, write_delivery
 from runs.lifecycle import cancel_run
@@ -47,7 +50,6 @@ from tests.cluster.kueue_objects import KUEUE, TEST_DURATION, conditions, worklo
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
 from tests.runs.factories import zip_bytes
 from tests.workspaces.test_cluster_check import PortalIdentity, portal_sa  # noqa: F401 (fixture)
-from workspaces import kueue_sync
 from workspaces.models import (
     KueueSync,
     Membership,
@@ -57,7 +59,6 @@ from workspaces.models import (
     Workspace,
     WorkspaceQuota,
 )
-from workspaces.tasks import sync_kueue
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 cluster = pytest.mark.cluster

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 import kube as adapter
+from executors.kubernetes import kueue_sync, render
 from identity import tokens
-from runs import render
 from runs.models import Run, RunAttempt
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
 from tests.runs.processes import (
@@ -42,7 +42,6 @@ from tests.runs.processes import (
     post_json,
     submit_example,
 )
-from workspaces import kueue_sync
 from workspaces.models import (
     KueueSync,
     Membership,

@@ -8,8 +8,8 @@ TauGrid renders it), and reads each Ray job's status from a real Ray dashboard: 
 cluster's Ray head (``controlplane.py up --ray``, as ``make cluster-up`` starts it: a Ray from
 PyPI, ``deploy/dev/ray_head.py``, ``ray[default,tune]`` pinned there, on a loopback address),
 which the operator reaches through its own hosts file (deploy/cluster/README.md, "The KubeRay
-operator's hosts file"). The watcher (``runs.kube_watcher.KubeWatcher``, driven in this
-process) maps what it sees with ``runs.kube_status.observe``.
+operator's hosts file"). The watcher (``executors.kubernetes.watcher.KubeWatcher``, driven in this
+process) maps what it sees with ``executors.kubernetes.status.observe``.
 
 **The cluster plays the submitter's part.** KWOK's submitter pod runs nothing, so
 ``deploy/cluster/ray_submitter.py`` submits each RayJob's Ray job, with KubeRay's
@@ -50,10 +50,12 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
 import kube as adapter
-from runs import render, workload_sdk
-from runs.backends.kubernetes import KubernetesBackend
+from executors.kubernetes import render
+from executors.kubernetes.backend import KubernetesBackend
+from executors.kubernetes.tasks import sync_kueue
+from executors.kubernetes.watcher import KubeWatcher
+from runs import workload_sdk
 from runs.delivery import deliver
-from runs.kube_watcher import KubeWatcher
 from runs.models import FailureClass, MetricPoint, Run, RunEvent, RunState, RunTrial
 from runs.submission import submit
 from runs.trials import trials_table
@@ -74,7 +76,6 @@ from tests.runs.test_kube_backend import (  # noqa: F401 (fixtures)
 )
 from tests.scripts import load_script
 from workspaces.models import KueueSync, Workspace
-from workspaces.tasks import sync_kueue
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_HEAD_SCRIPT = REPO / "deploy" / "dev" / "ray_head.py"

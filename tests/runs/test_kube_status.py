@@ -1,4 +1,4 @@
-"""The mapping from Kubernetes status to run state (runs/kube_status.py), as a table.
+"""The mapping from Kubernetes status to run state (executors/kubernetes/status.py), as a table.
 
 The objects in tests/runs/kube_objects/ were captured from the test cluster (kube-apiserver
 v1.35.4, Kueue v0.17.0, KubeRay v1.6.0, KWOK fake nodes; each file's ``note`` says how the
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from runs.kube_status import (
+from executors.kubernetes.status import (
     IMAGE_HINT,
     XID_SETTLE,
     AttemptObjects,

@@ -1,4 +1,4 @@
-"""The Kubernetes watcher (runs/kube_watcher.py).
+"""The Kubernetes watcher (executors/kubernetes/watcher.py).
 
 Without a cluster: how an observation is applied through the run services (each step once,
 whatever the order and however often it is seen), the cache's indexes (a Node's XID change
@@ -56,12 +56,15 @@ from django.db import transaction
 from django.utils import timezone
 
 import kube as adapter
-from kube.informer import Changed, Informer, Listed, Message
-from kube.leader import LeaderElection
-from runs import delivery, labels
-from runs.events import verify_event_chain
-from runs.kube_status import AttemptObjects, Observation, ObservedState, observe, parse_time
-from runs.kube_watcher import (
+from executors.kubernetes import labels
+from executors.kubernetes.status import (
+    AttemptObjects,
+    Observation,
+    ObservedState,
+    observe,
+    parse_time,
+)
+from executors.kubernetes.watcher import (
     JOB,
     NODE,
     QUEUE_REFRESH_BATCH,
@@ -71,6 +74,10 @@ from runs.kube_watcher import (
     KubeWatcher,
     apply_observation,
 )
+from kube.informer import Changed, Informer, Listed, Message
+from kube.leader import LeaderElection
+from runs import delivery
+from runs.events import verify_event_chain
 from runs.lifecycle import cancel_run
 from runs.models import (
     Backend,
@@ -440,7 +447,7 @@ def test_objects_of_attempts_the_database_does_not_know_are_reported_once(
     watcher.cache.replace("Job", [job for job, _ in objects.values()])
     watcher.cache.replace("Pod", [pod for _, pod in objects.values()])
     namespace = data["job"]["metadata"]["namespace"]
-    with caplog.at_level("WARNING", logger="runs.kube_watcher"):
+    with caplog.at_level("WARNING", logger="executors.kubernetes.watcher"):
         watcher.sweep()
         watcher.sweep()  # again: nothing new to say
     assert set(watcher.unknown) == {AttemptKey(run.pk, 2), AttemptKey(missing_run, 1)}
@@ -777,7 +784,7 @@ def test_make_run_starts_the_watcher_on_the_kubernetes_backend(settings: Any) ->
 
 
 def test_the_lease_namespace_defaults_to_the_portals(settings: Any) -> None:
-    from workspaces.cluster_access import PORTAL_NAMESPACE
+    from executors.kubernetes.rbac import PORTAL_NAMESPACE
 
     if "TAU_KUBE_WATCHER_LEASE_NAMESPACE" not in os.environ:
         assert settings.TAU_KUBE_WATCHER_LEASE_NAMESPACE == PORTAL_NAMESPACE

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from executors.kubernetes import kueue_cluster
 from runs import state
 from runs.models import RunState
 from tests.runs.factories import make_run
-from workspaces import kueue_cluster
 
 pytestmark = pytest.mark.django_db
 

@@ -25,7 +25,7 @@ from portal.models import AuditEvent
 from runs.models import Delivery, Run, RunAttempt
 from tests.runs.test_api import run_url
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 BEFORE = [("runs", "0002_attempt_counts_against_retries"), ("portal", "0004_apitoken_run")]
 

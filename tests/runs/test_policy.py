@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from runs import render
+from executors.kubernetes import render
 from runs.policy import PolicyRefused, apply_policy, cluster_totals, quota_ceilings
 from tau.quantity import parse_quantity
 from tau.spec import Spec, load_spec
@@ -288,7 +288,7 @@ def test_a_rayjob_on_kubernetes_also_needs_room_for_its_head_and_submitter(world
     assert "needs 18500m cpu at once" in problems["compute.cpus"]
     # Locally there is no Ray head pod: the workers' 16 CPUs fit.
     assert apply_policy(spec, world.beta, backend="local")
-    # The head is what runs.render renders.
+    # The head is what executors.kubernetes.render renders.
     assert render.HEAD_RESOURCES["cpu"] == "2"
 
 

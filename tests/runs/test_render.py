@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from runs import labels, render, workload_sdk
-from runs.render import (
+from executors.kubernetes import labels, render
+from executors.kubernetes.render import (
     Flavor,
     Owner,
     RenderError,
@@ -30,6 +30,7 @@ from runs.render import (
     run_token_secret_name,
     workload_name,
 )
+from runs import workload_sdk
 from tau.k8s_names import dns1035_label_problem
 from tau.spec import MAX_NAME_LENGTH, RAYJOB_NAME_MAX_LENGTH, RUN_NAME_SUFFIX_MAX_LENGTH, spec_hash
 from tau.spec.model import EnvVar
@@ -701,7 +702,7 @@ def test_the_run_secret_is_owned_by_the_workload() -> None:
 
 def test_rendering_imports_neither_django_nor_kubernetes() -> None:
     code = (
-        "import sys, runs.render\n"
+        "import sys, executors.kubernetes.render\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'django', 'kubernetes'})\n"
         "assert not bad, bad\n"
     )

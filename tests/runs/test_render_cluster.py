@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from runs import labels
-from runs.render import Flavor, Owner, RunTarget, render_dependents, render_workload
+from executors.kubernetes import labels
+from executors.kubernetes.render import Flavor, Owner, RunTarget, render_dependents, render_workload
 from tau.spec import Spec
 from tests.cluster.kueue_objects import H100_LABELS, cluster_queue, local_queue, resource_flavor
 from tests.cluster.plugin import Kube, wait_until

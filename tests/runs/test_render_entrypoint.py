@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runs.render import RenderError, ray_entrypoint
+from executors.kubernetes.render import RenderError, ray_entrypoint
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("bash") and shutil.which("sh")), reason="needs bash and sh"

@@ -1,5 +1,5 @@
-"""The bundle fetcher the init container runs (``runs.render.FETCH_SCRIPT``), run for real
-against a local HTTP server: it sends the run token, verifies the digest before unpacking,
+"""The bundle fetcher the init container runs (``executors.kubernetes.render.FETCH_SCRIPT``), run
+for real against a local HTTP server: it sends the run token, verifies the digest before unpacking,
 retries only what is worth retrying, and never writes outside its directory."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from executors.kubernetes.render import FETCH_SCRIPT, MAX_BUNDLE_BYTES
 from runs import workload_sdk
-from runs.render import FETCH_SCRIPT, MAX_BUNDLE_BYTES
 
 TOKEN = "tau_run_test.fetch-token"
 
@@ -54,7 +54,9 @@ def portal() -> Iterator[Portal]:
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     state.url = f"http://127.0.0.1:{server.server_port}/api/v1/workspaces/alpha/runs/r/bundle/"
     yield state

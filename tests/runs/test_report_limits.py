@@ -15,11 +15,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from executors.local import backend as local_backend
+from executors.local.agent.collect import MetricsReader
 from runs import metrics, selectors
-from runs.agent.collect import MetricsReader
 from runs.api import views as api_views
 from runs.api.serializers import MAX_EVENT_BYTES, MAX_EVENT_DEPTH
-from runs.backends import local as local_backend
 from runs.checkpoints import checkpoint_exists, newest_checkpoint
 from runs.events import verify_event_chain
 from runs.metric_rules import MAX_KEYS_PER_RUN, MAX_VALUES_PER_ROW, metric_key_problem

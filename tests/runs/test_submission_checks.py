@@ -14,7 +14,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from runs import bundles, render
+from executors.kubernetes import render
+from runs import bundles
 from runs.models import CodeBundle, Run, RunEvent, RunState
 from runs.submission import SubmissionRefused, check_bundle, check_spec
 from tau.spec import load_spec, locate
@@ -128,7 +129,7 @@ def test_a_machine_with_gpus_takes_gpu_runs(world: Any, settings: Any) -> None:
 
 def test_the_rule_is_the_agent_s_rule(world: Any, settings: Any) -> None:
     """One wording for submission and for a queued run the machine shrank under."""
-    from runs.agent.admission import machine_capacity, never_fits
+    from executors.local.agent.admission import machine_capacity, never_fits
     from runs.policy import requested_totals
 
     spec = load_spec(tiny("  cpus: 3\n  memory: 1Gi\n"))

@@ -1,6 +1,6 @@
-"""The Kubernetes watcher's heartbeat (runs/watcher_heartbeat.py): written only with the cluster
-listed, at most every WRITE_EVERY_SECONDS, never stopping the watcher when the cache is down,
-read back as written; and, on the test cluster, the real ``serve`` loop writing it while it
+"""The Kubernetes watcher's heartbeat (executors/kubernetes/heartbeat.py): written only with the
+cluster listed, at most every WRITE_EVERY_SECONDS, never stopping the watcher when the cache is
+down, read back as written; and, on the test cluster, the real ``serve`` loop writing it while it
 leads and no more once it stopped, as /metrics shows.
 
 The shared cache is the suite's real Redis; a cache that does not answer is a Redis address
@@ -22,8 +22,7 @@ from django.test import Client, override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
 import kube as adapter
-from runs.kube_watcher import serve
-from runs.watcher_heartbeat import (
+from executors.kubernetes.heartbeat import (
     HEARTBEAT_KEY,
     WRITE_EVERY_SECONDS,
     Heartbeat,
@@ -31,6 +30,7 @@ from runs.watcher_heartbeat import (
     HeartbeatWriter,
     last_heartbeat,
 )
+from executors.kubernetes.watcher import serve
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
 from tests.runs.processes import free_port
 

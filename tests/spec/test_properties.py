@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -55,6 +56,7 @@ def test_arbitrary_documents_as_json(document: object) -> None:
     check_invariants(json.dumps(document))
 
 
+@pytest.mark.slow
 def test_the_fuzzer_runs_and_reports_success() -> None:
     result = subprocess.run(
         [

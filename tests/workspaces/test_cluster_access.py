@@ -10,8 +10,9 @@ from typing import Any
 
 import yaml
 
-from workspaces import cluster_access, cluster_check
-from workspaces.cluster_access import (
+from executors.kubernetes import cluster_check
+from executors.kubernetes import rbac as cluster_access
+from executors.kubernetes.rbac import (
     CLUSTER_ROLE,
     LEADER_LEASE,
     PORTAL_NAMESPACE,
@@ -24,7 +25,7 @@ from workspaces.cluster_access import (
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC = REPO / "deploy" / "rbac"
-REGENERATE = ".venv/bin/python -m workspaces.cluster_access > deploy/rbac/clusterrole.yaml"
+REGENERATE = ".venv/bin/python -m executors.kubernetes.rbac > deploy/rbac/clusterrole.yaml"
 
 
 def granted(group: str, resource: str) -> set[str]:
@@ -151,5 +152,13 @@ def test_the_namespace_guard_applies_to_the_portal_serviceaccount_only() -> None
     (condition,) = policy["spec"]["matchConditions"]
     user = f"system:serviceaccount:{PORTAL_NAMESPACE}:{PORTAL_SERVICE_ACCOUNT}"
     assert condition["expression"] == f"request.userInfo.username == '{user}'"
-    # The workspace sync's record of a namespace it created (workspaces/kueue.py).
+    # The workspace sync's record of a namespace it created (executors/kubernetes/kueue.py).
     assert "'taugrid.io/created-by'" in policy["spec"]["variables"][0]["expression"]
+
+
+def test_the_portals_namespace_is_the_one_tenancy_refuses_to_workspaces() -> None:
+    from workspaces.models import PORTAL_NAMESPACE as refused
+    from workspaces.models import namespace_refusal
+
+    assert refused == PORTAL_NAMESPACE
+    assert namespace_refusal(PORTAL_NAMESPACE) is not None

@@ -1,4 +1,4 @@
-"""``manage.py cluster_check`` and the permission list it checks (workspaces/cluster_access.py).
+"""``manage.py cluster_check`` and the permission list it checks (executors/kubernetes/rbac.py).
 
 Without a cluster (a fake adapter, and a real client pointed at a closed port): each failure is
 reported with its fix — a CRD missing or not serving the version TauGrid speaks, the API server
@@ -42,6 +42,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import kube as adapter
+from executors.kubernetes import cluster_check
+from executors.kubernetes.cluster_check import RBAC_FIX, Check, Flavor, Report, Result, run_checks
+from executors.kubernetes.rbac import LEADER_LEASE, REQUIRED, REQUIRED_CRDS, access_checks
 from kube import KubeClient, new_api_client
 from kube.errors import error_from_response
 from tests.cluster.kueue_objects import (
@@ -52,15 +55,12 @@ from tests.cluster.kueue_objects import (
     batch_job,
 )
 from tests.cluster.plugin import Kube, KubeCluster, wait_for_access, wait_until
-from workspaces import cluster_check
-from workspaces.cluster_access import LEADER_LEASE, REQUIRED, REQUIRED_CRDS, access_checks
-from workspaces.cluster_check import RBAC_FIX, Check, Flavor, Report, Result, run_checks
 from workspaces.models import ResourceFlavor
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_ROLE = REPO / "deploy" / "rbac" / "clusterrole.yaml"
 NAMESPACE_GUARD = REPO / "deploy" / "rbac" / "namespace-guard.yaml"
-# The workspace sync's mark on a namespace it created (workspaces/kueue.py).
+# The workspace sync's mark on a namespace it created (executors/kubernetes/kueue.py).
 CREATED_BY = {"taugrid.io/created-by": "taugrid"}
 GPU = "nvidia.com/gpu"
 T = TypeVar("T")
@@ -408,7 +408,9 @@ def test_the_command_prints_json_and_exits_1_only_on_a_failure(
         seen.update(options, flavors=flavors)
         return checks(FakeKube(nodes=list(CPU_NODES)), flavors)
 
-    monkeypatch.setattr("workspaces.management.commands.cluster_check.check_cluster", fake_check)
+    monkeypatch.setattr(
+        "executors.kubernetes.management.commands.cluster_check.check_cluster", fake_check
+    )
     ResourceFlavor.objects.create(name="cpu", node_labels={"pool": "cpu"})
     out = StringIO()
     call_command("cluster_check", "--json", "--as", "system:serviceaccount:a:b", stdout=out)
@@ -1282,11 +1284,11 @@ def test_the_workspace_sync_works_as_the_serviceaccount_bound_to_the_shipped_rol
     """Not only each listed verb: the portal's own code — a workspace in a cohort with a
     priority class, a quota change, a hand edit put back, archiving, deletion — runs as the
     ServiceAccount with nothing but the shipped ClusterRole (and the namespace guard)."""
+    from executors.kubernetes import kueue_sync
+    from executors.kubernetes.kueue import KUEUE_API
+    from executors.kubernetes.tasks import check_kueue_drift
     from tests.workspaces.test_kueue_sync import gpu_flavor, make_workspace, run_published
-    from workspaces import kueue_sync
-    from workspaces.kueue import KUEUE_API
     from workspaces.models import Cohort, KueueSync, PriorityClass, Workspace
-    from workspaces.tasks import check_kueue_drift
 
     uid = kube.unique("sa")[-6:]
     settings.TAU_BACKEND = "kubernetes"

@@ -1,5 +1,5 @@
-"""What TauGrid renders for Kueue, from rows that are never saved (workspaces.kueue is pure):
-the ClusterQueue's resource groups follow Kueue's rules, every object carries TauGrid's
+"""What TauGrid renders for Kueue, from rows that are never saved (executors.kubernetes.kueue is
+pure): the ClusterQueue's resource groups follow Kueue's rules, every object carries TauGrid's
 labels, and the comparison with a live object sees hand edits but not Kubernetes' own
 additions. The cluster's verdict on these objects is in test_kueue_sync.py."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 
-from workspaces.kueue import (
+from executors.kubernetes.kueue import (
     CREATED_BY_ANNOTATION,
     MANAGED_BY_LABEL,
     WORKSPACE_LABEL,

@@ -52,6 +52,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 import kube as adapter
+from executors.kubernetes import kueue_cluster, kueue_sync
+from executors.kubernetes.kueue import CREATED_BY_ANNOTATION, MANAGED_BY_LABEL, WORKSPACE_LABEL
+from executors.kubernetes.tasks import check_kueue_drift, reconcile_kueue_syncs, sync_kueue
 from portal import outbox
 from portal.models import AuditEvent
 from runs.usage import usage_lines
@@ -68,8 +71,6 @@ from tests.cluster.kueue_objects import (
 )
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
 from tests.workspaces.test_admin_workspace_form import rendered_form
-from workspaces import kueue_cluster, kueue_sync
-from workspaces.kueue import CREATED_BY_ANNOTATION, MANAGED_BY_LABEL, WORKSPACE_LABEL
 from workspaces.models import (
     Cohort,
     KueueSync,
@@ -79,7 +80,6 @@ from workspaces.models import (
     Workspace,
     WorkspaceQuota,
 )
-from workspaces.tasks import check_kueue_drift, reconcile_kueue_syncs, sync_kueue
 
 REPO = Path(__file__).resolve().parents[2]
 # Long enough that a "running" fake pod is still running when the test looks at it.
@@ -639,7 +639,7 @@ def apply(self, body, **kwargs):
         time.sleep(600)  # killed here: after claiming and the first write, before the outcome
     return stored
 kube.api.KubeClient.apply = apply
-from workspaces.tasks import sync_kueue
+from executors.kubernetes.tasks import sync_kueue
 sync_kueue({sync_id})
 """
 

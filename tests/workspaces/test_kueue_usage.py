@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from workspaces.kueue_usage import reserved_from_status
+from executors.kubernetes.kueue_usage import reserved_from_status
 
 
 def test_reservations_are_read_per_flavor_and_resource() -> None:

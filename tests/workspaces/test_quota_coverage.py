@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
+from executors.kubernetes import kueue_sync
 from tests.runs.factories import cluster_quota
 from tests.workspaces.test_admin_workspace_form import rendered_form
 from tests.workspaces.test_platform_api import API, gamma, with_token
-from workspaces import kueue_sync
 from workspaces.kueue_coverage import pod_set_gaps, quota_ceilings, quota_warnings
 from workspaces.models import ResourceFlavor, WorkspaceQuota
 

@@ -16,8 +16,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from executors.kubernetes import kueue_sync
 from portal.api import refusals
-from workspaces import kueue_coverage, kueue_sync, provisioning
+from workspaces import kueue_coverage, provisioning
 from workspaces.access import token_workspace_id
 from workspaces.api.serializers import QuotaSerializer, WorkspaceSerializer
 from workspaces.models import Cohort, ResourceFlavor, Role, Workspace, WorkspaceQuota

@@ -67,7 +67,7 @@ _STABLE_SECONDS = 30.0
 _AGENT_EXTRA_SECONDS = 30
 # How long start-up may take before the address is printed anyway.
 _READY_TIMEOUT_SECONDS = 120
-# The line runs.agent logs once it holds its lock and serves (at INFO).
+# The line executors.local.agent logs once it holds its lock and serves (at INFO).
 _AGENT_STARTED = "local agent started"
 # Celery's multi-line warning about running as root; said once, in our words, instead.
 _CELERY_ROOT_WARNING = "ignore:You're running the worker with superuser privileges"
@@ -107,7 +107,9 @@ class Command(BaseCommand):
             ready: list[Callable[[], bool]] = [
                 lambda: _answers(f"http://{_local(host)}:{port}/healthz")
             ]
-            if "agent" in commands and logging.getLogger("runs.agent").isEnabledFor(logging.INFO):
+            if "agent" in commands and logging.getLogger("executors.local.agent").isEnabledFor(
+                logging.INFO
+            ):
                 ready.append(agent_started.is_set)
             failed = _wait_until_ready(ready, stopping, supervisor.first_exited)
             if not stopping.raised and failed is None:
@@ -183,10 +185,10 @@ class Command(BaseCommand):
         }
         manage = os.path.join(settings.BASE_DIR, "manage.py")
         if settings.TAU_BACKEND == "local":
-            # Executes queued local runs as process groups on this machine (runs.agent).
+            # Executes queued local runs as process groups on this machine (executors.local.agent).
             commands["agent"] = [python, manage, "run_agent"]
         elif settings.TAU_BACKEND == "kubernetes":
-            # Follows the runs' objects on the cluster to the end (runs.kube_watcher).
+            # Follows the runs' objects on the cluster to the end (executors.kubernetes.watcher).
             commands["watcher"] = [python, manage, "run_kube_watcher"]
         return commands
 

@@ -1,0 +1,247 @@
+"""The embedded backend: runs execute as processes on this machine, supervised by the local
+agent (``manage.py run_agent``), which admits queued runs within the machine's resources.
+
+Everything the core knows about this machine's files goes through here: the attempts' logs
+(``var/runs/<run id>/attempt-<n>/run.log``), the run's checkpoint folder
+(``var/runs/<run id>/checkpoints/``) and what the runs executing here hold of each
+workspace's quota on the ``TAU_LOCAL_FLAVOR`` flavor.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from collections.abc import Collection
+from decimal import Decimal
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from executors.local.agent import admission, environments
+from executors.local.agent.health import local_executor_note
+from executors.local.agent.prepare import AttemptLayout, runs_root
+from runs.backends import QueuedRun, QueueReading, QuotaUse
+from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
+from runs.logs import LogChunk, WholeLog, open_log_file, read_log_file
+from runs.models import RUNNING_STATES, Backend, Checkpoint, Run, RunAttempt, RunState
+from runs.policy import requested_totals
+from runs.state import lock_run, transition
+from tau.k8s_names import GPU_RESOURCE
+from tau.quantity import QuantityError
+from tau.spec import Spec, spec_from_dict
+from workspaces.models import Workspace
+
+
+#: The tau.yaml field each resource of the machine is asked for in.
+def unsupported_here(spec: Spec) -> list[tuple[str, str]]:
+    """What a spec asks for that runs on a cluster only. (A sweep runs here: its trials are
+    sub-processes of the attempt, within its resources; see ``tau.sweep``.)"""
+    problems: list[tuple[str, str]] = []
+    if spec.storage.data_pvc is not None:
+        problems.append(
+            (
+                "storage.data_pvc",
+                f"the data volume {spec.storage.data_pvc} is a Kubernetes PersistentVolumeClaim, "
+                "and this installation runs on one machine: remove `storage.data_pvc` and "
+                "keep the data in the project folder (or read it from a path the program is "
+                "given), or submit it to a cluster",
+            )
+        )
+    return problems
+
+
+FIELD_OF = {
+    admission.CPU: "compute.cpus",
+    admission.MEMORY: "compute.memory",
+    GPU_RESOURCE: "compute.gpus",
+}
+
+
+def checkpoint_dir(run: Run) -> Path:
+    """The run's checkpoint folder on this machine: its attempts' ``TAU_CHECKPOINT_DIR``."""
+    # The folder is the run's, shared by all its attempts: any attempt number names it.
+    return AttemptLayout.for_attempt(runs_root(), run.pk, 1).checkpoints
+
+
+def _checkpoint_folders(run: Run) -> list[PurePosixPath]:
+    folder = checkpoint_dir(run)
+    spelled = PurePosixPath(os.path.abspath(folder))
+    resolved = PurePosixPath(os.path.realpath(runs_root()), *folder.parts[-2:])
+    return [spelled, resolved] if resolved != spelled else [spelled]
+
+
+def _checkpoint_on_disk(run: Run, parts: tuple[str, ...]) -> bool:
+    """Whether the checkpoint ``parts`` names below the run's checkpoint folder exists, looking
+    only below the portal's own runs folder and never following a link: a symbolic link on
+    the way (the checkpoint folder itself included) could lead anywhere on this machine, so it
+    is refused (CheckpointPathRefused), as the agent never records a link as a checkpoint."""
+    current = Path(os.path.realpath(runs_root()))
+    names = (str(run.pk), checkpoint_dir(run).name, *parts)
+    for index, name in enumerate(names):
+        current = current / name
+        try:
+            status = os.lstat(current)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if stat.S_ISLNK(status.st_mode):
+            raise CheckpointPathRefused(
+                "A checkpoint path may not go through a symbolic link "
+                f"({'/'.join(names[2 : index + 1]) or 'the checkpoint folder'} is one)."
+            )
+        if index < len(names) - 1 and not stat.S_ISDIR(status.st_mode):
+            return False
+    return True
+
+
+def local_environment(run: Run) -> dict[str, Any] | None:
+    """The run's virtual environment, as the local executor built it: its Python and its
+    packages. None when it is not on this machine (any more)."""
+    spec = spec_from_dict(run.spec)
+    venv = environments.environment_path(Path(settings.VAR_DIR) / "venvs", spec.runtime.pip)
+    if not environments.is_ready(venv):
+        return None
+    packages = {
+        (dist.metadata["Name"] or "", dist.version)
+        for site in venv.glob("lib/python*/site-packages")
+        for dist in metadata.distributions(path=[str(site)])
+    }
+    return {
+        "kind": "local-venv",
+        "python": _venv_python(venv),
+        "packages": [
+            {"name": name, "version": version} for name, version in sorted(packages) if name
+        ],
+    }
+
+
+def _venv_python(venv: Path) -> str:
+    """The Python version its ``pyvenv.cfg`` records (the base interpreter's otherwise)."""
+    try:
+        for line in (venv / "pyvenv.cfg").read_text(encoding="utf-8").splitlines():
+            name, _, value = line.partition("=")
+            if name.strip() in {"version", "version_info"}:
+                return value.strip()
+    except OSError:
+        pass
+    return ".".join(str(part) for part in sys.version_info[:3])
+
+
+class LocalBackend:
+    name = "local"
+    #: A run starts in a folder holding its project zip and nothing else: a script entry
+    #: point needs a zip that has it (a cluster run may find it in its image instead).
+    scripts_need_bundle = True
+
+    def submission_problems(self, spec: Spec) -> list[tuple[str, str]]:
+        """(tau.yaml path, message) for what this machine could never give the run, however
+        idle it is: such a run is refused up front instead of waiting forever."""
+        try:
+            capacity = admission.machine_capacity()
+        except (QuantityError, OSError, RuntimeError):
+            # A broken TAU_LOCAL_MEMORY stops the agent, which says so at start.
+            return unsupported_here(spec)
+        never = admission.never_fits(requested_totals(spec), capacity)
+        problems = [(FIELD_OF[resource], message) for resource, message in never.items()]
+        return unsupported_here(spec) + problems
+
+    def submit(self, run: Run, attempt: RunAttempt) -> None:
+        # The agent reads the queue: a run handed over is a queued run. A retried or resumed
+        # run is queued already, and its waiting attempt is the one the agent starts.
+        with transaction.atomic():
+            locked = lock_run(run.pk)
+            if locked.state == RunState.PENDING:
+                transition(
+                    locked, RunState.QUEUED, reason="Waiting for the local agent to admit it."
+                )
+
+    def cancel(self, run: Run) -> None:
+        # The agent stops the process group of any run in state "cancelling"; a run that was
+        # not executing has already been moved to "cancelled" by the cancel itself.
+        return None
+
+    def read_log(
+        self,
+        run: Run,
+        attempt: RunAttempt,
+        *,
+        offset: int | None,
+        tail_lines: int | None,
+        pod: str | None = None,
+    ) -> LogChunk:
+        # One process group, one log: there is no pod to choose.
+        return read_log_file(
+            Path(attempt.log_path) if attempt.log_path else None,
+            attempt=attempt.number,
+            complete=attempt.finished_at is not None,
+            offset=offset,
+            tail_lines=tail_lines,
+        )
+
+    def open_log(self, run: Run, attempt: RunAttempt, *, pod: str | None = None) -> WholeLog:
+        return open_log_file(
+            Path(attempt.log_path) if attempt.log_path else None,
+            attempt=attempt.number,
+            live=attempt.finished_at is None,
+        )
+
+    def checkpoint_path(self, run: Run, path: str) -> str:
+        """On this machine the folder is ``var/runs/<run id>/checkpoints/``; the path may be
+        given absolute or relative to it, and is kept absolute. Anything else (another run's
+        folder, the portal's files, a path through a link) is refused: the run page would
+        otherwise offer to resume from it and say whether it exists."""
+        folders = _checkpoint_folders(run)
+        parts = parts_inside(folders, path)
+        _checkpoint_on_disk(run, parts)  # refuses a path through a link
+        return str(PurePosixPath(folders[0], *parts))
+
+    def checkpoint_exists(self, run: Run, checkpoint: Checkpoint) -> bool:
+        """The workload may have deleted it (many keep only the newest few). Only a path
+        inside the run's own checkpoint folder is ever looked at, and never through a link: a
+        recorded path outside it (written before paths were checked) is not resumable, and
+        whether such a file exists is never asked of the disk."""
+        try:
+            parts = parts_inside(_checkpoint_folders(run), checkpoint.path)
+            if not PurePosixPath(checkpoint.path).is_absolute():
+                return False  # the agent and the API keep absolute paths
+            return _checkpoint_on_disk(run, parts)
+        except CheckpointPathRefused:
+            return False
+
+    def quota_in_use(self, workspace_ids: Collection[int] | None) -> dict[int, QuotaUse]:
+        """Local runs use the machine's flavor (``TAU_LOCAL_FLAVOR``): what the admitted,
+        running and stopping ones asked for, per workspace."""
+        runs = Run.objects.unscoped().filter(backend=Backend.LOCAL, state__in=RUNNING_STATES)
+        if workspace_ids is not None:
+            runs = runs.filter(workspace_id__in=list(workspace_ids))
+        used: dict[int, QuotaUse] = {}
+        flavor = settings.TAU_LOCAL_FLAVOR
+        for workspace_id, spec in runs.values_list("workspace_id", "spec"):
+            line = used.setdefault(workspace_id, {})
+            for resource, amount in requested_totals(spec_from_dict(spec)).items():
+                key = (flavor, resource)
+                line[key] = line.get(key, Decimal(0)) + amount
+        return used
+
+    # -- what pages, the API and evidence ask -------------------------------------------
+
+    def queue_positions(self, workspace: Workspace, runs: list[QueuedRun]) -> QueueReading:
+        # The agent orders its queue itself and stores each run's position on it.
+        return QueueReading()
+
+    def storage_warning(self, workspace: Workspace) -> str:
+        return ""  # checkpoints stay on this machine's disk between attempts
+
+    def environment(self, run: Run) -> dict[str, Any] | None:
+        return local_environment(run)
+
+    def attempt_objects(self, run: Run, attempt: RunAttempt) -> list[dict[str, Any]]:
+        if not attempt.backend_name:
+            return []
+        return [{"kind": "process", "name": attempt.backend_name, "namespace": None}]
+
+    def readiness_note(self) -> dict[str, Any] | None:
+        return local_executor_note()
