@@ -13,12 +13,13 @@ export PORT
 
 include deploy/cluster/cluster.mk
 
-.PHONY: help run test test-fast test-tools fuzz check-all lint format typecheck migrations-check pytest install install-dev lock bench clean
+.PHONY: help run test test-fast test-tools fuzz check-all lint format typecheck migrations-check docs pytest install install-dev install-docs lock bench clean
 
 help:
 	@echo "make run    — start the portal on http://127.0.0.1:$(PORT) (embedded default, no services needed)"
-	@echo "make test   — lint, type checks, migrations check and the whole test suite on PostgreSQL"
+	@echo "make test   — lint, type checks, migrations check, the docs and the whole test suite on PostgreSQL"
 	@echo "make test-fast — the unit and database tiers only (no services, browser or cluster): the edit-test loop"
+	@echo "make docs   — build the manual in docs/ into var/site/ (strict: a broken link or a page missing from the nav fails)"
 	@echo "make lock   — refresh $(CONSTRAINTS) from the current environment"
 
 $(PYTHON):
@@ -34,8 +35,14 @@ $(VENV)/.dev-installed: $(VENV)/.runtime-installed
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[server,dev]'
 	@touch $@
 
+# MkDocs and its Material theme for the manual (the `docs` extra).
+$(VENV)/.docs-installed: $(VENV)/.dev-installed
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[server,dev,docs]'
+	@touch $@
+
 install: $(VENV)/.runtime-installed
 install-dev: $(VENV)/.dev-installed
+install-docs: $(VENV)/.docs-installed
 
 # Quiet on purpose: runportal prints the address and the demo logins last, once the portal
 # answers, so that nothing scrolls them out of sight (errors still show).
@@ -52,15 +59,18 @@ test: install-dev test-tools cluster-build
 	$(PYTHON) deploy/dev/test_services.py run -- $(MAKE) --no-print-directory check-all
 
 # The edit-test loop: the unit and db tiers (tests/tiers.py) without the slow ones, on the
-# suite's own PostgreSQL and Redis; nothing else is built or started.
+# suite's own PostgreSQL and Redis, spread over every core (pytest-xdist: a database per
+# worker); nothing else is built or started.
+FAST_TIERS := (unit or db) and not slow
+PARALLEL := -n auto --dist loadscope
 test-fast: install-dev
-	$(PYTHON) deploy/dev/test_services.py run -- $(VENV)/bin/pytest -n auto --dist loadscope -m "(unit or db) and not slow" $(PYTEST_ARGS)
+	$(PYTHON) deploy/dev/test_services.py run -- $(VENV)/bin/pytest $(PARALLEL) -m "$(FAST_TIERS)" $(PYTEST_ARGS)
 
 # Chromium (Debian) for the browser tests, npm packages of the test OpenID provider.
 test-tools:
 	$(PYTHON) deploy/dev/test_tools.py
 
-check-all: lint typecheck migrations-check pytest
+check-all: lint typecheck migrations-check docs pytest
 
 lint: install-dev
 	$(VENV)/bin/ruff check .
@@ -76,8 +86,17 @@ typecheck: install-dev
 migrations-check: install-dev
 	$(PYTHON) manage.py makemigrations --check --dry-run
 
+# The manual (mkdocs.yml): --strict turns a broken link or anchor and a page missing from the
+# nav into a failure. The site lands in var/site/ (open var/site/index.html).
+docs: install-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site
+
+# The whole suite in two passes: the fast tiers spread over every core, then the tiers that
+# start processes, Chromium or the control plane and the slow tests, one at a time. A pass
+# that PYTEST_ARGS leaves empty (pytest's exit 5) is fine.
 pytest: install-dev
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PARALLEL) -m "$(FAST_TIERS)" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
+	$(VENV)/bin/pytest -m "not ($(FAST_TIERS))" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
 
 # A few minutes of fuzzing the tau.yaml checker (not part of make test).
 fuzz: install-dev

@@ -4,7 +4,7 @@ With nothing set you get the *embedded default*: SQLite, a Celery broker on the 
 filesystem and a generated secret key, everything under ``var/``, so ``make run`` needs no
 service at all. ``TAU_ENV=production`` removes every default that is only safe on one
 machine: secrets, PostgreSQL and Redis must be given, and ``manage.py check --deploy``
-passes. The README lists every variable read here.
+passes. docs/configuration.md lists every variable read here.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "csp",
-    # Bottom to top (README, Layout): the kernel, then the apps, then the UI shell.
+    # Bottom to top (docs/layout.md): the kernel, then the apps, then the UI shell.
     "portal",
     "workspaces",
     "identity",
@@ -762,8 +762,8 @@ CELERY_BEAT_SCHEDULE["check-gpu-budgets"] = {
 
 # /metrics (the portal's own metrics, Prometheus format; web/metrics.py): a scraper sends this
 # as its bearer token. Outside production one is generated once into VAR_DIR/metrics-token
-# (the README's curl reads it there); in production, without one, /metrics answers nobody.
-# Never loopback alone: runs on the embedded default connect from this machine too.
+# (the curl in docs/operations.md reads it there); in production, without one, /metrics answers
+# nobody. Never loopback alone: runs on the embedded default connect from this machine too.
 TAU_METRICS_TOKEN = env_secret("TAU_METRICS_TOKEN") or (
     None if PRODUCTION else _local_secret("metrics-token")
 )

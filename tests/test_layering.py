@@ -1,4 +1,4 @@
-"""The layering in the README's Layout section, checked from the source: every import of one
+"""The layering in docs/layout.md, checked from the source: every import of one
 top-level package by another points down, and the run core has no import cycle.
 
 Every import counts: at module level, inside functions, and under ``TYPE_CHECKING`` (an
@@ -91,7 +91,7 @@ def project_packages() -> set[str]:
 
 def test_every_package_has_a_place_in_the_layering() -> None:
     unplaced = project_packages() - set(LAYERS)
-    assert not unplaced, f"add {sorted(unplaced)} to LAYERS (and to the README's Layout)"
+    assert not unplaced, f"add {sorted(unplaced)} to LAYERS (and to docs/layout.md)"
 
 
 def all_modules() -> set[str]:

@@ -13,7 +13,7 @@ and closes the connection otherwise. Headers are at most 16 KiB (h11's default).
 One process is enough for the embedded default: the event loop never blocks on a client, and
 each request runs in a thread of its own. ``manage.py runportal`` restarts it if it dies.
 
-Production (the Helm chart) runs gunicorn behind a buffering proxy instead (README, "Production";
+Production (the Helm chart) runs gunicorn behind a buffering proxy instead (docs/install.md;
 docs/operations.md).
 """
 

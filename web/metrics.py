@@ -20,8 +20,8 @@ once the limit has passed (:func:`_time_limit`).
 
 Who may read it: a scraper that sends ``TAU_METRICS_TOKEN`` as its bearer token, and nobody
 else, wherever it connects from. ``make run`` generates one (``var/metrics-token``; the
-README's curl sends it); in production, without one, nobody may. A loopback address is no
-credential: runs on the embedded default connect from this machine, and a reverse proxy on
+curl in docs/operations.md sends it); in production, without one, nobody may. A loopback address is
+no credential: runs on the embedded default connect from this machine, and a reverse proxy on
 the same host that is missing from ``TAU_TRUSTED_PROXIES`` makes every client look local.
 """
 

@@ -4,7 +4,7 @@ that turns unhealthy shows without a reload), opens a node (its GPUs and Plotly 
 the CSP), cordons it through the confirmation (the Node object is unschedulable, the audit
 log says who and why) and uncordons it; a researcher sees their workspace's GPUs and a run's
 GPU section. Every page checked with axe-core at both widths (screenshots under
-var/browser-artifacts/, the README's among them)."""
+var/browser-artifacts/, docs/gpus.md's among them)."""
 
 from __future__ import annotations
 

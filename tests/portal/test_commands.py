@@ -135,8 +135,8 @@ def test_the_embedded_default_runs_with_no_services(tmp_path: Path) -> None:
         assert home.geturl() == f"{base}/"
         assert "Demo workspace" in page
         assert processes_mentioning(f"worker@127.0.0.1-{port}"), "no Celery worker was started"
-        # The README's curl: a token from create_token, the example submitted in one request,
-        # followed until it succeeds: worker, beat and the local agent all at work.
+        # The curl of docs/runs.md: a token from create_token, the example submitted in one
+        # request, followed until it succeeds: worker, beat and the local agent all at work.
         api_token = subprocess.run(
             [*manage, "create_token", "researcher", "--workspace", "demo"],
             cwd=ROOT,

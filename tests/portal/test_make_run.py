@@ -5,7 +5,7 @@ One start serves every test here (it takes a while on two cores): the fixture st
 `make run` (without its install step, which a test must not run) with HOME and TMPDIR in
 empty folders of their own and PORT on a free port, waits until the login details are out,
 does what a user does first (opens the portal, wanders into the admin as a researcher,
-copies the README's curl), presses Ctrl-C and keeps everything it printed. Each test then
+copies the docs' curl), presses Ctrl-C and keeps everything it printed. Each test then
 checks one promise against that record.
 """
 
@@ -118,10 +118,10 @@ def wait_until_healthy(url: str, output: Lines, timeout: float) -> None:
 
 
 def readme_runs_commands() -> tuple[str, str]:
-    """The README's curl block under "## Runs", and the follow-up curl in the sentence
-    after it, exactly as a user copies them."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    runs = readme.split("\n## Runs\n", 1)[1]
+    """The curl block of docs/runs.md (once the README's) under "## Submitting from a shell",
+    and the follow-up curl in the sentence after it, exactly as a user copies them."""
+    readme = (ROOT / "docs" / "runs.md").read_text(encoding="utf-8")
+    runs = readme.split("\n## Submitting from a shell\n", 1)[1]
     # The first sh block that submits with curl (the one before it uses the tau command line).
     block = next(
         (
@@ -131,9 +131,9 @@ def readme_runs_commands() -> tuple[str, str]:
         ),
         None,
     )
-    assert block is not None, "no curl block in the README's Runs section"
+    assert block is not None, "no curl block in docs/runs.md's section"
     follow_up = re.search(r"`(curl [^`]*<url>[^`]*)`", block.group(2).replace("\n", " "))
-    assert follow_up is not None, "no follow-up curl after the README's block"
+    assert follow_up is not None, "no follow-up curl after the docs' block"
     return block.group(1), follow_up.group(1)
 
 
@@ -246,8 +246,9 @@ def attack_with_idle_connections(session: Session) -> None:
 
 
 def readme_metrics_command() -> str:
-    """The README's curl for /metrics under "## Health", as a user copies it."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The curl for /metrics under "## Health" in docs/operations.md (once the README's), as a
+    user copies it."""
+    readme = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
     health = readme.split("\n## Health\n", 1)[1].split("\n## ", 1)[0]
     block = next(
         (
@@ -257,12 +258,12 @@ def readme_metrics_command() -> str:
         ),
         None,
     )
-    assert block is not None, "no curl for /metrics in the README's Health section"
+    assert block is not None, "no curl for /metrics in docs/operations.md's Health"
     return block
 
 
 def scrape_metrics(session: Session, env: dict[str, str]) -> None:
-    """/metrics as the README says, and from this machine without the credentials."""
+    """/metrics as the docs say, and from this machine without the credentials."""
     try:
         scraped = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", readme_metrics_command()],
@@ -519,7 +520,7 @@ def test_the_readme_curl_reads_metrics_with_the_runs_by_state(make_run: Session)
     runs = families["taugrid_runs"]
     states = {sample.labels["state"] for sample in runs.samples}
     assert {"pending", "queued", "running", "succeeded", "failed"} <= states
-    # The README's submission is counted in the demo workspace.
+    # The docs' submission is counted in the demo workspace.
     assert sum(s.value for s in runs.samples if s.labels["workspace"] == "demo") >= 1
     # The latency quantiles work on SQLite too: a number once something was handed over.
     submitted = families["taugrid_submission_latency_sample_size"].samples[0].value

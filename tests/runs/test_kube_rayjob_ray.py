@@ -24,7 +24,7 @@ before ``Complete``.
   echo in its driver log;
 * ``sh -c "exit 1"`` → Ray ``FAILED`` → RayJob ``Failed``/``AppFailed`` → run ``failed``,
   ``user_error``, with Ray's message;
-* the README's GPU example (``examples/gpu-quickstart``: a RayJob with one GPU worker) in the
+* the docs' GPU example (``examples/gpu-quickstart``: a RayJob with one GPU worker) in the
   demo workspace as ``make run`` bootstraps it on the Kubernetes backend: the cluster's
   stand-in Ray job says what it stands for, and the run succeeds.
 
@@ -263,9 +263,10 @@ def test_the_readmes_gpu_example_succeeds_on_the_test_cluster(
     watcher: KubeWatcher,
     settings: Any,
 ) -> None:
-    """The README's flow: ``make cluster-up`` (this cluster, with its Ray head), ``make run``
-    on the Kubernetes backend (``bootstrap_demo`` gives the demo workspace quota on the test
-    cluster's fake H100 pool), and ``examples/gpu-quickstart`` submitted as the researcher:
+    """The flow of docs/kubernetes.md ("Trying it on the test cluster"): ``make cluster-up``
+    (this cluster, with its Ray head), ``make run`` on the Kubernetes backend
+    (``bootstrap_demo`` gives the demo workspace quota on the test cluster's fake H100 pool),
+    and ``examples/gpu-quickstart`` submitted as the researcher:
     Kueue admits its RayJob onto a GPU node, the cluster's stand-in Ray job says what it
     stands for, and the run succeeds with that in its driver log (it used to fail after about
     a minute, "the ray job did not reach terminal state", classed infrastructure and retried)."""

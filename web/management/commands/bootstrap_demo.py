@@ -4,10 +4,10 @@ Passwords are generated on first use and kept in ``var/demo-credentials.json`` (
 by the owner), so a demo portal never ships with a password everyone knows.
 
 The workspace's quota is this machine's (flavor ``local``: 4 CPUs, 8 GiB). On the Kubernetes
-backend, the README's test cluster (``make cluster-up``), it also gets the GPU pool of that
-cluster (flavor ``h100``: the labels and taint of deploy/cluster/nodes/gpu-h100.yaml, 8 GPUs,
-64 CPUs and 512 GiB on it), so the README's GPU example can run there; a flavor of that name
-that exists already is used as it is.
+backend, the test cluster of docs/kubernetes.md (``make cluster-up``), it also gets the GPU pool of
+that cluster (flavor ``h100``: the labels and taint of deploy/cluster/nodes/gpu-h100.yaml, 8 GPUs,
+64 CPUs and 512 GiB on it), so the GPU example of docs/kubernetes.md can run there; a flavor of that
+name that exists already is used as it is.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ prometheusToken: TAU_PROMETHEUS_TOKEN
 emailPassword: TAU_EMAIL_PASSWORD
 {{- end -}}
 
-{{/* The settings every process of the portal reads (README, "Configuration"). */}}
+{{/* The settings every process of the portal reads (docs/configuration.md). */}}
 {{- define "taugrid.env" -}}
 {{- $p := .Values.portal -}}
 {{- $hosts := list (include "taugrid.serviceHost" .) -}}
