@@ -5,7 +5,7 @@ GPUs; Debian's Prometheus scrapes it every 10 s; 1,000 GpuNode rows (four pools,
 fifty unhealthy, a run on most) are in the suite's PostgreSQL. Measured in this process through
 Django's test client (server time: the view, its queries and the cache, not the network):
 
-- the background read of the fleet's telemetry (``gpus.telemetry.refresh_fleet``: nine
+- the background read of the fleet's telemetry (``gpus.readings.refresh_fleet``: nine
   queries answering 8,000 series each), which pages never wait for;
 - the fleet page as most requests find it (its rendering shared through the cache) and as
   the first request after a new telemetry reading does (the rows from the cache, their
@@ -193,7 +193,7 @@ def main() -> int:
             from django.test import Client
             from django.utils import timezone
 
-            from gpus import telemetry
+            from gpus import readings as telemetry
             from gpus.models import GpuNode
             from telemetry.prometheus import PrometheusClient
 

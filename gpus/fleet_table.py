@@ -15,8 +15,8 @@ from urllib.parse import quote
 from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
+from gpus.readings import NodeSummary
 from gpus.selectors import FleetNode
-from gpus.telemetry import NodeSummary
 
 UNKNOWN = '<span class="muted">\u2013</span>'
 #: Runs listed in a row; the rest are on the node's page.

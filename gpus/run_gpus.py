@@ -18,7 +18,8 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from gpus import efficiency, selectors, telemetry
+from gpus import efficiency, selectors
+from gpus import readings as telemetry
 from gpus.workspace_gpus import gpus_of, workload_prefixes
 from portal import live
 from runs.models import Backend, Run, RunAttempt

@@ -63,9 +63,9 @@ REFRESH_TASK: Final = "gpus.tasks.refresh_fleet_telemetry"
     expires=float(max(1, settings.TAU_PROMETHEUS_CACHE_SECONDS)),
 )
 def refresh_fleet_telemetry() -> bool:
-    """Read the fleet's GPU telemetry into the cache (``gpus.telemetry.refresh_fleet``), so
+    """Read the fleet's GPU telemetry into the cache (``gpus.readings.refresh_fleet``), so
     that no page waits on Prometheus; whether it was read. An old message is dropped (the
     next beat brings a fresh one) and a failure is kept as the pages' notice, not raised."""
-    from gpus import telemetry
+    from gpus import readings as telemetry
 
     return telemetry.refresh_fleet().ok

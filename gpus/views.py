@@ -3,7 +3,7 @@ and a run's GPUs (the run page's section).
 
 The fleet's rows come from the database (``gpus.selectors``: what the last sync saw), so a
 page costs a fixed number of queries and shows the last-known state while Kubernetes cannot
-be reached; telemetry comes from Prometheus through ``gpus.telemetry`` (cached, shared, and
+be reached; telemetry comes from Prometheus through ``gpus.readings`` (cached, shared, and
 a notice instead of numbers when it is down). Live parts poll with an ETag, as everywhere in
 the portal, and pause while the tab is hidden (static/js/portal.js).
 """
@@ -24,7 +24,8 @@ from django.views import View
 from django.views.decorators.vary import vary_on_headers
 from django.views.generic import TemplateView
 
-from gpus import actions, fleet_table, run_gpus, selectors, telemetry, workspace_gpus
+from gpus import actions, fleet_table, run_gpus, selectors, workspace_gpus
+from gpus import readings as telemetry
 from gpus.models import FleetSync, GpuNode
 from portal import live
 from portal.requests import signed_in_user

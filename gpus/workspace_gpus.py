@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from gpus import telemetry
+from gpus import readings as telemetry
 from portal import live
 from runs.models import RUNNING_STATES, Run, RunAttempt
 from runs.usage import UsageLine, usage_lines

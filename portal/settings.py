@@ -730,7 +730,7 @@ TAU_PROMETHEUS_TIMEOUT_SECONDS = env_int("TAU_PROMETHEUS_TIMEOUT_MS", 2000, mini
 TAU_PROMETHEUS_CACHE_SECONDS = env_int("TAU_PROMETHEUS_CACHE_SECONDS", 10, minimum=0)
 if TAU_PROMETHEUS_URL or TAU_BACKEND == "local":
     # The fleet's GPU telemetry (Prometheus, or this machine's NVML) read in the background
-    # for the fleet page, which then never waits on it (gpus/telemetry.py).
+    # for the fleet page, which then never waits on it (gpus/readings.py).
     CELERY_BEAT_SCHEDULE["refresh-gpu-telemetry"] = {
         "task": "gpus.tasks.refresh_fleet_telemetry",
         "schedule": float(max(5, TAU_PROMETHEUS_CACHE_SECONDS)),
@@ -760,8 +760,8 @@ CELERY_BEAT_SCHEDULE["check-gpu-budgets"] = {
     "schedule": float(TAU_BUDGET_CHECK_SECONDS),
 }
 
-# /metrics (the portal's own metrics, Prometheus format; web/metrics.py): a scraper sends this
-# as its bearer token. Outside production one is generated once into VAR_DIR/metrics-token
+# /metrics (the portal's own metrics, Prometheus format; web/portal_metrics.py): a scraper sends
+# this as its bearer token. Outside production one is generated once into VAR_DIR/metrics-token
 # (the curl in docs/operations.md reads it there); in production, without one, /metrics answers
 # nobody. Never loopback alone: runs on the embedded default connect from this machine too.
 TAU_METRICS_TOKEN = env_secret("TAU_METRICS_TOKEN") or (

@@ -1,5 +1,5 @@
 """The rules for metric points, whichever way they arrive (the API's ``report/metrics/``, the
-local agent's metrics file): one definition, applied by ``runs.metrics.record_metrics``.
+local agent's metrics file): one definition, applied by ``runs.metric_points.record_metrics``.
 
 Nothing here touches the database; the agent's file reader and the API hand over
 :class:`MetricRow` values and the service decides what is kept.

@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     tier = dict(report.user_properties).get("tier")
-    if tier is None:
+    if not isinstance(tier, str):
         return
     _seconds[tier] += report.duration  # setup, call and teardown
     if report.when == "setup":

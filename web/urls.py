@@ -12,7 +12,8 @@ from identity.api import MeView
 from notifications.urls import personal_urlpatterns as notification_personal_urls
 from portal import health
 from runs.urls import platform_urlpatterns as run_platform_urls
-from web import metrics, views, workspace_home
+from web import portal_metrics as metrics
+from web import views, workspace_home
 from web.api_docs import ApiDocsView, ApiSchemaView
 from workspaces.audit_views import PlatformAuditView
 

@@ -1,6 +1,6 @@
 """The Kubernetes watcher's heartbeat: when the active watcher last had the whole cluster
 listed and had reconciled what it read, for the processes that cannot ask it (``/metrics``
-in the web process says how far behind it is, ``web.metrics``).
+in the web process says how far behind it is, ``web.portal_metrics``).
 
 The watcher is a process of its own (``manage.py run_kube_watcher``), so its state must be
 written somewhere every process reads. The Lease it holds is no measure: a thread of its own

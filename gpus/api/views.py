@@ -11,7 +11,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpus import run_gpus, telemetry
+from gpus import readings as telemetry
+from gpus import run_gpus
 from gpus.api.serializers import GpuNodeSerializer, RunGpusSerializer
 from gpus.models import GpuNode
 from portal.api import refusals

@@ -49,7 +49,6 @@ from runs import (
     bundles,
     checkpoints,
     lifecycle,
-    metrics,
     queueing,
     run_tokens,
     selectors,
@@ -57,6 +56,7 @@ from runs import (
     submission,
     trials,
 )
+from runs import metric_points as metrics
 from runs.access import REFUSAL, may_act_on
 from runs.api.serializers import (
     SUMMARY_COLUMNS,
@@ -639,7 +639,7 @@ class RunReportViewSet(WorkspaceScopedViewSet):
     """What a running workload reports, authenticated by its run token (and nothing else).
 
     Every report is bounded: REPORTS_PER_MINUTE per token (429 with ``Retry-After``), JSON
-    bodies by BoundedJSONParser, metric points by ``runs.metrics`` (the rules the metrics
+    bodies by BoundedJSONParser, metric points by ``runs.metric_points`` (the rules the metrics
     file follows too), events by size and depth, checkpoints to the run's own folder
     (``runs.checkpoints``). What is reported is kept for the attempt that holds the token."""
 

@@ -18,7 +18,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import kube as adapter
-from gpus import telemetry
+from gpus import readings as telemetry
 from gpus.fleet import sync_fleet
 from gpus.models import GpuNode
 from kube import KubeClient, new_api_client

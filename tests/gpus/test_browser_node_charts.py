@@ -13,7 +13,7 @@ import pytest
 from django.core.cache import cache
 from django.utils import timezone
 
-from gpus import telemetry
+from gpus import readings as telemetry
 from gpus.models import FleetSync, GpuNode, NodeSource
 from telemetry.samples import GpuSample
 from tests.compare.test_browser_compare import assert_charts_fill_their_places

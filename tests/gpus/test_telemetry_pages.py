@@ -17,7 +17,8 @@ from django.core.cache import cache
 from django.test import override_settings
 from django.utils import timezone
 
-from gpus import run_gpus, telemetry
+from gpus import readings as telemetry
+from gpus import run_gpus
 from gpus.models import FleetSync, GpuNode, NodeSource
 from runs import submission
 from runs.models import Run, RunAttempt, RunState

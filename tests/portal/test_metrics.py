@@ -1,4 +1,4 @@
-"""/metrics (web/metrics.py): the exposition parses, its numbers are the rows the test made
+"""/metrics (web/portal_metrics.py): the exposition parses, its numbers are the rows the test made
 (runs in several states and workspaces, waiting ages, deliveries and their latencies, Kueue
 syncs, seal requests, the fleet sync, the watcher's heartbeat), who may read it, a fixed
 number of queries for 1 and 100 runs, and a database that does not answer.
@@ -34,7 +34,7 @@ from runs.state import transition
 from tests.conftest import make_workspace
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from tests.runs.processes import free_port
-from web.metrics import LATENCY_QUANTILES, SQLITE_PERCENTILE, _time_limit
+from web.portal_metrics import LATENCY_QUANTILES, SQLITE_PERCENTILE, _time_limit
 from workspaces.models import KueueSync, Workspace
 
 pytestmark = pytest.mark.django_db

@@ -17,7 +17,8 @@ from django.urls import reverse
 
 from executors.local import backend as local_backend
 from executors.local.agent.collect import MetricsReader
-from runs import metrics, selectors
+from runs import metric_points as metrics
+from runs import selectors
 from runs.api import views as api_views
 from runs.api.serializers import MAX_EVENT_BYTES, MAX_EVENT_DEPTH
 from runs.checkpoints import checkpoint_exists, newest_checkpoint

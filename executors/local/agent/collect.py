@@ -6,7 +6,7 @@ becomes one point per numeric value (booleans, strings, NaN and infinities are s
 Only complete lines (ending in a newline) are read, from the byte offset reached so far, so a
 half-written line is read once it is finished; when the workload has exited, a last line
 without a newline counts too. A line that is not a JSON object with an integer ``step`` is
-counted and skipped, never fatal. What a line holds is kept by ``runs.metrics`` under the
+counted and skipped, never fatal. What a line holds is kept by ``runs.metric_points`` under the
 rules every metric follows (``runs.metric_rules``: printable names, at most so many per
 line and per run); a line of which it skips something counts as a bad line too.
 
@@ -153,7 +153,7 @@ class MetricsReader:
         batch.rows.append(MetricRow(step=step, values=values, where=f"line {self.line_number}"))
 
     def skipped(self, rows: int, first_problem: str | None) -> None:
-        """Lines that were read but not wholly kept (``runs.metrics`` skipped a name or a
+        """Lines that were read but not wholly kept (``runs.metric_points`` skipped a name or a
         value of each): counted as bad lines, the first reason kept for the run's history."""
         self.bad_lines += rows
         if first_problem and not self.first_problem:

@@ -4,7 +4,7 @@ and record how they ended.
 One process, one loop (every ``interval`` seconds), one database connection. Threads do only
 what would block the loop: building an attempt's environment (``prepare``). Every state
 change, and every record of what an attempt did (metrics, checkpoints, its token, where it
-waits), goes through the run services (``runs.attempts``, ``runs.state``, ``runs.metrics``,
+waits), goes through the run services (``runs.attempts``, ``runs.state``, ``runs.metric_points``,
 ``runs.checkpoints``, ``runs.run_tokens``).
 
 Every attempt runs through the wrapper (``wrapper``: it keeps the capped log and records the
@@ -81,17 +81,8 @@ from executors.local.agent.prepare import (
     runs_root,
 )
 from executors.local.agent.wrapper import truncation_marker
-from runs import (
-    attempts,
-    checkpoints,
-    metrics,
-    run_tokens,
-    selectors,
-    state,
-    sweeps,
-    trials,
-    wording,
-)
+from runs import attempts, checkpoints, run_tokens, selectors, state, sweeps, trials, wording
+from runs import metric_points as metrics
 from runs.attempts import AttemptOutcome, NoWaitingAttempt
 from runs.checkpoint_paths import CheckpointPathRefused
 from runs.metric_rules import MetricRow
