@@ -50,7 +50,7 @@ from evidence import keys, verification
 from evidence.manifest import Coverage, build_manifest
 from evidence.models import EvidenceRecord, SealRequest
 from portal import audit
-from portal.outbox import Lease, claim_is_live, doubling_delay, unclaimed_or_lapsed
+from portal.outbox import Lease, Skipped, claim, doubling_delay, unclaimed_or_lapsed
 from runs.models import Backend, Run, RunEvent
 from tau.evidence.canonical import canonical_json
 from tau.evidence.keys import key_id, public_key_bytes, signature_document
@@ -218,22 +218,18 @@ def seal_again(*, request_ids: list[int], by: Any) -> int:
 
 
 def _claim(request_id: int) -> SealRequest | None:
-    now = timezone.now()
-    with transaction.atomic():
-        request = (
-            SealRequest.objects.unscoped()
-            .select_for_update(skip_locked=True)
-            .filter(pk=request_id)
-            .first()
-        )
-        if request is None or request.sealed_at is not None or request.given_up_at is not None:
-            return None
-        if claim_is_live(request.claimed_at, now) or request.next_try_at > now:
-            return None
-        request.tries += 1
-        request.claimed_at = now
-        request.save(update_fields=["tries", "claimed_at"])
-    return request
+    """The request, claimed for this call (its try counted), or None (sealed or given up
+    already, being sealed by a live worker, or waiting out its back-off)."""
+    claimed = claim(SealRequest.objects.unscoped(), request_id, settled=_settled)
+    return None if isinstance(claimed, Skipped) else claimed
+
+
+def _settled(request: SealRequest) -> str | None:
+    if request.sealed_at is not None:
+        return "sealed"
+    if request.given_up_at is not None:
+        return "given up"
+    return None
 
 
 def _sealed_record(request: SealRequest) -> EvidenceRecord:

@@ -32,7 +32,7 @@ from django.utils import timezone
 from evidence import keys
 from evidence.export import FileGone, export_stream
 from evidence.models import EvidenceRecord
-from portal.outbox import Lease, claim_is_live, unclaimed_or_lapsed
+from portal.outbox import Lease, Skipped, claim, unclaimed_or_lapsed
 from tau.evidence import archive
 from tau.evidence.keys import key_id, public_key_bytes
 from tau.evidence.verify import verify_file
@@ -133,21 +133,18 @@ def verify(record_id: int) -> list[str] | None:
 
 
 def _claim(record_id: int) -> EvidenceRecord | None:
-    """The record, claimed for this check, or None (gone, or a live worker checks it)."""
-    now = timezone.now()
-    with transaction.atomic():
-        record = (
-            EvidenceRecord.objects.unscoped()
-            .select_for_update(skip_locked=True, of=("self",))
-            .select_related("run__workspace")
-            .filter(pk=record_id)
-            .first()
-        )
-        if record is None or claim_is_live(record.check_claimed_at, now):
-            return None
-        record.check_claimed_at = now
-        record.save(update_fields=[CLAIM_FIELD])
-    return record
+    """The record, claimed for this check, or None (gone, or a live worker checks it). A
+    check is not counted or backed off: it is asked for again instead."""
+    claimed = claim(
+        EvidenceRecord.objects.unscoped().select_related("run__workspace"),
+        record_id,
+        settled=lambda record: None,
+        field=CLAIM_FIELD,
+        tries=None,
+        due=None,
+        lock_of=("self",),
+    )
+    return None if isinstance(claimed, Skipped) else claimed
 
 
 def _problems(record: EvidenceRecord) -> list[str]:

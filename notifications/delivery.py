@@ -71,7 +71,15 @@ from django.utils import timezone
 from notifications import sending
 from notifications.models import NotificationDelivery, Webhook
 from notifications.preferences import email_events_for
-from portal.outbox import Lease, claim_is_live, doubling_delay, once_on_commit, unclaimed_or_lapsed
+from portal.outbox import (
+    Lease,
+    Skip,
+    Skipped,
+    claim,
+    doubling_delay,
+    once_on_commit,
+    unclaimed_or_lapsed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -254,38 +262,50 @@ def _deliver_claimed(delivery: NotificationDelivery, lease: Lease) -> bool:
 
 
 def _claim(delivery_id: int) -> NotificationDelivery | str:
-    now = timezone.now()
-    with transaction.atomic():
-        delivery = (
-            NotificationDelivery.objects.unscoped()
-            .select_for_update(skip_locked=True)
-            .filter(pk=delivery_id)
-            .first()
-        )
-        if delivery is None:
-            exists = NotificationDelivery.objects.unscoped().filter(pk=delivery_id).exists()
-            return "another worker is claiming it" if exists else "there is no such delivery"
-        if delivery.delivered_at is not None:
-            return "it was delivered already"
-        if delivery.given_up_at is not None:
-            return "it was given up after its last try"
-        if claim_is_live(delivery.claimed_at, now):
-            return "another worker is sending it"
-        if delivery.next_try_at > now:
-            return "it waits to be tried again after a failure"
-        if delivery.webhook_id is not None:
-            busy = _endpoint_busy(delivery, now)
-            if busy is not None:
-                # This task is spent: the row is published again when a slot frees up.
-                delivery.published_at = None
-                delivery.save(update_fields=["published_at"])
-                return busy
-        delivery.tries += 1
-        delivery.claimed_at = now
-        delivery.last_tried_at = now
+    """The delivery, claimed for this call (its try counted), or why it cannot be."""
+    claimed = claim(
+        NotificationDelivery.objects.unscoped(),
+        delivery_id,
+        settled=_settled,
+        refuse=_refuse_while_the_endpoint_is_busy,
+        also=_tried_now,
+    )
+    if isinstance(claimed, Skipped):
+        return claimed.detail or _SKIP_WORDS[claimed.reason]
+    return claimed
+
+
+_SKIP_WORDS = {
+    Skip.LOCKED: "another worker is claiming it",
+    Skip.MISSING: "there is no such delivery",
+    Skip.IN_PROGRESS: "another worker is sending it",
+    Skip.NOT_DUE: "it waits to be tried again after a failure",
+}
+
+
+def _settled(delivery: NotificationDelivery) -> str | None:
+    if delivery.delivered_at is not None:
+        return "it was delivered already"
+    if delivery.given_up_at is not None:
+        return "it was given up after its last try"
+    return None
+
+
+def _refuse_while_the_endpoint_is_busy(delivery: NotificationDelivery, now: datetime) -> str | None:
+    if delivery.webhook_id is None:
+        return None
+    busy = _endpoint_busy(delivery, now)
+    if busy is not None:
+        # This task is spent: the row is published again when a slot frees up.
         delivery.published_at = None
-        delivery.save(update_fields=["tries", "claimed_at", "last_tried_at", "published_at"])
-    return delivery
+        delivery.save(update_fields=["published_at"])
+    return busy
+
+
+def _tried_now(delivery: NotificationDelivery, now: datetime) -> list[str]:
+    delivery.last_tried_at = now
+    delivery.published_at = None
+    return ["last_tried_at", "published_at"]
 
 
 def _endpoint_busy(delivery: NotificationDelivery, now: datetime) -> str | None:

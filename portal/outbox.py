@@ -33,16 +33,18 @@ machines' clocks in step (NTP) well within the lease.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connection, connections, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.utils import timezone
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,81 @@ def unclaimed_or_lapsed(now: datetime, field: str = "claimed_at") -> Q:
     column, where a model names it otherwise)."""
     lapsed = now - timedelta(seconds=lease_seconds())
     return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__lt": lapsed})
+
+
+Row = TypeVar("Row", bound=Model)
+
+
+class Skip(enum.Enum):
+    """Why a worker did not take a row (:func:`claim`)."""
+
+    MISSING = "missing"  # no such row (deleted, or never committed)
+    LOCKED = "locked"  # another worker is claiming it at this very moment
+    SETTLED = "settled"  # nothing is left to do: done, or given up (the outbox says which)
+    IN_PROGRESS = "in-progress"  # a live worker holds its claim
+    NOT_DUE = "not-due"  # it waits (a retry's back-off, or a first try held back)
+    REFUSED = "refused"  # the outbox's own condition (a busy endpoint): it says why
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A claim not taken: the reason, and the outbox's words for it where it has its own
+    (which outcome a settled row had, what its own condition found)."""
+
+    reason: Skip
+    detail: str = ""
+
+
+def claim(
+    rows: QuerySet[Row],
+    pk: int,
+    *,
+    settled: Callable[[Row], str | None],
+    field: str = "claimed_at",
+    tries: str | None = "tries",
+    due: str | None = "next_try_at",
+    lock_of: tuple[str, ...] = (),
+    refuse: Callable[[Row, datetime], str | None] | None = None,
+    also: Callable[[Row, datetime], list[str]] | None = None,
+) -> Row | Skipped:
+    """Take the claim on one outbox row for this worker, or say why not: the step every
+    outbox starts with, in a short transaction that locks that row only (``SKIP LOCKED``, so
+    a worker never waits on another's claim; ``lock_of``: the row's own table, when
+    ``rows`` joins others).
+
+    In order: a row gone is ``MISSING``, one another transaction holds is ``LOCKED``; one
+    ``settled`` names a word for (done, given up) is ``SETTLED``; one a live worker holds
+    (``field``, :func:`claim_is_live`) is ``IN_PROGRESS``; one whose ``due`` time is ahead
+    is ``NOT_DUE``; ``refuse`` (the outbox's own condition, in the same transaction) may
+    still say no. Otherwise the claim is set to now, the try counted (``tries``), ``also``
+    sets what else the outbox records at a claim (it returns the fields it set), and the
+    row comes back, claimed: hold it with a :class:`Lease` while working on it."""
+    now = timezone.now()
+    with transaction.atomic():
+        row = rows.select_for_update(skip_locked=True, of=lock_of).filter(pk=pk).first()
+        if row is None:
+            exists = rows.model._base_manager.filter(pk=pk).exists()
+            return Skipped(Skip.LOCKED if exists else Skip.MISSING)
+        word = settled(row)
+        if word is not None:
+            return Skipped(Skip.SETTLED, word)
+        if claim_is_live(getattr(row, field), now):
+            return Skipped(Skip.IN_PROGRESS)
+        if due is not None and getattr(row, due) > now:
+            return Skipped(Skip.NOT_DUE)
+        if refuse is not None:
+            why = refuse(row, now)
+            if why is not None:
+                return Skipped(Skip.REFUSED, why)
+        changed = [field]
+        setattr(row, field, now)
+        if tries is not None:
+            setattr(row, tries, getattr(row, tries) + 1)
+            changed.append(tries)
+        if also is not None:
+            changed.extend(also(row, now))
+        row.save(update_fields=changed)
+    return row
 
 
 class Lease:

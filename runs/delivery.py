@@ -39,7 +39,7 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
-from portal.outbox import Lease, claim_is_live, doubling_delay, unclaimed_or_lapsed
+from portal.outbox import Lease, Skip, Skipped, claim, doubling_delay, unclaimed_or_lapsed
 from runs.backends import RunBackend
 from runs.backends.registry import backend_for_run
 from runs.events import append_event
@@ -168,31 +168,21 @@ def _deliver_claimed(
 
 
 def _claim(delivery_id: int) -> Delivery | str:
-    """The delivery, claimed for this call (its try counted), or why it cannot be."""
-    now = timezone.now()
-    with transaction.atomic():
-        # Only the delivery row is locked: no join, so no run or workspace row with it.
-        delivery = (
-            Delivery.objects.unscoped()
-            .select_for_update(skip_locked=True)
-            .filter(pk=delivery_id)
-            .first()
-        )
-        if delivery is None:
-            exists = Delivery.objects.unscoped().filter(pk=delivery_id).exists()
-            return "locked" if exists else "missing"
-        if delivery.delivered_at is not None:
-            return "delivered"
-        if delivery.given_up_at is not None:
-            return "given-up"
-        if claim_is_live(delivery.claimed_at, now):
-            return "in-progress"
-        if delivery.next_try_at > now:  # a retry's backoff, or a first handing-over held back
-            return "not-due"
-        delivery.tries += 1
-        delivery.claimed_at = now
-        delivery.save(update_fields=["tries", "claimed_at"])
-    return delivery
+    """The delivery, claimed for this call (its try counted), or why it cannot be (a word of
+    ``SKIP_REASONS``). Only the delivery row is locked: no join, so no run or workspace row
+    with it."""
+    claimed = claim(Delivery.objects.unscoped(), delivery_id, settled=_settled)
+    if isinstance(claimed, Skipped):
+        return claimed.detail if claimed.reason is Skip.SETTLED else claimed.reason.value
+    return claimed
+
+
+def _settled(delivery: Delivery) -> str | None:
+    if delivery.delivered_at is not None:
+        return "delivered"
+    if delivery.given_up_at is not None:
+        return "given-up"
+    return None
 
 
 _SKIP_WORDS = {

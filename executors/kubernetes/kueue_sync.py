@@ -72,7 +72,9 @@ from kube import KubeClient
 from portal import audit
 from portal.outbox import (
     Lease,
-    claim_is_live,
+    Skip,
+    Skipped,
+    claim,
     doubling_delay,
     once_on_commit,
     unclaimed_or_lapsed,
@@ -341,22 +343,22 @@ def _sync_target(scope: str, slug: str, *, repair: bool = False) -> Outcome:
 
 def _claim(sync_id: int) -> KueueSync | str:
     """The row, claimed for this call (its try counted), or why it cannot be."""
-    now = timezone.now()
-    with transaction.atomic():
-        sync = KueueSync.objects.select_for_update(skip_locked=True).filter(pk=sync_id).first()
-        if sync is None:
-            exists = KueueSync.objects.filter(pk=sync_id).exists()
-            return "another worker is claiming it" if exists else "there is no such sync"
-        if not sync.unfinished:
-            return f"it is {sync.get_state_display().lower()} already"
-        if claim_is_live(sync.claimed_at, now):
-            return "another worker is running it"
-        if sync.next_try_at > now:
-            return "it waits to be tried again"
-        sync.attempts += 1
-        sync.claimed_at = now
-        sync.save(update_fields=["attempts", "claimed_at"])
-    return sync
+    claimed = claim(KueueSync.objects.all(), sync_id, settled=_settled, tries="attempts")
+    if isinstance(claimed, Skipped):
+        return claimed.detail or _SKIP_WORDS[claimed.reason]
+    return claimed
+
+
+_SKIP_WORDS = {
+    Skip.LOCKED: "another worker is claiming it",
+    Skip.MISSING: "there is no such sync",
+    Skip.IN_PROGRESS: "another worker is running it",
+    Skip.NOT_DUE: "it waits to be tried again",
+}
+
+
+def _settled(sync: KueueSync) -> str | None:
+    return None if sync.unfinished else f"it is {sync.get_state_display().lower()} already"
 
 
 def _close(lease: Lease, **fields: Any) -> bool:
