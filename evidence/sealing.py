@@ -50,7 +50,7 @@ from evidence import keys, verification
 from evidence.manifest import Coverage, build_manifest
 from evidence.models import EvidenceRecord, SealRequest
 from portal import audit
-from portal.outbox import Lease, Skipped, claim, doubling_delay, unclaimed_or_lapsed
+from portal.outbox import Lease, Retries, Skipped, claim, unclaimed_or_lapsed
 from runs.models import Backend, Run, RunEvent
 from tau.evidence.canonical import canonical_json
 from tau.evidence.keys import key_id, public_key_bytes, signature_document
@@ -59,11 +59,10 @@ logger = logging.getLogger(__name__)
 
 #: The Celery task that seals one request (``evidence.tasks``), published by name.
 SEAL_TASK = "evidence.tasks.seal"
-RETRY_FIRST_SECONDS = 10
-RETRY_MAX_SECONDS = 600
-#: Failed tries before a request is given up (10 s doubling to 10 min between them: about
-#: 20 minutes in all, long enough for a database or a volume to come back).
-MAX_TRIES = 8
+#: Tries before a request is given up: 10 s doubling to 10 min between them, about 20
+#: minutes in all, long enough for a database or a volume to come back.
+RETRIES = Retries(first_seconds=10, max_seconds=600, max_tries=8)
+MAX_TRIES = RETRIES.max_tries
 #: How long sealing waits at most for the watcher to keep the logs of a cluster run's
 #: attempts (it does so right after the change that ended the attempt has committed, before
 #: the cluster deletes the pods, so a seal published at that commit may come first), and how
@@ -158,7 +157,9 @@ def _failed(request: SealRequest, lease: Lease, exc: Exception) -> None:
     """Record a failed try: tried again after a doubling delay, given up after ``MAX_TRIES``.
     One line in the log per try; the traceback with the first and the last only."""
     error = f"{type(exc).__name__}: {exc}"[:2000]
-    if request.tries >= MAX_TRIES:
+    now = timezone.now()
+    retry_at = RETRIES.next_try(request.tries, now)
+    if retry_at is None:
         logger.error(
             "the evidence of run %s (seal %s) could not be sealed after %d tries; giving up "
             "(staff can seal it again from the admin once the cause is fixed): %s",
@@ -170,20 +171,17 @@ def _failed(request: SealRequest, lease: Lease, exc: Exception) -> None:
         )
         lease.release(last_error=error, given_up_at=timezone.now())
         return
-    delay = doubling_delay(
-        request.tries, first_seconds=RETRY_FIRST_SECONDS, max_seconds=RETRY_MAX_SECONDS
-    )
     logger.warning(
         "sealing run %s (seal %s) failed, try %d of %d; trying again in %ds: %s",
         request.run_id,
         request.pk,
         request.tries,
         MAX_TRIES,
-        delay.total_seconds(),
+        (retry_at - now).total_seconds(),
         error,
         exc_info=exc if request.tries == 1 else None,
     )
-    lease.release(last_error=error, next_try_at=timezone.now() + delay)
+    lease.release(last_error=error, next_try_at=retry_at)
 
 
 @transaction.atomic

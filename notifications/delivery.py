@@ -73,10 +73,10 @@ from notifications.models import NotificationDelivery, Webhook
 from notifications.preferences import email_events_for
 from portal.outbox import (
     Lease,
+    Retries,
     Skip,
     Skipped,
     claim,
-    doubling_delay,
     once_on_commit,
     unclaimed_or_lapsed,
 )
@@ -116,12 +116,18 @@ def publish(delivery_id: int) -> bool:
     return True
 
 
-def retry_delay(tries: int) -> timedelta:
-    return doubling_delay(
-        tries,
+def retries() -> Retries:
+    """Doubling from TAU_NOTIFY_RETRY_SECONDS, at most TAU_NOTIFY_RETRY_MAX_SECONDS, and
+    TAU_NOTIFY_MAX_TRIES tries; an endpoint's pause after failures in a row doubles alike."""
+    return Retries(
         first_seconds=int(settings.TAU_NOTIFY_RETRY_SECONDS),
         max_seconds=int(settings.TAU_NOTIFY_RETRY_MAX_SECONDS),
+        max_tries=int(settings.TAU_NOTIFY_MAX_TRIES),
     )
+
+
+def retry_delay(tries: int) -> timedelta:
+    return retries().delay(tries)
 
 
 def workspace_share() -> int:
@@ -445,17 +451,18 @@ def _failed(
         pause = _endpoint_failed(delivery.webhook_id)
         if pause is not None:
             target += f", paused for {pause.total_seconds():.0f}s"
-    max_tries = int(settings.TAU_NOTIFY_MAX_TRIES)
-    if delivery.tries < max_tries:
-        delay = retry_delay(delivery.tries)
+    policy = retries()
+    now = timezone.now()
+    retry_at = policy.next_try(delivery.tries, now)
+    if retry_at is not None:
         logger.warning(
             "notification %s (%s to %s) failed, try %d of %d; trying again in %ds: %s",
             delivery.pk,
             delivery.event,
             target,
             delivery.tries,
-            max_tries,
-            delay.total_seconds(),
+            policy.max_tries,
+            (retry_at - now).total_seconds(),
             error,
         )
         _close(
@@ -463,7 +470,7 @@ def _failed(
             delivered=False,
             status_code=status_code,
             error=error,
-            retry_at=timezone.now() + delay,
+            retry_at=retry_at,
         )
         return
     logger.error(

@@ -270,6 +270,25 @@ def doubling_delay(tries: int, *, first_seconds: int, max_seconds: int) -> timed
     return timedelta(seconds=min(max_seconds, first_seconds * 2 ** min(max(tries - 1, 0), 30)))
 
 
+@dataclass(frozen=True)
+class Retries:
+    """How an outbox tries a row again after a failed try: ``first_seconds`` after the first,
+    doubling with each further failure up to ``max_seconds``, and ``max_tries`` tries in
+    all: then it gives up, and says so where someone sees it (each outbox's own record)."""
+
+    first_seconds: int
+    max_seconds: int
+    max_tries: int
+
+    def delay(self, tries: int) -> timedelta:
+        """The wait after the ``tries``-th failed try."""
+        return doubling_delay(tries, first_seconds=self.first_seconds, max_seconds=self.max_seconds)
+
+    def next_try(self, tries: int, now: datetime) -> datetime | None:
+        """When to try again after the ``tries``-th failed try, or None: give up."""
+        return None if tries >= self.max_tries else now + self.delay(tries)
+
+
 class _OnCommit:
     """The on-commit callback for one row (a class, so that one already registered in this
     transaction can be recognised and not registered twice)."""

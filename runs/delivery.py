@@ -39,7 +39,7 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
-from portal.outbox import Lease, Skip, Skipped, claim, doubling_delay, unclaimed_or_lapsed
+from portal.outbox import Lease, Retries, Skip, Skipped, claim, unclaimed_or_lapsed
 from runs.backends import RunBackend
 from runs.backends.registry import backend_for_run
 from runs.events import append_event
@@ -89,14 +89,19 @@ def publish(delivery_id: int) -> None:
         logger.warning("could not enqueue delivery %s (%s); the reconciler will", delivery_id, exc)
 
 
-def retry_delay(tries: int) -> timedelta:
-    """How long to wait after the ``tries``-th failed try: doubling from
-    TAU_DELIVERY_RETRY_SECONDS, at most TAU_DELIVERY_RETRY_MAX_SECONDS."""
-    return doubling_delay(
-        tries,
+def retries() -> Retries:
+    """Doubling from TAU_DELIVERY_RETRY_SECONDS, at most TAU_DELIVERY_RETRY_MAX_SECONDS, and
+    TAU_DELIVERY_MAX_TRIES tries (then the run fails, class ``infrastructure``)."""
+    return Retries(
         first_seconds=int(settings.TAU_DELIVERY_RETRY_SECONDS),
         max_seconds=int(settings.TAU_DELIVERY_RETRY_MAX_SECONDS),
+        max_tries=int(settings.TAU_DELIVERY_MAX_TRIES),
     )
+
+
+def retry_delay(tries: int) -> timedelta:
+    """How long to wait after the ``tries``-th failed try."""
+    return retries().delay(tries)
 
 
 def due_deliveries(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
@@ -241,21 +246,22 @@ def _close(
 
 def _failed(delivery: Delivery, lease: Lease, run: Run, exc: Exception) -> None:
     error = f"{type(exc).__name__}: {exc}"[:2000]
-    max_tries = int(settings.TAU_DELIVERY_MAX_TRIES)
-    if delivery.tries < max_tries:
-        delay = retry_delay(delivery.tries)
+    policy = retries()
+    now = timezone.now()
+    retry_at = policy.next_try(delivery.tries, now)
+    if retry_at is not None:
         logger.warning(
             "delivery %s (%s of %s) failed, try %d of %d; trying again in %ds: %s",
             delivery.pk,
             delivery.action,
             run.name,
             delivery.tries,
-            max_tries,
-            delay.total_seconds(),
+            policy.max_tries,
+            (retry_at - now).total_seconds(),
             error,
             exc_info=exc,
         )
-        _close(lease, delivered=False, error=error, retry_at=timezone.now() + delay)
+        _close(lease, delivered=False, error=error, retry_at=retry_at)
         return
     logger.error(
         "delivery %s (%s of %s) failed %d times; giving up: %s",

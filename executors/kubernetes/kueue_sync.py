@@ -72,10 +72,10 @@ from kube import KubeClient
 from portal import audit
 from portal.outbox import (
     Lease,
+    Retries,
     Skip,
     Skipped,
     claim,
-    doubling_delay,
     once_on_commit,
     unclaimed_or_lapsed,
 )
@@ -282,14 +282,19 @@ def connect_triggers() -> None:
 # -- running one -------------------------------------------------------------------------------
 
 
-def retry_delay(tries: int) -> timedelta:
-    """The wait after the ``tries``-th failed try: doubling from TAU_KUEUE_SYNC_RETRY_SECONDS,
-    at most TAU_KUEUE_SYNC_RETRY_MAX_SECONDS."""
-    return doubling_delay(
-        tries,
+def retries() -> Retries:
+    """Doubling from TAU_KUEUE_SYNC_RETRY_SECONDS, at most TAU_KUEUE_SYNC_RETRY_MAX_SECONDS,
+    and TAU_KUEUE_SYNC_MAX_TRIES tries (then the sync is failed, on the admin's page)."""
+    return Retries(
         first_seconds=int(settings.TAU_KUEUE_SYNC_RETRY_SECONDS),
         max_seconds=int(settings.TAU_KUEUE_SYNC_RETRY_MAX_SECONDS),
+        max_tries=int(settings.TAU_KUEUE_SYNC_MAX_TRIES),
     )
+
+
+def retry_delay(tries: int) -> timedelta:
+    """The wait after the ``tries``-th failed try."""
+    return retries().delay(tries)
 
 
 def due_syncs(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
@@ -390,19 +395,20 @@ def _succeeded(sync: KueueSync, lease: Lease, outcome: Outcome) -> bool:
 
 def _failed(sync: KueueSync, lease: Lease, problem: SyncProblem) -> None:
     error = problem.message[:4000]
-    max_tries = int(settings.TAU_KUEUE_SYNC_MAX_TRIES)
-    if problem.retry and sync.attempts < max_tries:
-        delay = retry_delay(sync.attempts)
+    policy = retries()
+    now = timezone.now()
+    retry_at = policy.next_try(sync.attempts, now) if problem.retry else None
+    if retry_at is not None:
         logger.warning(
             "Kueue sync %s (%s) failed, try %d of %d; trying again in %ds: %s",
             sync.pk,
             sync,
             sync.attempts,
-            max_tries,
-            delay.total_seconds(),
+            policy.max_tries,
+            (retry_at - now).total_seconds(),
             error,
         )
-        _close(lease, state=State.PENDING, next_try_at=timezone.now() + delay, last_error=error)
+        _close(lease, state=State.PENDING, next_try_at=retry_at, last_error=error)
         return
     logger.error(
         "Kueue sync %s (%s) failed after %d tries: %s", sync.pk, sync, sync.attempts, error

@@ -1,12 +1,16 @@
-"""One claim for every outbox (``portal.outbox.claim``): run deliveries, notifications, seals,
-evidence checks and Kueue syncs all take a row the same way, and each guarantee is checked
-here on each of them, on real rows in the real database:
+"""One mechanism for every outbox: run deliveries, notifications, seals, evidence checks and
+Kueue syncs all take a row with ``portal.outbox.claim`` and try a failed one again by a
+``portal.outbox.Retries`` policy, and each guarantee is checked here on each of them, on real
+rows in the real database:
 
 - a due row is taken by one worker, its try counted; while that claim is live nobody else
   takes it, and once it has lapsed (a dead worker) the next one does;
 - a row another transaction is claiming is skipped at once, never waited for;
 - a settled row (done, or given up) and a row waiting out its back-off are not taken;
-- a row that does not exist is said to be missing, and nothing is written.
+- a row that does not exist is said to be missing, and nothing is written;
+- a failed row is tried again after a doubling wait, capped, and given up after a bounded
+  number of tries (each outbox's own tests show the give-up where people see it: the run
+  failed, the notification and the seal marked given up, the sync failed on the admin page).
 
 The lease that keeps a claim alive while the work runs is ``test_outbox_lease.py``'s.
 """
@@ -17,6 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -225,6 +230,41 @@ def test_a_row_that_does_not_exist_is_missing(world: Any, name: str) -> None:
     pk = box.make(world)
     box.rows().filter(pk=pk).delete()
     assert not taken(box, box.take(pk))
+
+
+RETRIES: dict[str, Callable[[], outbox.Retries]] = {
+    "run delivery": run_delivery.retries,
+    "notification": notification_delivery.retries,
+    "seal": lambda: sealing.RETRIES,
+    "kueue sync": kueue_sync.retries,
+}
+
+
+@pytest.mark.parametrize("name", sorted(RETRIES))
+def test_a_failed_row_waits_longer_each_time_and_is_given_up_after_its_last_try(
+    name: str,
+) -> None:
+    policy = RETRIES[name]()
+    assert 1 < policy.max_tries < 100
+    now = timezone.now()
+    waits = [policy.next_try(tries, now) for tries in range(1, policy.max_tries)]
+    assert None not in waits
+    delays = [(wait - now).total_seconds() for wait in waits if wait is not None]
+    assert delays[0] == policy.first_seconds
+    for before, after in pairwise(delays):
+        assert after == min(2 * before, policy.max_seconds)
+    assert max(delays) <= policy.max_seconds
+    # The last try, and any counted beyond it (a row taken over after its last claim lapsed).
+    assert policy.next_try(policy.max_tries, now) is None
+    assert policy.next_try(policy.max_tries + 3, now) is None
+
+
+def test_the_policies_read_their_settings(settings: Any) -> None:
+    settings.TAU_DELIVERY_RETRY_SECONDS = 3
+    settings.TAU_DELIVERY_RETRY_MAX_SECONDS = 7
+    settings.TAU_DELIVERY_MAX_TRIES = 5
+    assert run_delivery.retries() == outbox.Retries(first_seconds=3, max_seconds=7, max_tries=5)
+    assert [run_delivery.retry_delay(tries).total_seconds() for tries in (1, 2, 3)] == [3, 6, 7]
 
 
 def test_the_claim_says_why_it_took_nothing(world: Any) -> None:
