@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 import zoneinfo
 from pathlib import Path
@@ -567,6 +568,16 @@ TAU_MAX_GPUS_PER_NODE = env_int("TAU_MAX_GPUS_PER_NODE", 8, minimum=0)
 TAU_BACKEND = env_str("TAU_BACKEND", "kubernetes" if PRODUCTION else "local") or "local"
 if TAU_BACKEND not in {"local", "kubernetes"}:
     raise ImproperlyConfiguredEnv(f"TAU_BACKEND must be local or kubernetes, got {TAU_BACKEND!r}")
+# This installation's name on its cluster: every object TauGrid makes for Kueue carries it
+# (label taugrid.io/installation), and TauGrid changes or removes only objects with its own,
+# so two portals (a staging one, a second region) can share one cluster. Objects made before
+# installations had names, without the label, are the "default" installation's.
+TAU_INSTALLATION = env_str("TAU_INSTALLATION", "default") or "default"
+if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", TAU_INSTALLATION):
+    raise ImproperlyConfiguredEnv(
+        f"TAU_INSTALLATION must be a DNS label (lowercase letters, digits and '-', at most 63 "
+        f"characters, a letter or digit at both ends), got {TAU_INSTALLATION!r}"
+    )
 # The class of each backend (runs/backends/registry.py): the run core never imports one.
 TAU_BACKEND_CLASSES = {
     "local": "executors.local.backend.LocalBackend",

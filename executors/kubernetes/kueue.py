@@ -21,9 +21,13 @@ cluster-wide objects beside them (Kueue ``v1beta2``, the version its CRDs store 
   puts on the pods it admits), a **Cohort** per cohort row (``spec.parentName`` for a nested
   one), a **WorkloadPriorityClass** per priority class row.
 
-Every object TauGrid renders carries ``app.kubernetes.io/managed-by: taugrid`` (the namespace
-only when TauGrid created it) and ``taugrid.io/workspace`` where it belongs to one workspace.
-An object without the managed-by label is never changed or deleted (``kueue_cluster``).
+Every object TauGrid renders carries ``app.kubernetes.io/managed-by: taugrid`` and
+``taugrid.io/installation: <TAU_INSTALLATION>`` (the namespace only when TauGrid created it),
+and ``taugrid.io/workspace`` where it belongs to one workspace. An object without the
+managed-by label, or with another installation's name, is never changed or deleted
+(``kueue_cluster``): several portals can share a cluster. One with the managed-by label and
+no installation label was made before installations had names, and is the ``default``
+installation's.
 
 :func:`differences` compares a rendered object with the live one, field by field, so that a
 drift check can say what someone changed by hand and put it back.
@@ -35,6 +39,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
+
+from django.conf import settings
 
 from tau.quantity import QuantityError, format_quantity, parse_quantity
 from workspaces.kueue_coverage import resource_groups_of
@@ -53,6 +59,9 @@ from workspaces.models import (
 KUEUE_API: Final = "kueue.x-k8s.io/v1beta2"
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "taugrid"
+INSTALLATION_LABEL: Final = "taugrid.io/installation"
+#: Whose objects without an installation label are (made before installations had names).
+DEFAULT_INSTALLATION: Final = "default"
 WORKSPACE_LABEL: Final = "taugrid.io/workspace"
 CREATED_BY_ANNOTATION: Final = "taugrid.io/created-by"
 # Set by the API server on every namespace, immutable: selects exactly one namespace.
@@ -65,18 +74,38 @@ QUANTITY_KEYS: Final = frozenset({"nominalQuota", "borrowingLimit", "lendingLimi
 Body = dict[str, Any]
 
 
+def installation() -> str:
+    """This installation's name (``TAU_INSTALLATION``)."""
+    return str(settings.TAU_INSTALLATION)
+
+
 def managed_labels(workspace_slug: str | None = None) -> dict[str, str]:
-    labels = {MANAGED_BY_LABEL: MANAGED_BY}
+    labels = {MANAGED_BY_LABEL: MANAGED_BY, INSTALLATION_LABEL: installation()}
     if workspace_slug:
         labels[WORKSPACE_LABEL] = workspace_slug
     return labels
 
 
-def is_managed(live: Mapping[str, Any] | None) -> bool:
-    """Whether a live object carries TauGrid's managed-by label (only then may TauGrid change
-    or delete it)."""
+def owner(live: Mapping[str, Any] | None) -> str | None:
+    """The TauGrid installation a live object belongs to, or None: not TauGrid's."""
     labels = ((live or {}).get("metadata") or {}).get("labels") or {}
-    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+        return None
+    return str(labels.get(INSTALLATION_LABEL) or DEFAULT_INSTALLATION)
+
+
+def is_managed(live: Mapping[str, Any] | None) -> bool:
+    """Whether a live object is this installation's: TauGrid's managed-by label and this
+    installation's name (only then may TauGrid change or delete it)."""
+    return owner(live) == installation()
+
+
+def not_ours(live: Mapping[str, Any]) -> str:
+    """Why TauGrid leaves ``live`` alone, for messages: whose it is."""
+    found = owner(live)
+    if found is None:
+        return f"it has no label {MANAGED_BY_LABEL}={MANAGED_BY}"
+    return f"it belongs to the TauGrid installation {found!r}, not to this one ({installation()!r})"
 
 
 def created_by_taugrid(live: Mapping[str, Any] | None) -> bool:
@@ -371,6 +400,13 @@ def _compare_map(
     desired: Mapping[str, Any], live: Mapping[str, Any], path: str, found: list[Difference]
 ) -> None:
     for key, value in desired.items():
+        if (
+            path == "metadata.labels"
+            and key == INSTALLATION_LABEL
+            and key not in live
+            and value == DEFAULT_INSTALLATION
+        ):
+            continue  # made before installations had names: the default one's, no hand edit
         _compare(value, live.get(key, _MISSING), f"{path}.{key}", found, key)
 
 

@@ -68,7 +68,10 @@ from executors.kubernetes.kueue import (
     created_by_taugrid,
     describe,
     differences,
+    installation,
     is_managed,
+    not_ours,
+    owner,
     resource_flavor_object,
     workload_priority_class_object,
     workspace_objects,
@@ -361,12 +364,20 @@ def sync_workspace(slug: str, *, repair: bool = False, client: KubeClient | None
     )
     cq_live = _get_like(cluster, cq_desired)
     lq_live = _get_like(cluster, lq_desired) if namespace_live is not None else None
+    if owner(namespace_live) not in {None, installation()}:
+        assert namespace_live is not None
+        raise SyncProblem(
+            f"{describe(namespace_desired)} is another TauGrid installation's "
+            f"({not_ours(namespace_live)}), so this one leaves it alone: give the workspace "
+            "a namespace of its own.",
+            retry=False,
+        )
     for desired, live in ((cq_desired, cq_live), (lq_desired, lq_live)):
         if live is not None and not is_managed(live):
             raise SyncProblem(
-                f"{describe(desired)} exists and is not TauGrid's (it has no label "
-                f"{MANAGED_BY_LABEL}={MANAGED_BY}), so TauGrid leaves it alone: remove it, "
-                "give the workspace another name for it, or label it to hand it over.",
+                f"{describe(desired)} exists and is not this installation's ({not_ours(live)}), "
+                "so TauGrid leaves it alone: remove it, give the workspace another name for "
+                "it, or label it to hand it over.",
                 retry=False,
             )
 
@@ -410,8 +421,8 @@ def _remove_stale_queues(cluster: _Cluster, outcome: Outcome, slug: str, *, keep
     # LocalQueues before their ClusterQueues: the ClusterQueue is the last to go.
     for kind in ("LocalQueue", "ClusterQueue"):
         for live in cluster.list(KUEUE_API, kind, label_selector=selector):
-            if describe(live) in keep or _being_deleted(live):
-                continue
+            if not is_managed(live) or describe(live) in keep or _being_deleted(live):
+                continue  # another installation's, kept, or going already
             workloads = _workloads_in(live)
             if workloads:
                 held += workloads
@@ -436,6 +447,8 @@ def _remove_workspace(cluster: _Cluster, slug: str) -> Outcome:
     in_use = set(Workspace.unscoped_objects.values_list("namespace", flat=True))
     for namespace in cluster.list("v1", "Namespace", label_selector=f"{WORKSPACE_LABEL}={slug}"):
         name = namespace["metadata"]["name"]
+        if owner(namespace) not in {None, installation()}:
+            continue  # another installation's workspace of the same name
         if name in in_use:
             continue  # another workspace (this one renamed) uses it: its sync labels it
         if _being_deleted(namespace):
@@ -476,7 +489,7 @@ def sync_cluster(*, repair: bool = False, client: KubeClient | None = None) -> O
         _put(cluster, outcome, body, live, repair=repair, workspace_slug=None)
     if foreign:
         outcome.notes.append(
-            f"Used as they are (not TauGrid's, never changed): {', '.join(foreign)}."
+            f"Used as they are (not this installation's, never changed): {', '.join(foreign)}."
         )
 
     rendered = {(body["kind"], body["metadata"]["name"]) for body in desired}
@@ -484,7 +497,7 @@ def sync_cluster(*, repair: bool = False, client: KubeClient | None = None) -> O
         kind: [
             live
             for live in cluster.list(KUEUE_API, kind, label_selector=MANAGED_SELECTOR)
-            if (kind, live["metadata"]["name"]) not in rendered
+            if is_managed(live) and (kind, live["metadata"]["name"]) not in rendered
         ]
         for kind in CLUSTER_KINDS
     }
@@ -546,6 +559,7 @@ def managed_workspace_slugs(client: KubeClient | None = None) -> set[str]:
         for queue in cluster.list(
             KUEUE_API, "ClusterQueue", label_selector=f"{MANAGED_SELECTOR},{WORKSPACE_LABEL}"
         )
+        if is_managed(queue)
     }
 
 

@@ -14,7 +14,13 @@ from decimal import Decimal
 from typing import Any
 
 import kube
-from executors.kubernetes.kueue import KUEUE_API, MANAGED_BY, MANAGED_BY_LABEL, WORKSPACE_LABEL
+from executors.kubernetes.kueue import (
+    KUEUE_API,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    WORKSPACE_LABEL,
+    is_managed,
+)
 from kube import KubeError
 from tau.quantity import QuantityError, parse_quantity
 from workspaces.models import Workspace
@@ -58,6 +64,8 @@ def reserved_by_workspace(workspace_ids: Collection[int] | None) -> dict[int, Re
     by_slug = dict(slugs.values_list("slug", "pk"))
     found: dict[int, Reserved] = {}
     for queue in queues:
+        if not is_managed(queue):
+            continue  # another installation's workspace of the same name
         slug = ((queue.get("metadata") or {}).get("labels") or {}).get(WORKSPACE_LABEL)
         if slug in by_slug:
             found[by_slug[slug]] = reserved_from_status(queue)

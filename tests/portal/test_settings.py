@@ -134,6 +134,7 @@ def test_setting_a_secret_twice_is_refused(tmp_path: Path) -> None:
         ({"TAU_BEHIND_TLS_PROXY": "true"}, "TAU_BEHIND_TLS_PROXY=true needs TAU_TRUSTED_PROXIES"),
         ({"TAU_TRUSTED_PROXIES": "10.0.0.0/8,*"}, "TAU_TRUSTED_PROXIES: '*' is not an IP"),
         ({"TAU_TRUSTED_PROXIES": "10.0.0.1/8"}, "TAU_TRUSTED_PROXIES: '10.0.0.1/8' is not"),
+        ({"TAU_INSTALLATION": "Blue_Portal"}, "TAU_INSTALLATION must be a DNS label"),
     ],
 )
 def test_production_refuses_unsafe_or_missing_settings(

@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 
 from executors.kubernetes.kueue import (
     CREATED_BY_ANNOTATION,
+    INSTALLATION_LABEL,
     MANAGED_BY_LABEL,
     WORKSPACE_LABEL,
     cluster_objects,
@@ -21,7 +22,10 @@ from executors.kubernetes.kueue import (
     differences,
     is_managed,
     local_queue_object,
+    managed_labels,
     namespace_object,
+    not_ours,
+    owner,
     resource_flavor_object,
     resource_groups,
     workload_priority_class_object,
@@ -36,6 +40,12 @@ from workspaces.models import (
 )
 
 GPU = "nvidia.com/gpu"
+#: The labels of workspace vision's objects, made by the default installation.
+VISION_LABELS = {
+    MANAGED_BY_LABEL: "taugrid",
+    INSTALLATION_LABEL: "default",
+    WORKSPACE_LABEL: "vision",
+}
 H100 = ResourceFlavor(
     name="h100",
     gpu_model="NVIDIA-H100-80GB-HBM3",
@@ -155,7 +165,11 @@ def test_cluster_queue_selects_only_the_workspace_namespace_with_its_policy() ->
     assert queue["apiVersion"] == "kueue.x-k8s.io/v1beta2"
     assert queue["metadata"] == {
         "name": "tau-vision",
-        "labels": {MANAGED_BY_LABEL: "taugrid", WORKSPACE_LABEL: "vision"},
+        "labels": {
+            MANAGED_BY_LABEL: "taugrid",
+            INSTALLATION_LABEL: "default",
+            WORKSPACE_LABEL: "vision",
+        },
     }
     spec = queue["spec"]
     assert spec["namespaceSelector"] == {
@@ -182,7 +196,11 @@ def test_namespace_carries_the_created_by_record_only_when_taugrid_creates_it() 
     created = namespace_object(workspace(), created_by_taugrid=True)
     assert created["metadata"] == {
         "name": "tau-vision",
-        "labels": {MANAGED_BY_LABEL: "taugrid", WORKSPACE_LABEL: "vision"},
+        "labels": {
+            MANAGED_BY_LABEL: "taugrid",
+            INSTALLATION_LABEL: "default",
+            WORKSPACE_LABEL: "vision",
+        },
         "annotations": {CREATED_BY_ANNOTATION: "taugrid"},
     }
     found = namespace_object(workspace(), created_by_taugrid=False)
@@ -196,7 +214,11 @@ def test_local_queue_points_at_the_cluster_queue() -> None:
         "metadata": {
             "name": "vision",
             "namespace": "tau-vision",
-            "labels": {MANAGED_BY_LABEL: "taugrid", WORKSPACE_LABEL: "vision"},
+            "labels": {
+                MANAGED_BY_LABEL: "taugrid",
+                INSTALLATION_LABEL: "default",
+                WORKSPACE_LABEL: "vision",
+            },
         },
         "spec": {"clusterQueue": "tau-vision"},
     }
@@ -219,7 +241,10 @@ def test_cluster_wide_objects() -> None:
     assert workload_priority_class_object(high) == {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "WorkloadPriorityClass",
-        "metadata": {"name": "high", "labels": {MANAGED_BY_LABEL: "taugrid"}},
+        "metadata": {
+            "name": "high",
+            "labels": {MANAGED_BY_LABEL: "taugrid", INSTALLATION_LABEL: "default"},
+        },
         "value": 10000,
         "description": "Deadlines.",
     }
@@ -306,3 +331,42 @@ def test_blank_preemption_means_the_default_and_cohorts_cannot_loop(world: Any) 
     with pytest.raises(ValidationError) as caught:
         world.cohort.full_clean()
     assert "cannot be inside itself" in caught.value.message_dict["parent"][0]
+
+
+def test_objects_carry_the_installation_and_only_its_own_are_managed(settings: Any) -> None:
+    def live(**labels: str) -> dict[str, Any]:
+        return {"kind": "ClusterQueue", "metadata": {"name": "tau-x", "labels": labels}}
+
+    mine = live(**{MANAGED_BY_LABEL: "taugrid", INSTALLATION_LABEL: "eu"})
+    legacy = live(**{MANAGED_BY_LABEL: "taugrid"})  # made before installations had names
+    foreign = live(**{MANAGED_BY_LABEL: "someone-else"})
+
+    settings.TAU_INSTALLATION = "eu"
+    assert managed_labels("vision") == {
+        MANAGED_BY_LABEL: "taugrid",
+        INSTALLATION_LABEL: "eu",
+        WORKSPACE_LABEL: "vision",
+    }
+    assert [owner(obj) for obj in (mine, legacy, foreign)] == ["eu", "default", None]
+    assert [is_managed(obj) for obj in (mine, legacy, foreign)] == [True, False, False]
+    assert not_ours(legacy) == (
+        "it belongs to the TauGrid installation 'default', not to this one ('eu')"
+    )
+    assert not_ours(foreign) == f"it has no label {MANAGED_BY_LABEL}=taugrid"
+
+    settings.TAU_INSTALLATION = "default"
+    assert [is_managed(obj) for obj in (mine, legacy, foreign)] == [False, True, False]
+    # The default installation's objects from before need no repair for the missing label;
+    # any other difference is still one.
+    queue = cluster_queue_object(workspace(), [])
+    unlabelled = {**queue, "metadata": {**queue["metadata"], "labels": dict(legacy_labels())}}
+    assert differences(queue, unlabelled) == []
+    settings.TAU_INSTALLATION = "eu"
+    labelled_eu = cluster_queue_object(workspace(), [])
+    assert [d.path for d in differences(labelled_eu, unlabelled)] == [
+        f"metadata.labels.{INSTALLATION_LABEL}"
+    ]
+
+
+def legacy_labels() -> dict[str, str]:
+    return {MANAGED_BY_LABEL: "taugrid", WORKSPACE_LABEL: "vision"}

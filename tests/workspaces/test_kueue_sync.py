@@ -53,7 +53,12 @@ from django.utils import timezone
 
 import kube as adapter
 from executors.kubernetes import kueue_cluster, kueue_sync
-from executors.kubernetes.kueue import CREATED_BY_ANNOTATION, MANAGED_BY_LABEL, WORKSPACE_LABEL
+from executors.kubernetes.kueue import (
+    CREATED_BY_ANNOTATION,
+    INSTALLATION_LABEL,
+    MANAGED_BY_LABEL,
+    WORKSPACE_LABEL,
+)
 from executors.kubernetes.tasks import check_kueue_drift, reconcile_kueue_syncs, sync_kueue
 from portal import outbox
 from portal.models import AuditEvent
@@ -513,7 +518,9 @@ def test_objects_without_taugrids_label_are_never_changed_or_deleted(
     run_published(kueue_backend)
     refused = latest(slug)
     assert refused.state == "failed"
-    assert refused.last_error.startswith(f"LocalQueue {namespace}/main exists and is not TauGrid's")
+    assert refused.last_error.startswith(
+        f"LocalQueue {namespace}/main exists and is not this installation's (it has no label "
+    )
     # Nothing was touched (Kueue writes their queue's status; TauGrid writes nothing): not
     # their queue, not their namespace, and no ClusterQueue was made either.
     queue = get(kube, "LocalQueue", "main", namespace) or {}
@@ -554,6 +561,83 @@ def test_objects_without_taugrids_label_are_never_changed_or_deleted(
     assert kept["metadata"].get("deletionTimestamp") is None
     assert WORKSPACE_LABEL not in (kept["metadata"].get("labels") or {})
     assert get(kube, "ResourceFlavor", f"h100-{uid}") is not None
+
+
+@cluster
+def test_two_installations_share_a_cluster_and_each_changes_and_removes_only_its_own(
+    kueue_backend: list[int], cleanup: None, kube: Kube, uid: str, settings: Any
+) -> None:
+    """Two portals on one cluster (``TAU_INSTALLATION`` blue and green; one database here, so
+    green's rows are blue's rows deleted): what green finds stale but blue made stays."""
+    blue, green = f"blue-{uid}", f"green-{uid}"
+    slug = f"shared-{uid}"
+    settings.TAU_INSTALLATION = blue
+    make_workspace(slug, gpu_flavor(uid), 8)
+    run_published(kueue_backend)
+    assert latest(slug).state == "synced"
+    namespace = Workspace.unscoped_objects.get(slug=slug).namespace
+    made: dict[str, dict[str, Any]] = {}
+    for kind, name, where in (
+        ("ClusterQueue", f"tau-{slug}", None),
+        ("LocalQueue", slug, namespace),
+        ("Namespace", namespace, None),
+        ("ResourceFlavor", f"h100-{uid}", None),
+    ):
+        found = get(kube, kind, name, where)
+        assert found is not None, kind
+        assert found["metadata"]["labels"][INSTALLATION_LABEL] == blue, kind
+        made[kind] = found
+
+    # Green has no such workspace or flavor: to green they are stale, and they are not its.
+    settings.TAU_INSTALLATION = green
+    Workspace.unscoped_objects.filter(slug=slug).delete()
+    ResourceFlavor.objects.filter(name=f"h100-{uid}").delete()
+    run_published(kueue_backend)
+    assert latest(slug).state == "synced"
+    for kind, obj in made.items():
+        now = get(kube, kind, obj["metadata"]["name"], obj["metadata"].get("namespace"))
+        assert now is not None, kind
+        assert now["metadata"].get("deletionTimestamp") is None, kind
+        assert now["metadata"]["labels"] == obj["metadata"]["labels"], kind
+    # A workspace of green's with the same name is refused, saying whose the queue is.
+    make_workspace(slug, gpu_flavor(uid), 4)
+    run_published(kueue_backend)
+    refused = latest(slug)
+    assert refused.state == "failed"
+    assert f"belongs to the TauGrid installation {blue!r}, not to this one" in refused.last_error
+    assert gpu_quota(get(kube, "ClusterQueue", f"tau-{slug}") or {}) == "8"
+    Workspace.unscoped_objects.filter(slug=slug).delete()
+    # And so is one of another name in blue's namespace: the namespace keeps blue's labels.
+    other = f"other-{uid}"
+    make_workspace(other, ResourceFlavor.objects.get(name=f"h100-{uid}"), 4, namespace=namespace)
+    run_published(kueue_backend)
+    assert latest(other).state == "failed"
+    assert f"Namespace {namespace} is another TauGrid installation's" in latest(other).last_error
+    labels = (get(kube, "Namespace", namespace) or {})["metadata"]["labels"]
+    assert labels == made["Namespace"]["metadata"]["labels"]
+    assert get(kube, "ClusterQueue", f"tau-{other}") is None
+    Workspace.unscoped_objects.filter(slug=other).delete()
+    ResourceFlavor.objects.filter(name=f"h100-{uid}").delete()
+    run_published(kueue_backend)
+
+    # Blue, whose rows are gone now too, removes what it made.
+    settings.TAU_INSTALLATION = blue
+    kueue_sync.request_sync(scope="workspace", workspace_slug=slug, reason="test")
+    run_published(kueue_backend)
+    assert latest(slug).state == "synced"
+    assert going(get(kube, "LocalQueue", slug, namespace))
+    assert going(get(kube, "Namespace", namespace))
+    wait_until(
+        "blue's queue gone", lambda: get(kube, "ClusterQueue", f"tau-{slug}") is None or None
+    )
+    kueue_sync.request_sync(scope="cluster", reason="test")
+    run_published(kueue_backend)
+    assert going(get(kube, "ResourceFlavor", f"h100-{uid}"))
+
+
+def going(obj: dict[str, Any] | None) -> bool:
+    """Gone, or being deleted (Kueue's finalizers and namespaces take a moment)."""
+    return obj is None or obj["metadata"].get("deletionTimestamp") is not None
 
 
 @cluster
