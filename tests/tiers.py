@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = tier_of(item)
         # On the report too: under pytest-xdist the workers collect, the controller sums.
         item.user_properties.append(("tier", tier))
-        if tier not in {mark.name for mark in item.iter_markers()}:
+        if item.get_closest_marker(tier) is None:
             item.add_marker(getattr(pytest.mark, tier))
 
 

@@ -100,6 +100,12 @@ def is_managed(live: Mapping[str, Any] | None) -> bool:
     return owner(live) == installation()
 
 
+def is_another_installations(live: Mapping[str, Any] | None) -> bool:
+    """Whether a live object is TauGrid's, but another installation's (not merely not
+    TauGrid's: an unlabelled namespace is used as it is, another installation's is not)."""
+    return owner(live) not in {None, installation()}
+
+
 def not_ours(live: Mapping[str, Any]) -> str:
     """Why TauGrid leaves ``live`` alone, for messages: whose it is."""
     found = owner(live)

@@ -68,10 +68,9 @@ from executors.kubernetes.kueue import (
     created_by_taugrid,
     describe,
     differences,
-    installation,
+    is_another_installations,
     is_managed,
     not_ours,
-    owner,
     resource_flavor_object,
     workload_priority_class_object,
     workspace_objects,
@@ -364,7 +363,7 @@ def sync_workspace(slug: str, *, repair: bool = False, client: KubeClient | None
     )
     cq_live = _get_like(cluster, cq_desired)
     lq_live = _get_like(cluster, lq_desired) if namespace_live is not None else None
-    if owner(namespace_live) not in {None, installation()}:
+    if is_another_installations(namespace_live):
         assert namespace_live is not None
         raise SyncProblem(
             f"{describe(namespace_desired)} is another TauGrid installation's "
@@ -447,7 +446,7 @@ def _remove_workspace(cluster: _Cluster, slug: str) -> Outcome:
     in_use = set(Workspace.unscoped_objects.values_list("namespace", flat=True))
     for namespace in cluster.list("v1", "Namespace", label_selector=f"{WORKSPACE_LABEL}={slug}"):
         name = namespace["metadata"]["name"]
-        if owner(namespace) not in {None, installation()}:
+        if is_another_installations(namespace):
             continue  # another installation's workspace of the same name
         if name in in_use:
             continue  # another workspace (this one renamed) uses it: its sync labels it

@@ -39,10 +39,14 @@ def available_backend_names() -> frozenset[str]:
     return frozenset({Backend.LOCAL.value})
 
 
+def _instance(name: str) -> RunBackend:
+    return _backend_class(settings.TAU_BACKEND_CLASSES[name])()
+
+
 def backend_named(name: str) -> RunBackend:
     if name not in available_backend_names():
         raise BackendUnavailable(f"the {name} backend is not available in this installation")
-    return _backend_class(settings.TAU_BACKEND_CLASSES[name])()
+    return _instance(name)
 
 
 def backend_for_run(run: Run) -> RunBackend:
@@ -51,14 +55,14 @@ def backend_for_run(run: Run) -> RunBackend:
 
 def readiness_note(name: str) -> dict[str, Any] | None:
     """What the backend ``name`` adds to ``/readyz`` (None: nothing)."""
-    return _backend_class(settings.TAU_BACKEND_CLASSES[name])().readiness_note()
+    return _instance(name).readiness_note()
 
 
 def describing_backend(run: Run) -> RunBackend:
     """The run's backend, only to describe what it made of the run (the sealed record, made
     again at every export): also where this installation no longer runs that backend, since
     the description must not change with the installation. Asks the backend nothing."""
-    return _backend_class(settings.TAU_BACKEND_CLASSES[run.backend])()
+    return _instance(run.backend)
 
 
 def available_backends() -> list[RunBackend]:
