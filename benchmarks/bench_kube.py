@@ -354,7 +354,6 @@ class World:
 def make_world(uid: str, base: str, client: Any, kubeconfig: Path) -> World:
     from django.contrib.auth import get_user_model
 
-    from executors.kubernetes import kueue_sync
     from identity import tokens
     from workspaces.models import (
         KueueSync,
@@ -384,7 +383,7 @@ def make_world(uid: str, base: str, client: Any, kubeconfig: Path) -> World:
     deadline = time.monotonic() + 120
     for workspace in made:
         while True:
-            row = kueue_sync.latest_sync(KueueSync.Scope.WORKSPACE, workspace.slug)
+            row = KueueSync.latest(KueueSync.Scope.WORKSPACE, workspace.slug)
             if row is not None and row.state == "synced":
                 break
             if time.monotonic() > deadline:

@@ -27,7 +27,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from runs.models import Backend, FailureClass, RunAttempt
-from runs.policy import cluster_totals, requested_totals
+from runs.policy import run_totals
 from tau.k8s_names import GPU_RESOURCE
 from tau.spec import spec_from_dict
 
@@ -149,7 +149,7 @@ class AttemptUse:
 
 def _amounts(spec: dict[str, Any], backend: str) -> tuple[int, Decimal, Decimal]:
     parsed = spec_from_dict(spec)
-    totals = cluster_totals(parsed) if backend == Backend.KUBERNETES else requested_totals(parsed)
+    totals = run_totals(parsed, backend)
     return (
         int(totals.get(GPU_RESOURCE, 0)),
         totals.get("cpu", Decimal(0)),

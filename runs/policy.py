@@ -12,14 +12,15 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from executors.kubernetes import render
+from runs.backends import PodSet
+from runs.backends.registry import describing
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import parse_quantity
 from tau.spec import Spec
 from workspaces.kueue_coverage import SPEC_PATHS, pod_set_gaps, quota_ceilings
 from workspaces.models import Workspace
 
-__all__ = ["PolicyProblem", "PolicyRefused", "apply_policy", "cluster_totals", "quota_ceilings"]
+__all__ = ["PolicyProblem", "PolicyRefused", "apply_policy", "quota_ceilings", "run_totals"]
 
 
 @dataclass(frozen=True)
@@ -151,14 +152,19 @@ def requested_totals(spec: Spec) -> dict[str, Decimal]:
     return totals
 
 
-def cluster_totals(spec: Spec) -> dict[str, Decimal]:
-    """What Kueue admits together for the run on Kubernetes: the workers, plus for a RayJob
-    the Ray head and KubeRay's submitter pod (``executors.kubernetes.render`` fixes their size)."""
-    totals = requested_totals(spec)
-    if spec.run.workload_kind == "rayjob":
-        for fixed in (render.head_requests(spec), render.SUBMITTER_RESOURCES):
-            for resource, amount in fixed.items():
-                totals[resource] = totals.get(resource, Decimal(0)) + parse_quantity(amount)
+def worker_pod_set(spec: Spec) -> PodSet:
+    """The run's workers as one pod set (every backend's first)."""
+    return PodSet(f"the {spec.compute.workers} worker(s) need", requested_totals(spec))
+
+
+def run_totals(spec: Spec, backend: str) -> dict[str, Decimal]:
+    """What ``backend`` admits together for the run (:meth:`RunBackend.pod_sets
+    <runs.backends.RunBackend.pod_sets>`): locally the workers; on Kubernetes a RayJob's Ray
+    head and KubeRay's submitter pod as well."""
+    totals: dict[str, Decimal] = {}
+    for pod_set in describing(backend).pod_sets(spec):
+        for resource, amount in pod_set.requests.items():
+            totals[resource] = totals.get(resource, Decimal(0)) + amount
     return totals
 
 
@@ -222,11 +228,6 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
                 "remove runtime.secrets (the run would otherwise start without them).",
             )
         )
-    if backend == "kubernetes":
-        problems += [
-            PolicyProblem(path, message) for path, message in render.kubernetes_problems(spec)
-        ]
-
     # On one machine its own GPU count is the limit (the backend reports that); on a
     # cluster a worker's GPUs must fit on one node.
     if backend == "kubernetes" and spec.compute.gpus > settings.TAU_MAX_GPUS_PER_NODE:
@@ -250,7 +251,7 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
             )
         )
     workers = requested_totals(spec)
-    whole_run = cluster_totals(spec) if backend == "kubernetes" else workers
+    whole_run = run_totals(spec, backend)
     short: set[str] = set()  # resources already refused: one problem each
     for resource, wanted in whole_run.items():
         if wanted == 0:
@@ -307,22 +308,6 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
     )
 
 
-def kueue_pod_sets(spec: Spec) -> list[tuple[str, dict[str, Decimal]]]:
-    """The run's pod sets as Kueue places them (who, with the verb for the sentences of
-    :class:`workspaces.kueue_coverage.Gap`), each with what it asks for in all: a Job's
-    workers; a RayJob's workers, head and KubeRay's submitter (``executors.kubernetes.render`` sizes
-    them)."""
-    workers = spec.compute.workers
-    pod_sets = [(f"the {workers} worker(s) need", requested_totals(spec))]
-    if spec.run.workload_kind == "rayjob":
-        for who, fixed in (
-            ("the Ray head needs", render.head_requests(spec)),
-            ("KubeRay's submitter pod needs", render.SUBMITTER_RESOURCES),
-        ):
-            pod_sets.append((who, {r: parse_quantity(a) for r, a in fixed.items()}))
-    return pod_sets
-
-
 def _kueue_problems(
     spec: Spec,
     workspace: Workspace,
@@ -338,14 +323,14 @@ def _kueue_problems(
     only = {GPU_RESOURCE: [spec.compute.gpu_type]} if spec.compute.gpu_type else None
     problems: list[PolicyProblem] = []
     said: set[tuple[str, ...]] = set()
-    for who, wanted in kueue_pod_sets(spec):
-        for gap in pod_set_gaps(wanted, ceilings, only_flavors=only):
+    for pod_set in describing("kubernetes").pod_sets(spec):
+        for gap in pod_set_gaps(pod_set.requests, ceilings, only_flavors=only):
             if already & set(gap.resources) or (gap.flavor is None and gap.resources in said):
                 continue
             said.add(gap.resources)
             lacking = {resource for resource, _ in gap.short} or set(gap.resources)
             path = next(SPEC_PATHS[r] for r in (GPU_RESOURCE, "memory", "cpu") if r in lacking)
-            problems.append(PolicyProblem(path, gap.words(who, workspace.slug)))
+            problems.append(PolicyProblem(path, gap.words(pod_set.who, workspace.slug)))
     return problems
 
 

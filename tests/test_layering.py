@@ -110,8 +110,6 @@ def upward_imports() -> list[str]:
                 if top in OUTSIDE and (ROOT / top / "__init__.py").is_file():
                     found.append(f"{path.relative_to(ROOT)}:{line} imports {target} (outside)")
                 elif top in LAYERS and LAYERS[top] >= rank:
-                    if (module_name(path), module_of(target)) in NOT_YET_MOVED:
-                        continue  # the core's known reaches into an executor, listed below
                     found.append(f"{path.relative_to(ROOT)}:{line} imports {target} (up)")
     return found
 
@@ -195,15 +193,6 @@ EXECUTORS = ("executors.kubernetes", "executors.local")
 #: The packages of the core: they ask an executor through ``runs.backends.RunBackend``
 #: (found by ``runs.backends.registry``), never import one.
 CORE = ("runs", "workspaces", "evidence", "identity")
-#: What the core still imports of an executor, until each has an interface of its own: the
-#: Kubernetes pod sizes in the quota policy, the Kueue sync's state and "sync now" in the admin
-#: and the staff API. The list may only shrink; a new entry is a new reach of the core into an
-#: executor (and fails the layering check above, which knows of these only).
-NOT_YET_MOVED = {
-    ("runs.policy", "executors.kubernetes.render"),
-    ("workspaces.admin", "executors.kubernetes.kueue_sync"),
-    ("workspaces.api.platform", "executors.kubernetes.kueue_sync"),
-}
 
 
 def module_of(target: str) -> str:
@@ -248,14 +237,12 @@ def reaches_into_executors() -> tuple[set[tuple[str, str]], list[str]]:
 def test_the_core_asks_a_backend_and_never_imports_one() -> None:
     from_core, across = reaches_into_executors()
     assert across == [], "one executor imports another"
-    new = sorted(from_core - NOT_YET_MOVED)
-    assert new == [], "the core imports an executor: ask through runs.backends.RunBackend"
-    paid = sorted(NOT_YET_MOVED - from_core)
-    assert paid == [], "no longer imported: take these out of NOT_YET_MOVED"
+    assert sorted(from_core) == [], (
+        "the core imports an executor: ask through runs.backends.RunBackend, or announce it "
+        "(a signal) for the executor to connect in its AppConfig.ready()"
+    )
 
 
 def test_every_executor_named_exists() -> None:
     for executor in EXECUTORS:
         assert (ROOT.joinpath(*executor.split(".")) / "apps.py").is_file(), executor
-    assert {executor_of(module) for module, _ in NOT_YET_MOVED} == {None}
-    assert all(executor_of(owned) for _, owned in NOT_YET_MOVED)

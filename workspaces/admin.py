@@ -15,11 +15,11 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
-from executors.kubernetes import kueue_sync
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import format_quantity
 from workspaces import kueue_coverage
 from workspaces.admin_forms import ResourceFlavorForm, WorkspaceForm
+from workspaces.kueue_coverage import kueue_in_use
 from workspaces.models import (
     Cohort,
     KueueSync,
@@ -31,6 +31,7 @@ from workspaces.models import (
     WorkspaceBudget,
     WorkspaceQuota,
 )
+from workspaces.signals import kueue_sync_requested
 
 
 class PlatformScopeMixin:
@@ -200,19 +201,19 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             # A workspace being added has no history: its "created at" would be the moment
             # the empty form was drawn.
             return [fieldset for fieldset in fieldsets if fieldset[0] != "History"]
-        if kueue_sync.enabled():
+        if kueue_in_use():
             fieldsets.insert(-1, self.kueue_fieldset)  # type: ignore[arg-type]
         return fieldsets
 
     def get_list_display(self, request: HttpRequest) -> Any:
         columns = list(super().get_list_display(request))
-        if kueue_sync.enabled():
+        if kueue_in_use():
             columns.insert(columns.index("active"), "kueue_state")
         return columns
 
     def get_actions(self, request: HttpRequest) -> Any:
         actions = super().get_actions(request)
-        if not kueue_sync.enabled():
+        if not kueue_in_use():
             actions.pop("sync_now", None)
         return actions
 
@@ -223,13 +224,13 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        context = {**(extra_context or {}), "kueue_sync_enabled": kueue_sync.enabled()}
+        context = {**(extra_context or {}), "kueue_sync_enabled": kueue_in_use()}
         return super().change_view(request, object_id, form_url, extra_context=context)
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         """After the quota rows are saved: say at once what they leave out (Kubernetes)."""
         super().save_related(request, form, formsets, change)
-        if kueue_sync.enabled():
+        if kueue_in_use():
             for warning in kueue_coverage.quota_warnings(form.instance):
                 self.message_user(request, f"{form.instance.slug}: {warning}", messages.WARNING)
 
@@ -239,7 +240,7 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ) -> HttpResponseRedirect | None:
         workspaces = list(queryset)
         for workspace in workspaces:
-            kueue_sync.request_sync_now(workspace=workspace, by=request.user)
+            kueue_sync_requested.send(sender=Workspace, workspace=workspace, by=request.user)
         names = ", ".join(workspace.slug for workspace in workspaces)
         self.message_user(
             request, f"Kueue sync requested for {names}; it runs in seconds.", messages.SUCCESS
@@ -262,7 +263,7 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             member_count=Coalesce(Subquery(member_count), 0),
             gpu_total=_quota_total(GPU_RESOURCE),
         )
-        if kueue_sync.enabled():
+        if kueue_in_use():
             queryset = queryset.annotate(
                 **{
                     f"kueue_{field}": _latest_sync(field)
@@ -277,7 +278,7 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             for field in ("state", "synced_at", "last_error", "next_try_at", "detail")
         }
         if "kueue_state" not in workspace.__dict__:  # not from this admin's queryset
-            latest = kueue_sync.latest_sync(KueueSync.Scope.WORKSPACE, workspace.slug)
+            latest = KueueSync.latest(KueueSync.Scope.WORKSPACE, workspace.slug)
             values = {field: getattr(latest, field) if latest else None for field in values}
         return sync_state_text(
             values["state"],

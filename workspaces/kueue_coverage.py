@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Final
 
+from django.conf import settings
+
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import format_quantity
 from workspaces.models import BYTE_RESOURCES, Workspace, WorkspaceQuota
@@ -48,6 +50,12 @@ SPEC_PATHS: Final[Mapping[str, str]] = {
     "cpu": "compute.cpus",
     "memory": "compute.memory",
 }
+
+
+def kueue_in_use() -> bool:
+    """Whether Kueue admits this installation's runs: on the Kubernetes backend only (its
+    executor, ``executors.kubernetes``, keeps the Kueue objects in step with the rows)."""
+    return bool(settings.TAU_BACKEND == "kubernetes")
 
 
 def quota_ceilings(workspace: Workspace) -> dict[str, dict[str, Decimal | None]]:

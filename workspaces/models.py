@@ -791,6 +791,13 @@ class KueueSync(models.Model):
     def unfinished(self) -> bool:
         return self.state in (self.State.PENDING, self.State.WAITING)
 
+    @classmethod
+    def latest(cls, scope: str, workspace_slug: str = "") -> KueueSync | None:
+        """The newest row of a target: how its last sync went, or the one on its way."""
+        return (
+            cls.objects.filter(scope=scope, workspace_slug=workspace_slug).order_by("-pk").first()
+        )
+
 
 # Usernames are ASCII only (portal/usernames.py: no look-alikes from other scripts).
 # Installed here because every process, commands included, loads this module once the user

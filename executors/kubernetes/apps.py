@@ -9,8 +9,13 @@ class KubernetesExecutorConfig(AppConfig):
     def ready(self) -> None:
         from executors.kubernetes import kueue_cluster, kueue_sync
         from runs.selectors import live_run_count
+        from workspaces.signals import kueue_sync_requested
 
         # Every save or delete that Kueue must follow writes a sync row (on Kubernetes).
         kueue_sync.connect_triggers()
+        # The admin's "Sync with Kueue now" (tenancy announces it, this executor does it).
+        kueue_sync_requested.connect(
+            kueue_sync.request_sync_now, dispatch_uid="executors.kubernetes.sync_now"
+        )
         # Archiving a workspace removes its Kueue queues only once none of its runs is live.
         kueue_cluster.register_live_work_check(live_run_count)

@@ -67,7 +67,7 @@ from executors.kubernetes import queue as kube_queue
 from kube import Conflict, KubeClient, KubeError, NotFound
 from kube.pod_logs import read_pod_log
 from runs import run_tokens
-from runs.backends import QueuedRun, QueueReading, QuotaUse
+from runs.backends import PodSet, QueuedRun, QueueReading, QuotaUse
 from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
 from runs.logs import (
     LogChunk,
@@ -86,6 +86,7 @@ from runs.models import (
     RunAttempt,
     RunState,
 )
+from runs.policy import worker_pod_set
 from runs.state import lock_run, transition
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError, format_quantity, parse_quantity
@@ -406,6 +407,18 @@ class KubernetesBackend:
         if nodes is not None:
             problems += never_fits(spec, nodes)
         return problems
+
+    def pod_sets(self, spec: Spec) -> list[PodSet]:
+        """The workers, and for a RayJob the Ray head and KubeRay's submitter pod (their size
+        is fixed by :mod:`executors.kubernetes.render`): Kueue admits each as a pod set."""
+        pod_sets = [worker_pod_set(spec)]
+        if spec.run.workload_kind == "rayjob":
+            for who, fixed in (
+                ("the Ray head needs", render.head_requests(spec)),
+                ("KubeRay's submitter pod needs", render.SUBMITTER_RESOURCES),
+            ):
+                pod_sets.append(PodSet(who, {r: parse_quantity(a) for r, a in fixed.items()}))
+        return pod_sets
 
     def submit(self, run: Run, attempt: RunAttempt) -> None:
         spec, target = target_for(run, attempt)

@@ -79,6 +79,7 @@ from portal.outbox import (
     once_on_commit,
     unclaimed_or_lapsed,
 )
+from workspaces import kueue_coverage
 from workspaces.models import (
     Cohort,
     KueueSync,
@@ -99,7 +100,7 @@ State = KueueSync.State
 
 def enabled() -> bool:
     """Kueue objects are TauGrid's business only on the Kubernetes backend."""
-    return bool(settings.TAU_BACKEND == "kubernetes")
+    return kueue_coverage.kueue_in_use()
 
 
 # -- requesting a sync -------------------------------------------------------------------------
@@ -155,9 +156,9 @@ def publish(sync_id: int) -> None:
         logger.warning("could not enqueue Kueue sync %s (%s); the reconciler will", sync_id, exc)
 
 
-def request_sync_now(*, workspace: Workspace, by: Any) -> KueueSync:
-    """The admin's "Sync now": a sync of the workspace and the cluster-wide objects it uses,
-    audited."""
+def request_sync_now(*, workspace: Workspace, by: Any, **_signal: Any) -> KueueSync:
+    """The admin's "Sync now" (``workspaces.signals.kueue_sync_requested``): a sync of the
+    workspace and the cluster-wide objects it uses, audited."""
     with transaction.atomic():
         sync = request_sync(
             scope=Scope.WORKSPACE, workspace_slug=workspace.slug, reason="sync now (admin)"
@@ -446,12 +447,6 @@ def reconcile() -> int:
     return sum(run_sync(sync_id) for sync_id in due_syncs())
 
 
-def latest_sync(scope: str, workspace_slug: str = "") -> KueueSync | None:
-    return (
-        KueueSync.objects.filter(scope=scope, workspace_slug=workspace_slug).order_by("-pk").first()
-    )
-
-
 def check_drift() -> int:
     """Compare every target's live objects with what TauGrid renders and put back what was
     changed by hand (audited). Returns how many objects were repaired."""
@@ -483,7 +478,7 @@ def check_drift() -> int:
 
 
 def _check_one(scope: str, slug: str) -> int:
-    latest = latest_sync(scope, slug)
+    latest = KueueSync.latest(scope, slug)
     if latest is not None and latest.unfinished:
         return 0  # a sync is on its way; it will bring the target in step
     try:

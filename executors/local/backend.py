@@ -24,11 +24,11 @@ from django.db import transaction
 from executors.local.agent import admission, environments
 from executors.local.agent.health import local_executor_note
 from executors.local.agent.prepare import AttemptLayout, runs_root
-from runs.backends import QueuedRun, QueueReading, QuotaUse
+from runs.backends import PodSet, QueuedRun, QueueReading, QuotaUse
 from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
 from runs.logs import LogChunk, WholeLog, open_log_file, read_log_file
 from runs.models import RUNNING_STATES, Backend, Checkpoint, Run, RunAttempt, RunState
-from runs.policy import requested_totals
+from runs.policy import requested_totals, worker_pod_set
 from runs.state import lock_run, transition
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError
@@ -147,6 +147,10 @@ class LocalBackend:
         never = admission.never_fits(requested_totals(spec), capacity)
         problems = [(FIELD_OF[resource], message) for resource, message in never.items()]
         return unsupported_here(spec) + problems
+
+    def pod_sets(self, spec: Spec) -> list[PodSet]:
+        """The workers alone: this machine starts no Ray head or submitter pod."""
+        return [worker_pod_set(spec)]
 
     def submit(self, run: Run, attempt: RunAttempt) -> None:
         # The agent reads the queue: a run handed over is a queued run. A retried or resumed

@@ -13,7 +13,8 @@ Everything after that (admission, start, progress, the end) comes back from the 
 own supervisor (the local agent, or the Kubernetes watcher) through the run services.
 
 And it answers what the core would otherwise read from one backend's files or objects:
-what it could never do for a spec (``submission_problems``, before a run exists), an
+what it could never do for a spec (``submission_problems``, before a run exists), what it
+admits together for one (``pod_sets``: a RayJob's head too), an
 attempt's log (a piece to follow, the whole to download), where a reported checkpoint is
 and whether it still exists, how much of each workspace's quota its runs use, where its
 queued runs stand (``queue_positions``), what to warn a submitter of (``storage_warning``),
@@ -72,6 +73,15 @@ class QueueReading:
             self.unavailable = other.unavailable
 
 
+@dataclass(frozen=True)
+class PodSet:
+    """A part of a run that is admitted as a whole (Kueue's pod set): ``who`` says it in a
+    sentence ("the 2 worker(s) need"), ``requests`` what its pods ask for together."""
+
+    who: str
+    requests: dict[str, Decimal]
+
+
 class BackendUnavailable(RuntimeError):
     """The run names a backend this installation does not run."""
 
@@ -84,6 +94,12 @@ class RunBackend(Protocol):
     def submission_problems(self, spec: Spec) -> list[tuple[str, str]]:
         """(tau.yaml path, message) for what this backend could never give a run of
         ``spec``, however idle it is: such a run is refused up front."""
+        ...
+
+    def pod_sets(self, spec: Spec) -> list[PodSet]:
+        """What this backend admits together for a run of ``spec``, part by part, the
+        workers first: the amounts quotas, budgets and accounting count. Asks nothing of
+        the backend's machines."""
         ...
 
     def submit(self, run: Run, attempt: RunAttempt) -> None: ...

@@ -58,11 +58,17 @@ def readiness_note(name: str) -> dict[str, Any] | None:
     return _instance(name).readiness_note()
 
 
+def describing(name: str) -> RunBackend:
+    """The backend ``name``, only to describe what it makes of a run or a spec (the sealed
+    record, made again at every export; what it admits for a spec, also for runs of the
+    past): also where this installation no longer runs that backend, since the description
+    must not change with the installation. Ask it nothing of its machines."""
+    return _instance(name)
+
+
 def describing_backend(run: Run) -> RunBackend:
-    """The run's backend, only to describe what it made of the run (the sealed record, made
-    again at every export): also where this installation no longer runs that backend, since
-    the description must not change with the installation. Asks the backend nothing."""
-    return _instance(run.backend)
+    """The run's backend, to describe what it made of the run (:func:`describing`)."""
+    return describing(run.backend)
 
 
 def available_backends() -> list[RunBackend]:

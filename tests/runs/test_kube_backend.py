@@ -250,7 +250,7 @@ def make_place(
     Membership.objects.create(workspace=workspace, user=user, role=Role.RESEARCHER)
     while cluster_backend.syncs:
         sync_kueue(cluster_backend.syncs.pop(0))
-    found = kueue_sync.latest_sync(KueueSync.Scope.WORKSPACE, workspace.slug)
+    found = KueueSync.latest(KueueSync.Scope.WORKSPACE, workspace.slug)
     assert found is not None
     assert found.state == "synced", found.last_error
     return Place(workspace, user, flavor, cluster_backend.deliveries, uid, high, low)

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 import kube as adapter
-from executors.kubernetes import kueue_sync, render
+from executors.kubernetes import render
 from identity import tokens
 from runs.models import Run, RunAttempt
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
@@ -124,7 +124,7 @@ def test_the_cpu_example_runs_as_a_kueue_admitted_job_on_a_fake_node(
     Membership.objects.create(workspace=workspace, user=researcher, role=Role.RESEARCHER)
 
     def synced() -> bool | None:
-        row = kueue_sync.latest_sync(KueueSync.Scope.WORKSPACE, workspace.slug)
+        row = KueueSync.latest(KueueSync.Scope.WORKSPACE, workspace.slug)
         return True if row is not None and row.state == "synced" else None
 
     wait_until("the worker to sync the workspace to Kueue", synced, timeout=60)
@@ -258,7 +258,7 @@ class Team:
         self.base = f"{portal.url}/api/v1/workspaces/{self.workspace.slug}/runs/"
 
         def synced() -> bool | None:
-            row = kueue_sync.latest_sync(KueueSync.Scope.WORKSPACE, self.workspace.slug)
+            row = KueueSync.latest(KueueSync.Scope.WORKSPACE, self.workspace.slug)
             return True if row is not None and row.state == "synced" else None
 
         wait_until("the worker to sync the workspace to Kueue", synced, timeout=60)

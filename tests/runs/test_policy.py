@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from executors.kubernetes import render
-from runs.policy import PolicyRefused, apply_policy, cluster_totals, quota_ceilings
+from runs.policy import PolicyRefused, apply_policy, quota_ceilings, run_totals
+from runs.submission import SubmissionRefused, check_spec
 from tau.quantity import parse_quantity
 from tau.spec import Spec, load_spec
 from tests.runs.factories import cluster_quota
@@ -282,8 +283,9 @@ def test_a_rayjob_on_kubernetes_also_needs_room_for_its_head_and_submitter(world
     spec = spec_of(
         run={"workload_kind": "rayjob"}, compute={"cpus": 16}, runtime={"image": "ray:2"}
     )
-    assert cluster_totals(spec)["cpu"] == Decimal("18.5")  # 16 + head 2 + submitter 0.5
-    assert cluster_totals(spec)["memory"] == Decimal(2**30) + Decimal(9 * 2**30)
+    assert run_totals(spec, "kubernetes")["cpu"] == Decimal("18.5")  # 16 + head 2 + submitter 0.5
+    assert run_totals(spec, "kubernetes")["memory"] == Decimal(2**30) + Decimal(9 * 2**30)
+    assert run_totals(spec, "local")["cpu"] == Decimal(16)
     problems = refusal(spec, world.beta, backend="kubernetes")
     assert "needs 18500m cpu at once" in problems["compute.cpus"]
     # Locally there is no Ray head pod: the workers' 16 CPUs fit.
@@ -303,12 +305,20 @@ def test_secrets_need_the_kubernetes_backend(world: Any) -> None:
     assert apply_policy(spec, world.alpha, backend="kubernetes")
 
 
-def test_what_kubernetes_cannot_carry_exactly_is_refused_there(world: Any) -> None:
-    spec = spec_of(
-        run={"workload_kind": "rayjob", "args": ["a\tb"]}, runtime={"image": "ray:2.46.0"}
-    )
-    assert set(refusal(spec, world.alpha, backend="kubernetes")) == {"run.args[0]"}
-    assert apply_policy(spec, world.alpha, backend="local")
+def test_what_kubernetes_cannot_carry_exactly_is_refused_there(world: Any, settings: Any) -> None:
+    """The Kubernetes backend refuses it at submission (its ``submission_problems``), once:
+    the policy has nothing to add, and on this machine the run is taken."""
+    settings.TAU_BACKEND = "kubernetes"
+    data = copy.deepcopy(BASE)
+    data["run"].update(workload_kind="rayjob", args=["a\tb"])
+    data["runtime"] = {"image": "ray:2.46.0"}
+    source = yaml.safe_dump(data).encode()
+    with pytest.raises(SubmissionRefused) as refused:
+        check_spec(source, workspace=world.alpha, backend="kubernetes")
+    assert [problem.path for problem in refused.value.problems] == ["run.args[0]"]
+    assert "TAB" in refused.value.problems[0].message
+    assert apply_policy(load_spec(source), world.alpha, backend="kubernetes")
+    assert check_spec(source, workspace=world.alpha, backend="local")
 
 
 def test_every_problem_is_reported_at_once(world: Any, settings: Any) -> None:

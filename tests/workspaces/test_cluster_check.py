@@ -1317,7 +1317,7 @@ def test_the_workspace_sync_works_as_the_serviceaccount_bound_to_the_shipped_rol
         quota.nominal = Decimal(4)
         quota.save()
         run_published(published)
-        assert kueue_sync.latest_sync("workspace", slug).state == "synced"  # type: ignore[union-attr]
+        assert KueueSync.latest("workspace", slug).state == "synced"  # type: ignore[union-attr]
 
         # A hand edit, as `kubectl apply --server-side --force-conflicts` would make it.
         by_hand = KubeClient(new_api_client(kube_cluster.kubeconfig), field_manager="kubectl")
@@ -1336,7 +1336,7 @@ def test_the_workspace_sync_works_as_the_serviceaccount_bound_to_the_shipped_rol
         workspace.active = False
         workspace.save()
         run_published(published)
-        assert kueue_sync.latest_sync("workspace", slug).state == "synced"  # type: ignore[union-attr]
+        assert KueueSync.latest("workspace", slug).state == "synced"  # type: ignore[union-attr]
         with pytest.raises(adapter.NotFound):
             admin.get(KUEUE_API, "ClusterQueue", f"tau-{slug}")
 

@@ -178,7 +178,7 @@ def make_workspace(slug: str, flavor: ResourceFlavor, gpus: int, **fields: Any) 
 
 
 def latest(slug: str) -> KueueSync:
-    found = kueue_sync.latest_sync(KueueSync.Scope.WORKSPACE, slug)
+    found = KueueSync.latest(KueueSync.Scope.WORKSPACE, slug)
     assert found is not None, f"no sync of {slug}"
     return found
 
@@ -529,7 +529,7 @@ def test_objects_without_taugrids_label_are_never_changed_or_deleted(
     assert "taugrid" not in managers(get(kube, "Namespace", namespace))
     assert get(kube, "ClusterQueue", f"tau-{slug}") is None
     # Their flavor is used as it is.
-    cluster_sync = kueue_sync.latest_sync("cluster")
+    cluster_sync = KueueSync.latest("cluster")
     assert cluster_sync is not None
     assert cluster_sync.state == "synced"
     assert f"ResourceFlavor h100-{uid}" in cluster_sync.detail
@@ -739,7 +739,7 @@ def test_a_worker_killed_mid_sync_is_completed_by_the_next_reconcile(
 ) -> None:
     slug = f"killed-{uid}"
     make_workspace(slug, gpu_flavor(uid), 8)
-    kueue_sync.run_sync(kueue_sync.latest_sync("cluster").pk)  # type: ignore[union-attr]
+    kueue_sync.run_sync(KueueSync.latest("cluster").pk)  # type: ignore[union-attr]
     sync = latest(slug)
     marker = tmp_path / "applied"
     env = {

@@ -16,7 +16,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from executors.kubernetes import kueue_sync
 from portal.api import refusals
 from workspaces import kueue_coverage, provisioning
 from workspaces.access import token_workspace_id
@@ -143,7 +142,7 @@ class PlatformWorkspaceSerializer(WorkspaceSerializer):
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_quota_warnings(self, workspace: Workspace) -> list[str]:
-        return kueue_coverage.quota_warnings(workspace) if kueue_sync.enabled() else []
+        return kueue_coverage.quota_warnings(workspace) if kueue_coverage.kueue_in_use() else []
 
 
 def platform_answer(request: Request, workspace: Workspace) -> dict[str, Any]:
