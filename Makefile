@@ -92,12 +92,13 @@ docs: install-docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site
 
 # The whole suite in two passes: the fast tiers spread over every core, then the tiers that
-# start processes, Chromium or the control plane and the slow tests, one at a time. A pass
-# that PYTEST_ARGS leaves empty (pytest's exit 5) is fine.
+# start processes, Chromium or the control plane and the slow tests, in two lanes at once
+# (deploy/dev/test_lanes.py: the cluster tier one test at a time, the rest over two workers).
+# A pass that PYTEST_ARGS leaves empty (pytest's exit 5) is fine.
 NONE_SELECTED_IS_FINE := rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
 pytest: install-dev
 	$(VENV)/bin/pytest $(PARALLEL) -m "$(FAST_TIERS)" $(PYTEST_ARGS); $(NONE_SELECTED_IS_FINE)
-	$(VENV)/bin/pytest -m "not ($(FAST_TIERS))" $(PYTEST_ARGS); $(NONE_SELECTED_IS_FINE)
+	$(PYTHON) deploy/dev/test_lanes.py --besides "$(FAST_TIERS)" -- $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # A few minutes of fuzzing the tau.yaml checker (not part of make test).
 fuzz: install-dev

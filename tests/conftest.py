@@ -33,6 +33,25 @@ pytest_plugins = [
 _MINUTES = itertools.count()
 #: Under pytest-xdist each worker (gw0, gw1, …) counts its windows in a range of its own.
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+#: ``make test`` runs the cluster tier in a session of its own beside the others (its lane,
+#: deploy/dev/test_lanes.py), on the same PostgreSQL and Redis: a lane has test databases of
+#: its own, and a Redis database of its own (set by the script) for the cache and Celery.
+LANE = os.environ.get("TAU_TEST_LANE", "")
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """pytest-django's names (``test_taugrid``, ``_gw0`` under xdist), with the lane's name."""
+    if not LANE:
+        return
+    from django.conf import settings as django_settings
+
+    databases: dict[str, dict[str, Any]] = django_settings.DATABASES
+    for database in databases.values():
+        if database["ENGINE"] == "django.db.backends.sqlite3":
+            continue
+        test: dict[str, Any] = database.setdefault("TEST", {})
+        test["NAME"] = f"{test.get('NAME') or 'test_' + database['NAME']}_{LANE}"
 
 
 @pytest.fixture(autouse=True)

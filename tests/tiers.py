@@ -44,8 +44,6 @@ def tier_of(item: pytest.Item) -> str:
     return "unit"
 
 
-# First: pytest-xdist reads the groups in its own pytest_collection_modifyitems.
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item)
@@ -53,16 +51,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.user_properties.append(("tier", tier))
         if item.get_closest_marker(tier) is None:
             item.add_marker(getattr(pytest.mark, tier))
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group_of(item, tier)))
-
-
-def group_of(item: pytest.Item, tier: str) -> str:
-    """The pytest-xdist group a test runs in under ``--dist loadgroup`` (the second pass of
-    ``make test``): every cluster test in one (they share the one control plane, its nodes'
-    GPUs and its cluster-wide objects, so one worker runs them one after another), every
-    other test with the rest of its module (the module's fixtures are set up once)."""
-    return "cluster" if tier == "cluster" else item.nodeid.split("::", 1)[0]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
