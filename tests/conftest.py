@@ -6,6 +6,7 @@ import itertools
 import os
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from portal import rate_limits
+from tests.scripts import load_script
 from workspaces.models import (
     Cohort,
     Membership,
@@ -37,6 +39,48 @@ _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or
 #: deploy/dev/test_lanes.py), on the same PostgreSQL and Redis: a lane has test databases of
 #: its own, and a Redis database of its own (set by the script) for the cache and Celery.
 LANE = os.environ.get("TAU_TEST_LANE", "")
+lanes = load_script(
+    Path(__file__).resolve().parents[1] / "deploy" / "dev" / "test_lanes.py", "taugrid_test_lanes"
+)
+#: The Redis databases xdist workers get (Redis has 16: 0 and 1 are taken).
+FIRST_WORKER_DATABASE = 2
+WORKER_DATABASES = 14
+
+
+def worker_database(broker: str, worker: str) -> str:
+    """The Redis URL of pytest-xdist worker ``worker`` (``gw0`` …), for the session's
+    ``broker``: database 2 for gw0, 3 for gw1, … (0 is the session's, 1 the cluster lane's).
+    Any other broker unchanged."""
+    number = FIRST_WORKER_DATABASE + int(worker.removeprefix("gw")) % WORKER_DATABASES
+    own: str = lanes.in_database(broker, number)
+    return own
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, a Redis database for each worker (:func:`worker_database`):
+    Celery's queues are per database, so the portal processes a test starts on the session's
+    broker never run another worker's tasks (against another test database, where their rows
+    do not exist), and the cache is the worker's own too."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    from django.conf import settings as django_settings
+
+    from portal.celery import app
+
+    broker = django_settings.CELERY_BROKER_URL
+    own = worker_database(broker, worker)
+    if own == broker:
+        return
+    cache = django_settings.CACHES["default"]
+    if cache.get("LOCATION") == broker:
+        cache["LOCATION"] = own
+    django_settings.CELERY_BROKER_URL = own
+    app.conf.update(broker_url=own)
+    # Celery reads the variable before its settings; programs the tests start inherit it.
+    for variable in lanes.REDIS_SETTINGS:
+        if os.environ.get(variable) == broker:
+            os.environ[variable] = own
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ nothing of the first pass in either, and the pass fails when either lane fails."
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,3 +97,22 @@ def test_only_a_redis_url_gets_the_lanes_database() -> None:
     assert lanes.in_database("redis://:pw@127.0.0.1:1/0", 1) == "redis://:pw@127.0.0.1:1/1"
     assert lanes.in_database("rediss://h:6380", 1) == "rediss://h:6380/1"
     assert lanes.in_database("filesystem://", 1) == "filesystem://"
+
+
+def test_each_xdist_worker_has_a_redis_database_of_its_own(settings: Any) -> None:
+    """tests/conftest.py: the portal processes one worker's tests start take no task of
+    another worker's (Celery's queues are per Redis database)."""
+    from portal.celery import app
+    from tests.conftest import worker_database
+
+    broker = "redis://default:pw@127.0.0.1:6390/0"
+    assert worker_database(broker, "gw0") == "redis://default:pw@127.0.0.1:6390/2"
+    assert worker_database(broker, "gw1") == "redis://default:pw@127.0.0.1:6390/3"
+    assert worker_database(broker, "gw14") == "redis://default:pw@127.0.0.1:6390/2"
+    assert worker_database("filesystem://", "gw1") == "filesystem://"
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and settings.CELERY_BROKER_URL.startswith("redis"):  # so under make test
+        number = int(settings.CELERY_BROKER_URL.rsplit("/", 1)[1])
+        assert number == 2 + int(worker.removeprefix("gw")) % 14
+        assert app.conf.broker_url == settings.CELERY_BROKER_URL
+        assert settings.CACHES["default"]["LOCATION"] == settings.CELERY_BROKER_URL
