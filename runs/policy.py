@@ -161,8 +161,12 @@ def run_totals(spec: Spec, backend: str) -> dict[str, Decimal]:
     """What ``backend`` admits together for the run (:meth:`RunBackend.pod_sets
     <runs.backends.RunBackend.pod_sets>`): locally the workers; on Kubernetes a RayJob's Ray
     head and KubeRay's submitter pod as well."""
+    return _summed(describing(backend).pod_sets(spec))
+
+
+def _summed(pod_sets: Iterable[PodSet]) -> dict[str, Decimal]:
     totals: dict[str, Decimal] = {}
-    for pod_set in describing(backend).pod_sets(spec):
+    for pod_set in pod_sets:
         for resource, amount in pod_set.requests.items():
             totals[resource] = totals.get(resource, Decimal(0)) + amount
     return totals
@@ -251,7 +255,8 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
             )
         )
     workers = requested_totals(spec)
-    whole_run = run_totals(spec, backend)
+    pod_sets = describing(backend).pod_sets(spec)
+    whole_run = _summed(pod_sets)
     short: set[str] = set()  # resources already refused: one problem each
     for resource, wanted in whole_run.items():
         if wanted == 0:
@@ -296,7 +301,7 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
                 )
             )
     if backend == "kubernetes":
-        problems += _kueue_problems(spec, workspace, ceilings, already=short)
+        problems += _kueue_problems(spec, pod_sets, workspace, ceilings, already=short)
     if problems:
         raise PolicyRefused(problems)
     runtime = dataclasses.replace(spec.runtime, image=image)
@@ -310,6 +315,7 @@ def apply_policy(spec: Spec, workspace: Workspace, *, backend: str) -> Placement
 
 def _kueue_problems(
     spec: Spec,
+    pod_sets: Iterable[PodSet],
     workspace: Workspace,
     ceilings: Mapping[str, Mapping[str, Decimal | None]],
     *,
@@ -323,7 +329,7 @@ def _kueue_problems(
     only = {GPU_RESOURCE: [spec.compute.gpu_type]} if spec.compute.gpu_type else None
     problems: list[PolicyProblem] = []
     said: set[tuple[str, ...]] = set()
-    for pod_set in describing("kubernetes").pod_sets(spec):
+    for pod_set in pod_sets:
         for gap in pod_set_gaps(pod_set.requests, ceilings, only_flavors=only):
             if already & set(gap.resources) or (gap.flavor is None and gap.resources in said):
                 continue

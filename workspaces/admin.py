@@ -19,7 +19,6 @@ from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import format_quantity
 from workspaces import kueue_coverage
 from workspaces.admin_forms import ResourceFlavorForm, WorkspaceForm
-from workspaces.kueue_coverage import kueue_in_use
 from workspaces.models import (
     Cohort,
     KueueSync,
@@ -201,19 +200,19 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             # A workspace being added has no history: its "created at" would be the moment
             # the empty form was drawn.
             return [fieldset for fieldset in fieldsets if fieldset[0] != "History"]
-        if kueue_in_use():
+        if kueue_coverage.kueue_in_use():
             fieldsets.insert(-1, self.kueue_fieldset)  # type: ignore[arg-type]
         return fieldsets
 
     def get_list_display(self, request: HttpRequest) -> Any:
         columns = list(super().get_list_display(request))
-        if kueue_in_use():
+        if kueue_coverage.kueue_in_use():
             columns.insert(columns.index("active"), "kueue_state")
         return columns
 
     def get_actions(self, request: HttpRequest) -> Any:
         actions = super().get_actions(request)
-        if not kueue_in_use():
+        if not kueue_coverage.kueue_in_use():
             actions.pop("sync_now", None)
         return actions
 
@@ -224,13 +223,13 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        context = {**(extra_context or {}), "kueue_sync_enabled": kueue_in_use()}
+        context = {**(extra_context or {}), "kueue_sync_enabled": kueue_coverage.kueue_in_use()}
         return super().change_view(request, object_id, form_url, extra_context=context)
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         """After the quota rows are saved: say at once what they leave out (Kubernetes)."""
         super().save_related(request, form, formsets, change)
-        if kueue_in_use():
+        if kueue_coverage.kueue_in_use():
             for warning in kueue_coverage.quota_warnings(form.instance):
                 self.message_user(request, f"{form.instance.slug}: {warning}", messages.WARNING)
 
@@ -263,7 +262,7 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             member_count=Coalesce(Subquery(member_count), 0),
             gpu_total=_quota_total(GPU_RESOURCE),
         )
-        if kueue_in_use():
+        if kueue_coverage.kueue_in_use():
             queryset = queryset.annotate(
                 **{
                     f"kueue_{field}": _latest_sync(field)
