@@ -32,7 +32,12 @@ plays the submitter's part for every RayJob, with the Ray head deploy/dev/ray_he
    command for real;
 4. the Ray job's log becomes the submitter pod's log, as the real submitter tails it: a KWOK
    ``Logs`` object per submitter pod names a file (CRI format) this process keeps up to date
-   until the Ray job has ended, so the run page shows the driver's log.
+   until the Ray job has ended, so the run page shows the driver's log;
+5. once the Ray job has ended and its whole log is in that file, each submitter pod is
+   annotated ``taugrid.io/test-ray-ended: "true"``, and KWOK ends it (stage
+   ``pod-complete-ray-submitter``, deploy/cluster/kwok/stages.yaml), as ``ray job submit``
+   exits when its job has: KubeRay, which waits for the submitter Job, cannot end the RayJob
+   (and TauGrid keep its log) before the log is whole.
 
 Standard library only, besides deploy/cluster/controlplane.py's API client and
 deploy/dev/ray_head.py. SIGTERM stops the head and then this process.
@@ -91,6 +96,8 @@ SUBMITTER_CONTAINER: Final = "ray-job-submitter"
 #: to KubeRay alone, as on a cluster without this stand-in.
 TAUGRID_RAYJOBS: Final = "app.kubernetes.io/managed-by=taugrid"
 KWOK_API: Final = "kwok.x-k8s.io/v1alpha1"
+#: What lets KWOK end a submitter pod (deploy/cluster/kwok/stages.yaml).
+RAY_ENDED_ANNOTATION: Final = "taugrid.io/test-ray-ended"
 READY_FILE: Final = "ready"
 TERMINAL: Final = ray_head.TERMINAL_STATUSES
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
@@ -176,7 +183,8 @@ class Submitted:
     job_id: str
     plan: Plan
     log_file: Path
-    pods: set[str] = field(default_factory=set)
+    pods: set[str] = field(default_factory=set)  # those with a Logs object
+    released: set[str] = field(default_factory=set)  # those told the Ray job has ended
     ended_at: float | None = None  # when its Ray job was first seen ended (monotonic)
     finished: bool = False
 
@@ -264,10 +272,13 @@ class Submitter:
         partial.replace(submitted.log_file)
         self._logs_objects(submitted)
         if info is not None and info.get("status") in TERMINAL:
+            # The log just written was read after Ray said the job had ended: it is whole.
             now = time.monotonic()
             submitted.ended_at = submitted.ended_at or now
-            # Done once its pods have the log, or a minute on if none ever came.
-            submitted.finished = bool(submitted.pods) or now - submitted.ended_at > 60
+            self._release(submitted)
+            # Done once its pods have the log and were let go, or a minute on if none came.
+            released = bool(submitted.pods) and submitted.released >= submitted.pods
+            submitted.finished = released or now - submitted.ended_at > 60
 
     def _logs_objects(self, submitted: Submitted) -> None:
         """A KWOK ``Logs`` object for each submitter pod (the Job KubeRay names like the
@@ -305,6 +316,19 @@ class Submitter:
             )
             if created in {200, 201, 409}:
                 submitted.pods.add(name)
+
+    def _release(self, submitted: Submitted) -> None:
+        """Step 5 of the module docstring: let KWOK end the submitter pods."""
+        for name in sorted(submitted.pods - submitted.released):
+            status, _ = self.kube.request(
+                "PATCH",
+                f"/api/v1/namespaces/{submitted.namespace}/pods/{name}",
+                {"metadata": {"annotations": {RAY_ENDED_ANNOTATION: "true"}}},
+                content_type="application/merge-patch+json",
+                timeout=10,
+            )
+            if status in {200, 404}:  # a pod that is gone needs nothing more
+                submitted.released.add(name)
 
 
 def record_head_pid(state: Path, head: Any) -> None:

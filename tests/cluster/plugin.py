@@ -299,6 +299,27 @@ class Kube:
         result: dict[str, Any] = self.cluster.dynamic().request("GET", path).to_dict()
         return result
 
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        body: dict[str, Any],
+    ) -> dict[str, Any]:
+        """A JSON merge patch of one object."""
+        patched: dict[str, Any] = (
+            self.cluster.resource(api_version, kind)
+            .patch(
+                name=name,
+                namespace=namespace,
+                body=body,
+                content_type="application/merge-patch+json",
+            )
+            .to_dict()
+        )
+        return patched
+
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
         from kubernetes.dynamic.exceptions import NotFoundError
 

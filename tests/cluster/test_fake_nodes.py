@@ -3,7 +3,8 @@
 The nodes come from deploy/cluster/nodes/ (pools gpu-h100 and cpu) and KWOK plays the Stages of
 deploy/cluster/kwok/stages.yaml on them: a bound pod becomes Running and Ready; a Job's pod
 succeeds after `taugrid.io/test-duration`; `taugrid.io/test-exit-code` and `taugrid.io/test-oom`
-make a pod fail; a deleted pod goes away. KWOK's server is every node's kubelet endpoint, so
+make a pod fail; a RayJob's submitter pod runs until `taugrid.io/test-ray-ended`; a deleted
+pod goes away. KWOK's server is every node's kubelet endpoint, so
 pods/log works through the apiserver from a file the test writes (a KWOK `Logs` object).
 
 Each test owns its namespace (random suffix). Waits poll with timeouts; nothing sleeps blindly.
@@ -36,6 +37,8 @@ from tests.cluster.plugin import Kube, KubeCluster, wait_until
 pytestmark = pytest.mark.cluster
 
 POOL_LABEL = "taugrid.io/node-pool"
+COMPONENT_LABEL = "taugrid.io/component"
+RAY_ENDED = "taugrid.io/test-ray-ended"  # deploy/cluster/ray_submitter.py
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_API = "kwok.x-k8s.io/v1alpha1"
 
@@ -297,6 +300,40 @@ def test_annotated_pods_fail_with_the_exit_code_or_oomkilled(kube: Kube) -> None
     state = terminated(oom)
     assert (state["exitCode"], state["reason"]) == (137, "OOMKilled"), state
     assert not is_true(oom, "Ready")
+
+
+def test_a_rayjob_submitter_pod_runs_until_told_its_ray_job_has_ended(kube: Kube) -> None:
+    """A TauGrid RayJob's submitter pod (``taugrid.io/component: submitter``) does not end
+    after the default 2 s: like ``ray job submit``, it runs until its Ray job has ended, which
+    deploy/cluster/ray_submitter.py says with ``taugrid.io/test-ray-ended`` once the job's
+    whole log is the pod's; then it succeeds at once (stage ``pod-complete-ray-submitter``)."""
+    namespace = kube.namespace("fn-submitter")
+    submitter = batch_job("submitter", namespace, None, backoff_limit=0)
+    submitter["spec"]["template"]["metadata"]["labels"] = {COMPONENT_LABEL: "submitter"}
+    kube.create(submitter)
+    kube.create(batch_job("plain", namespace, None, backoff_limit=0))
+
+    def job_pod(job: str) -> dict[str, Any] | None:
+        found = kube.list("v1", "Pod", namespace, f"job-name={job}")
+        return found[0] if found else None
+
+    def pod_in(job: str, phase: str) -> dict[str, Any] | None:
+        found = job_pod(job)
+        return found if found and (found.get("status") or {}).get("phase") == phase else None
+
+    held = wait_until("the submitter pod to be Running", lambda: pod_in("submitter", "Running"))
+    # The Job's pod beside it, started with it, ends after the default duration; the
+    # submitter's does not.
+    wait_until("the plain Job's pod to succeed", lambda: pod_in("plain", "Succeeded"))
+    name = held["metadata"]["name"]
+    assert phase_of(kube, name, namespace) == "Running"
+
+    kube.patch("v1", "Pod", name, namespace, {"metadata": {"annotations": {RAY_ENDED: "true"}}})
+    done = wait_until(
+        "the released submitter pod to succeed", lambda: pod_in("submitter", "Succeeded")
+    )
+    state = terminated(done)
+    assert (state["exitCode"], state["reason"]) == (0, "Completed"), state
 
 
 # ---------------------------------------------------------------------------------------------
