@@ -53,9 +53,11 @@ run: install
 	@$(PYTHON) manage.py runportal --port $(PORT)
 
 # The suite's own PostgreSQL and Redis are started (and removed) around everything else.
-# The Kubernetes control plane is built first (cached; minutes when cold) with its progress
-# visible; the tests that need it start it themselves.
-test: install-dev test-tools cluster-build
+# The Kubernetes control plane is built (cached; a new machine's longest step) in the lane of
+# the tests that need it, beside the others (the pytest target); they start it themselves.
+# helm and Dex, which tests in the other lane run, are built first (cached; minutes when cold).
+test: install-dev test-tools
+	$(PYTHON) $(CLUSTER_TOOL) build helm dex
 	$(PYTHON) deploy/dev/test_services.py run -- $(MAKE) --no-print-directory check-all
 
 # The edit-test loop: the unit and db tiers (tests/tiers.py) without the slow ones, on the
@@ -91,14 +93,13 @@ migrations-check: install-dev
 docs: install-docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site
 
-# The whole suite in two passes: the fast tiers spread over every core, then the tiers that
-# start processes, Chromium or the control plane and the slow tests, in two lanes at once
-# (deploy/dev/test_lanes.py: the cluster tier one test at a time, the rest over two workers).
-# A pass that PYTEST_ARGS leaves empty (pytest's exit 5) is fine.
-NONE_SELECTED_IS_FINE := rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
+# The whole suite in two lanes at once (deploy/dev/test_lanes.py): the control plane's build
+# (cached) and then the cluster tier one test at a time; beside them, the fast tiers spread over
+# every core, then the tiers that start processes or Chromium and the slow tests over two
+# workers. A pass that PYTEST_ARGS leaves empty (pytest's exit 5) is fine.
 pytest: install-dev
-	$(VENV)/bin/pytest $(PARALLEL) -m "$(FAST_TIERS)" $(PYTEST_ARGS); $(NONE_SELECTED_IS_FINE)
-	$(PYTHON) deploy/dev/test_lanes.py --besides "$(FAST_TIERS)" -- $(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(PYTHON) deploy/dev/test_lanes.py --fast "$(FAST_TIERS)" \
+		--cluster-build "$(PYTHON) $(CLUSTER_TOOL) build" -- $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # A few minutes of fuzzing the tau.yaml checker (not part of make test).
 fuzz: install-dev

@@ -1,6 +1,7 @@
-"""make test's second pass (deploy/dev/test_lanes.py): the cluster tier in a lane of its own,
-with its own test databases and Redis database, beside every other test over xdist workers;
-nothing of the first pass in either, and the pass fails when either lane fails."""
+"""make test's lanes (deploy/dev/test_lanes.py): the control plane's build and then the cluster
+tier in a lane of their own, with their own test databases and Redis database; beside them the
+fast tiers over every core, then every other test over xdist workers; no test in two passes,
+and the run fails when any pass (or the build) fails."""
 
 from __future__ import annotations
 
@@ -17,24 +18,27 @@ from tests.scripts import load_script
 ROOT = Path(__file__).resolve().parents[1]
 lanes = load_script(ROOT / "deploy" / "dev" / "test_lanes.py", "taugrid_test_lanes")
 
-#: Stands in for pytest: records how it was called, exits with the code asked for its lane.
-FAKE_PYTEST = """
-import json, os, sys
+#: Stands in for pytest and for the build: records how it was called and when, and exits with
+#: the code asked for its pass.
+FAKE = """
+import json, os, sys, time
 args = sys.argv[1:]
-lane = "cluster" if "-n" not in args else "others"
+name = "build" if args[:1] == ["build"] else os.environ.get("TAU_TEST_LANE", "?")
+started = time.time()
+if name == "build":
+    time.sleep(float(os.environ.get("BUILD_SECONDS", "0")))
 with open(os.environ["CALLS"], "a") as calls:
-    calls.write(json.dumps({"lane": lane, "args": args, "env": {
-        key: os.environ.get(key) for key in ("TAU_TEST_LANE", "REDIS_URL", "CELERY_BROKER_URL")
-    }}) + "\\n")
-print(f"{lane} says hello")
-sys.exit(int(os.environ.get(f"EXIT_{lane.upper()}", "0")))
+    calls.write(json.dumps({"pass": name, "args": args, "started": started, "ended": time.time(),
+        "env": {key: os.environ.get(key) for key in ("REDIS_URL", "CELERY_BROKER_URL")}}) + "\\n")
+print(f"{name} says hello")
+sys.exit(int(os.environ.get(f"EXIT_{name.upper()}", "0")))
 """
 
 
 @pytest.fixture
-def fake_pytest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    script = tmp_path / "fake_pytest.py"
-    script.write_text(FAKE_PYTEST)
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    script = tmp_path / "fake.py"
+    script.write_text(FAKE)
     monkeypatch.setenv("CALLS", str(tmp_path / "calls.jsonl"))
     monkeypatch.setenv("REDIS_URL", "redis://default:secret@127.0.0.1:6390/0")
     monkeypatch.setenv("CELERY_BROKER_URL", "redis://default:secret@127.0.0.1:6390/0")
@@ -46,33 +50,57 @@ def fake_pytest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def calls(tmp_path: Path) -> dict[str, dict[str, Any]]:
     lines = (tmp_path / "calls.jsonl").read_text().splitlines()
-    return {call["lane"]: call for call in map(json.loads, lines)}
+    return {call["pass"]: call for call in map(json.loads, lines)}
+
+
+def run_lanes(fake: list[str], *pytest_args: str) -> int:
+    build = " ".join([*fake, "build"])
+    code: int = lanes.main(
+        ["--fast", "unit or db", "--cluster-build", build, "--", *fake, *pytest_args]
+    )
+    return code
+
+
+def selection(call: dict[str, Any]) -> str:
+    return str(call["args"][call["args"].index("-m") + 1])
 
 
 @pytest.mark.slow
-def test_the_cluster_tier_runs_in_its_own_lane_beside_the_others(
-    fake_pytest: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_the_cluster_tier_runs_after_the_build_beside_the_others(
+    fake: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = lanes.main(["--besides", "unit or db", "--", *fake_pytest, "tests/runs", "-x"])
-    assert code == 0
+    monkeypatch.setenv("BUILD_SECONDS", "2")
+    assert run_lanes(fake, "tests/runs", "-x") == 0
     made = calls(tmp_path)
-    cluster, others = made["cluster"], made["others"]
-    # What each lane selects: the cluster tier there, everything else here, the first
-    # pass's tests in neither; the arguments given are passed on to both.
-    assert cluster["args"][:2] == ["tests/runs", "-x"]
-    assert cluster["args"][cluster["args"].index("-m") + 1] == "cluster and not (unit or db)"
-    assert others["args"][others["args"].index("-m") + 1] == "not cluster and not (unit or db)"
+    build, cluster, fast, others = made["build"], made["cluster"], made["fast"], made["others"]
+    # What each pass selects: the fast tiers first, the cluster tier in its lane, everything
+    # else after the fast ones; the arguments given are passed on to every pass.
+    for call in (cluster, fast, others):
+        assert call["args"][:2] == ["tests/runs", "-x"]
+    assert selection(fast) == "unit or db"
+    assert fast["args"][fast["args"].index("-n") + 1] == "auto"
+    assert selection(cluster) == "cluster and not (unit or db)"
+    assert "-n" not in cluster["args"]  # one test after another
+    assert selection(others) == "not cluster and not (unit or db)"
     assert others["args"][others["args"].index("-n") + 1] == "2"
-    # The cluster lane's own test databases (tests/conftest.py) and Redis database.
-    assert cluster["env"]["TAU_TEST_LANE"] == "cluster"
+    # The build, then the cluster tier; the fast pass did not wait for the build.
+    assert build["ended"] <= cluster["started"]
+    assert fast["started"] < build["ended"]
+    assert fast["ended"] <= others["started"]
+    # The cluster lane's own Redis database (its test databases: TAU_TEST_LANE, conftest.py).
     assert cluster["env"]["REDIS_URL"] == "redis://default:secret@127.0.0.1:6390/1"
     assert cluster["env"]["CELERY_BROKER_URL"] == "redis://default:secret@127.0.0.1:6390/1"
-    assert others["env"]["TAU_TEST_LANE"] == "others"
     assert others["env"]["REDIS_URL"] == "redis://default:secret@127.0.0.1:6390/0"
-    # The cluster lane's output is kept, and shown after the other lane's.
+    # The cluster lane's output is kept, and shown after the others' (the build's, which
+    # passed, only in its file).
     assert (tmp_path / "lanes" / "cluster.log").read_text() == "cluster says hello\n"
+    assert (tmp_path / "lanes" / "cluster-build.log").read_text() == "build says hello\n"
     shown = capsys.readouterr().out
     assert "cluster says hello" in shown
+    assert "build says hello" not in shown
 
 
 @pytest.mark.slow
@@ -81,16 +109,33 @@ def test_the_cluster_tier_runs_in_its_own_lane_beside_the_others(
     [
         ({"EXIT_CLUSTER": "1"}, 1),
         ({"EXIT_OTHERS": "2"}, 2),
-        ({"EXIT_OTHERS": "5", "EXIT_CLUSTER": "5"}, 0),  # nothing selected in either: fine
+        ({"EXIT_FAST": "3"}, 3),
+        ({"EXIT_BUILD": "4"}, 4),
+        ({"EXIT_OTHERS": "5", "EXIT_CLUSTER": "5", "EXIT_FAST": "5"}, 0),  # nothing selected
         ({"EXIT_OTHERS": "5", "EXIT_CLUSTER": "1"}, 1),
     ],
 )
-def test_the_pass_fails_when_either_lane_fails(
-    fake_pytest: list[str], monkeypatch: pytest.MonkeyPatch, exits: dict[str, str], expected: int
+def test_the_run_fails_when_any_pass_fails(
+    fake: list[str], monkeypatch: pytest.MonkeyPatch, exits: dict[str, str], expected: int
 ) -> None:
     for name, value in exits.items():
         monkeypatch.setenv(name, value)
-    assert lanes.main(["--besides", "unit", "--", *fake_pytest]) == expected
+    assert run_lanes(fake) == expected
+
+
+@pytest.mark.slow
+def test_a_failed_build_is_shown_and_no_cluster_test_runs(
+    fake: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("EXIT_BUILD", "1")
+    assert run_lanes(fake) == 1
+    assert set(calls(tmp_path)) == {"build", "fast", "others"}
+    shown = capsys.readouterr().out
+    assert "build says hello" in shown
+    assert "cluster: exit 1 in the control plane's build" in shown
 
 
 def test_only_a_redis_url_gets_the_lanes_database() -> None:

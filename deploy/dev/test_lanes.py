@@ -1,30 +1,35 @@
 #!/usr/bin/env python3
-"""The second pass of ``make test``: the tests that start processes, Chromium or the control
-plane, in two lanes at once, on the suite's PostgreSQL and Redis (deploy/dev/test_services.py).
+"""``make test``'s tests, in lanes, on the suite's PostgreSQL and Redis
+(deploy/dev/test_services.py).
 
-    python deploy/dev/test_lanes.py --besides "(unit or db) and not slow" -- .venv/bin/pytest [ARGS]
+    python deploy/dev/test_lanes.py --fast "(unit or db) and not slow" \
+        [--cluster-build "python deploy/cluster/controlplane.py build"] -- .venv/bin/pytest [ARGS]
 
-- ``cluster``: the cluster tier, one test after another in one pytest session: its tests
-  share the one control plane, its nodes' GPUs and its cluster-wide objects. It runs with
-  ``TAU_TEST_LANE=cluster`` (test databases of its own, tests/conftest.py) and Redis database
-  1 (a cache and Celery queues of its own). Its output is kept in var/test-lanes/cluster.log
-  and printed once the other lane has ended.
-- ``others``: every other test, over pytest-xdist workers (a database each), printed live,
-  with ``TAU_TEST_LANE=others``.
+- ``cluster``: first the control plane's build, if ``--cluster-build`` gives its command
+  (cached: seconds when warm; on a new machine most of the time ``make test`` takes), then the
+  cluster tier, one test after another in one pytest session: its tests share the one control
+  plane, its nodes' GPUs and its cluster-wide objects. It runs with ``TAU_TEST_LANE=cluster``
+  (test databases of its own, tests/conftest.py) and Redis database 1 (a cache and Celery
+  queues of its own). Its output is kept in var/test-lanes/cluster-build.log and
+  var/test-lanes/cluster.log, and printed once the other lane has ended.
+- beside it, printed live: first the ``--fast`` tests over every core (pytest-xdist, a
+  database each), then every other test over ``--workers`` xdist workers, with
+  ``TAU_TEST_LANE=others``.
 
-Most of these tests wait (for a portal to start, a run to end, Kueue to admit), so on a
-2-core machine the two lanes together take little longer than the longer one alone. The tests
-``--besides`` selects (the first pass's) are left out of both. Exit status: 0 when both lanes
-passed or had nothing to run (pytest's 5), else the first failing lane's. Standard library
-only.
+Most of the tests besides the fast ones wait (for a portal to start, a run to end, Kueue to
+admit), and so does a cold build's download; so on a 2-core machine the lanes together take
+little longer than the longer one alone. Exit status: 0 when every pass passed or had nothing
+to run (pytest's 5), else the first failing one's. Standard library only.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -57,10 +62,67 @@ def outcome(code: int) -> int:
     return 0 if code == NOTHING_SELECTED else code
 
 
+class ClusterLane(threading.Thread):
+    """The cluster lane: the build (when there is one), then the cluster tier's pytest."""
+
+    def __init__(self, build: list[str], pytest: list[str]) -> None:
+        super().__init__(name="cluster-lane", daemon=True)
+        self.build = build
+        self.pytest = pytest
+        self.code: int | None = None
+        self.failed_in = ""
+        self.took = 0.0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            for step, command, log in (
+                ("the control plane's build", self.build, LOGS / "cluster-build.log"),
+                ("the cluster tier", self.pytest, LOGS / "cluster.log"),
+            ):
+                if not command or self.stopping.is_set():
+                    continue
+                with log.open("wb") as output:
+                    self.process = subprocess.Popen(  # noqa: S603 - the make target's own
+                        command,
+                        cwd=ROOT,
+                        env=lane_environment("cluster", 1),
+                        stdout=output,
+                        stderr=subprocess.STDOUT,
+                    )
+                    code = self.process.wait()
+                if code if command is self.build else outcome(code):
+                    self.code, self.failed_in = code, step
+                    return
+            self.code = 0
+        finally:
+            self.took = time.monotonic() - started
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+        self.join()
+
+
+def show(path: Path) -> None:
+    if path.exists():
+        print(f"\n[test-lanes] {path.relative_to(ROOT)}:\n", flush=True)
+        sys.stdout.buffer.write(path.read_bytes())
+        sys.stdout.flush()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--besides", required=True, help="marker expression of the tests to leave out"
+        "--fast", required=True, help="marker expression of the tests run first, over every core"
+    )
+    parser.add_argument(
+        "--cluster-build",
+        default="",
+        help="the command that builds the control plane (a shell line)",
     )
     parser.add_argument("--workers", default="2", help="pytest-xdist workers of the other lane")
     parser.add_argument("pytest", nargs=argparse.REMAINDER, help="-- PYTEST [ARGS...]")
@@ -68,57 +130,54 @@ def main(argv: list[str]) -> int:
     command = options.pytest[1:] if options.pytest[:1] == ["--"] else options.pytest
     if not command:
         parser.error("give the pytest command after --")
-    besides = f"({options.besides})"
+    fast = f"({options.fast})"
 
     LOGS.mkdir(parents=True, exist_ok=True)
-    cluster_log_path = LOGS / "cluster.log"
+    for old in ("cluster-build.log", "cluster.log"):
+        (LOGS / old).unlink(missing_ok=True)
     started = time.monotonic()
-    with cluster_log_path.open("wb") as cluster_log:
-        cluster = subprocess.Popen(  # noqa: S603 - the make target's own pytest
-            [*command, "-m", f"cluster and not {besides}", "-p", "no:cacheprovider"],
-            cwd=ROOT,
-            env=lane_environment("cluster", 1),
-            stdout=cluster_log,
-            stderr=subprocess.STDOUT,
-        )
-        print(
-            f"[test-lanes] the cluster tier runs beside this (pid {cluster.pid}); its output: "
-            f"{cluster_log_path.relative_to(ROOT)}",
-            flush=True,
-        )
-        try:
-            others = subprocess.run(  # noqa: S603 - the make target's own pytest
-                [
-                    *command,
-                    "-m",
-                    f"not cluster and not {besides}",
-                    "-n",
-                    options.workers,
-                    "--dist",
-                    "loadscope",
-                ],
+    cluster = ClusterLane(
+        shlex.split(options.cluster_build),
+        [*command, "-m", f"cluster and not {fast}", "-p", "no:cacheprovider"],
+    )
+    cluster.start()
+    building = " after the control plane's build" if options.cluster_build else ""
+    print(
+        f"[test-lanes] the cluster tier runs beside this{building}; its output: "
+        f"{(LOGS / 'cluster.log').relative_to(ROOT)}",
+        flush=True,
+    )
+    passes: dict[str, int] = {}
+    try:
+        for name, selection, workers in (
+            ("fast", options.fast, "auto"),
+            ("others", f"not cluster and not {fast}", options.workers),
+        ):
+            passes[name] = subprocess.run(  # noqa: S603 - the make target's own pytest
+                [*command, "-m", selection, "-n", workers, "--dist", "loadscope"],
                 cwd=ROOT,
-                env=lane_environment("others"),
+                env=lane_environment(name),
                 check=False,
             ).returncode
-            others_took = time.monotonic() - started
-            cluster_code = cluster.wait()
-        except KeyboardInterrupt:
-            cluster.terminate()
-            cluster.wait()
-            raise
-    cluster_took = time.monotonic() - started
+        others_took = time.monotonic() - started
+        cluster.join()
+    except KeyboardInterrupt:
+        cluster.stop()
+        raise
+    if cluster.failed_in.endswith("build"):
+        show(LOGS / "cluster-build.log")
+    show(LOGS / "cluster.log")
+    said = "" if not cluster.failed_in else f" in {cluster.failed_in}"
     print(
-        f"\n[test-lanes] the cluster tier's lane ({cluster_log_path.relative_to(ROOT)}):\n",
+        f"\n[test-lanes] fast: exit {passes['fast']}; others: exit {passes['others']} after "
+        f"{others_took / 60:.1f} min; cluster: exit {cluster.code}{said} after "
+        f"{cluster.took / 60:.1f} min",
         flush=True,
     )
-    sys.stdout.buffer.write(cluster_log_path.read_bytes())
-    print(
-        f"\n[test-lanes] others: exit {others} after {others_took / 60:.1f} min; "
-        f"cluster: exit {cluster_code} after {cluster_took / 60:.1f} min",
-        flush=True,
-    )
-    return outcome(others) or outcome(cluster_code)
+    codes = [outcome(passes["fast"]), outcome(passes["others"]), outcome(cluster.code or 0)]
+    if cluster.code is None:
+        codes.append(1)
+    return next((code for code in codes if code), 0)
 
 
 if __name__ == "__main__":
