@@ -687,6 +687,10 @@ TAU_LOCAL_GPUS = env_int("TAU_LOCAL_GPUS", 0, minimum=0)
 TAU_RUN_LOG_MAX_BYTES = env_int("TAU_RUN_LOG_MAX_BYTES", 50 * 2**20, minimum=2**16)
 # The resource flavor whose quota rows are a workspace's share of this machine.
 TAU_LOCAL_FLAVOR = env_str("TAU_LOCAL_FLAVOR", "local") or "local"
+# Where the local executor keeps the runs' Python environments, one per set of requirements
+# (executors/local/agent/environments.py): several portals of one machine (the test suite's)
+# may share them, so a large requirement (torch) is installed once.
+TAU_LOCAL_VENVS_DIR = Path(env_str("TAU_LOCAL_VENVS_DIR", "") or VAR_DIR / "venvs").resolve()
 # Seconds between SIGTERM and SIGKILL when the local agent stops a run's processes.
 TAU_LOCAL_GRACE_SECONDS = env_int("TAU_LOCAL_GRACE_SECONDS", 10, minimum=0)
 # How a running workload reaches the portal's API (TAU_API_URL in its environment).

@@ -6,7 +6,8 @@ real Ray dashboard KubeRay's operator polls in tests/runs/test_kube_rayjob_ray.p
 deploy/dev/ray_head.py), a pinned schemathesis in its own cached venv (the outside client
 of tests/test_api_contract.py; deploy/dev/schemathesis_venv.py), Prometheus, and buildah with
 debootstrap (the image build of tests/deploy/test_image.py), and wrk (the HTTP load of the
-benchmarks, which the suite runs in smoke mode). Idempotent and quick when
+benchmarks, which the suite runs in smoke mode), and the wheels the examples' ``runtime.pip``
+installs (torch; deploy/dev/example_wheels.py). Idempotent and quick when
 everything is already there. Standard library only.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 # The sibling script that installs and runs the test services knows how to install packages.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from example_wheels import ensure_example_wheels
 from ray_head import ensure_ray
 from schemathesis_venv import ensure_schemathesis
 from test_services import apt_install
@@ -97,6 +99,7 @@ def main() -> int:
     ensure_prometheus()
     ensure_image_tools()
     ensure_wrk()  # tests/test_benchmarks.py runs make bench's benchmarks in smoke mode
+    ensure_example_wheels()  # the examples trained in tests/runs/test_agent_workers.py
     return 0
 
 

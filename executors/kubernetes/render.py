@@ -111,13 +111,15 @@ ships is the whole bundle (a ``.rayignore`` inside it still applies: that is the
 
 **Multi-worker Job.** An Indexed Job (``completions = parallelism = workers``) whose pods set
 ``subdomain`` to a headless Service of the same name, so pod *i* resolves as
-``<job>-<i>.<job>``; each pod gets ``MASTER_ADDR=<job>-0.<job>``, ``MASTER_PORT``,
-``WORLD_SIZE``, ``RANK`` (its completion index) and the same as torchrun's ``PET_NNODES``,
-``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT`` — unless the spec sets one of
-those names itself. ``backoffLimit: 0``, ``restartPolicy: Never``: a failed pod fails the
-attempt and TauGrid decides about a retry (no ``podFailurePolicy``: with no retries inside
-the Job there is nothing for it to steer). ``ttlSecondsAfterFinished`` is a backstop
-against leaks; the backend deletes the Job once it has recorded the outcome.
+``<job>-<i>.<job>``; each pod gets the rendezvous table of ``tau/rendezvous.py`` (the same
+names the local executor's workers get): ``MASTER_ADDR=<job>-0.<job>``, ``MASTER_PORT``
+(``DEFAULT_PORT``, 29500), ``WORLD_SIZE``, ``RANK`` (its completion index), ``LOCAL_RANK=0``
+(one process per pod) and the same as torchrun's ``PET_NNODES``, ``PET_NODE_RANK``,
+``PET_MASTER_ADDR``, ``PET_MASTER_PORT`` — unless the spec sets one of those names itself.
+``backoffLimit: 0``, ``restartPolicy: Never``: a failed pod fails the attempt and TauGrid
+decides about a retry (no ``podFailurePolicy``: with no retries inside the Job there is
+nothing for it to steer). ``ttlSecondsAfterFinished`` is a backstop against leaks; the
+backend deletes the Job once it has recorded the outcome.
 
 **Dependents and create order.** The attempt's Secret (``TAU_RUN_TOKEN``, named
 :func:`run_token_secret_name`: each attempt has its own token) and, for a multi-worker Job,
@@ -153,6 +155,7 @@ import yaml
 from executors.kubernetes import labels
 from runs import workload_sdk
 from runs.sweeps import sweep_environment
+from tau import rendezvous
 from tau.k8s_names import (
     GPU_RESOURCE,
     dns1035_label_problem,
@@ -185,8 +188,6 @@ RAYJOB_TTL_SECONDS: Final = 60
 JOB_TTL_SECONDS: Final = 7 * 24 * 3600
 #: Kueue's max-exec-time is the object's own deadline plus this, so the object ends first.
 MAX_EXEC_TIME_GRACE_SECONDS: Final = 120
-#: torchrun's default rendezvous port.
-RENDEZVOUS_PORT: Final = 29500
 #: Must match the limit the server enforces on uploads (``runs.bundles.MAX_BUNDLE_BYTES``;
 #: a test keeps them equal — this module imports nothing from Django).
 MAX_BUNDLE_BYTES: Final = 50 * 2**20
@@ -962,24 +963,30 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
 
 
 def _rendezvous_env(spec: Spec, name: str) -> list[Manifest]:
-    """torchrun's and torch.distributed's settings for pod <index> of ``workers``."""
-    master = f"{name}-0.{name}"
+    """The rendezvous table (``tau.rendezvous``) as a pod of the Indexed Job ``name`` says it:
+    worker 0 is pod 0 through the headless Service, the rank is the pod's completion index."""
+    said: Mapping[rendezvous.Value, str] = {
+        rendezvous.Value.MASTER_ADDR: f"{name}-0.{name}",
+        rendezvous.Value.MASTER_PORT: str(rendezvous.DEFAULT_PORT),
+        rendezvous.Value.WORKERS: str(spec.compute.workers),
+        # One process per pod: torchrun numbers the processes it starts there itself.
+        rendezvous.Value.LOCAL_RANK: "0",
+    }
     index = f"metadata.annotations['{labels.JOB_COMPLETION_INDEX}']"
-    workers = str(spec.compute.workers)
-    port = str(RENDEZVOUS_PORT)
-    settings: list[Manifest] = [
-        {"name": "MASTER_ADDR", "value": master},
-        {"name": "MASTER_PORT", "value": port},
-        {"name": "WORLD_SIZE", "value": workers},
-        {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
-        {"name": "PET_NNODES", "value": workers},
-        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
-        {"name": "PET_MASTER_ADDR", "value": master},
-        {"name": "PET_MASTER_PORT", "value": port},
-    ]
+
+    def variable(variable_name: str, value: rendezvous.Value) -> Manifest:
+        if value is rendezvous.Value.RANK:
+            # The same template for every pod: each reads its own index when it starts.
+            return {"name": variable_name, "valueFrom": {"fieldRef": {"fieldPath": index}}}
+        return _env_var(variable_name, said[value])
+
     # The spec's own value wins: never silently replace what the researcher set.
     taken = _spec_env_names(spec)
-    return [variable for variable in settings if variable["name"] not in taken]
+    return [
+        variable(variable_name, value)
+        for variable_name, value in rendezvous.RENDEZVOUS
+        if variable_name not in taken
+    ]
 
 
 def render_job(spec: Spec, target: RunTarget) -> Manifest:
@@ -1107,8 +1114,8 @@ def render_rendezvous_service(spec: Spec, target: RunTarget, *, owner: Owner) ->
             "ports": [
                 {
                     "name": "rendezvous",
-                    "port": RENDEZVOUS_PORT,
-                    "targetPort": RENDEZVOUS_PORT,
+                    "port": rendezvous.DEFAULT_PORT,
+                    "targetPort": rendezvous.DEFAULT_PORT,
                     "protocol": "TCP",
                 }
             ],

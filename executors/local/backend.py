@@ -9,6 +9,7 @@ workspace's quota on the ``TAU_LOCAL_FLAVOR`` flavor.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import sys
@@ -101,7 +102,7 @@ def local_environment(run: Run) -> dict[str, Any] | None:
     """The run's virtual environment, as the local executor built it: its Python and its
     packages. None when it is not on this machine (any more)."""
     spec = spec_from_dict(run.spec)
-    venv = environments.environment_path(Path(settings.VAR_DIR) / "venvs", spec.runtime.pip)
+    venv = environments.environment_path(Path(settings.TAU_LOCAL_VENVS_DIR), spec.runtime.pip)
     if not environments.is_ready(venv):
         return None
     packages = {
@@ -128,6 +129,26 @@ def _venv_python(venv: Path) -> str:
     except OSError:
         pass
     return ".".join(str(part) for part in sys.version_info[:3])
+
+
+#: How the run page names the processes of a multi-worker attempt (like a cluster's pods).
+WORKER_NAME = "worker-{rank}"
+
+
+def _worker_log(attempt: RunAttempt, pod: str | None) -> tuple[Path | None, str, tuple[str, ...]]:
+    """The log of the worker named ``pod`` (worker 0's when it names none of them), its
+    name, and every worker's name; no names for a single-process attempt. Only the attempt's
+    own files are ever opened: a name is looked up, never joined to a path."""
+    if not attempt.log_path:
+        return None, "", ()
+    log = Path(attempt.log_path)
+    layout = AttemptLayout(run_dir=log.parent.parent, attempt_dir=log.parent)
+    count = layout.workers_started()
+    if count < 2:
+        return log, "", ()
+    names = tuple(WORKER_NAME.format(rank=rank) for rank in range(count))
+    rank = names.index(pod) if pod in names else 0
+    return layout.worker_log(rank), names[rank], names
 
 
 class LocalBackend:
@@ -176,21 +197,20 @@ class LocalBackend:
         tail_lines: int | None,
         pod: str | None = None,
     ) -> LogChunk:
-        # One process group, one log: there is no pod to choose.
-        return read_log_file(
-            Path(attempt.log_path) if attempt.log_path else None,
+        # One log per worker process: worker 0's is the attempt's (``prepare``).
+        path, chosen, workers = _worker_log(attempt, pod)
+        chunk = read_log_file(
+            path,
             attempt=attempt.number,
             complete=attempt.finished_at is not None,
             offset=offset,
             tail_lines=tail_lines,
         )
+        return dataclasses.replace(chunk, pod=chosen, pods=workers) if workers else chunk
 
     def open_log(self, run: Run, attempt: RunAttempt, *, pod: str | None = None) -> WholeLog:
-        return open_log_file(
-            Path(attempt.log_path) if attempt.log_path else None,
-            attempt=attempt.number,
-            live=attempt.finished_at is None,
-        )
+        path, _, _ = _worker_log(attempt, pod)
+        return open_log_file(path, attempt=attempt.number, live=attempt.finished_at is None)
 
     def checkpoint_path(self, run: Run, path: str) -> str:
         """On this machine the folder is ``var/runs/<run id>/checkpoints/``; the path may be

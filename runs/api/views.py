@@ -456,9 +456,10 @@ class RunViewSet(WorkspaceScopedViewSet):
             OpenApiParameter(
                 "pod",
                 {"type": "string", "pattern": f"^{_POD_NAME.pattern}$"},
-                description="On Kubernetes, which of the attempt's pods (the answer's `pods` "
-                "lists them); default a RayJob's driver log (its submitter pod), a Job's first "
-                "worker.",
+                description="Which of the attempt's pods (on Kubernetes) or worker processes "
+                "(a multi-worker run on the local executor: `worker-0`, `worker-1`, …) the log "
+                "is of; the answer's `pods` lists them. Default: a RayJob's driver log (its "
+                "submitter pod), a Job's first worker.",
             ),
             OpenApiParameter(
                 "tail",

@@ -80,8 +80,9 @@ class Agent:
     def __init__(self, var_dir: Path, extra_env: dict[str, str] | None = None) -> None:
         self.var_dir = var_dir
         self.log_path = var_dir / f"agent-{time.monotonic_ns()}.log"
+        inherited = {name: value for name, value in os.environ.items() if name != "PIP_FIND_LINKS"}
         env = {
-            **os.environ,
+            **inherited,
             "DATABASE_URL": session_database_url(),
             "TAU_VAR_DIR": str(var_dir),
             "TAU_BACKEND": "local",
@@ -95,11 +96,11 @@ class Agent:
             # The same secrets as this process, so the tokens it issues verify here.
             "TAU_SECRET_KEY": settings.SECRET_KEY,
             "TAU_TOKEN_PEPPERS": settings.TAU_TOKEN_PEPPERS,
-            # Requirements never reach the network in tests.
+            # Requirements never reach the network in tests (a test may give a folder of
+            # wheels as PIP_FIND_LINKS).
             "PIP_NO_INDEX": "1",
             **(extra_env or {}),
         }
-        env.pop("PIP_FIND_LINKS", None)
         self.env = env
         self.process: subprocess.Popen[bytes] | None = None
 

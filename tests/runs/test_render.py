@@ -31,6 +31,7 @@ from executors.kubernetes.render import (
     workload_name,
 )
 from runs import workload_sdk
+from tau import rendezvous
 from tau.k8s_names import dns1035_label_problem
 from tau.spec import MAX_NAME_LENGTH, RAYJOB_NAME_MAX_LENGTH, RUN_NAME_SUFFIX_MAX_LENGTH, spec_hash
 from tau.spec.model import EnvVar
@@ -497,13 +498,7 @@ def test_a_multi_worker_job_gets_rendezvous_settings_and_a_headless_service() ->
     assert job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
     assert pod["subdomain"] == service["metadata"]["name"] == name
-    env = env_of(pod["containers"][0])
-    assert env["MASTER_ADDR"]["value"] == env["PET_MASTER_ADDR"]["value"] == f"{name}-0.{name}"
-    assert env["MASTER_PORT"]["value"] == env["PET_MASTER_PORT"]["value"] == "29500"
-    assert env["WORLD_SIZE"]["value"] == env["PET_NNODES"]["value"] == "2"
-    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index
-    assert env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index
+    # Its environment: test_every_pod_of_a_multi_worker_job_gets_the_rendezvous_table.
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
     template_labels = job["spec"]["template"]["metadata"]["labels"]
@@ -511,17 +506,73 @@ def test_a_multi_worker_job_gets_rendezvous_settings_and_a_headless_service() ->
     assert secret["kind"] == "Secret"
 
 
-def test_the_spec_wins_over_a_rendezvous_default() -> None:
-    from tau.spec import EnvVar
+@pytest.mark.parametrize("workers", [2, 5])
+def test_every_pod_of_a_multi_worker_job_gets_the_rendezvous_table(workers: int) -> None:
+    """Exactly the names of tau/rendezvous.py, in its order, each said the way a pod can: the
+    same table the local executor's workers get."""
+    spec = with_changes(example_spec("multi-node-torchrun"), compute={"workers": workers})
+    target = target_for(spec)
+    job, _secret, service = render_case(spec, target)
+    name = target.workload_name
+    completion_index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    index = {"fieldRef": {"fieldPath": completion_index}}
+    master, port = f"{name}-0.{name}", str(rendezvous.DEFAULT_PORT)
+    expected: list[dict[str, Any]] = [
+        {"name": "MASTER_ADDR", "value": master},
+        {"name": "MASTER_PORT", "value": port},
+        {"name": "WORLD_SIZE", "value": str(workers)},
+        {"name": "RANK", "valueFrom": index},
+        {"name": "LOCAL_RANK", "value": "0"},
+        {"name": "PET_NNODES", "value": str(workers)},
+        {"name": "PET_NODE_RANK", "valueFrom": index},
+        {"name": "PET_MASTER_ADDR", "value": master},
+        {"name": "PET_MASTER_PORT", "value": port},
+    ]
+    assert [variable["name"] for variable in expected] == list(rendezvous.NAMES)
+    # torchrun's default port, and the one the headless Service names.
+    assert rendezvous.DEFAULT_PORT == 29500
+    assert service["spec"]["ports"][0]["port"] == rendezvous.DEFAULT_PORT
+    pods = list(pod_specs(job))
+    assert [component for component, _pod in pods] == ["worker"]
+    for _component, pod in pods:
+        for container in pod.get("initContainers", []):
+            assert not set(env_of(container)) & set(rendezvous.NAMES), container["name"]
+        for container in pod["containers"]:
+            env_of(container)  # no name twice
+            table = [
+                variable for variable in container["env"] if variable["name"] in rendezvous.NAMES
+            ]
+            assert table == expected, container["name"]
 
+
+@pytest.mark.parametrize("taken", rendezvous.NAMES)
+def test_the_spec_wins_over_a_rendezvous_default(taken: str) -> None:
     spec = with_changes(
-        example_spec("multi-node-torchrun"), runtime={"env": (EnvVar("MASTER_PORT", "1234"),)}
+        example_spec("multi-node-torchrun"), runtime={"env": (render_env(taken, "1234"),)}
+    )
+    container = render_workload(spec, target_for(spec))["spec"]["template"]["spec"]["containers"][0]
+    env = env_of(container)  # set once: the spec's, not the table's as well
+    assert env[taken] == {"name": taken, "value": "1234"}
+    # The rest of the table is still there, in its order.
+    names = [variable["name"] for variable in container["env"]]
+    others = [name for name in rendezvous.NAMES if name != taken]
+    assert [name for name in names if name in others] == others
+    if taken == "MASTER_PORT":
+        assert env["PET_MASTER_PORT"]["value"] == str(rendezvous.DEFAULT_PORT)
+
+
+def test_a_secret_wins_over_a_rendezvous_default() -> None:
+    spec = with_changes(
+        example_spec("multi-node-torchrun"),
+        runtime={"secrets": (render_secret("MASTER_ADDR", "rendezvous", "address"),)},
     )
     env = env_of(
         render_workload(spec, target_for(spec))["spec"]["template"]["spec"]["containers"][0]
     )
-    assert env["MASTER_PORT"]["value"] == "1234"
-    assert env["PET_MASTER_PORT"]["value"] == "29500"
+    assert env["MASTER_ADDR"] == {
+        "name": "MASTER_ADDR",
+        "valueFrom": {"secretKeyRef": {"name": "rendezvous", "key": "address"}},
+    }
 
 
 def test_single_worker_jobs_are_plain() -> None:
@@ -532,7 +583,7 @@ def test_single_worker_jobs_are_plain() -> None:
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     assert "subdomain" not in pod
-    assert "MASTER_ADDR" not in env_of(pod["containers"][0])
+    assert not set(env_of(pod["containers"][0])) & set(rendezvous.NAMES)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ def test_the_examples_are_all_there() -> None:
         "gpu-quickstart",
         "multi-node-torchrun",
         "resume-from-checkpoint",
+        "ddp",
     }
 
 
@@ -77,6 +78,24 @@ def test_the_resume_example_retries_and_keeps_checkpoints() -> None:
     assert "user_error" in spec.resilience.retry_on
     assert spec.resilience.checkpoint_dir == "checkpoints"
     assert "--fail-at-step" in spec.run.args
+
+
+def test_the_examples_that_run_here_pin_what_make_test_downloads() -> None:
+    """An example trained by the test suite on the local executor installs its
+    ``runtime.pip`` from the wheels deploy/dev/example_wheels.py downloads: the pins of
+    requirements/examples.txt, exactly (the GPU-only examples run only on a cluster)."""
+    lines = (REPO / "requirements" / "examples.txt").read_text("utf-8").splitlines()
+    pinned = {line for line in lines if line and not line.startswith("#")}
+    ddp = load_spec((REPO / "examples" / "ddp" / "tau.yaml").read_bytes())
+    assert set(ddp.runtime.pip) == pinned
+    assert all("==" in requirement for requirement in pinned)
+
+
+def test_the_ddp_example_is_a_job_of_two_cpu_workers_that_resumes() -> None:
+    spec = load_spec((REPO / "examples" / "ddp" / "tau.yaml").read_bytes())
+    assert (spec.run.workload_kind, spec.compute.workers, spec.compute.gpus) == ("job", 2, 0)
+    assert spec.resilience.checkpoint_dir == "checkpoints"
+    assert "oom_killed" in spec.resilience.retry_on  # a worker killed by SIGKILL looks like it
 
 
 def test_the_full_sample_uses_every_block() -> None:

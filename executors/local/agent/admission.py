@@ -4,9 +4,10 @@ Pure functions over amounts (no database, no processes), so the rule can be read
 on its own; only ``machine_capacity`` reads what this machine offers. The rule:
 
 * A run's demand is what the whole workload asks for at once, compute per worker times workers
-  (``runs.policy.requested_totals``, the same amount Kueue would admit on a cluster). Locally
-  all workers are one process tree, but it holds the whole request: a spec means the same
-  thing, and uses the same quota, on either backend.
+  (``runs.policy.requested_totals``, the same amount Kueue would admit on a cluster). So the
+  workers of a multi-worker Job, one process each here (``supervisor``), are admitted together
+  or not at all, as Kueue admits a Job's pods: a spec means the same thing, and uses the same
+  quota, on either backend.
 * Runs are considered in queue order: higher ``priority_value`` first, then first queued
   first (FIFO within a priority).
 * A run starts when its workspace's quota on the local flavor and this machine's free

@@ -12,6 +12,13 @@ Layout, under ``VAR_DIR/runs/<run id>/`` (``runs_root()``)::
         status/           outcome.json, written by the wrapper when the workload ends
         sandbox/          the passwd and group files the sandbox shows
 
+A multi-worker run (``compute.workers`` > 1, ``workload_kind: job``: :func:`local_workers`)
+starts one process per worker, each in a sandbox of its own, as a cluster starts one pod per
+worker. Worker 0 has the folders above; worker *r* > 0 has its own log ``worker-<r>.log``,
+outcome folder ``status-<r>/`` and ``TAU_OUTPUT_DIR`` ``output/worker-<r>/`` (so the run's
+metrics file and artifacts are worker 0's unless a workload writes them elsewhere), and
+shares ``work/``, ``tmp/`` and ``checkpoints/`` with the others.
+
 Only ``work/``, ``output/``, ``tmp/``, ``checkpoints/`` (and ``status/``, for the wrapper) are
 mounted into the attempt's sandbox (``tmp/`` is its ``/tmp`` too, unless a memory cgroup
 holds the run: ``run_limits``); the log and everything else stay outside. When the agent
@@ -100,6 +107,27 @@ class AttemptLayout:
     def sandbox_etc(self) -> Path:
         return self.attempt_dir / "sandbox"
 
+    def worker_log(self, rank: int) -> Path:
+        """Worker ``rank``'s log (worker 0's is the attempt's)."""
+        return self.log if rank == 0 else self.attempt_dir / f"worker-{rank}.log"
+
+    def worker_status(self, rank: int) -> Path:
+        return self.status if rank == 0 else self.attempt_dir / f"status-{rank}"
+
+    def worker_outcome(self, rank: int) -> Path:
+        return self.worker_status(rank) / OUTCOME_NAME
+
+    def worker_output(self, rank: int) -> Path:
+        return self.output if rank == 0 else self.output / f"worker-{rank}"
+
+    def workers_started(self) -> int:
+        """How many workers the attempt's folders were made for (the folders say it after a
+        restart of the agent, whatever the spec says now)."""
+        rank = 1
+        while self.worker_status(rank).is_dir():
+            rank += 1
+        return rank
+
     @property
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
@@ -125,15 +153,31 @@ class PreparationPlan:
 
 @dataclass(frozen=True)
 class Prepared:
-    command: list[str]  # reads the workload's environment from ``sandbox.ENVIRONMENT_FD``
+    #: One per worker (:func:`local_workers`), each reading the workload's environment from
+    #: ``sandbox.ENVIRONMENT_FD``.
+    commands: tuple[list[str], ...]
     env: dict[str, str]  # the workload's environment: for the wrapper, never the launcher
     cwd: Path
 
+    @property
+    def command(self) -> list[str]:
+        """Worker 0's (a single-worker run's only) command."""
+        return self.commands[0]
 
-def make_directories(layout: AttemptLayout, *, uid: int | None = None) -> None:
-    """The attempt's folders and an empty log; an older folder of the same number (a database
-    restored from a backup, say) is moved aside, never reused or deleted. ``uid``: the run's
-    own user, who gets the folders the workload writes."""
+
+def local_workers(spec: Spec) -> int:
+    """How many processes an attempt of ``spec`` starts here: one per worker for a Job (as
+    a cluster starts one pod per worker), else one — a RayJob's workers and a sweep's
+    trials run inside that one process's resources."""
+    if spec.run.workload_kind == "job" and not spec.execution.is_sweep:
+        return spec.compute.workers
+    return 1
+
+
+def make_directories(layout: AttemptLayout, *, uid: int | None = None, workers: int = 1) -> None:
+    """The attempt's folders and an empty log (one per worker); an older folder of the same
+    number (a database restored from a backup, say) is moved aside, never reused or deleted.
+    ``uid``: the run's own user, who gets the folders the workload writes."""
     layout.run_dir.mkdir(parents=True, exist_ok=True)
     if layout.attempt_dir.exists():
         aside = layout.attempt_dir.with_name(f"{layout.attempt_dir.name}.old-{int(time.time())}")
@@ -144,10 +188,15 @@ def make_directories(layout: AttemptLayout, *, uid: int | None = None) -> None:
     layout.shm.mkdir(mode=0o700)
     layout.status.mkdir(mode=0o700)
     layout.checkpoints.mkdir(mode=0o700, exist_ok=True)
-    descriptor = os.open(layout.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.close(descriptor)
+    for rank in range(1, workers):
+        layout.worker_status(rank).mkdir(mode=0o700)
+        layout.worker_output(rank).mkdir(mode=0o700)
+    for rank in range(workers):
+        descriptor = os.open(layout.worker_log(rank), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(descriptor)
     if uid is not None:
-        for folder in (layout.output, layout.tmp, layout.shm, layout.checkpoints):
+        outputs = [layout.worker_output(rank) for rank in range(workers)]
+        for folder in (*outputs, layout.tmp, layout.shm, layout.checkpoints):
             os.chown(folder, uid, uid, follow_symlinks=False)
 
 
@@ -211,19 +260,29 @@ def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
         sdk_dir=sdk_dir,
     )
     return Prepared(
-        command=wrapped_command(plan, command, venv=venv, sdk_dir=sdk_dir),
+        commands=tuple(
+            wrapped_command(plan, command, venv=venv, sdk_dir=sdk_dir, rank=rank)
+            for rank in range(local_workers(spec))
+        ),
         env=env,
         cwd=layout.work,
     )
 
 
 def wrapped_command(
-    plan: PreparationPlan, command: list[str], *, venv: Path, sdk_dir: Path | None = None
+    plan: PreparationPlan,
+    command: list[str],
+    *,
+    venv: Path,
+    sdk_dir: Path | None = None,
+    rank: int = 0,
 ) -> list[str]:
-    """The command line the agent starts: the wrapper (which records the outcome) around the
-    workload, inside the sandbox when there is one. It is started by ``sandbox.start`` with
-    the workload's environment as ``environment`` (the wrapper alone passes it on)."""
+    """The command line the agent starts for worker ``rank``: the wrapper (which records the
+    outcome in the worker's status folder) around the workload, inside a sandbox of its own
+    when there is one. It is started by ``sandbox.start`` with the workload's environment as
+    ``environment`` (the wrapper alone passes it on)."""
     layout = plan.layout
+    status = layout.worker_status(rank)
     interpreter = environments.base_interpreter()
     rlimits = plan.limits.rlimits if plan.limits is not None else {}
     rlimit_words = [
@@ -236,7 +295,7 @@ def wrapped_command(
             "-S",
             str(sandboxing.WRAPPER),
             "--outcome",
-            str(layout.status),
+            str(status),
             "--cwd",
             str(layout.work),
             *(["--log-limit", str(plan.log_limit)] if plan.log_limit is not None else []),
@@ -253,11 +312,11 @@ def wrapped_command(
             command=command,
             cwd=layout.work,
             read_only=[venv] if sdk_dir is None else [venv, sdk_dir],
-            writable=[layout.work, layout.output, layout.tmp, layout.checkpoints, layout.status],
+            writable=[layout.work, layout.output, layout.tmp, layout.checkpoints, status],
             # /tmp and /dev/shm: RAM charged to the run's memory cgroup, or folders on disk.
             files=sandboxing.identity_files(layout.sandbox_etc, uid=uid, home=layout.work),
             devices=sandboxing.gpu_devices(plan.gpu_count),
-            outcome_dir=layout.status,
+            outcome_dir=status,
             uid=plan.uid,
             log_limit=plan.log_limit,
             tmp_folder=layout.tmp if tmp_size is None else None,

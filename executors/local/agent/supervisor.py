@@ -18,6 +18,15 @@ sandbox, the agent runs the workloads of one workspace only (the first it takes,
 in ``VAR_DIR``) unless ``TAU_LOCAL_EXECUTOR_UNSANDBOXED=true`` says otherwise: code of two
 workspaces must not meet on one machine unseparated by accident.
 
+Multi-worker runs. A Job with ``compute.workers`` > 1 starts one process per worker, each in
+a sandbox of its own (``prepare.local_workers``), with the rendezvous variables of
+``tau.rendezvous`` (worker 0 on 127.0.0.1 and a free port), as a cluster starts one pod per
+worker. They are admitted together (the run's demand is all of them) and share one cgroup and
+one process group, worker 0's: whatever signals the attempt signals every worker, and a dead
+agent's successor finds them all by worker 0's pid. The first worker to fail stops the others
+(SIGTERM to the group, then the grace period) and its end is the attempt's; the attempt
+succeeds when every worker has exited 0.
+
 Recovery. What a dead agent left is found by pid and start time; the wrapper's outcome file
 says whether the workload had ended, and how, while nobody watched: such an attempt is
 closed with its real result, and only an attempt that was really cut short is started again
@@ -33,12 +42,14 @@ skips the grace period.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import fcntl
 import logging
 import math
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -47,6 +58,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -76,6 +88,7 @@ from executors.local.agent.prepare import (
     PreparationFailed,
     PreparationPlan,
     Prepared,
+    local_workers,
     make_directories,
     prepare,
     runs_root,
@@ -98,6 +111,7 @@ from runs.models import (
 )
 from runs.policy import requested_totals
 from runs.state import IllegalTransition
+from tau import rendezvous
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import parse_quantity
 from tau.spec import Spec, spec_from_dict
@@ -148,6 +162,25 @@ class StopReason(enum.Enum):
 
 
 @dataclass(eq=False)
+class Worker:
+    """One process of a multi-worker attempt (module docstring)."""
+
+    rank: int
+    process: subprocess.Popen[bytes]
+    #: (exit code, signal) once it has ended; its record when the wrapper wrote one.
+    status: tuple[int | None, int | None] | None = None
+    outcome_seen_at: float | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.status is not None
+
+    @property
+    def failed(self) -> bool:
+        return self.status is not None and self.status != (0, None)
+
+
+@dataclass(eq=False)
 class Execution:
     """One attempt this agent is responsible for, from admission to its recorded end."""
 
@@ -162,7 +195,11 @@ class Execution:
     phase: Phase = Phase.PREPARING
     cancelled: threading.Event = field(default_factory=threading.Event)
     preparation: Future[Prepared] | None = None
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | None = None  # worker 0's
+    #: Every worker, worker 0 first, when it has more than one (module docstring).
+    workers: list[Worker] = field(default_factory=list)
+    #: The worker whose end is the attempt's: the first to fail.
+    failed_rank: int | None = None
     running_recorded: bool = False
     deadline: float | None = None
     stop_reason: StopReason | None = None
@@ -198,7 +235,7 @@ class Agent:
         self.grace = float(settings.TAU_LOCAL_GRACE_SECONDS if grace is None else grace)
         self.capacity = admission.machine_capacity()
         self.runs_dir = runs_root()
-        self.venvs_dir = Path(settings.VAR_DIR) / "venvs"
+        self.venvs_dir = Path(settings.TAU_LOCAL_VENVS_DIR)
         self.sdk_root = Path(settings.VAR_DIR) / "workload-sdk"
         self.log_limit = int(settings.TAU_RUN_LOG_MAX_BYTES)
         self.free_gpus = list(range(int(settings.TAU_LOCAL_GPUS)))
@@ -542,8 +579,13 @@ class Agent:
             processes.stop_group(group, grace=self.grace)
         # Read only now: a workload that ended while we stopped it shows the stop in its
         # record (stop_signals), one that ended before shows a natural end.
-        recorded = outcomes.read_outcome(layout.outcome)
-        outcome = self._recovered_outcome(run, recorded, layout)
+        rank, recorded = _recovered_record(layout)
+        workers = layout.workers_started()
+        outcome = _of_worker(
+            self._recovered_outcome(run, recorded, layout.worker_log(rank)),
+            rank=rank,
+            workers=workers,
+        )
         logger.warning(
             "closing %s attempt %d: %s",
             run.name,
@@ -560,7 +602,7 @@ class Agent:
         run_tokens.revoke_run_tokens(run_id=run.pk)
 
     def _recovered_outcome(
-        self, run: Run, recorded: outcomes.RecordedOutcome | None, layout: AttemptLayout
+        self, run: Run, recorded: outcomes.RecordedOutcome | None, log: Path
     ) -> AttemptOutcome:
         interrupted = AttemptOutcome(
             succeeded=False,
@@ -591,7 +633,7 @@ class Agent:
             exit_code=recorded.exit_code,
             signum=recorded.signal,
             error=recorded.error,
-            log=layout.log,
+            log=log,
             recorded=True,
         )
 
@@ -777,7 +819,7 @@ class Agent:
             log_path=str(layout.log),
         )
         uid = self.sandbox.run_uid(run.pk) if self.sandbox is not None else None
-        make_directories(layout, uid=uid)
+        make_directories(layout, uid=uid, workers=local_workers(spec))
         venv_ready = environments.is_ready(
             environments.environment_path(self.venvs_dir, spec.runtime.pip)
         )
@@ -836,7 +878,6 @@ class Agent:
         )
         if token is not None:
             env["TAU_RUN_TOKEN"] = token
-        command = prepared.command
         limits = execution.limits
         if self.cgroups.hierarchies and limits is not None:
             try:
@@ -847,34 +888,68 @@ class Agent:
                 self._note(execution, str(exc))
                 self._fail(execution, FailureClass.INFRASTRUCTURE, f"Could not start it: {exc}.")
                 return
-            command = execution.cgroup.enter_command(
-                command, python=environments.base_interpreter()
+        count = len(prepared.commands)
+        port = _free_port() if count > 1 else 0
+        launched: list[Worker] = []
+        for rank, worker_command in enumerate(prepared.commands):
+            worker_env = env
+            if count > 1:
+                worker_env = self._worker_environment(execution, env, rank=rank, port=port)
+            if execution.cgroup is not None:
+                worker_command = execution.cgroup.enter_command(
+                    worker_command, python=environments.base_interpreter()
+                )
+            # Worker 0 leads the attempt's process group; the others join it.
+            group: dict[str, Any] = (
+                {"start_new_session": True}
+                if count == 1
+                else {"process_group": launched[0].process.pid if launched else 0}
             )
-        # The wrapper writes the log (capped): the agent only passes the open file.
-        log = os.open(execution.layout.log, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        try:
-            process = sandboxing.start(  # the researcher's command, no shell
-                command,
-                environment=env,  # for the workload only, through the wrapper
-                env=launcher_environment(env),
-                cwd=prepared.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,  # its own process group: signalled as a whole
-                close_fds=True,
+            # The wrapper writes the log (capped): the agent only passes the open file.
+            log = os.open(
+                execution.layout.worker_log(rank), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
             )
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            self._note(execution, f"could not start {prepared.command[0]}: {reason}")
-            self._fail(
-                execution,
-                FailureClass.INFRASTRUCTURE,
-                f"Could not start {prepared.command[0]}: {reason}.",
-            )
-            return
-        finally:
-            os.close(log)
+            try:
+                process = sandboxing.start(  # the researcher's command, no shell
+                    worker_command,
+                    environment=worker_env,  # for the workload only, through the wrapper
+                    env=launcher_environment(worker_env),
+                    cwd=prepared.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    close_fds=True,
+                    **group,  # its own process group: signalled as a whole
+                )
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+                who = f"worker {rank} of {count}: " if count > 1 else ""
+                self._note(execution, f"could not start {who}{prepared.command[0]}: {reason}")
+                if launched:
+                    # The workers already started are stopped with the attempt's group.
+                    execution.process = launched[0].process
+                    execution.workers = launched
+                    execution.failed_rank = rank
+                    execution.stop_reason = StopReason.SHUTDOWN
+                    execution.outcome = AttemptOutcome(
+                        succeeded=False,
+                        failure_class=FailureClass.INFRASTRUCTURE,
+                        message=f"Could not start worker {rank} of {count}: {reason}.",
+                    )
+                    self._kill(execution)
+                    execution.phase = Phase.DRAINING
+                    return
+                self._fail(
+                    execution,
+                    FailureClass.INFRASTRUCTURE,
+                    f"Could not start {prepared.command[0]}: {reason}.",
+                )
+                return
+            finally:
+                os.close(log)
+            launched.append(Worker(rank=rank, process=process))
+        process = launched[0].process
+        execution.workers = launched if count > 1 else []
         execution.process = process
         execution.phase = Phase.RUNNING
         started = time.monotonic()
@@ -890,6 +965,27 @@ class Agent:
             process.pid,
         )
         # attempt_running is recorded by the RUNNING phase, right after this in the same pass.
+
+    def _worker_environment(
+        self, execution: Execution, env: Mapping[str, str], *, rank: int, port: int
+    ) -> dict[str, str]:
+        """Worker ``rank``'s environment: the rendezvous table (``tau.rendezvous``), its own
+        share of the run's GPUs and its own output folder."""
+        spec = execution.spec
+        per_worker = len(execution.gpus) // spec.compute.workers
+        gpus = execution.gpus[rank * per_worker : (rank + 1) * per_worker]
+        return {
+            **env,
+            **rendezvous.environment(
+                workers=spec.compute.workers,
+                rank=rank,
+                master_addr=LOOPBACK,
+                master_port=port,
+                taken=spec.runtime.env_dict().keys(),
+            ),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in gpus),
+            "TAU_OUTPUT_DIR": str(execution.layout.worker_output(rank)),
+        }
 
     def _record_running(self, execution: Execution) -> None:
         assert execution.process is not None
@@ -1008,6 +1104,9 @@ class Agent:
     def _advance_running(self, execution: Execution, now: float) -> None:
         assert execution.process is not None
         pid = execution.process.pid
+        if execution.workers:
+            self._advance_workers(execution, now)
+            return
         status = _exit_status(pid)
         if status is None and self._workload_ended_inside(execution, now):
             # The workload has ended (its outcome is written), but something it started keeps
@@ -1017,24 +1116,7 @@ class Agent:
             execution.term_sent_at = now
             return
         if status is None:
-            if (
-                execution.deadline is not None
-                and now >= execution.deadline
-                and execution.stop_reason is None
-            ):
-                logger.info(
-                    "%s attempt %d ran past its max_runtime",
-                    execution.run.name,
-                    execution.attempt.number,
-                )
-                self._stop(execution, StopReason.DEADLINE, now)
-            self._check_disk(execution, now)
-            self._escalate(execution, now)
-            if not execution.running_recorded:
-                self._record_running(execution)
-            if now >= execution.next_collect:
-                self._collect(execution, now)
-                execution.next_collect = now + COLLECT_SECONDS
+            self._while_running(execution, now)
             return
         execution.exit_code, execution.exit_signal = status
         execution.phase = Phase.DRAINING
@@ -1042,6 +1124,71 @@ class Agent:
         if execution.term_sent_at is None and processes.group_members(pid, exclude=pid):
             processes.signal_group(pid, signal.SIGTERM)
             execution.term_sent_at = now
+
+    def _while_running(self, execution: Execution, now: float) -> None:
+        """A pass over an attempt whose workload runs: its deadline, disk, stop and what
+        it wrote."""
+        deadline = execution.deadline
+        if deadline is not None and now >= deadline and execution.stop_reason is None:
+            logger.info(
+                "%s attempt %d ran past its max_runtime",
+                execution.run.name,
+                execution.attempt.number,
+            )
+            self._stop(execution, StopReason.DEADLINE, now)
+        self._check_disk(execution, now)
+        self._escalate(execution, now)
+        if not execution.running_recorded:
+            self._record_running(execution)
+        if now >= execution.next_collect:
+            self._collect(execution, now)
+            execution.next_collect = now + COLLECT_SECONDS
+
+    def _advance_workers(self, execution: Execution, now: float) -> None:
+        """A multi-worker attempt runs until every worker has ended, or one has failed."""
+        assert execution.process is not None
+        failed: list[Worker] = []
+        for worker in execution.workers:
+            if worker.ended:
+                continue
+            worker.status = _exit_status(worker.process.pid)
+            if worker.status is None and self._worker_ended_inside(execution, worker, now):
+                # Its workload has ended (the record says how), but something it started
+                # keeps its sandbox open: it is stopped with the group below.
+                recorded = outcomes.read_outcome(execution.layout.worker_outcome(worker.rank))
+                if recorded is not None:
+                    worker.status = (recorded.exit_code, recorded.signal)
+            if worker.failed:
+                failed.append(worker)
+        if failed and execution.failed_rank is None:
+            # Several may have ended since the last pass (a worker killed, and a peer that
+            # lost it): the first to end, by its wrapper's record, is the cause.
+            execution.failed_rank = min(failed, key=partial(_ended_at, execution)).rank
+        if execution.failed_rank is None and not all(w.ended for w in execution.workers):
+            self._while_running(execution, now)
+            return
+        if execution.failed_rank is not None and execution.stop_reason is None:
+            first = execution.workers[execution.failed_rank]
+            logger.info(
+                "%s attempt %d: worker %d of %d ended (%s); stopping the others",
+                execution.run.name,
+                execution.attempt.number,
+                first.rank,
+                len(execution.workers),
+                first.status,
+            )
+        execution.phase = Phase.DRAINING
+        pid = execution.process.pid
+        if execution.term_sent_at is None and processes.group_members(pid, exclude=pid):
+            processes.signal_group(pid, signal.SIGTERM)
+            execution.term_sent_at = now
+
+    def _worker_ended_inside(self, execution: Execution, worker: Worker, now: float) -> bool:
+        if worker.outcome_seen_at is None:
+            if not outcomes.outcome_written(execution.layout.worker_outcome(worker.rank)):
+                return False
+            worker.outcome_seen_at = now
+        return now - worker.outcome_seen_at >= OUTCOME_LINGER_SECONDS
 
     def _check_disk(self, execution: Execution, now: float) -> None:
         """Start a measurement of the run's folders when one is due, and act on the last one:
@@ -1089,10 +1236,16 @@ class Agent:
     def _advance_draining(self, execution: Execution, now: float) -> None:
         assert execution.process is not None
         pid = execution.process.pid
-        if processes.group_members(pid, exclude=pid) or _exit_status(pid) is None:
+        if processes.group_members(pid, exclude=pid) or any(
+            _exit_status(process.pid) is None for process in _processes(execution)
+        ):
             self._escalate(execution, now)
             return
-        execution.process.wait()  # reap: only now may the pid be reused
+        for worker in execution.workers:
+            worker.status = worker.status or _exit_status(worker.process.pid)
+        # Reap: only now may the pids be reused (worker 0's, the group's id, last).
+        for process in reversed(_processes(execution)):
+            process.wait()
         execution.outcome = self._exit_outcome(execution)
         execution.phase = Phase.FINISHING
 
@@ -1102,9 +1255,14 @@ class Agent:
         """How the attempt ended: the wrapper's record when there is one (it saw the
         workload's own exit; the sandbox around it only passes a number on), else the exit
         status of the process the agent started."""
-        recorded = outcomes.read_outcome(execution.layout.outcome)
+        if execution.outcome is not None:
+            return execution.outcome  # decided when it could not start every worker
+        rank = _deciding_rank(execution)
+        recorded = outcomes.read_outcome(execution.layout.worker_outcome(rank))
         if recorded is not None:
             code, signum = recorded.exit_code, recorded.signal
+        elif execution.workers:
+            code, signum = execution.workers[rank].status or (None, None)
         else:
             code, signum = execution.exit_code, execution.exit_signal
         if execution.stop_reason is not None:
@@ -1134,12 +1292,16 @@ class Agent:
             # The kernel killed in its cgroup: the workload, or the wrapper or sandbox with it
             # (then only the sandbox's exit status is left, 137, and no record).
             return _over_memory(limits.memory, log=execution.layout.log)
-        return outcome_of_exit(
-            exit_code=code,
-            signum=signum,
-            error=recorded.error if recorded is not None else None,
-            log=execution.layout.log,
-            recorded=recorded is not None,
+        return _of_worker(
+            outcome_of_exit(
+                exit_code=code,
+                signum=signum,
+                error=recorded.error if recorded is not None else None,
+                log=execution.layout.worker_log(rank),
+                recorded=recorded is not None,
+            ),
+            rank=rank,
+            workers=len(execution.workers),
         )
 
     def _stopped_outcome(self, execution: Execution, *, exit_code: int | None) -> AttemptOutcome:
@@ -1346,6 +1508,75 @@ class Agent:
             if execution.phase in {Phase.RUNNING, Phase.DRAINING} and execution.pid is not None:
                 processes.signal_group(execution.pid, signal.SIGKILL)
             execution.cancelled.set()
+
+
+LOOPBACK = "127.0.0.1"  # worker 0's address for the others (tau.rendezvous)
+
+
+def _ended_at(execution: Execution, worker: Worker) -> tuple[float, int]:
+    """When the worker's workload ended, by its wrapper's record (unknown: last), then its
+    number."""
+    recorded = outcomes.read_outcome(execution.layout.worker_outcome(worker.rank))
+    ended = recorded.ended_at if recorded is not None else None
+    return (ended if ended is not None else math.inf, worker.rank)
+
+
+def _free_port() -> int:
+    """A port nobody listens on now, for worker 0's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((LOOPBACK, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _processes(execution: Execution) -> list[subprocess.Popen[bytes]]:
+    """What the agent started for the attempt, worker 0 first."""
+    if execution.workers:
+        return [worker.process for worker in execution.workers]
+    return [execution.process] if execution.process is not None else []
+
+
+def _deciding_rank(execution: Execution) -> int:
+    """The worker whose end is the attempt's: the first to fail, else the first with no
+    record of a success (a stop cut them all short), else worker 0."""
+    if execution.failed_rank is not None:
+        return execution.failed_rank
+    for worker in execution.workers:
+        recorded = outcomes.read_outcome(execution.layout.worker_outcome(worker.rank))
+        if recorded is None or (recorded.exit_code, recorded.signal) != (0, None):
+            return worker.rank
+    return 0
+
+
+def _recovered_record(layout: AttemptLayout) -> tuple[int, outcomes.RecordedOutcome | None]:
+    """The worker whose record decides how a stray attempt ended, and that record: the first
+    worker that failed by itself, else the first that has no record (it was cut short), else
+    worker 0 (every worker succeeded, or was stopped)."""
+    records = [
+        outcomes.read_outcome(layout.worker_outcome(rank))
+        for rank in range(layout.workers_started())
+    ]
+    for rank, recorded in enumerate(records):
+        if recorded is not None and _failed_by_itself(recorded):
+            return rank, recorded
+    for rank, recorded in enumerate(records):
+        if recorded is None:
+            return rank, None
+    return 0, records[0]
+
+
+def _failed_by_itself(recorded: outcomes.RecordedOutcome) -> bool:
+    if recorded.after_a_stop:
+        return False
+    return bool(recorded.error) or (recorded.exit_code, recorded.signal) != (0, None)
+
+
+def _of_worker(outcome: AttemptOutcome, *, rank: int, workers: int) -> AttemptOutcome:
+    """A multi-worker attempt that a worker's own end failed says which worker it was (a
+    stop of the whole attempt, or the agent's end, is nobody's in particular)."""
+    if outcome.succeeded or outcome.interrupted or outcome.cancelled or workers < 2:
+        return outcome
+    return dataclasses.replace(outcome, message=f"Worker {rank} of {workers}: {outcome.message}")
 
 
 def launcher_environment(workload: Mapping[str, str]) -> dict[str, str]:
