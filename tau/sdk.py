@@ -30,6 +30,12 @@ ends, so it is needed there only to keep a file the workload deletes before it e
 
 Outside a run (no ``TAU_RUN_TOKEN``) the calls do nothing but say so once.
 
+In a multi-worker run (``WORLD_SIZE`` > 1, docs/distributed.md) metrics and checkpoints are
+reported by the worker of ``RANK`` 0 only: every worker of a data-parallel training sees the
+same averaged loss and saves the same model, and a row from each would count once per worker.
+The other workers' ``log_metrics`` and ``checkpoint_saved`` do nothing (said once);
+``report_from_every_rank()`` makes a worker report too (with keys of its own, say).
+
 Standard library only: a workload's image needs nothing installed for it.
 """
 
@@ -50,7 +56,15 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["checkpoint_saved", "flush", "log_metrics", "resume_from", "save_artifact", "track"]
+__all__ = [
+    "checkpoint_saved",
+    "flush",
+    "log_metrics",
+    "report_from_every_rank",
+    "resume_from",
+    "save_artifact",
+    "track",
+]
 
 #: The most rows one report carries (the portal takes up to 5,000).
 ROWS_PER_REPORT = 1000
@@ -279,6 +293,8 @@ def _detail(error: urllib.error.HTTPError) -> str:
 _reporter: Reporter | None = None
 _reporter_lock = threading.Lock()
 _said_outside = False
+_every_rank = False
+_said_rank = False
 #: The largest step ``log_metrics`` took in this process since ``forget_logged_steps``: a
 #: sweep's trial puts the mapping ``train_func`` returns after it (``tau.sweep``).
 _last_logged_step: int | None = None
@@ -307,10 +323,12 @@ def reporter() -> Reporter:
 
 def _reset() -> None:
     """Forget the reporter (tests, or a process that changed its environment)."""
-    global _reporter, _said_outside
+    global _reporter, _said_outside, _every_rank, _said_rank
     with _reporter_lock:
         _reporter = None
         _said_outside = False
+        _every_rank = False
+        _said_rank = False
 
 
 def _outside_a_run(what: str) -> bool:
@@ -321,6 +339,29 @@ def _outside_a_run(what: str) -> bool:
         _warn(f"not inside a TauGrid run (no TAU_RUN_TOKEN): {what} is not reported")
         _said_outside = True
     return True
+
+
+def _not_the_reporting_rank(what: str) -> bool:
+    """Whether this worker of a multi-worker run leaves ``what`` to rank 0 (module
+    docstring)."""
+    global _said_rank
+    rank = os.environ.get("RANK", "").strip()
+    if _every_rank or os.environ.get("WORLD_SIZE", "1").strip() in {"", "1"} or rank in {"", "0"}:
+        return False
+    if not _said_rank:
+        _warn(
+            f"this is worker RANK {rank}: {what} is reported by rank 0 only "
+            "(tau.report_from_every_rank() reports from here too)"
+        )
+        _said_rank = True
+    return True
+
+
+def report_from_every_rank(enabled: bool = True) -> None:
+    """Report this worker's metrics and checkpoints too, whatever its ``RANK`` (by default
+    only rank 0 of a multi-worker run reports; module docstring)."""
+    global _every_rank
+    _every_rank = enabled
 
 
 def _flush_at_exit() -> None:
@@ -340,7 +381,7 @@ def log_metrics(step: int, **values: float) -> None:
     """Record metric values at ``step`` (``tau.log_metrics(10, loss=0.31)``). Returns at once;
     the rows go to the portal in the background. A value that is not a finite number is
     skipped with a warning."""
-    if _outside_a_run("log_metrics"):
+    if _outside_a_run("log_metrics") or _not_the_reporting_rank("log_metrics"):
         return
     number = _whole_number(step, "step")
     if isinstance(number, str):
@@ -401,7 +442,7 @@ def checkpoint_saved(path: str | os.PathLike[str], step: int, *, size: int | Non
     """Register a checkpoint that is complete on disk (under ``TAU_CHECKPOINT_DIR``): the
     newest one is what a resumed or retried attempt starts from (:func:`resume_from`). Sent
     at once in the background."""
-    if _outside_a_run("checkpoint_saved"):
+    if _outside_a_run("checkpoint_saved") or _not_the_reporting_rank("checkpoint_saved"):
         return
     number = _whole_number(step, "step")
     size_number = None if size is None else _whole_number(size, "size")

@@ -10,7 +10,9 @@ controller-manager's garbage collector.
   (it creates the Ray cluster);
 * the run Secret owned by that RayJob is accepted and garbage-collected with it;
 * the multi-node Job is admitted, its pods get their stable names, and its headless Service
-  and Secret go away with it.
+  and Secret go away with it;
+* the DDP example's two CPU workers, as written, are admitted together and run on the fake
+  nodes with the rendezvous variables in their pod specs.
 
 No kubelet runs here, so no container starts; everything up to that point is real.
 """
@@ -25,6 +27,7 @@ import pytest
 
 from executors.kubernetes import labels
 from executors.kubernetes.render import Flavor, Owner, RunTarget, render_dependents, render_workload
+from tau import rendezvous
 from tau.spec import Spec
 from tests.cluster.kueue_objects import H100_LABELS, cluster_queue, local_queue, resource_flavor
 from tests.cluster.plugin import Kube, wait_until
@@ -292,3 +295,47 @@ def test_the_multi_node_job_runs_its_pods_under_stable_names(kube: Kube) -> None
         return True if secret is None and service is None else None
 
     wait_until("the Job's Secret and Service to be collected", dependents_gone, timeout=90)
+
+
+def test_the_ddp_example_as_written_runs_its_two_workers_on_the_fake_nodes(kube: Kube) -> None:
+    """Issue 32: the CPU form of examples/ddp, unchanged, goes as far as the test cluster
+    goes: Kueue admits its two workers as one workload, kube-scheduler places both pods on
+    the fake nodes and KWOK runs them, and each pod's spec carries the rendezvous table
+    (tau/rendezvous.py), its RANK read from its own completion index."""
+    queue = queue_setup(kube, "render-ddp")
+    case = next(case for case in cases() if case.name == "ddp")
+    spec, target = placed(case.spec, case.target, queue)
+    name = target.workload_name
+    run_label = f"{labels.RUN}={target.run_name}"
+    job = kube.create(render_workload(spec, target))
+    for body in render_dependents(spec, target, token=TOKEN, owner=Owner.of(job)):
+        kube.create(body)
+
+    wait_until("the Job to be admitted", lambda: admitted(kube, job), timeout=60)
+
+    def both_running() -> list[dict[str, Any]] | None:
+        found = kube.list("v1", "Pod", queue.namespace, run_label)
+        running = [pod for pod in found if (pod.get("status") or {}).get("phase") == "Running"]
+        return running if len(running) == 2 else None
+
+    pods = wait_until("both workers' pods to run on the fake nodes", both_running, timeout=60)
+    index_of = {pod["metadata"]["annotations"][labels.JOB_COMPLETION_INDEX]: pod for pod in pods}
+    assert sorted(index_of) == ["0", "1"]
+    for index, pod in sorted(index_of.items()):
+        assert pod["spec"]["nodeName"], pod["spec"]  # placed by kube-scheduler
+        (container,) = pod["spec"]["containers"]
+        assert "train.py" in container["command"] + container.get("args", [])
+        env = [item for item in container["env"] if item["name"] in rendezvous.NAMES]
+        assert [item["name"] for item in env] == list(rendezvous.NAMES)
+        values = {item["name"]: item.get("value") for item in env}
+        assert values["MASTER_ADDR"] == values["PET_MASTER_ADDR"] == f"{name}-0.{name}"
+        assert values["MASTER_PORT"] == values["PET_MASTER_PORT"] == str(rendezvous.DEFAULT_PORT)
+        assert values["WORLD_SIZE"] == values["PET_NNODES"] == "2"
+        assert values["LOCAL_RANK"] == "0"
+        # RANK and PET_NODE_RANK: the pod's own completion index, 0 and 1.
+        for item in env:
+            if item["name"] in {"RANK", "PET_NODE_RANK"}:
+                field = item["valueFrom"]["fieldRef"]["fieldPath"]
+                assert field == f"metadata.annotations['{labels.JOB_COMPLETION_INDEX}']"
+        assert pod["spec"]["hostname"] == f"{name}-{index}"
+    kube.delete("batch/v1", "Job", name, queue.namespace)

@@ -115,6 +115,38 @@ def test_outside_a_run_the_calls_do_nothing_and_say_so_once(
     assert capfd.readouterr().err.count("not inside a TauGrid run") == 1
 
 
+def test_in_a_multi_worker_run_only_rank_0_reports_unless_told_otherwise(
+    in_a_run: Any,
+    portal: Portal,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 32: worker 1 of 2 (the rendezvous variables, docs/distributed.md) reports no
+    metric and no checkpoint, and says why once; rank 0 reports; a worker told to
+    (``report_from_every_rank``) reports too."""
+    portal.start(worker=False, beat=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    tau.log_metrics(1, loss=0.5)
+    tau.log_metrics(2, loss=0.4)
+    tau.checkpoint_saved("step-2", 2)
+    assert tau.flush(timeout=60)
+    assert points(in_a_run) == 0
+    assert not Checkpoint.objects.unscoped().filter(run=in_a_run).exists()
+    said = capfd.readouterr().err
+    assert said.count("this is worker RANK 1: log_metrics is reported by rank 0 only") == 1
+    assert said.count("reported by rank 0 only") == 1
+
+    tau.report_from_every_rank()
+    tau.log_metrics(3, rank1_loss=0.3)
+    monkeypatch.setenv("RANK", "0")
+    tau.report_from_every_rank(False)
+    tau.log_metrics(3, loss=0.3)
+    assert tau.flush(timeout=60)
+    keys = dict(MetricPoint.objects.unscoped().filter(run=in_a_run).values_list("key", "step"))
+    assert keys == {"rank1_loss": 3, "loss": 3}
+
+
 def test_a_sweep_trial_s_rows_are_its_own(
     in_a_run: Any, portal: Portal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
