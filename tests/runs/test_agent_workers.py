@@ -241,11 +241,14 @@ FIRST_INSTALL_SECONDS = 900
 
 
 @pytest.mark.slow
-def test_the_ddp_example_trains_on_two_workers_and_resumes_after_one_is_killed(
-    world: Any, var_dir: Path, start_agent: Any
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_a_distributed_example_trains_on_two_workers_and_resumes_after_one_is_killed(
+    world: Any, var_dir: Path, start_agent: Any, name: str
 ) -> None:
+    """examples/ddp (DistributedDataParallel) and examples/fsdp (FullyShardedDataParallel),
+    as written but for one worker killed on the first attempt."""
     local_quota(world.alpha)
-    example = EXAMPLES / "ddp"
+    example = EXAMPLES / name
     source = (example / "tau.yaml").read_text()
     killed_at = source.replace(
         "args: [--steps, 300, --checkpoint-every, 50]",

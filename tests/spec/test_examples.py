@@ -39,6 +39,7 @@ def test_the_examples_are_all_there() -> None:
         "multi-node-torchrun",
         "resume-from-checkpoint",
         "ddp",
+        "fsdp",
     }
 
 
@@ -86,13 +87,15 @@ def test_the_examples_that_run_here_pin_what_make_test_downloads() -> None:
     requirements/examples.txt, exactly (the GPU-only examples run only on a cluster)."""
     lines = (REPO / "requirements" / "examples.txt").read_text("utf-8").splitlines()
     pinned = {line for line in lines if line and not line.startswith("#")}
-    ddp = load_spec((REPO / "examples" / "ddp" / "tau.yaml").read_bytes())
-    assert set(ddp.runtime.pip) == pinned
+    for name in ("ddp", "fsdp"):
+        spec = load_spec((REPO / "examples" / name / "tau.yaml").read_bytes())
+        assert set(spec.runtime.pip) == pinned, name
     assert all("==" in requirement for requirement in pinned)
 
 
-def test_the_ddp_example_is_a_job_of_two_cpu_workers_that_resumes() -> None:
-    spec = load_spec((REPO / "examples" / "ddp" / "tau.yaml").read_bytes())
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_the_distributed_examples_are_jobs_of_two_cpu_workers_that_resume(name: str) -> None:
+    spec = load_spec((REPO / "examples" / name / "tau.yaml").read_bytes())
     assert (spec.run.workload_kind, spec.compute.workers, spec.compute.gpus) == ("job", 2, 0)
     assert spec.resilience.checkpoint_dir == "checkpoints"
     assert "oom_killed" in spec.resilience.retry_on  # a worker killed by SIGKILL looks like it
