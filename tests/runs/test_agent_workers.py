@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from evidence import keys
 from executors.local.agent import processes
 from executors.local.backend import LocalBackend
 from runs.models import (
@@ -27,6 +28,9 @@ from runs.models import (
     RunState,
 )
 from tau import rendezvous
+from tau.evidence.keys import load_trusted_keys
+from tau.evidence.verify import verify_file
+from tests.evidence.helpers import download, manifest_of, member_names, seal_all
 from tests.runs.agent_harness import (
     GRACE_SECONDS,
     ROOT,
@@ -243,7 +247,7 @@ FIRST_INSTALL_SECONDS = 900
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["ddp", "fsdp"])
 def test_a_distributed_example_trains_on_two_workers_and_resumes_after_one_is_killed(
-    world: Any, var_dir: Path, start_agent: Any, name: str
+    world: Any, var_dir: Path, tmp_path: Path, start_agent: Any, name: str
 ) -> None:
     """examples/ddp (DistributedDataParallel) and examples/fsdp (FullyShardedDataParallel),
     as written but for one worker killed on the first attempt."""
@@ -297,3 +301,15 @@ def test_a_distributed_example_trains_on_two_workers_and_resumes_after_one_is_ki
     assert (
         Artifact.objects.for_workspace(world.alpha).filter(run=run, path="model/final.pt").exists()
     )
+
+    # One sealed record of it all, exported through the API and verified offline: both
+    # attempts' logs (worker 0's), the metrics, the model.
+    (record,) = seal_all(run)
+    manifest = manifest_of(record)
+    assert manifest["run"]["state"] == RunState.SUCCEEDED
+    assert manifest["metrics"]["count"] == len(first) + len(second)
+    exported = download(world.api_client_for("viewer"), run, tmp_path / "evidence.tar")
+    report = verify_file(exported, load_trusted_keys(json.dumps(keys.keyring()).encode()))
+    assert report.ok, report.problems
+    members = set(member_names(exported))
+    assert {"attempts/1/log.txt", "attempts/2/log.txt", "artifacts/model/final.pt"} <= members
