@@ -40,6 +40,7 @@ def test_the_examples_are_all_there() -> None:
         "resume-from-checkpoint",
         "ddp",
         "fsdp",
+        "ray-tune",
     }
 
 
@@ -87,7 +88,7 @@ def test_the_examples_that_run_here_pin_what_make_test_downloads() -> None:
     requirements/examples.txt, exactly (the GPU-only examples run only on a cluster)."""
     lines = (REPO / "requirements" / "examples.txt").read_text("utf-8").splitlines()
     pinned = {line for line in lines if line and not line.startswith("#")}
-    for name in ("ddp", "fsdp"):
+    for name in ("ddp", "fsdp", "ray-tune"):
         spec = load_spec((REPO / "examples" / name / "tau.yaml").read_bytes())
         assert set(spec.runtime.pip) == pinned, name
     assert all("==" in requirement for requirement in pinned)

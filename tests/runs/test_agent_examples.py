@@ -1,0 +1,77 @@
+"""The examples that need PyTorch, trained for real on the local executor (issue 32): a
+real agent process (``manage.py run_agent``) runs them, against the test PostgreSQL, with
+torch installed from the wheels make test downloads (deploy/dev/example_wheels.py) into an
+environment shared by every test session of this machine. The distributed ones (DDP, FSDP)
+are in test_agent_workers.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runs.models import MetricPoint, Run, RunState, RunTrial
+from runs.trials import trials_table
+from tests.runs.agent_harness import ROOT, local_quota, submit, wait_for_state
+from tests.runs.factories import zip_directory
+from tests.runs.test_agent_workers import (
+    EXAMPLE_WHEELS_SCRIPT,
+    FIRST_INSTALL_SECONDS,
+    RUN_VENVS,
+    example_wheels,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+EXAMPLES = ROOT / "examples"
+
+
+def torch_agent(start_agent: Any, **env: str) -> Any:
+    wheels = example_wheels.wheel_dir()
+    assert example_wheels.is_complete(wheels), f"run {EXAMPLE_WHEELS_SCRIPT} first"
+    return start_agent(TAU_LOCAL_VENVS_DIR=str(RUN_VENVS), PIP_FIND_LINKS=str(wheels), **env)
+
+
+def sweep_result(run: Run) -> dict[str, Any]:
+    """What a search found: each trial's values and best validation accuracy, and the best."""
+    _, rows = trials_table(run, run.spec)
+    finals = dict(
+        MetricPoint.objects.for_workspace(run.workspace_id)
+        .filter(run=run, step=15, key__endswith="/val_loss")
+        .values_list("key", "value")
+    )
+    return {
+        "trials": [(row.number, row.config, row.best) for row in rows],
+        "best": [(row.number, row.best) for row in rows if row.is_best],
+        "final_val_loss": finals,
+    }
+
+
+def test_the_ray_tune_example_picks_the_same_best_trial_with_the_same_numbers_twice(
+    world: Any, start_agent: Any, live_server: Any
+) -> None:
+    """examples/ray-tune as written, searched twice: every trial succeeds both times, and the
+    two searches agree to the last digit on every trial's validation numbers and on the best
+    trial (the article's search "with deterministic validation")."""
+    local_quota(world.alpha)
+    example = EXAMPLES / "ray-tune"
+    source = (example / "tau.yaml").read_bytes()
+    runs = [submit(world, source, bundle=zip_directory(example)) for _ in range(2)]
+    agent = torch_agent(start_agent, TAU_API_URL=live_server.url)  # the trials report there
+    for run in runs:
+        wait_for_state(
+            run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
+        )
+        assert run.state == RunState.SUCCEEDED, run.state_reason
+        trials = RunTrial.objects.for_workspace(world.alpha).filter(run=run)
+        assert {trial.state for trial in trials} == {RunTrial.State.SUCCEEDED}
+        assert trials.count() == 4
+    first, second = (sweep_result(run) for run in runs)
+    assert first == second
+    # The widest network with the smaller learning rate: its best epoch on the validation set
+    # (what the search compares, execution.metric and mode) is 87.0 % (``train.py``, by hand).
+    ((number, accuracy),) = first["best"]
+    configs = {number: config for number, config, _ in first["trials"]}
+    assert configs[number] == {"lr": 0.01, "hidden": 64, "epochs": 15}
+    assert accuracy == pytest.approx(0.87)
+    assert len(configs) == len(first["final_val_loss"]) == 4
