@@ -6,13 +6,16 @@ are in test_agent_workers.py."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runs.models import MetricPoint, Run, RunState, RunTrial
+from runs.artifacts import content_path
+from runs.models import Artifact, Checkpoint, MetricPoint, Run, RunState, RunTrial
 from runs.trials import trials_table
-from tests.runs.agent_harness import ROOT, local_quota, submit, wait_for_state
+from tests.runs.agent_harness import ROOT, attempts, local_quota, submit, wait_for_state
 from tests.runs.factories import zip_directory
 from tests.runs.test_agent_workers import (
     EXAMPLE_WHEELS_SCRIPT,
@@ -75,3 +78,38 @@ def test_the_ray_tune_example_picks_the_same_best_trial_with_the_same_numbers_tw
     assert configs[number] == {"lr": 0.01, "hidden": 64, "epochs": 15}
     assert accuracy == pytest.approx(0.87)
     assert len(configs) == len(first["final_val_loss"]) == 4
+
+
+def test_the_lora_example_fine_tunes_and_keeps_its_adapter_as_the_model(
+    world: Any, var_dir: Path, start_agent: Any, live_server: Any
+) -> None:
+    """examples/lora as written: LoRA (PEFT) over a tiny transformer built in code trains on
+    one CPU, its loss falls, its checkpoints are recorded, and the adapter it saves is the
+    run's kept model output."""
+    local_quota(world.alpha)
+    example = EXAMPLES / "lora"
+    run = submit(world, (example / "tau.yaml").read_bytes(), bundle=zip_directory(example))
+    agent = torch_agent(start_agent, TAU_API_URL=live_server.url)  # the SDK reports there
+    wait_for_state(
+        run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
+    )
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    (attempt,) = attempts(run)
+    log = Path(attempt.log_path).read_text()
+    assert "LoRA r=8: 8,192 of 36,736 parameters train" in log
+    losses = dict(
+        MetricPoint.objects.for_workspace(world.alpha)
+        .filter(run=run, key="loss")
+        .values_list("step", "value")
+    )
+    assert sorted(losses) == list(range(10, 210, 10))
+    assert losses[200] < losses[10] - 0.2, losses
+    steps = Checkpoint.objects.for_workspace(world.alpha).filter(run=run)
+    assert sorted(steps.values_list("step", flat=True)) == [50, 100, 150, 200]
+    kept = dict(
+        Artifact.objects.for_workspace(world.alpha).filter(run=run).values_list("path", "sha256")
+    )
+    assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors"} <= set(kept)
+    config = json.loads(content_path(kept["adapter/adapter_config.json"]).read_bytes())
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 8, 16)
+    assert sorted(config["target_modules"]) == ["c_attn", "c_fc", "c_proj"]
