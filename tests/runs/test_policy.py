@@ -391,3 +391,25 @@ def test_a_spec_over_a_limit_is_refused_not_trimmed(world: Any, settings: Any) -
     with pytest.raises(PolicyRefused):
         apply_policy(spec, world.alpha, backend="kubernetes")
     assert spec.compute.gpus == 3  # the input is a frozen value; nothing was clamped
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus"), [("multi-node-torchrun", 16), ("qlora", 1), ("gpu-quickstart", 1)]
+)
+def test_a_gpu_example_is_accepted_within_a_gpu_quota_and_refused_over_it(
+    world: Any, name: str, gpus: int
+) -> None:
+    """Issue 32: the GPU forms of the examples, as written, on the Kubernetes backend: a
+    workspace whose GPU quota covers the run takes it; one GPU less, and the run is refused
+    at once, with how many it needs and how many the workspace can get."""
+    spec = load_spec((EXAMPLES / name / "tau.yaml").read_bytes())
+    quota(world.beta, "cpu", "1000")
+    quota(world.beta, "memory", "8Ti")
+    quota(world.beta, GPU, str(gpus))
+    placement = apply_policy(spec, world.beta, backend="kubernetes")
+    assert placement.spec.compute.gpus * placement.spec.compute.workers == gpus
+    quota(world.beta, GPU, str(gpus - 1))
+    problems = refusal(spec, world.beta)
+    assert list(problems) == ["compute.gpus"], problems
+    assert f"the run needs {gpus} nvidia.com/gpu at once" in problems["compute.gpus"]
+    assert f"but beta can get at most {gpus - 1}; it would never start." in problems["compute.gpus"]

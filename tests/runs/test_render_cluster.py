@@ -339,3 +339,24 @@ def test_the_ddp_example_as_written_runs_its_two_workers_on_the_fake_nodes(kube:
                 assert field == f"metadata.annotations['{labels.JOB_COMPLETION_INDEX}']"
         assert pod["spec"]["hostname"] == f"{name}-{index}"
     kube.delete("batch/v1", "Job", name, queue.namespace)
+
+
+@pytest.mark.parametrize(("name", "gpus"), [("qlora", 1), ("multi-node-torchrun", 16)])
+def test_a_gpu_example_is_admitted_by_kueue_within_exactly_its_gpu_quota(
+    kube: Kube, name: str, gpus: int
+) -> None:
+    """Issue 32: the GPU forms as written, in a ClusterQueue with just the GPUs they ask for:
+    Kueue admits them, and their pods land on the GPU nodes (the over-quota side is refused
+    at submission, tests/runs/test_policy.py)."""
+    queue = queue_setup(kube, f"render-{name[:8]}", gpus=gpus)
+    case = next(case for case in cases() if case.name == name)
+    spec, target = placed(case.spec, case.target, queue)
+    job = kube.create(render_workload(spec, target))
+    for body in render_dependents(spec, target, token=TOKEN, owner=Owner.of(job)):
+        kube.create(body)
+    wait_until("the Job to be admitted", lambda: admitted(kube, job), timeout=60)
+    workload = workload_of(kube, job)
+    assert workload is not None
+    (assignment,) = workload["status"]["admission"]["podSetAssignments"]
+    assert assignment["resourceUsage"][GPU] == str(gpus)
+    kube.delete("batch/v1", "Job", target.workload_name, queue.namespace)
