@@ -113,3 +113,38 @@ def test_the_lora_example_fine_tunes_and_keeps_its_adapter_as_the_model(
     config = json.loads(content_path(kept["adapter/adapter_config.json"]).read_bytes())
     assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 8, 16)
     assert sorted(config["target_modules"]) == ["c_attn", "c_fc", "c_proj"]
+
+
+def test_the_ddp_example_started_by_torchrun_from_a_reference_cli_config(
+    world: Any, var_dir: Path, start_agent: Any
+) -> None:
+    """The reference CLI's ``execution.launcher: torchrun`` with ``nodes: 2`` (a direct run
+    config): a Job of two workers, each running ``torchrun --nproc-per-node 1 train.py``;
+    torchrun reads the PET_* variables each worker gets and starts the training process with
+    RANK and WORLD_SIZE of its own. The same train.py as examples/ddp, unchanged."""
+    local_quota(world.alpha)
+    direct = (
+        "name: ddp-torchrun\n"
+        "engine: job\n"
+        "entrypoint: train.py\n"
+        "run:\n  args: [--steps, 60, --checkpoint-every, 30]\n"
+        "compute:\n  cpu_request: '1'\n  memory_request: 2Gi\n"
+        "runtime:\n  pip: [torch==2.5.1, numpy==2.1.3]\n  env: {OMP_NUM_THREADS: '1'}\n"
+        "execution:\n  launcher: torchrun\n  nodes: 2\n  processes_per_node: 1\n"
+    )
+    run = submit(world, direct.encode(), bundle=zip_directory(EXAMPLES / "ddp"))
+    assert run.spec["run"]["entrypoint"] == "torchrun --nproc-per-node 1 train.py"
+    assert run.spec["compute"]["workers"] == 2
+    agent = torch_agent(start_agent)
+    wait_for_state(
+        run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
+    )
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    (attempt,) = attempts(run)
+    worker_0 = Path(attempt.log_path)
+    worker_1 = worker_0.with_name("worker-1.log")
+    assert "rank 0 of 2: gloo, steps 1..60" in worker_0.read_text()
+    assert "done: step 60, 2 workers" in worker_0.read_text()
+    assert "rank 1 of 2: gloo, steps 1..60" in worker_1.read_text()
+    steps = Checkpoint.objects.for_workspace(world.alpha).filter(run=run)
+    assert sorted(steps.values_list("step", flat=True)) == [30, 60]
