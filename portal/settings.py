@@ -690,7 +690,8 @@ TAU_LOCAL_FLAVOR = env_str("TAU_LOCAL_FLAVOR", "local") or "local"
 # Where the local executor keeps the runs' Python environments, one per set of requirements
 # (executors/local/agent/environments.py): several portals of one machine (the test suite's)
 # may share them, so a large requirement (torch) is installed once.
-TAU_LOCAL_VENVS_DIR = Path(env_str("TAU_LOCAL_VENVS_DIR", "") or VAR_DIR / "venvs").resolve()
+# Unset: VAR_DIR/venvs (executors.local.agent.prepare.venvs_root).
+TAU_LOCAL_VENVS_DIR = env_str("TAU_LOCAL_VENVS_DIR", "") or ""
 # Seconds between SIGTERM and SIGKILL when the local agent stops a run's processes.
 TAU_LOCAL_GRACE_SECONDS = env_int("TAU_LOCAL_GRACE_SECONDS", 10, minimum=0)
 # How a running workload reaches the portal's API (TAU_API_URL in its environment).

@@ -24,7 +24,7 @@ from django.db import transaction
 
 from executors.local.agent import admission, environments
 from executors.local.agent.health import local_executor_note
-from executors.local.agent.prepare import AttemptLayout, runs_root
+from executors.local.agent.prepare import AttemptLayout, runs_root, venvs_root
 from runs.backends import PodSet, QueuedRun, QueueReading, QuotaUse
 from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
 from runs.logs import LogChunk, WholeLog, open_log_file, read_log_file
@@ -102,7 +102,7 @@ def local_environment(run: Run) -> dict[str, Any] | None:
     """The run's virtual environment, as the local executor built it: its Python and its
     packages. None when it is not on this machine (any more)."""
     spec = spec_from_dict(run.spec)
-    venv = environments.environment_path(Path(settings.TAU_LOCAL_VENVS_DIR), spec.runtime.pip)
+    venv = environments.environment_path(venvs_root(), spec.runtime.pip)
     if not environments.is_ready(venv):
         return None
     packages = {

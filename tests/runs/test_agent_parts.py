@@ -714,3 +714,18 @@ def test_demo_passwords_are_readable_by_the_portal_only(tmp_path: Path, settings
     path.chmod(0o644)  # as an older version left it
     assert bootstrap_demo.load_or_create_passwords() == passwords
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_runs_environments_follow_var_dir_unless_a_folder_is_given(
+    settings: Any, tmp_path: Path
+) -> None:
+    """TAU_LOCAL_VENVS_DIR: where the local executor keeps the runs' environments (the
+    example tests share one across sessions); unset, VAR_DIR/venvs, read when asked, as the
+    evidence of a run reads it after a test moved VAR_DIR."""
+    from executors.local.agent.prepare import venvs_root
+
+    settings.TAU_LOCAL_VENVS_DIR = ""
+    settings.VAR_DIR = tmp_path / "var"
+    assert venvs_root() == tmp_path / "var" / "venvs"
+    settings.TAU_LOCAL_VENVS_DIR = str(tmp_path / "shared")
+    assert venvs_root() == (tmp_path / "shared").resolve()

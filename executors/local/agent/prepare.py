@@ -65,6 +65,13 @@ def runs_root() -> Path:
     return Path(settings.VAR_DIR) / "runs"
 
 
+def venvs_root() -> Path:
+    """Where the runs' environments live: ``TAU_LOCAL_VENVS_DIR``, else ``VAR_DIR/venvs``
+    (derived when asked, so it follows VAR_DIR)."""
+    configured = str(getattr(settings, "TAU_LOCAL_VENVS_DIR", "") or "")
+    return Path(configured).resolve() if configured else Path(settings.VAR_DIR) / "venvs"
+
+
 @dataclass(frozen=True)
 class AttemptLayout:
     run_dir: Path

@@ -92,6 +92,7 @@ from executors.local.agent.prepare import (
     make_directories,
     prepare,
     runs_root,
+    venvs_root,
 )
 from executors.local.agent.wrapper import truncation_marker
 from runs import attempts, checkpoints, run_tokens, selectors, state, sweeps, trials, wording
@@ -235,7 +236,7 @@ class Agent:
         self.grace = float(settings.TAU_LOCAL_GRACE_SECONDS if grace is None else grace)
         self.capacity = admission.machine_capacity()
         self.runs_dir = runs_root()
-        self.venvs_dir = Path(settings.TAU_LOCAL_VENVS_DIR)
+        self.venvs_dir = venvs_root()
         self.sdk_root = Path(settings.VAR_DIR) / "workload-sdk"
         self.log_limit = int(settings.TAU_RUN_LOG_MAX_BYTES)
         self.free_gpus = list(range(int(settings.TAU_LOCAL_GPUS)))
