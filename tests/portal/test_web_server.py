@@ -130,8 +130,10 @@ def test_a_body_that_does_not_come_is_a_408_and_others_are_served_meanwhile(
 
 
 def test_headers_that_do_not_come_are_a_408(server: Server) -> None:
-    client = server.connect()
+    # The header deadline runs from the server's accept, which may come before connect()
+    # returns here: the clock starts before connecting, so the wait is never undercounted.
     started = time.monotonic()
+    client = server.connect()
     client.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
     status, _, body = read_response(client)
     assert status == 408
@@ -141,8 +143,8 @@ def test_headers_that_do_not_come_are_a_408(server: Server) -> None:
 
 def test_an_idle_connection_is_closed_after_the_header_deadline(server: Server) -> None:
     """Connecting and saying nothing holds no thread, and not even the socket for long."""
-    client = server.connect()
     started = time.monotonic()
+    client = server.connect()
     status, _, _ = read_response(client)
     assert status == 408
     assert time.monotonic() - started < DEADLINE + 10
