@@ -1109,7 +1109,7 @@ class Agent:
             self._advance_workers(execution, now)
             return
         status = _exit_status(pid)
-        if status is None and self._workload_ended_inside(execution, now):
+        if status is None and _ended_inside(execution, execution.layout.outcome, now):
             # The workload has ended (its outcome is written), but something it started keeps
             # its sandbox open: stop what is left, as for a group whose leader has exited.
             execution.phase = Phase.DRAINING
@@ -1153,10 +1153,11 @@ class Agent:
             if worker.ended:
                 continue
             worker.status = _exit_status(worker.process.pid)
-            if worker.status is None and self._worker_ended_inside(execution, worker, now):
+            outcome = execution.layout.worker_outcome(worker.rank)
+            if worker.status is None and _ended_inside(worker, outcome, now):
                 # Its workload has ended (the record says how), but something it started
                 # keeps its sandbox open: it is stopped with the group below.
-                recorded = outcomes.read_outcome(execution.layout.worker_outcome(worker.rank))
+                recorded = outcomes.read_outcome(outcome)
                 if recorded is not None:
                     worker.status = (recorded.exit_code, recorded.signal)
             if worker.failed:
@@ -1183,13 +1184,6 @@ class Agent:
         if execution.term_sent_at is None and processes.group_members(pid, exclude=pid):
             processes.signal_group(pid, signal.SIGTERM)
             execution.term_sent_at = now
-
-    def _worker_ended_inside(self, execution: Execution, worker: Worker, now: float) -> bool:
-        if worker.outcome_seen_at is None:
-            if not outcomes.outcome_written(execution.layout.worker_outcome(worker.rank)):
-                return False
-            worker.outcome_seen_at = now
-        return now - worker.outcome_seen_at >= OUTCOME_LINGER_SECONDS
 
     def _check_disk(self, execution: Execution, now: float) -> None:
         """Start a measurement of the run's folders when one is due, and act on the last one:
@@ -1226,13 +1220,6 @@ class Agent:
         execution.cancelled.set()
         execution.term_sent_at = time.monotonic()
         self._kill(execution)
-
-    def _workload_ended_inside(self, execution: Execution, now: float) -> bool:
-        if execution.outcome_seen_at is None:
-            if not outcomes.outcome_written(execution.layout.outcome):
-                return False
-            execution.outcome_seen_at = now
-        return now - execution.outcome_seen_at >= OUTCOME_LINGER_SECONDS
 
     def _advance_draining(self, execution: Execution, now: float) -> None:
         assert execution.process is not None
@@ -1520,6 +1507,17 @@ def _ended_at(execution: Execution, worker: Worker) -> tuple[float, int]:
     recorded = outcomes.read_outcome(execution.layout.worker_outcome(worker.rank))
     ended = recorded.ended_at if recorded is not None else None
     return (ended if ended is not None else math.inf, worker.rank)
+
+
+def _ended_inside(holder: Execution | Worker, outcome: Path, now: float) -> bool:
+    """Whether the workload of ``holder`` (an attempt, or one worker of it) wrote its
+    ``outcome`` at least OUTCOME_LINGER_SECONDS ago while something it started keeps its
+    sandbox open; ``holder.outcome_seen_at`` remembers when the record was first seen."""
+    if holder.outcome_seen_at is None:
+        if not outcomes.outcome_written(outcome):
+            return False
+        holder.outcome_seen_at = now
+    return now - holder.outcome_seen_at >= OUTCOME_LINGER_SECONDS
 
 
 def _free_port() -> int:
