@@ -95,11 +95,13 @@ docs: install-docs
 
 # The whole suite in two lanes at once (deploy/dev/test_lanes.py): the control plane's build
 # (cached) and then the cluster tier one test at a time; beside them, the fast tiers spread over
-# every core, then the tiers that start processes or Chromium and the slow tests over two
-# workers. A pass that PYTEST_ARGS leaves empty (pytest's exit 5) is fine.
+# every core, the portal's image build (cached layers: seconds when warm), then the tiers that
+# start processes or Chromium and the slow tests over two workers. No test builds anything.
+# A pass that PYTEST_ARGS leaves empty (pytest's exit 5) is fine.
 pytest: install-dev
 	$(PYTHON) deploy/dev/test_lanes.py --fast "$(FAST_TIERS)" \
-		--cluster-build "$(PYTHON) $(CLUSTER_TOOL) build" -- $(VENV)/bin/pytest $(PYTEST_ARGS)
+		--cluster-build "$(PYTHON) $(CLUSTER_TOOL) build" \
+		--others-build "$(PYTHON) deploy/dev/oci_image.py build" -- $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # A few minutes of fuzzing the tau.yaml checker (not part of make test).
 fuzz: install-dev

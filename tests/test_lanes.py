@@ -23,7 +23,7 @@ lanes = load_script(ROOT / "deploy" / "dev" / "test_lanes.py", "taugrid_test_lan
 FAKE = """
 import json, os, sys, time
 args = sys.argv[1:]
-name = "build" if args[:1] == ["build"] else os.environ.get("TAU_TEST_LANE", "?")
+name = args[0] if args[:1] in (["build"], ["image"]) else os.environ.get("TAU_TEST_LANE", "?")
 started = time.time()
 if name == "build":
     time.sleep(float(os.environ.get("BUILD_SECONDS", "0")))
@@ -54,9 +54,19 @@ def calls(tmp_path: Path) -> dict[str, dict[str, Any]]:
 
 
 def run_lanes(fake: list[str], *pytest_args: str) -> int:
-    build = " ".join([*fake, "build"])
+    build, image = " ".join([*fake, "build"]), " ".join([*fake, "image"])
     code: int = lanes.main(
-        ["--fast", "unit or db", "--cluster-build", build, "--", *fake, *pytest_args]
+        [
+            "--fast",
+            "unit or db",
+            "--cluster-build",
+            build,
+            "--others-build",
+            image,
+            "--",
+            *fake,
+            *pytest_args,
+        ]
     )
     return code
 
@@ -76,6 +86,7 @@ def test_the_cluster_tier_runs_after_the_build_beside_the_others(
     assert run_lanes(fake, "tests/runs", "-x") == 0
     made = calls(tmp_path)
     build, cluster, fast, others = made["build"], made["cluster"], made["fast"], made["others"]
+    image = made["image"]
     # What each pass selects: the fast tiers first, the cluster tier in its lane, everything
     # else after the fast ones; the arguments given are passed on to every pass.
     for call in (cluster, fast, others):
@@ -90,6 +101,9 @@ def test_the_cluster_tier_runs_after_the_build_beside_the_others(
     assert build["ended"] <= cluster["started"]
     assert fast["started"] < build["ended"]
     assert fast["ended"] <= others["started"]
+    # What the other tests need is built before them, after the fast pass (no test builds).
+    assert fast["ended"] <= image["started"]
+    assert image["ended"] <= others["started"]
     # The cluster lane's own Redis database (its test databases: TAU_TEST_LANE, conftest.py).
     assert cluster["env"]["REDIS_URL"] == "redis://default:secret@127.0.0.1:6390/1"
     assert cluster["env"]["CELERY_BROKER_URL"] == "redis://default:secret@127.0.0.1:6390/1"
@@ -111,6 +125,7 @@ def test_the_cluster_tier_runs_after_the_build_beside_the_others(
         ({"EXIT_OTHERS": "2"}, 2),
         ({"EXIT_FAST": "3"}, 3),
         ({"EXIT_BUILD": "4"}, 4),
+        ({"EXIT_IMAGE": "6"}, 6),
         ({"EXIT_OTHERS": "5", "EXIT_CLUSTER": "5", "EXIT_FAST": "5"}, 0),  # nothing selected
         ({"EXIT_OTHERS": "5", "EXIT_CLUSTER": "1"}, 1),
     ],
@@ -132,10 +147,26 @@ def test_a_failed_build_is_shown_and_no_cluster_test_runs(
 ) -> None:
     monkeypatch.setenv("EXIT_BUILD", "1")
     assert run_lanes(fake) == 1
-    assert set(calls(tmp_path)) == {"build", "fast", "others"}
+    assert set(calls(tmp_path)) == {"build", "fast", "image", "others"}
     shown = capsys.readouterr().out
     assert "build says hello" in shown
     assert "cluster: exit 1 in the control plane's build" in shown
+
+
+@pytest.mark.slow
+def test_a_failed_build_for_the_others_fails_the_run_and_they_still_run(
+    fake: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("EXIT_IMAGE", "1")
+    assert run_lanes(fake) == 1
+    # The tests that need what it builds fail, saying so; the rest are still worth running.
+    assert set(calls(tmp_path)) == {"build", "fast", "image", "cluster", "others"}
+    shown = capsys.readouterr().out
+    assert "that build failed (exit 1)" in shown
+    assert "others: exit 0 (after its build failed: exit 1)" in shown
 
 
 def test_only_a_redis_url_gets_the_lanes_database() -> None:

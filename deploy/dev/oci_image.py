@@ -5,8 +5,13 @@ runs the portal.
 
     python deploy/dev/oci_image.py build     # prints the image name
     python deploy/dev/oci_image.py base      # only the stand-in base image (below)
+    python deploy/dev/oci_image.py check     # whether the image is built from this checkout
 
-tests/deploy/test_image.py builds it and runs the checks inside.
+``make test`` builds it before the tests that need it (deploy/dev/test_lanes.py), and
+tests/deploy/test_image.py runs its checks inside; a test never builds it. The image carries
+the digest of what it was built from (its build context, deploy/Containerfile and
+.containerignore: the label ``io.taugrid.source-digest``), so those tests refuse an image
+older than the code they would be checking instead of passing on it.
 
 No container registry is reachable from the machines TauGrid is built on (only package
 registries are), so the Containerfile's default base, ``docker.io/library/python:3.11-slim``,
@@ -27,23 +32,30 @@ overlay mounts). Standard library only.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_services import apt_install
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = ROOT / "deploy" / "Containerfile"
+IGNORE_FILE = ROOT / ".containerignore"
 BASE = "localhost/taugrid-python-base:3.11-bookworm"
 IMAGE = "localhost/taugrid:test"
+#: The label with :func:`source_digest` of what the image was built from.
+SOURCE_LABEL = "io.taugrid.source-digest"
 MIRROR = os.environ.get("TAU_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 #: What the stand-in base has of the official python:3.11-slim image: Python with venv (and
 #: the pip it bootstraps), CA certificates, and nothing to compile with.
@@ -199,6 +211,111 @@ def build_volumes() -> list[str]:
     return volumes
 
 
+# --- what the image is built from ---------------------------------------------------------------
+
+
+def _pattern(glob: str) -> re.Pattern[str]:
+    """A .containerignore pattern as a regular expression over a path relative to the
+    context: ``**`` any number of folders, ``*`` and ``?`` within one name."""
+    out = ""
+    i = 0
+    while i < len(glob):
+        if glob.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif glob.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif glob[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif glob[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(glob[i]), i + 1
+    return re.compile(out)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One line of a .containerignore."""
+
+    glob: str
+    pattern: re.Pattern[str]
+    #: A ``!`` line: it lets back in what an earlier line left out.
+    keep: bool
+
+    def covers(self, relative: str) -> bool:
+        """Whether the rule matches ``relative`` or a folder above it."""
+        parts = relative.split("/")
+        return any(self.pattern.fullmatch("/".join(parts[:n])) for n in range(1, len(parts) + 1))
+
+    def may_keep_under(self, folder: str) -> bool:
+        """Whether this ``!`` rule could let back in something under ``folder``."""
+        literal = re.split(r"[*?\[]", self.glob, maxsplit=1)[0]
+        return self.keep and (literal.startswith(f"{folder}/") or f"{folder}/".startswith(literal))
+
+
+def ignore_rules(text: str) -> list[Rule]:
+    """The rules of a .containerignore, in order (blank lines and comments are none)."""
+    rules = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        glob = os.path.normpath(line.removeprefix("!").strip()).lstrip("/")
+        rules.append(Rule(glob, _pattern(glob), keep=line.startswith("!")))
+    return rules
+
+
+def left_out(relative: str, rules: Sequence[Rule]) -> bool:
+    """Whether the build context leaves ``relative`` out, as podman and buildah read the
+    rules: the last rule that matches the path or a folder above it decides."""
+    excluded = False
+    for rule in rules:
+        if rule.covers(relative):
+            excluded = not rule.keep
+    return excluded
+
+
+def context_files(root: Path = ROOT) -> Iterator[str]:
+    """The files of the build context, relative to ``root``, in a stable order. A folder
+    left out is not entered unless a ``!`` rule could let something under it back in."""
+    rules = ignore_rules((root / IGNORE_FILE.name).read_text())
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder).relative_to(root).as_posix()
+        prefix = "" if here == "." else f"{here}/"
+        dirs[:] = sorted(
+            name
+            for name in dirs
+            if not left_out(prefix + name, rules)
+            or any(rule.may_keep_under(prefix + name) for rule in rules)
+        )
+        for name in sorted(files):
+            if not left_out(prefix + name, rules):
+                yield prefix + name
+
+
+def source_digest(root: Path = ROOT) -> str:
+    """SHA-256 over the build context (every file's path and bytes; a link's target),
+    deploy/Containerfile and .containerignore: what decides the image's content."""
+    digest = hashlib.sha256()
+    for name in ("deploy/Containerfile", IGNORE_FILE.name, *context_files(root)):
+        path = root / name
+        content = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+        digest.update(f"{name}\0{hashlib.sha256(content).hexdigest()}\n".encode())
+    return digest.hexdigest()
+
+
+def built(name: str = IMAGE) -> str:
+    """``name``, when it is built from this checkout as it is now; else an :class:`ImageError`
+    saying how to build it (the tests that look into the image never build it)."""
+    how = "run `python deploy/dev/oci_image.py build` (make test builds it before its tests)"
+    if shutil.which("buildah") is None or image_id(name) is None:
+        raise ImageError(f"{name} is not built: {how}")
+    labels = inspect(name)["OCIv1"]["config"].get("Labels") or {}
+    if labels.get(SOURCE_LABEL) != source_digest():
+        raise ImageError(f"{name} was built from other code than this checkout's: {how}")
+    return name
+
+
 def build() -> str:
     ensure_tools()
     build_base()
@@ -213,6 +330,8 @@ def build() -> str:
         *build_volumes(),
         "--build-arg",
         f"PYTHON_IMAGE={BASE}",
+        "--label",
+        f"{SOURCE_LABEL}={source_digest()}",
         "--file",
         str(CONTAINERFILE),
         "--tag",
@@ -223,8 +342,8 @@ def build() -> str:
     return IMAGE
 
 
-def inspect(name: str = IMAGE) -> dict[str, object]:
-    data: dict[str, object] = json.loads(buildah("inspect", "--type", "image", name, capture=True))
+def inspect(name: str = IMAGE) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(buildah("inspect", "--type", "image", name, capture=True))
     return data
 
 
@@ -257,14 +376,14 @@ def run_inside(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("command", choices=["build", "base"])
+    parser.add_argument("command", choices=["build", "base", "check"])
     args = parser.parse_args(argv)
     try:
         if args.command == "base":
             ensure_tools()
             build_base()
             return 0
-        print(build())
+        print(built() if args.command == "check" else build())
         return 0
     except (ImageError, subprocess.CalledProcessError) as error:
         log(f"error: {error}")

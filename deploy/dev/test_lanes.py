@@ -3,7 +3,8 @@
 (deploy/dev/test_services.py).
 
     python deploy/dev/test_lanes.py --fast "(unit or db) and not slow" \
-        [--cluster-build "python deploy/cluster/controlplane.py build"] -- .venv/bin/pytest [ARGS]
+        [--cluster-build "python deploy/cluster/controlplane.py build"] \
+        [--others-build "python deploy/dev/oci_image.py build"] -- .venv/bin/pytest [ARGS]
 
 - ``cluster``: first the control plane's build, if ``--cluster-build`` gives its command
   (cached: seconds when warm; on a new machine most of the time ``make test`` takes), then the
@@ -13,13 +14,15 @@
   queues of its own). Its output is kept in var/test-lanes/cluster-build.log and
   var/test-lanes/cluster.log, and printed once the other lane has ended.
 - beside it, printed live: first the ``--fast`` tests over every core (pytest-xdist, a
-  database each), then every other test over ``--workers`` xdist workers, with
-  ``TAU_TEST_LANE=others``.
+  database each), then what ``--others-build`` builds for the tests that follow (the portal's
+  image: seconds when warm), then every other test over ``--workers`` xdist workers, with
+  ``TAU_TEST_LANE=others``. No test builds anything itself.
 
 Most of the tests besides the fast ones wait (for a portal to start, a run to end, Kueue to
 admit), and so does a cold build's download; so on a 2-core machine the lanes together take
-little longer than the longer one alone. Exit status: 0 when every pass passed or had nothing
-to run (pytest's 5), else the first failing one's. Standard library only.
+little longer than the longer one alone. Exit status: 0 when every pass and build passed (a
+pass may have nothing to run: pytest's 5), else the first failing one's. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -124,6 +127,11 @@ def main(argv: list[str]) -> int:
         default="",
         help="the command that builds the control plane (a shell line)",
     )
+    parser.add_argument(
+        "--others-build",
+        default="",
+        help="the command that builds what the other tests need, run after the fast pass",
+    )
     parser.add_argument("--workers", default="2", help="pytest-xdist workers of the other lane")
     parser.add_argument("pytest", nargs=argparse.REMAINDER, help="-- PYTEST [ARGS...]")
     options = parser.parse_args(argv)
@@ -148,11 +156,22 @@ def main(argv: list[str]) -> int:
         flush=True,
     )
     passes: dict[str, int] = {}
+    built = 0
     try:
         for name, selection, workers in (
             ("fast", options.fast, "auto"),
             ("others", f"not cluster and not {fast}", options.workers),
         ):
+            if name == "others" and options.others_build:
+                print(
+                    f"[test-lanes] building for the other tests: {options.others_build}",
+                    flush=True,
+                )
+                built = subprocess.run(  # noqa: S603 - the make target's own build
+                    shlex.split(options.others_build), cwd=ROOT, check=False
+                ).returncode
+                if built:
+                    print(f"[test-lanes] that build failed (exit {built})", flush=True)
             passes[name] = subprocess.run(  # noqa: S603 - the make target's own pytest
                 [*command, "-m", selection, "-n", workers, "--dist", "loadscope"],
                 cwd=ROOT,
@@ -168,13 +187,19 @@ def main(argv: list[str]) -> int:
         show(LOGS / "cluster-build.log")
     show(LOGS / "cluster.log")
     said = "" if not cluster.failed_in else f" in {cluster.failed_in}"
+    build_said = f" (after its build failed: exit {built})" if built else ""
     print(
-        f"\n[test-lanes] fast: exit {passes['fast']}; others: exit {passes['others']} after "
-        f"{others_took / 60:.1f} min; cluster: exit {cluster.code}{said} after "
-        f"{cluster.took / 60:.1f} min",
+        f"\n[test-lanes] fast: exit {passes['fast']}; others: exit {passes['others']}"
+        f"{build_said} after {others_took / 60:.1f} min; cluster: exit {cluster.code}{said} "
+        f"after {cluster.took / 60:.1f} min",
         flush=True,
     )
-    codes = [outcome(passes["fast"]), outcome(passes["others"]), outcome(cluster.code or 0)]
+    codes = [
+        outcome(passes["fast"]),
+        built,
+        outcome(passes["others"]),
+        outcome(cluster.code or 0),
+    ]
     if cluster.code is None:
         codes.append(1)
     return next((code for code in codes if code), 0)

@@ -4,9 +4,9 @@ browser tests, bubblewrap (the local executor's sandbox; its tests never skip), 
 packages (the test OpenID provider, axe-core), and a pinned Ray in its own cached venv (the
 real Ray dashboard KubeRay's operator polls in tests/runs/test_kube_rayjob_ray.py;
 deploy/dev/ray_head.py), a pinned schemathesis in its own cached venv (the outside client
-of tests/test_api_contract.py; deploy/dev/schemathesis_venv.py), Prometheus, and buildah with
-debootstrap (the image build of tests/deploy/test_image.py), and wrk (the HTTP load of the
-benchmarks, which the suite runs in smoke mode), and the wheels the examples' ``runtime.pip``
+of tests/test_api_contract.py; deploy/dev/schemathesis_venv.py), Prometheus, buildah with
+debootstrap (the image make test builds for tests/deploy/test_image.py), wrk (the HTTP load of
+the benchmarks, which the suite runs in smoke mode), and the wheels the examples' ``runtime.pip``
 installs (torch; deploy/dev/example_wheels.py). Idempotent and quick when
 everything is already there. Standard library only.
 """
@@ -74,8 +74,8 @@ def ensure_prometheus() -> None:
 
 
 def ensure_image_tools() -> None:
-    """buildah and debootstrap: tests/deploy/test_image.py builds deploy/Containerfile
-    (deploy/dev/oci_image.py)."""
+    """buildah and debootstrap: make test builds deploy/Containerfile (deploy/dev/oci_image.py)
+    for tests/deploy/test_image.py."""
     missing = [tool for tool in ("buildah", "debootstrap") if shutil.which(tool) is None]
     if missing:
         apt_install(missing)

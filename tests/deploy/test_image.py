@@ -1,6 +1,6 @@
-"""The portal's image, built from deploy/Containerfile with buildah (deploy/dev/oci_image.py;
-the base is a stand-in for python:3.11-slim made from Debian's packages, since no container
-registry is reachable here) and looked into:
+"""The portal's image, built from deploy/Containerfile with buildah by ``make test`` before its
+tests (deploy/dev/oci_image.py; the base is a stand-in for python:3.11-slim made from Debian's
+packages, since no container registry is reachable here), looked into:
 
 * it runs as the unprivileged user 10001, in /opt/taugrid/app, gunicorn by default;
 * no compiler, no pip, no setuptools in it; the static files collected, with their manifest;
@@ -40,10 +40,12 @@ SECRETS = {
 
 @pytest.fixture(scope="module")
 def image() -> str:
+    """The image ``make test`` built before its tests, from this checkout (a failure, never a
+    build or a skip, when it is missing or older than the code)."""
     try:
-        name: str = image_tool.build()
+        name: str = image_tool.built()
     except image_tool.ImageError as error:
-        pytest.fail(f"the image did not build: {error}")
+        pytest.fail(str(error))
     return name
 
 
