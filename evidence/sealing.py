@@ -50,7 +50,7 @@ from evidence import keys, verification
 from evidence.manifest import Coverage, build_manifest
 from evidence.models import EvidenceRecord, SealRequest
 from portal import audit
-from portal.outbox import Lease, Retries, Skipped, claim, unclaimed_or_lapsed
+from portal.outbox import Lease, Retries, Skipped, claim, record_failure, unclaimed_or_lapsed
 from runs.models import Backend, Run, RunEvent
 from tau.evidence.canonical import canonical_json
 from tau.evidence.keys import key_id, public_key_bytes, signature_document
@@ -154,34 +154,16 @@ def seal(request_id: int) -> bool:
 
 
 def _failed(request: SealRequest, lease: Lease, exc: Exception) -> None:
-    """Record a failed try: tried again after a doubling delay, given up after ``MAX_TRIES``.
-    One line in the log per try; the traceback with the first and the last only."""
-    error = f"{type(exc).__name__}: {exc}"[:2000]
-    now = timezone.now()
-    retry_at = RETRIES.next_try(request.tries, now)
-    if retry_at is None:
-        logger.error(
-            "the evidence of run %s (seal %s) could not be sealed after %d tries; giving up "
-            "(staff can seal it again from the admin once the cause is fixed): %s",
-            request.run_id,
-            request.pk,
-            request.tries,
-            error,
-            exc_info=exc,
-        )
-        lease.release(last_error=error, given_up_at=timezone.now())
-        return
-    logger.warning(
-        "sealing run %s (seal %s) failed, try %d of %d; trying again in %ds: %s",
-        request.run_id,
-        request.pk,
-        request.tries,
-        MAX_TRIES,
-        (retry_at - now).total_seconds(),
-        error,
-        exc_info=exc if request.tries == 1 else None,
+    """Record a failed try: tried again after a doubling delay, given up after ``MAX_TRIES``."""
+    record_failure(
+        lease,
+        policy=RETRIES,
+        tries=request.tries,
+        error=f"{type(exc).__name__}: {exc}"[:2000],
+        what=f"sealing the evidence of run {request.run_id} (seal {request.pk})",
+        exc_info=exc,
+        advice="staff can seal it again from the admin once the cause is fixed",
     )
-    lease.release(last_error=error, next_try_at=retry_at)
 
 
 @transaction.atomic

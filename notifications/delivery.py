@@ -78,6 +78,7 @@ from portal.outbox import (
     Skipped,
     claim,
     once_on_commit,
+    record_failure,
     unclaimed_or_lapsed,
 )
 
@@ -259,8 +260,7 @@ def _deliver_claimed(delivery: NotificationDelivery, lease: Lease) -> bool:
         _failed(delivery, lease, str(exc), status_code=exc.status_code)
         return False
     except Exception as exc:  # a bug or a surprise: recorded like any failure, retried
-        logger.exception("notification %s: sending raised", delivery.pk)
-        _failed(delivery, lease, f"{type(exc).__name__}: {exc}", status_code=None)
+        _failed(delivery, lease, f"{type(exc).__name__}: {exc}", status_code=None, exc=exc)
         return False
     if delivery.webhook_id is not None:
         _endpoint_worked(delivery.webhook_id)
@@ -422,7 +422,6 @@ def _close(
     delivered: bool,
     status_code: int | None = None,
     error: str = "",
-    retry_at: datetime | None = None,
     give_up: bool = False,
 ) -> bool:
     """Record this call's outcome. False when the claim lapsed and another worker took the
@@ -435,50 +434,33 @@ def _close(
     }
     if delivered:
         fields["delivered_at"] = now
-    if retry_at is not None:
-        fields["next_try_at"] = retry_at
     if give_up:
         fields["given_up_at"] = now
     return lease.release(**fields)
 
 
 def _failed(
-    delivery: NotificationDelivery, lease: Lease, error: str, *, status_code: int | None
+    delivery: NotificationDelivery,
+    lease: Lease,
+    error: str,
+    *,
+    status_code: int | None,
+    exc: Exception | None = None,
 ) -> None:
-    error = error[:2000]
     target = f"webhook {delivery.webhook_id}" if delivery.webhook_id else "e-mail"
     if delivery.webhook_id is not None:
         pause = _endpoint_failed(delivery.webhook_id)
         if pause is not None:
             target += f", paused for {pause.total_seconds():.0f}s"
-    policy = retries()
     now = timezone.now()
-    retry_at = policy.next_try(delivery.tries, now)
-    if retry_at is not None:
-        logger.warning(
-            "notification %s (%s to %s) failed, try %d of %d; trying again in %ds: %s",
-            delivery.pk,
-            delivery.event,
-            target,
-            delivery.tries,
-            policy.max_tries,
-            (retry_at - now).total_seconds(),
-            error,
-        )
-        _close(
-            lease,
-            delivered=False,
-            status_code=status_code,
-            error=error,
-            retry_at=retry_at,
-        )
-        return
-    logger.error(
-        "notification %s (%s to %s) failed %d times; giving up: %s",
-        delivery.pk,
-        delivery.event,
-        target,
-        delivery.tries,
-        error,
+    fields = {"last_status_code": status_code, "updated_at": now}
+    record_failure(
+        lease,
+        policy=retries(),
+        tries=delivery.tries,
+        error=error[:2000],
+        what=f"notification {delivery.pk} ({delivery.event} to {target})",
+        retrying=fields,
+        giving_up={**fields, "given_up_at": now},
+        exc_info=exc,
     )
-    _close(lease, delivered=False, status_code=status_code, error=error, give_up=True)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -274,7 +274,7 @@ def doubling_delay(tries: int, *, first_seconds: int, max_seconds: int) -> timed
 class Retries:
     """How an outbox tries a row again after a failed try: ``first_seconds`` after the first,
     doubling with each further failure up to ``max_seconds``, and ``max_tries`` tries in
-    all: then it gives up, and says so where someone sees it (each outbox's own record)."""
+    all: then it gives up (:func:`record_failure`), and says so where someone sees it."""
 
     first_seconds: int
     max_seconds: int
@@ -287,6 +287,57 @@ class Retries:
     def next_try(self, tries: int, now: datetime) -> datetime | None:
         """When to try again after the ``tries``-th failed try, or None: give up."""
         return None if tries >= self.max_tries else now + self.delay(tries)
+
+
+def record_failure(
+    lease: Lease,
+    *,
+    policy: Retries,
+    tries: int,
+    error: str,
+    what: str,
+    retry: bool = True,
+    retrying: Mapping[str, Any] | None = None,
+    giving_up: Mapping[str, Any] | Callable[[datetime], object] | None = None,
+    exc_info: BaseException | None = None,
+    advice: str = "",
+) -> datetime | None:
+    """Record a failed try of the row ``lease`` holds, as every outbox does: the row is tried
+    again after ``policy``'s wait, or given up after its ``tries``-th try was its last (or at
+    once when ``retry`` is false: an error no retry mends). Returns when it is tried again;
+    None when it was given up.
+
+    Either way ``last_error`` keeps ``error`` and the log has one line: a warning per retry,
+    an error at the give-up (with ``advice``, what a person can do then), the traceback of
+    ``exc_info`` only with the first try and the give-up. A retry writes ``next_try_at`` and
+    ``retrying``'s fields; a give-up writes ``given_up_at`` (now), or ``giving_up``'s fields
+    instead, or, when ``giving_up`` is a function, calls it with the time instead of writing
+    anything: the renewing is stopped, and it records the give-up itself through
+    ``lease.held()``, in the transaction of whatever else a give-up changes (a run failed)."""
+    now = timezone.now()
+    retry_at = policy.next_try(tries, now) if retry else None
+    if retry_at is not None:
+        logger.warning(
+            "%s failed, try %d of %d; trying again in %ds: %s",
+            what,
+            tries,
+            policy.max_tries,
+            (retry_at - now).total_seconds(),
+            error,
+            exc_info=exc_info if tries <= 1 else None,
+        )
+        lease.release(last_error=error, next_try_at=retry_at, **(retrying or {}))
+        return retry_at
+    said = f"failed {tries} times; giving up" if retry else "failed; not trying it again"
+    logger.error(
+        "%s %s%s: %s", what, said, f" ({advice})" if advice else "", error, exc_info=exc_info
+    )
+    if callable(giving_up):
+        lease.stop()
+        giving_up(now)
+    else:
+        lease.release(last_error=error, **(giving_up or {"given_up_at": now}))
+    return None
 
 
 class _OnCommit:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 
 from celery import current_app
 from django.conf import settings
@@ -39,7 +40,15 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
-from portal.outbox import Lease, Retries, Skip, Skipped, claim, unclaimed_or_lapsed
+from portal.outbox import (
+    Lease,
+    Retries,
+    Skip,
+    Skipped,
+    claim,
+    record_failure,
+    unclaimed_or_lapsed,
+)
 from runs.backends import RunBackend
 from runs.backends.registry import backend_for_run
 from runs.events import append_event
@@ -246,41 +255,26 @@ def _close(
 
 def _failed(delivery: Delivery, lease: Lease, run: Run, exc: Exception) -> None:
     error = f"{type(exc).__name__}: {exc}"[:2000]
-    policy = retries()
-    now = timezone.now()
-    retry_at = policy.next_try(delivery.tries, now)
-    if retry_at is not None:
-        logger.warning(
-            "delivery %s (%s of %s) failed, try %d of %d; trying again in %ds: %s",
-            delivery.pk,
-            delivery.action,
-            run.name,
-            delivery.tries,
-            policy.max_tries,
-            (retry_at - now).total_seconds(),
-            error,
-            exc_info=exc,
-        )
-        _close(lease, delivered=False, error=error, retry_at=retry_at)
-        return
-    logger.error(
-        "delivery %s (%s of %s) failed %d times; giving up: %s",
-        delivery.pk,
-        delivery.action,
-        run.name,
-        delivery.tries,
-        error,
+    record_failure(
+        lease,
+        policy=retries(),
+        tries=delivery.tries,
+        error=error,
+        what=f"delivery {delivery.pk} ({delivery.action} of {run.name})",
+        giving_up=partial(
+            _give_up, delivery, lease, run, message=str(exc) or type(exc).__name__, error=error
+        ),
         exc_info=exc,
     )
-    lease.stop()
-    _give_up(delivery, lease, run, message=str(exc) or type(exc).__name__, error=error)
 
 
 @transaction.atomic
-def _give_up(delivery: Delivery, lease: Lease, run: Run, *, message: str, error: str) -> None:
+def _give_up(
+    delivery: Delivery, lease: Lease, run: Run, now: datetime, *, message: str, error: str
+) -> None:
     """Never try this delivery again, and fail the run, saying what the backend said (in
-    one transaction with closing the claim, which ``lease`` must no longer renew)."""
-    given_up = lease.held().update(claimed_at=None, last_error=error, given_up_at=timezone.now())
+    one transaction with closing the claim, which ``lease`` no longer renews)."""
+    given_up = lease.held().update(claimed_at=None, last_error=error, given_up_at=now)
     if not given_up:
         return
     locked = lock_run(run.pk)

@@ -77,6 +77,7 @@ from portal.outbox import (
     Skipped,
     claim,
     once_on_commit,
+    record_failure,
     unclaimed_or_lapsed,
 )
 from workspaces import kueue_coverage
@@ -335,8 +336,7 @@ def run_sync(sync_id: int) -> bool:
             _failed(sync, lease, problem)
             return False
         except Exception as exc:  # a bug must not leave the row claimed until the claim lapses
-            logger.exception("Kueue sync %s failed unexpectedly", sync_id)
-            _failed(sync, lease, SyncProblem(f"{type(exc).__name__}: {exc}", retry=True))
+            _failed(sync, lease, SyncProblem(f"{type(exc).__name__}: {exc}", retry=True), exc)
             return False
         return _succeeded(sync, lease, outcome)
 
@@ -394,27 +394,20 @@ def _succeeded(sync: KueueSync, lease: Lease, outcome: Outcome) -> bool:
         return closed
 
 
-def _failed(sync: KueueSync, lease: Lease, problem: SyncProblem) -> None:
-    error = problem.message[:4000]
-    policy = retries()
-    now = timezone.now()
-    retry_at = policy.next_try(sync.attempts, now) if problem.retry else None
-    if retry_at is not None:
-        logger.warning(
-            "Kueue sync %s (%s) failed, try %d of %d; trying again in %ds: %s",
-            sync.pk,
-            sync,
-            sync.attempts,
-            policy.max_tries,
-            (retry_at - now).total_seconds(),
-            error,
-        )
-        _close(lease, state=State.PENDING, next_try_at=retry_at, last_error=error)
-        return
-    logger.error(
-        "Kueue sync %s (%s) failed after %d tries: %s", sync.pk, sync, sync.attempts, error
+def _failed(
+    sync: KueueSync, lease: Lease, problem: SyncProblem, exc: Exception | None = None
+) -> None:
+    record_failure(
+        lease,
+        policy=retries(),
+        tries=sync.attempts,
+        error=problem.message[:4000],
+        what=f"Kueue sync {sync.pk} ({sync})",
+        retry=problem.retry,
+        retrying={"state": State.PENDING},
+        giving_up={"state": State.FAILED},
+        exc_info=exc,
     )
-    _close(lease, state=State.FAILED, last_error=error)
 
 
 def _workspace(slug: str) -> Workspace | None:

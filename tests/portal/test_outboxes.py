@@ -9,8 +9,10 @@ rows in the real database:
 - a settled row (done, or given up) and a row waiting out its back-off are not taken;
 - a row that does not exist is said to be missing, and nothing is written;
 - a failed row is tried again after a doubling wait, capped, and given up after a bounded
-  number of tries (each outbox's own tests show the give-up where people see it: the run
-  failed, the notification and the seal marked given up, the sync failed on the admin page).
+  number of tries; every failed try is recorded the same way (``portal.outbox.record_failure``:
+  its error kept, the claim released, the next try's time set) and the last one gives the row
+  up where people see it: the run failed, the notification and the seal marked given up, the
+  sync failed (the pages showing those are each outbox's own tests).
 
 The lease that keeps a claim alive while the work runs is ``test_outbox_lease.py``'s.
 """
@@ -32,11 +34,12 @@ from django.utils import timezone
 from evidence import sealing, verification
 from evidence.models import EvidenceRecord, SealRequest
 from executors.kubernetes import kueue_sync
+from executors.kubernetes.kueue_cluster import SyncProblem
 from notifications import delivery as notification_delivery
 from notifications.models import NotificationDelivery
 from portal import outbox
 from runs import delivery as run_delivery
-from runs.models import Delivery
+from runs.models import Delivery, Run, RunState
 from tests.runs.factories import make_run
 from workspaces.models import KueueSync
 
@@ -56,6 +59,10 @@ class Outbox:
     due: str | None = "next_try_at"
     settle: dict[str, Callable[[], object]] | None = None
     retries: Callable[[], outbox.Retries] | None = None
+    #: The outbox's own record of a failed try (the row, its lease, the error), and what
+    #: shows that it gave the row up.
+    fail: Callable[[Any, outbox.Lease, Exception], None] | None = None
+    given_up: Callable[[Any], bool] | None = None
 
     def rows(self) -> Any:
         return self.model._base_manager.all()
@@ -103,6 +110,11 @@ OUTBOXES = {
         run_delivery._claim,
         settle={"delivered_at": timezone.now, "given_up_at": timezone.now},
         retries=run_delivery.retries,
+        fail=lambda row, lease, exc: run_delivery._failed(row, lease, row.run, exc),
+        given_up=lambda row: (
+            row.given_up_at is not None
+            and Run.objects.unscoped().get(pk=row.run_id).state == RunState.FAILED
+        ),
     ),
     "notification": Outbox(
         NotificationDelivery,
@@ -110,6 +122,10 @@ OUTBOXES = {
         notification_delivery._claim,
         settle={"delivered_at": timezone.now, "given_up_at": timezone.now},
         retries=notification_delivery.retries,
+        fail=lambda row, lease, exc: notification_delivery._failed(
+            row, lease, str(exc), status_code=503
+        ),
+        given_up=lambda row: row.given_up_at is not None and row.status == "given up",
     ),
     "seal": Outbox(
         SealRequest,
@@ -117,6 +133,8 @@ OUTBOXES = {
         sealing._claim,
         settle={"sealed_at": timezone.now, "given_up_at": timezone.now},
         retries=lambda: sealing.RETRIES,
+        fail=sealing._failed,
+        given_up=lambda row: row.given_up_at is not None,
     ),
     # A check is asked for again rather than retried: no tries, no back-off, nothing settles.
     "evidence check": Outbox(
@@ -134,6 +152,10 @@ OUTBOXES = {
         tries="attempts",
         settle={"state": lambda: KueueSync.State.SYNCED},
         retries=kueue_sync.retries,
+        fail=lambda row, lease, exc: kueue_sync._failed(
+            row, lease, SyncProblem(str(exc), retry=True)
+        ),
+        given_up=lambda row: row.state == KueueSync.State.FAILED,
     ),
 }
 EVERY = pytest.mark.parametrize("name", sorted(OUTBOXES))
@@ -260,6 +282,36 @@ def test_a_failed_row_waits_longer_each_time_and_is_given_up_after_its_last_try(
     # The last try, and any counted beyond it (a row taken over after its last claim lapsed).
     assert policy.next_try(policy.max_tries, now) is None
     assert policy.next_try(policy.max_tries + 3, now) is None
+
+
+@pytest.mark.parametrize("name", RETRYING)
+def test_every_failed_try_is_recorded_and_the_last_gives_the_row_up_where_people_see_it(
+    world: Any, name: str
+) -> None:
+    box = OUTBOXES[name]
+    assert box.retries is not None
+    assert box.fail is not None
+    assert box.given_up is not None
+    policy = box.retries()
+    pk = box.make(world)
+    for number in range(1, policy.max_tries + 1):
+        row = box.take(pk)
+        assert taken(box, row), f"try {number}: {row}"
+        claimed_at = getattr(row, box.field)
+        with outbox.Lease(box.rows(), pk, claimed_at, what=f"{name} {pk}") as lease:
+            started = timezone.now()
+            box.fail(row, lease, RuntimeError(f"the far end said no, time {number}"))
+        after = box.rows().get(pk=pk)
+        assert getattr(after, box.field) is None  # the claim is released with the record
+        assert f"the far end said no, time {number}" in after.last_error
+        if number < policy.max_tries:
+            assert not box.given_up(after), f"given up after try {number}"
+            assert after.next_try_at >= started + policy.delay(number)
+            assert not taken(box, box.take(pk))  # it waits out its back-off
+            box.rows().filter(pk=pk).update(next_try_at=timezone.now() - timedelta(seconds=1))
+    given_up = box.rows().get(pk=pk)
+    assert box.given_up(given_up)
+    assert not taken(box, box.take(pk))  # never taken again by itself
 
 
 def test_the_policies_read_their_settings(settings: Any) -> None:
