@@ -8,8 +8,8 @@
    Celery worker calls), not over HTTP: a batch Job each, asking 1 CPU, in a workspace whose
    quota is 8 CPUs, so 8 run on KWOK's fake CPU nodes and the rest wait in Kueue over quota.
    Their pods are told to run for 30 minutes (KWOK's ``taugrid.io/test-duration``, the only
-   change to what is rendered, as tests/runs/test_kube_backend.py ``keep_pods_running``), so
-   nothing ends unless the benchmark ends it. Timed:
+   change to what is rendered, as tests/executors/kubernetes/test_kube_backend.py
+   ``keep_pods_running``), so nothing ends unless the benchmark ends it. Timed:
 
    * **Job Complete written through the status subresource** (``SuccessCriteriaMet`` +
      ``Complete``, as the Job controller writes them) on a running run's Job, one at a time:

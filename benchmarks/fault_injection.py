@@ -197,7 +197,7 @@ def experiment(
     from identity.tokens import issue_token
     from runs.events import verify_event_chain
     from runs.models import Run, RunAttempt, RunState
-    from tests.runs.agent_harness import Agent, local_quota
+    from tests.executors.local.agent_harness import Agent, local_quota
     from tests.runs.processes import Portal, PrivateRedis
     from workspaces.models import Membership, Role, Workspace
 
@@ -399,8 +399,8 @@ def slow_webhooks_experiment(
     from identity.tokens import issue_token
     from notifications.models import NotificationDelivery, Webhook
     from runs.models import Run, RunEvent, RunState
+    from tests.executors.local.agent_harness import Agent, local_quota
     from tests.notifications.helpers import Trickler
-    from tests.runs.agent_harness import Agent, local_quota
     from tests.runs.processes import Portal, PrivateRedis
     from workspaces.models import Membership, Role, Workspace
 

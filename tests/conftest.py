@@ -28,6 +28,7 @@ from workspaces.models import (
 pytest_plugins = [
     "tests.browser",
     "tests.cluster.plugin",
+    "tests.executors.local.plugin",
     "tests.telemetry.plugin",
     "tests.tiers",
 ]

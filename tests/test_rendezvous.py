@@ -1,6 +1,6 @@
 """The rendezvous table every worker of a multi-worker run gets (``tau/rendezvous.py``), as the
 local executor says it: :func:`tau.rendezvous.environment`. How a Kubernetes pod says it is
-tested with the renderer (tests/runs/test_render.py)."""
+tested with the renderer (tests/executors/kubernetes/test_render.py)."""
 
 from __future__ import annotations
 

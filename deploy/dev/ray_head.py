@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A real Ray head on loopback: the test cluster's (``controlplane.py up --ray``, as ``make
 cluster-up``, starts one through deploy/cluster/ray_submitter.py), whose dashboard KubeRay's
-operator polls for every RayJob, and that tests/runs/test_kube_rayjob_ray.py uses. Standard
-library only.
+operator polls for every RayJob, and that tests/executors/kubernetes/test_kube_rayjob_ray.py
+uses. Standard library only.
 
     python deploy/dev/ray_head.py install        # what deploy/dev/test_tools.py (make test) runs
     python deploy/dev/ray_head.py start DIR      # prints the head as JSON; DIR holds its log

@@ -2,7 +2,7 @@
 """Install what the test suite drives besides Python packages: Debian's Chromium for the
 browser tests, bubblewrap (the local executor's sandbox; its tests never skip), npm
 packages (the test OpenID provider, axe-core), and a pinned Ray in its own cached venv (the
-real Ray dashboard KubeRay's operator polls in tests/runs/test_kube_rayjob_ray.py;
+real Ray dashboard KubeRay's operator polls in tests/executors/kubernetes/test_kube_rayjob_ray.py;
 deploy/dev/ray_head.py), a pinned schemathesis in its own cached venv (the outside client
 of tests/test_api_contract.py; deploy/dev/schemathesis_venv.py), Prometheus, buildah with
 debootstrap (the image make test builds for tests/deploy/test_image.py), wrk (the HTTP load of
@@ -99,7 +99,7 @@ def main() -> int:
     ensure_prometheus()
     ensure_image_tools()
     ensure_wrk()  # tests/test_benchmarks.py runs make bench's benchmarks in smoke mode
-    ensure_example_wheels()  # the examples trained in tests/runs/test_agent_workers.py
+    ensure_example_wheels()  # the examples trained in tests/executors/local/test_agent_workers.py
     return 0
 
 

@@ -5,9 +5,9 @@ Regenerate the role after changing :data:`REQUIRED`::
 
     .venv/bin/python -m executors.kubernetes.rbac > deploy/rbac/clusterrole.yaml
 
-``tests/workspaces/test_cluster_access.py`` fails when the file and the list differ, or when a
-``*`` appears in either; ``tests/workspaces/test_cluster_check.py`` proves on the test cluster
-that a ServiceAccount bound only to this role can do every operation listed.
+``tests/executors/kubernetes/test_cluster_access.py`` fails when the file and the list differ,
+or when a ``*`` appears in either; ``tests/workspaces/test_cluster_check.py`` proves on the test
+cluster that a ServiceAccount bound only to this role can do every operation listed.
 
 Decisions (least privilege; no wildcards):
 
@@ -337,7 +337,8 @@ def render_cluster_role() -> str:
         "# The permissions TauGrid's portal needs, and nothing more (no wildcards).",
         "# Generated from executors/kubernetes/rbac.py (REQUIRED); do not edit by hand:",
         "#   .venv/bin/python -m executors.kubernetes.rbac > deploy/rbac/clusterrole.yaml",
-        "# tests/workspaces/test_cluster_access.py fails when this file and the list differ.",
+        "# tests/executors/kubernetes/test_cluster_access.py fails when this file and the list",
+        "# differ.",
         "# Bound to the ServiceAccount taugrid/taugrid in binding.yaml;",
         "# `manage.py cluster_check` verifies a cluster grants all of it.",
         f"apiVersion: {role['apiVersion']}",

@@ -1,7 +1,7 @@
 """A run as Kubernetes objects: the KubeRay RayJob or batch Job that Kueue admits, and the
 objects that go with it. Pure functions from plain inputs to plain dicts — no cluster
 access, no database, no ``kubernetes`` package — so they are cheap, deterministic and
-tested against golden files and the real API server (tests/runs/test_render*.py).
+tested against golden files and the real API server (tests/executors/kubernetes/test_render*.py).
 
 Inputs: the validated ``Spec`` (with workspace policy applied, so ``runtime.image`` is set)
 and a :class:`RunTarget` naming the run, its attempt, its workspace's namespace and

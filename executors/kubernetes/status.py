@@ -5,7 +5,7 @@ conditions of the Nodes its pods are bound to) to an :class:`Observation`: the r
 they mean, a reason in plain words, the failure class and exit code of an attempt that
 ended, and where Kueue placed it. No cluster access, no database: the watcher
 (``executors.kubernetes.watcher``) gathers the objects and applies the observation through the run
-services; ``tests/runs/test_kube_status.py`` is the table.
+services; ``tests/executors/kubernetes/test_kube_status.py`` is the table.
 
 The table, first match wins
 ===========================

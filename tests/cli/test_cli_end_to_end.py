@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from identity import tokens
-from tests.runs.agent_harness import Agent, local_quota
+from tests.executors.local.agent_harness import Agent, local_quota
 from tests.runs.processes import ROOT, Portal, portal_processes
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]

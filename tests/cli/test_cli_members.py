@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from identity import tokens
 from portal.models import AuditEvent
 from tests.conftest import make_workspace
-from tests.runs.agent_harness import local_quota
+from tests.executors.local.agent_harness import local_quota
 from tests.runs.processes import ROOT
 from workspaces.models import Membership, Role
 

@@ -25,7 +25,7 @@ import tau
 from tau.evidence.keys import keyring_document, public_key_bytes
 from tests.evidence.test_portal_end_to_end import fetch
 from tests.evidence_format.record import record, sample_parts
-from tests.runs.agent_harness import Agent, local_quota
+from tests.executors.local.agent_harness import Agent, local_quota
 from tests.runs.processes import Portal, portal_processes, session_database_url
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,14 @@ from runs.models import Artifact, Checkpoint, MetricPoint, RunAttempt, RunEvent,
 from tau.evidence.keys import load_trusted_keys
 from tau.evidence.verify import verify_file
 from tests.evidence.helpers import download, manifest_of, member_names, seal_all
-from tests.runs.agent_harness import Agent, attempts, local_quota, spec, submit, wait_for_state
+from tests.executors.local.agent_harness import (
+    Agent,
+    attempts,
+    local_quota,
+    spec,
+    submit,
+    wait_for_state,
+)
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from identity import tokens
-from tests.runs.agent_harness import ROOT, Agent, local_quota
+from tests.executors.local.agent_harness import ROOT, Agent, local_quota
 from tests.runs.processes import Portal, get_json, portal_processes, submit_example
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]

@@ -16,8 +16,8 @@ import pytest
 
 from identity import tokens
 from notifications.models import NotificationDelivery
+from tests.executors.local.agent_harness import Agent, local_quota
 from tests.notifications.helpers import SECRET, Endpoint, Smtp
-from tests.runs.agent_harness import Agent, local_quota
 from tests.runs.processes import Portal, get_json, portal_processes, submit_example
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.runs.agent_harness import Agent, local_quota
+from tests.executors.local.agent_harness import Agent, local_quota
 from tests.runs.processes import Portal
 
 

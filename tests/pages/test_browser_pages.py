@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from runs.models import Checkpoint, Run, RunState
+from tests.executors.local.agent_harness import Agent, spec, submit, wait_until
 from tests.pages.browser_support import check_page, log_in, watch_console
-from tests.runs.agent_harness import Agent, spec, submit, wait_until
 from tests.runs.factories import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

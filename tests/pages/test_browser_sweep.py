@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from runs.models import MetricPoint, Run, RunState, RunTrial
+from tests.executors.local.agent_harness import Agent, local_quota, submit, wait_until
 from tests.pages.browser_support import check_page, log_in, watch_console
-from tests.runs.agent_harness import Agent, local_quota, submit, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -503,7 +503,7 @@ def test_bundle_download_for_members_and_its_own_workload(world: Any) -> None:
 
 def test_the_kubernetes_backend_takes_submissions(world: Any, settings: Any) -> None:
     # No cluster here: the run and its delivery are written; the delivery reaches the cluster
-    # later (tests/runs/test_kube_backend.py does that on the real one).
+    # later (tests/executors/kubernetes/test_kube_backend.py does that on the real one).
     settings.TAU_BACKEND = "kubernetes"
     cluster_quota(world.alpha)
     response = submit(world.api_client_for("researcher"), TINY_SPEC)

@@ -20,7 +20,7 @@ from runs import lifecycle
 from runs.events import verify_event_chain
 from runs.models import Delivery, Run, RunEvent, RunState
 from runs.tasks import deliver
-from tests.runs.agent_harness import Agent, local_quota
+from tests.executors.local.agent_harness import Agent, local_quota
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from tests.runs.processes import (
     Portal,

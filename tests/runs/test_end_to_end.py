@@ -14,7 +14,7 @@ import pytest
 from identity import tokens
 from runs.events import verify_event_chain
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt
-from tests.runs.agent_harness import Agent, local_quota
+from tests.executors.local.agent_harness import Agent, local_quota
 from tests.runs.processes import Portal, get_json, portal_processes, submit_example
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]

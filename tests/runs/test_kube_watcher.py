@@ -102,11 +102,11 @@ from tests.cluster.kueue_objects import (
     resource_flavor,
 )
 from tests.cluster.plugin import Kube, KubeCluster, load_controlplane, wait_until
+from tests.executors.kubernetes.test_kube_backend import pods_of_attempt
 from tests.runs.factories import TINY_SPEC, make_run
-from tests.runs.test_kube_backend import pods_of_attempt
 
 REPO = Path(__file__).resolve().parents[2]
-OBJECTS = Path(__file__).parent / "kube_objects"
+OBJECTS = REPO / "tests" / "executors" / "kubernetes" / "kube_objects"
 cluster = pytest.mark.cluster
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

@@ -19,7 +19,7 @@ from runs import bundles
 from runs.models import CodeBundle, Run, RunEvent, RunState
 from runs.submission import SubmissionRefused, check_bundle, check_spec
 from tau.spec import load_spec, locate
-from tests.runs.agent_harness import local_quota
+from tests.executors.local.agent_harness import local_quota
 from tests.runs.factories import ROOT, TINY_SPEC, cluster_quota, zip_bytes, zip_directory
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,7 @@ import pytest
 
 from identity import tokens
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt
-from tests.runs.agent_harness import Agent, local_quota
+from tests.executors.local.agent_harness import Agent, local_quota
 from tests.runs.processes import Portal, get_json, multipart_form, portal_processes, wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]

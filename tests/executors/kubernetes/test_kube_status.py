@@ -1,17 +1,17 @@
 """The mapping from Kubernetes status to run state (executors/kubernetes/status.py), as a table.
 
-The objects in tests/runs/kube_objects/ were captured from the test cluster (kube-apiserver
-v1.35.4, Kueue v0.17.0, KubeRay v1.6.0, KWOK fake nodes; each file's ``note`` says how the
-situation was made): Kueue's own messages, the Job controller's conditions, the pods KWOK
-ended, the RayJobs the real KubeRay operator moved. One was written in part by hand, and its
-note says so: ``image_pull`` (KWOK does not pull images, so the ``ErrImagePull`` container
-status went through the pods/status subresource, as a kubelet writes it). The rows below that
-change a captured object (``edit``) stand for what the test cluster cannot produce (a node
-failure, a crash loop, a RayJob that succeeds: no Ray runs on KWOK) and are marked "by hand"
-with the fields they set, in the shape the API reference gives. The XID rows give the pods'
-nodes a condition as node-problem-detector writes it (``XIDErrors``, the driver's kernel-log
-line as its message); ``tests/runs/test_kube_watcher.py`` patches one into a KWOK node of the
-test cluster and follows a run to node_failure.
+The objects in tests/executors/kubernetes/kube_objects/ were captured from the test cluster
+(kube-apiserver v1.35.4, Kueue v0.17.0, KubeRay v1.6.0, KWOK fake nodes; each file's ``note``
+says how the situation was made): Kueue's own messages, the Job controller's conditions, the
+pods KWOK ended, the RayJobs the real KubeRay operator moved. One was written in part by hand,
+and its note says so: ``image_pull`` (KWOK does not pull images, so the ``ErrImagePull``
+container status went through the pods/status subresource, as a kubelet writes it). The rows
+below that change a captured object (``edit``) stand for what the test cluster cannot produce (a
+node failure, a crash loop, a RayJob that succeeds: no Ray runs on KWOK) and are marked "by
+hand" with the fields they set, in the shape the API reference gives. The XID rows give the
+pods' nodes a condition as node-problem-detector writes it (``XIDErrors``, the driver's
+kernel-log line as its message); ``tests/runs/test_kube_watcher.py`` patches one into a KWOK
+node of the test cluster and follows a run to node_failure.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from executors.kubernetes.render import (
 from tau.spec import Spec, load_spec
 from tests.cluster.kueue_objects import H100_LABELS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 REFERENCE = REPO / "tests" / "spec" / "reference"

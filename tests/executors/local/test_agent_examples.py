@@ -15,14 +15,14 @@ import pytest
 from runs.artifacts import content_path
 from runs.models import Artifact, Checkpoint, MetricPoint, Run, RunState, RunTrial
 from runs.trials import trials_table
-from tests.runs.agent_harness import ROOT, attempts, local_quota, submit, wait_for_state
-from tests.runs.factories import zip_directory
-from tests.runs.test_agent_workers import (
+from tests.executors.local.agent_harness import ROOT, attempts, local_quota, submit, wait_for_state
+from tests.executors.local.test_agent_workers import (
     EXAMPLE_WHEELS_SCRIPT,
     FIRST_INSTALL_SECONDS,
     RUN_VENVS,
     example_wheels,
 )
+from tests.runs.factories import zip_directory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -1,5 +1,6 @@
 """Quota use on a cluster is what Kueue reports: a ClusterQueue's flavorsReservation (on the
-real cluster: ``test_kueue_sync.test_quota_in_use_on_the_pages_is_what_kueue_reserved``)."""
+real cluster: tests/workspaces/test_kueue_sync.py,
+``test_quota_in_use_on_the_pages_is_what_kueue_reserved``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The one list of the portal's permissions and the RBAC shipped from it (deploy/rbac/): the
 file is the list, rendered, so they cannot drift; no wildcard anywhere; the decisions the
 list's docstring explains hold. That the list is *sufficient* is proven on the test cluster
-(test_cluster_check.py: every operation, as a ServiceAccount bound only to this role)."""
+(tests/workspaces/test_cluster_check.py: every operation, as a ServiceAccount bound only to this
+role)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from executors.kubernetes.rbac import (
     render_cluster_role,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RBAC = REPO / "deploy" / "rbac"
 REGENERATE = ".venv/bin/python -m executors.kubernetes.rbac > deploy/rbac/clusterrole.yaml"
 

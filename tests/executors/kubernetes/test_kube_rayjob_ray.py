@@ -62,10 +62,8 @@ from runs.trials import trials_table
 from tau.spec import load_spec
 from tests.cluster.kueue_objects import KUEUE
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
-from tests.runs.factories import ROOT, make_run, zip_directory
-from tests.runs.render_cases import target_for
-from tests.runs.test_api import run_token
-from tests.runs.test_kube_backend import (  # noqa: F401 (fixtures)
+from tests.executors.kubernetes.render_cases import target_for
+from tests.executors.kubernetes.test_kube_backend import (  # noqa: F401 (fixtures)
     RAY,
     Recorded,
     attempt_of,
@@ -74,10 +72,12 @@ from tests.runs.test_kube_backend import (  # noqa: F401 (fixtures)
     make_place,
     uid,
 )
+from tests.runs.factories import ROOT, make_run, zip_directory
+from tests.runs.test_api import run_token
 from tests.scripts import load_script
 from workspaces.models import KueueSync, Workspace
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RAY_HEAD_SCRIPT = REPO / "deploy" / "dev" / "ray_head.py"
 RAY_SUBMITTER_SCRIPT = REPO / "deploy" / "cluster" / "ray_submitter.py"
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]

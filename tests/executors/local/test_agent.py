@@ -36,7 +36,7 @@ from runs.models import (
     RunTrial,
 )
 from runs.trials import trials_table
-from tests.runs.agent_harness import (
+from tests.executors.local.agent_harness import (
     GRACE_SECONDS,
     LOG_CAP,
     ROOT,

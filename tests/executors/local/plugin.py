@@ -1,4 +1,6 @@
-"""Fixtures of the local executor's tests that run a real agent (``test_agent*.py``)."""
+"""Fixtures of the local executor's tests that run a real agent (``test_agent*.py`` here), and
+``var_dir`` for any test that stores code bundles (tests/runs/test_submission_checks.py): a
+plugin of tests/conftest.py, so that both see the one definition."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 import pytest
 
 from runs import delivery
-from tests.runs.agent_harness import Agent
+from tests.executors.local.agent_harness import Agent
 
 
 @pytest.fixture

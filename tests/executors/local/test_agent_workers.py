@@ -31,7 +31,7 @@ from tau import rendezvous
 from tau.evidence.keys import load_trusted_keys
 from tau.evidence.verify import verify_file
 from tests.evidence.helpers import download, manifest_of, member_names, seal_all
-from tests.runs.agent_harness import (
+from tests.executors.local.agent_harness import (
     GRACE_SECONDS,
     ROOT,
     attempt_dir,

@@ -1,8 +1,9 @@
 """Rendering runs into Kubernetes objects: golden files for every example, and the rules one
 by one (names, Kueue labels, resources, environment, bundle fetch, dependents).
 
-``UPDATE_GOLDEN=1 pytest tests/runs/test_render.py`` rewrites tests/runs/golden/ from the
-current renderer (review the diff); in CI that variable makes the test fail.
+``UPDATE_GOLDEN=1 pytest tests/executors/kubernetes/test_render.py`` rewrites
+tests/executors/kubernetes/golden/ from the current renderer (review the diff); in CI that
+variable makes the test fail.
 """
 
 from __future__ import annotations

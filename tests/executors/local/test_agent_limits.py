@@ -16,7 +16,7 @@ from django.test import Client
 
 from executors.local.agent import cgroups
 from runs.models import Artifact, Checkpoint, FailureClass, RunState
-from tests.runs.agent_harness import (
+from tests.executors.local.agent_harness import (
     Agent,
     attempt_dir,
     attempts,

@@ -23,7 +23,7 @@ from tests.runs.factories import zip_bytes
 from tests.runs.processes import session_database_url
 from workspaces.models import ResourceFlavor, Workspace, WorkspaceQuota
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GRACE_SECONDS = 1
 LOG_CAP = 2**16  # the smallest cap the settings allow
 
