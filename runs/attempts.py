@@ -111,8 +111,9 @@ def attempt_running(
 ) -> None:
     attempt.state = RunAttempt.State.RUNNING
     attempt.started_at = timezone.now()
-    attempt.pid = pid
-    attempt.process_start_ticks = start_ticks
+    if pid is not None:  # the local executor's process (kept when a later caller has none)
+        attempt.pid = pid
+        attempt.process_start_ticks = start_ticks
     attempt.save(update_fields=["state", "started_at", "pid", "process_start_ticks"])
     run = lock_run(attempt.run_id)
     if run.state == RunState.ADMITTED:
@@ -222,18 +223,7 @@ def finish_attempt(
     """Close an attempt and decide what the run does next: succeed, fail, or retry."""
     now = now or timezone.now()
     run = lock_run(attempt.run_id)
-    attempt.finished_at = now
-    attempt.exit_code = outcome.exit_code
-    if outcome.succeeded:
-        attempt.state = RunAttempt.State.SUCCEEDED
-    elif outcome.cancelled:
-        attempt.state = RunAttempt.State.CANCELLED
-    else:
-        attempt.state = RunAttempt.State.FAILED
-        attempt.failure_class = outcome.failure_class or FailureClass.UNKNOWN
-        attempt.failure_message = outcome.message[:4000]
-        attempt.counts_against_retries = not outcome.interrupted
-    attempt.save()
+    close_attempt(attempt, outcome, now)
     data = {"attempt": attempt.number, "exit_code": outcome.exit_code}
     state = RunState(run.state)
     if state in TERMINAL_STATES:
@@ -316,3 +306,20 @@ def finish_attempt(
         )
     hand_over(run=run, resume_from=run.resume_from, retry_reason=failure.value)
     return run
+
+
+def close_attempt(attempt: RunAttempt, outcome: AttemptOutcome, now: datetime) -> None:
+    """Record how one attempt ended, on its row only (what the run does next is
+    :func:`finish_attempt`'s to decide)."""
+    attempt.finished_at = now
+    attempt.exit_code = outcome.exit_code
+    if outcome.succeeded:
+        attempt.state = RunAttempt.State.SUCCEEDED
+    elif outcome.cancelled:
+        attempt.state = RunAttempt.State.CANCELLED
+    else:
+        attempt.state = RunAttempt.State.FAILED
+        attempt.failure_class = outcome.failure_class or FailureClass.UNKNOWN
+        attempt.failure_message = outcome.message[:4000]
+        attempt.counts_against_retries = not outcome.interrupted
+    attempt.save()

@@ -246,3 +246,67 @@ def test_the_core_asks_a_backend_and_never_imports_one() -> None:
 def test_every_executor_named_exists() -> None:
     for executor in EXECUTORS:
         assert (ROOT.joinpath(*executor.split(".")) / "apps.py").is_file(), executor
+
+
+#: Every place the product writes a ``failure_class`` field, as (file, what is written). A
+#: run's is written by ``runs.state.transition`` alone (acceptance of issue 31); an attempt's
+#: by ``close_attempt`` and, for attempts that never started, by ``transition``.
+FAILURE_CLASS_WRITERS = {
+    ("runs/state.py", "locked.failure_class"),  # transition(): the run's
+    ("runs/state.py", "waiting.update"),  # transition(): its waiting attempts'
+    ("runs/attempts.py", "attempt.failure_class"),  # close_attempt(): an attempt's
+    ("executors/local/agent/prepare.py", "self.failure_class"),  # PreparationFailed's
+}
+
+
+def failure_class_writes(path: Path) -> Iterator[tuple[int, str]]:
+    """Where ``path`` writes a ``failure_class``: an attribute assigned, or a keyword of a
+    queryset's update or create."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, ast.Attribute) and target.attr == "failure_class":
+                yield node.lineno, ast.unparse(target)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"update", "create", "get_or_create", "update_or_create"}
+            and any(keyword.arg == "failure_class" for keyword in node.keywords)
+        ):
+            yield node.lineno, ast.unparse(node.func)
+
+
+def test_only_transition_writes_a_runs_failure_class(tmp_path: Path) -> None:
+    found = [
+        (str(path.relative_to(ROOT)), line, written)
+        for package in LAYERS
+        for path in python_files(package)
+        for line, written in failure_class_writes(path)
+    ]
+    unexpected = [
+        f"{where}:{line} writes {written}"
+        for where, line, written in found
+        if (where, written) not in FAILURE_CLASS_WRITERS
+    ]
+    assert unexpected == [], (
+        "a failure class written outside runs.state.transition: pass it to transition() "
+        "(a run's) or runs.attempts.close_attempt (an attempt's)"
+    )
+    named = {(where, written) for where, _, written in found}
+    assert named == FAILURE_CLASS_WRITERS, "a writer named here is gone: update the list"
+    # The reader finds both shapes of a write.
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "run.failure_class = 'oom_killed'\n"
+        "Run.objects.filter(pk=1).update(state='failed', failure_class='unknown')\n",
+        encoding="utf-8",
+    )
+    assert list(failure_class_writes(source)) == [
+        (1, "run.failure_class"),
+        (2, "Run.objects.filter(pk=1).update"),
+    ]

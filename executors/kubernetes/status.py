@@ -1,11 +1,12 @@
 """What Kubernetes says about one attempt of a run, as what TauGrid says about it: one pure
 function, :func:`observe`, from the attempt's objects (its Job or RayJob, Kueue's Workload
 for it, its pods, the warning Events about them, the ClusterQueue it waits in, and the XID
-conditions of the Nodes its pods are bound to) to an :class:`Observation`: the run state
-they mean, a reason in plain words, the failure class and exit code of an attempt that
-ended, and where Kueue placed it. No cluster access, no database: the watcher
-(``executors.kubernetes.watcher``) gathers the objects and applies the observation through the run
-services; ``tests/executors/kubernetes/test_kube_status.py`` is the table.
+conditions of the Nodes its pods are bound to) to a :class:`runs.observations.Observation`:
+the run state they mean, a reason in plain words, the failure class and exit code of an
+attempt that ended, and where Kueue placed it. No cluster access, no database: the watcher
+(``executors.kubernetes.watcher``) gathers the objects and applies the observation with the
+core's decision table (``runs.observations.apply_observation``, which the local executor
+uses too); ``tests/executors/kubernetes/test_kube_status.py`` is this module's table.
 
 The table, first match wins
 ===========================
@@ -108,13 +109,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
 from executors.kubernetes.gpu_faults import Xid, worst, xids_in
 from runs.models import FailureClass, RunState
+from runs.observations import Observation, ObservedState
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import QuantityError, format_quantity, parse_quantity
 
@@ -230,23 +232,6 @@ _DEACTIVATED = (
 )
 
 
-class ObservedState:
-    """What the objects say, in run-state words. ``NOTHING``: no object of the attempt
-    exists yet (the backend has not created it): nothing to do."""
-
-    NOTHING: Final = "nothing"
-    QUEUED: Final = RunState.QUEUED.value
-    ADMITTED: Final = RunState.ADMITTED.value
-    RUNNING: Final = RunState.RUNNING.value
-    SUCCEEDED: Final = RunState.SUCCEEDED.value
-    FAILED: Final = RunState.FAILED.value
-    PREEMPTED: Final = RunState.PREEMPTED.value
-    EVICTED: Final = RunState.EVICTED.value
-
-    #: The attempt is over: the watcher finishes it.
-    ENDED: Final = frozenset({SUCCEEDED, FAILED, PREEMPTED, EVICTED})
-
-
 @dataclass(frozen=True)
 class AttemptObjects:
     """Everything the cluster holds about one attempt (its objects as the API returns them).
@@ -263,43 +248,6 @@ class AttemptObjects:
     #: The Nodes its pods are bound to, as much of them as :func:`node_facts` keeps (whole
     #: Node objects read the same).
     nodes: Sequence[Body] = ()
-
-
-@dataclass(frozen=True)
-class Observation:
-    state: str  # an ObservedState value
-    reason: str = ""
-    failure_class: FailureClass | None = None
-    exit_code: int | None = None
-    cluster_queue: str = ""
-    flavors: Mapping[str, str] = field(default_factory=dict)
-    node_names: tuple[str, ...] = ()
-    #: The pods started (a container ran): an admitted attempt that ended had been running.
-    ran: bool = False
-    #: Kueue admitted it at some point (so an attempt TauGrid still sees waiting was admitted).
-    admitted: bool = False
-    #: The Job or RayJob is still there and not finished by itself (suspended by Kueue after
-    #: a preemption, or stuck on an image): once the attempt is over it must be deleted, or
-    #: Kueue would admit it again.
-    object_active: bool = False
-    #: The Job or RayJob is gone or being deleted (a cancel's deletion, or someone else's).
-    deleted: bool = False
-    #: A GPU program's failure that an XID reported late may still explain (:data:`XID_SETTLE`):
-    #: not to be applied before this time; looked at again then, or when a Node changes.
-    settles_at: datetime | None = None
-    #: When Kueue admitted it and when its Workload finished, as Kueue's conditions say:
-    #: what the attempt used is counted between them (runs.accounting), not from when the
-    #: watcher happened to look.
-    admitted_at: datetime | None = None
-    ended_at: datetime | None = None
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ObservedState.ENDED
-
-    @property
-    def succeeded(self) -> bool:
-        return self.state == ObservedState.SUCCEEDED
 
 
 # --- small readers ---------------------------------------------------------------------------

@@ -23,8 +23,9 @@ A loop over small steps, each tested on its own:
    has not seen end.
 3. **Reconcile** one dirty attempt: read its run, gather its objects from the cache (only from
    the run's workspace namespace: an object elsewhere with a run's labels is not believed),
-   ask :func:`executors.kubernetes.status.observe` what they mean, and :func:`apply_observation`.
-4. **Apply** through the run services only, as the local agent does (``admit_attempt``,
+   ask :func:`executors.kubernetes.status.observe` what they mean, and apply it with the core's
+   decision table, :func:`runs.observations.apply_observation`, as the local executor does.
+4. **Apply** through the run services only (``admit_attempt``,
    ``attempt_running``, ``finish_attempt`` — whose retry policy hands a new attempt to the
    backend through the outbox — ``note_reason``, ``note_admission``, ``note_nodes``, and the
    run tokens revoked when an attempt ends). Every step is guarded by the state the database
@@ -61,13 +62,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType
 from typing import Any, Final
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, transaction
+from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 import kube
@@ -75,39 +76,20 @@ from executors.kubernetes import kueue_sync, labels
 from executors.kubernetes.backend import KubernetesBackend, no_pod_left
 from executors.kubernetes.heartbeat import HeartbeatWriter
 from executors.kubernetes.rbac import LEADER_LEASE
-from executors.kubernetes.status import (
-    AttemptObjects,
-    Observation,
-    ObservedState,
-    node_facts,
-    observe,
-)
+from executors.kubernetes.status import AttemptObjects, node_facts, observe
 from kube import KubeClient, KubeError
 from kube.informer import Informer, Listed, Message, WatchedKind
 from kube.leader import LeaderElection
-from runs import run_tokens, selectors, wording
-from runs.attempts import (
-    AttemptOutcome,
-    admit_attempt,
-    attempt_running,
-    finish_attempt,
-    note_admission,
-    note_log_kept,
-    note_log_missing,
-    note_nodes,
-)
+from runs import run_tokens
+from runs.attempts import note_log_kept, note_log_missing
 from runs.models import (
     LIVE_STATES,
-    TERMINAL_STATES,
     Backend,
     Delivery,
-    EventKind,
-    FailureClass,
     Run,
     RunAttempt,
-    RunState,
 )
-from runs.state import lock_run, note_reason, transition
+from runs.observations import Applied, Observation, ObservedState, apply_observation
 
 logger = logging.getLogger(__name__)
 
@@ -137,11 +119,6 @@ QUEUE_SETTLE_SECONDS: Final = 2.0
 QUEUE_REFRESH_BATCH: Final = 50
 #: The most warning Events kept (the oldest are dropped first).
 MAX_EVENTS: Final = 10_000
-
-FINISHED_ATTEMPT_STATES: Final = frozenset(
-    {RunAttempt.State.SUCCEEDED, RunAttempt.State.FAILED, RunAttempt.State.CANCELLED}
-)
-
 
 JOB: Final = WatchedKind("batch/v1", "Job", label_selector=TAUGRID_SELECTOR)
 RAYJOB: Final = WatchedKind("ray.io/v1", "RayJob", label_selector=TAUGRID_SELECTOR)
@@ -531,199 +508,6 @@ class ClusterCache:
 # --- applying an observation -------------------------------------------------------------------
 
 
-@dataclass
-class Applied:
-    """What :func:`apply_observation` did (for the log and the tests), and what is left."""
-
-    actions: list[str] = field(default_factory=list)
-    #: The run is not ready for it yet (still pending): reconcile again soon.
-    retry: bool = False
-    #: The attempt is over but its Job or RayJob still holds (or may regain) quota.
-    delete_object: bool = False
-    #: The attempt ended: its run token is revoked.
-    ended_attempt: int | None = None
-
-
-def apply_observation(
-    *,
-    run_id: int,
-    attempt_number: int,
-    observation: Observation,
-    pods_remain: bool,
-    object_remains: bool,
-) -> Applied:
-    """Bring the run up to what Kubernetes says about its attempt ``attempt_number``,
-    through the run services, in one transaction under the run's lock. Whatever the
-    database already shows is not done again."""
-    applied = Applied()
-    with transaction.atomic():
-        run = lock_run(run_id)
-        attempt = (
-            RunAttempt.objects.unscoped()
-            .filter(run_id=run_id, number=attempt_number)
-            .select_related("run")
-            .first()
-        )
-        if attempt is None:
-            return applied
-        state = RunState(run.state)
-        if (
-            attempt.number != run.attempt_count
-            or attempt.state in FINISHED_ATTEMPT_STATES
-            or state in TERMINAL_STATES
-        ):
-            # An attempt TauGrid is done with: only its leftovers matter.
-            applied.delete_object = observation.object_active and object_remains
-            return applied
-        if observation.state == ObservedState.NOTHING:
-            return applied
-        if state == RunState.PENDING:
-            # The backend writes "queued" once it has created the objects; not yet.
-            applied.retry = True
-            return applied
-        if state == RunState.CANCELLING:
-            _apply_cancelling(run, attempt, observation, pods_remain, object_remains, applied)
-        else:
-            _apply(run, attempt, observation, applied)
-    return applied
-
-
-def _apply(run: Run, attempt: RunAttempt, observation: Observation, applied: Applied) -> None:
-    kind = observation.state
-    if kind == ObservedState.QUEUED:
-        waiting = attempt.state == RunAttempt.State.WAITING and run.state == RunState.QUEUED
-        if waiting and observation.reason:
-            _note(run, RunState.QUEUED, observation.reason, applied)
-        return
-    if kind == ObservedState.ADMITTED:
-        _catch_up(run, attempt, observation, applied, running=False)
-        if observation.reason:
-            _note(run, RunState.ADMITTED, observation.reason, applied)
-        return
-    if kind == ObservedState.RUNNING:
-        _catch_up(run, attempt, observation, applied, running=True)
-        return
-    # The attempt is over.
-    if observation.admitted or observation.ran or attempt.state != RunAttempt.State.WAITING:
-        _catch_up(run, attempt, observation, applied, running=observation.ran)
-        _finish(attempt, observation, applied)
-        return
-    # It ended before Kueue ever admitted it (its objects were deleted while it waited):
-    # there is no started attempt to retry; the run fails with the attempt.
-    failure = FailureClass(observation.failure_class or FailureClass.UNKNOWN)
-    transition(
-        run,
-        RunState.FAILED,
-        reason=f"Attempt {attempt.number} failed before it started: {observation.reason}",
-        data={"attempt": attempt.number, "failure_class": failure.value},
-        failure_class=failure,
-    )
-    applied.actions.append(f"failed:{failure.value}")
-    applied.ended_attempt = attempt.number
-    applied.delete_object = observation.object_active
-
-
-def _apply_cancelling(
-    run: Run,
-    attempt: RunAttempt,
-    observation: Observation,
-    pods_remain: bool,
-    object_remains: bool,
-    applied: Applied,
-) -> None:
-    """A cancel in progress: it ends cancelled once nothing of the attempt runs any more,
-    unless the attempt reached its own end first (succeeded stays succeeded)."""
-    live = attempt.state in {RunAttempt.State.STARTING, RunAttempt.State.RUNNING}
-    if observation.ended and not observation.deleted and live:
-        _catch_up(run, attempt, observation, applied, running=observation.ran)
-        _finish(attempt, observation, applied)  # finish_attempt: cancelled unless succeeded
-        return
-    if pods_remain or (object_remains and not observation.deleted):
-        return  # still stopping
-    if live:
-        attempt.refresh_from_db()
-        finish_attempt(
-            attempt=attempt,
-            outcome=AttemptOutcome(
-                succeeded=False, cancelled=True, exit_code=observation.exit_code, message=""
-            ),
-        )
-    else:
-        transition(
-            run,
-            RunState.CANCELLED,
-            reason=wording.cancelled_reason(selectors.cancel_requested_by(run)),
-            kind=EventKind.CANCELLED,
-        )
-    applied.actions.append("cancelled")
-    applied.ended_attempt = attempt.number
-
-
-def _catch_up(
-    run: Run,
-    attempt: RunAttempt,
-    observation: Observation,
-    applied: Applied,
-    *,
-    running: bool,
-) -> None:
-    """Admitted (and running), as the backend's supervisor says, if not recorded yet; and
-    where Kueue and the scheduler put it."""
-    if attempt.state == RunAttempt.State.WAITING:
-        if run.state != RunState.QUEUED:
-            return
-        started = admit_attempt(run=run, admitted_at=observation.admitted_at)
-        attempt.state = started.state
-        applied.actions.append("admitted")
-    if running and attempt.state == RunAttempt.State.STARTING:
-        attempt_running(attempt=attempt)
-        applied.actions.append("running")
-    if observation.cluster_queue and note_admission(
-        attempt_id=attempt.pk,
-        cluster_queue=observation.cluster_queue,
-        flavors=dict(observation.flavors),
-    ):
-        applied.actions.append("placed")
-    if observation.node_names and note_nodes(
-        attempt_id=attempt.pk, node_names=list(observation.node_names)
-    ):
-        applied.actions.append("nodes")
-
-
-def _finish(attempt: RunAttempt, observation: Observation, applied: Applied) -> None:
-    failure = observation.failure_class
-    # finish_attempt saves the whole row: what note_admission and note_nodes wrote (and the
-    # run token) must be in it.
-    attempt.refresh_from_db()
-    # It used its resources until Kueue saw its Workload finish, not until the watcher
-    # looked (a late XID's hold can be 30 s later); never before it was admitted.
-    ended_at = observation.ended_at
-    if ended_at is not None and attempt.admitted_at is not None:
-        ended_at = max(ended_at, attempt.admitted_at)
-    finish_attempt(
-        attempt=attempt,
-        now=ended_at if ended_at is not None and ended_at < timezone.now() else None,
-        outcome=AttemptOutcome(
-            succeeded=observation.succeeded,
-            exit_code=observation.exit_code,
-            failure_class="" if failure is None else str(failure.value),
-            message="" if observation.succeeded else observation.reason,
-        ),
-    )
-    applied.actions.append(
-        "succeeded" if observation.succeeded else f"ended:{failure or 'unknown'}"
-    )
-    applied.ended_attempt = attempt.number
-    applied.delete_object = observation.object_active
-
-
-def _note(run: Run, state: RunState, reason: str, applied: Applied) -> None:
-    run.refresh_from_db(fields=["state", "state_reason"])
-    if run.state_reason != reason and note_reason(run_id=run.pk, state=state, reason=reason):
-        run.state_reason = reason
-        applied.actions.append("reason")
-
-
 # --- the watcher --------------------------------------------------------------------------------
 
 
@@ -996,7 +780,7 @@ class KubeWatcher:
             run_id=key.run_id,
             attempt_number=key.attempt,
             observation=observation,
-            pods_remain=bool(objects.pods),
+            processes_remain=bool(objects.pods),
             object_remains=object_remains,
         )
         if applied.actions:

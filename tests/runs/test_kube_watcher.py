@@ -57,13 +57,7 @@ from django.utils import timezone
 
 import kube as adapter
 from executors.kubernetes import labels
-from executors.kubernetes.status import (
-    AttemptObjects,
-    Observation,
-    ObservedState,
-    observe,
-    parse_time,
-)
+from executors.kubernetes.status import AttemptObjects, observe, parse_time
 from executors.kubernetes.watcher import (
     JOB,
     NODE,
@@ -72,7 +66,6 @@ from executors.kubernetes.watcher import (
     AttemptKey,
     ClusterCache,
     KubeWatcher,
-    apply_observation,
 )
 from kube.informer import Changed, Informer, Listed, Message
 from kube.leader import LeaderElection
@@ -88,6 +81,7 @@ from runs.models import (
     RunEvent,
     RunState,
 )
+from runs.observations import Observation, ObservedState, apply_observation
 from runs.state import lock_run, transition
 from tests.cluster.kueue_objects import (
     GPU,
@@ -169,7 +163,7 @@ def apply(run: Run, observation: Observation, **remains: bool) -> list[str]:
         run_id=run.pk,
         attempt_number=fresh(run).attempt_count,
         observation=observation,
-        pods_remain=remains.get("pods_remain", True),
+        processes_remain=remains.get("processes_remain", True),
         object_remains=remains.get("object_remains", True),
     )
     return applied.actions
@@ -297,7 +291,7 @@ def test_preempted_then_queued_again_with_a_new_attempt(world: Any, no_broker: l
         run_id=run.pk,
         attempt_number=1,
         observation=PREEMPTED,
-        pods_remain=False,
+        processes_remain=False,
         object_remains=True,
     )
     assert applied.actions == ["ended:preempted"]
@@ -314,7 +308,7 @@ def test_preempted_then_queued_again_with_a_new_attempt(world: Any, no_broker: l
         run_id=run.pk,
         attempt_number=1,
         observation=PREEMPTED,
-        pods_remain=False,
+        processes_remain=False,
         object_remains=True,
     )
     assert (again.actions, again.delete_object) == ([], True)
@@ -346,13 +340,13 @@ def test_a_cancel_ends_once_the_pods_are_gone(world: Any) -> None:
         deleted=True,
     )
     assert apply(run, RUNNING) == []  # not stopped yet
-    assert apply(run, deleted, pods_remain=True) == []  # pods still terminating
-    assert apply(run, deleted, pods_remain=False, object_remains=False) == ["cancelled"]
+    assert apply(run, deleted, processes_remain=True) == []  # pods still terminating
+    assert apply(run, deleted, processes_remain=False, object_remains=False) == ["cancelled"]
     run = fresh(run)
     assert run.state == RunState.CANCELLED
     assert run.state_reason == "Cancelled by rob."
     assert attempt_of(run).state == RunAttempt.State.CANCELLED
-    assert apply(run, deleted, pods_remain=False, object_remains=False) == []
+    assert apply(run, deleted, processes_remain=False, object_remains=False) == []
 
 
 def test_a_cancel_racing_with_success_ends_succeeded(world: Any) -> None:
@@ -367,7 +361,11 @@ def test_a_run_still_pending_is_tried_again_later(world: Any) -> None:
     run = make_run(world)
     Run.objects.unscoped().filter(pk=run.pk).update(backend=Backend.KUBERNETES)
     applied = apply_observation(
-        run_id=run.pk, attempt_number=1, observation=QUEUED, pods_remain=False, object_remains=True
+        run_id=run.pk,
+        attempt_number=1,
+        observation=QUEUED,
+        processes_remain=False,
+        object_remains=True,
     )
     assert (applied.actions, applied.retry) == ([], True)
     assert fresh(run).state == RunState.PENDING

@@ -95,7 +95,17 @@ from executors.local.agent.prepare import (
     venvs_root,
 )
 from executors.local.agent.wrapper import truncation_marker
-from runs import attempts, checkpoints, run_tokens, selectors, state, sweeps, trials, wording
+from runs import (
+    attempts,
+    checkpoints,
+    observations,
+    run_tokens,
+    selectors,
+    state,
+    sweeps,
+    trials,
+    wording,
+)
 from runs import metric_points as metrics
 from runs.attempts import AttemptOutcome, NoWaitingAttempt
 from runs.checkpoint_paths import CheckpointPathRefused
@@ -593,12 +603,14 @@ class Agent:
             attempt.number,
             outcome.message or ("succeeded" if outcome.succeeded else "failed"),
         )
-        with transaction.atomic():
-            ran = recorded is not None and recorded.error is None and not outcome.interrupted
-            if ran and attempt.state == RunAttempt.State.STARTING:
-                # The agent died between starting it and recording that: it did run.
-                attempts.attempt_running(attempt=attempt, pid=attempt.pid)
-            attempts.finish_attempt(attempt=attempt, outcome=outcome)
+        # It ran when it left a record of its own (the agent may have died between starting
+        # it and recording that it runs).
+        ran = recorded is not None and recorded.error is None and not outcome.interrupted
+        observations.apply_observation(
+            run_id=run.pk,
+            attempt_number=attempt.number,
+            observation=_observed_end(outcome, ran=ran),
+        )
         # The agent that issued its tokens died before it could revoke them.
         run_tokens.revoke_run_tokens(run_id=run.pk)
 
@@ -1349,13 +1361,16 @@ class Agent:
                     lines=execution.metrics.bad_lines,
                     first_problem=execution.metrics.first_problem,
                 )
-            run = attempts.finish_attempt(attempt=execution.attempt, outcome=execution.outcome)
+            applied = observations.apply_observation(
+                run_id=execution.run_id,
+                attempt_number=execution.attempt.number,
+                observation=_observed_end(execution.outcome, ran=execution.running_recorded),
+            )
         logger.info(
-            "%s attempt %d ended (%s); the run is %s",
+            "%s attempt %d ended: %s",
             execution.run.name,
             execution.attempt.number,
-            execution.attempt.state,
-            run.state,
+            ", ".join(applied.actions) or "already recorded",
         )
         recorded = outcomes.read_outcome(execution.layout.outcome)
         if recorded is not None and recorded.log_dropped:
@@ -1507,6 +1522,24 @@ def _ended_at(execution: Execution, worker: Worker) -> tuple[float, int]:
     recorded = outcomes.read_outcome(execution.layout.worker_outcome(worker.rank))
     ended = recorded.ended_at if recorded is not None else None
     return (ended if ended is not None else math.inf, worker.rank)
+
+
+def _observed_end(outcome: AttemptOutcome, *, ran: bool) -> observations.Observation:
+    """How an attempt this agent supervised ended, as the core's decision table reads it
+    (``runs.observations``): the agent admitted it before it started anything, and an
+    attempt stopped for its cancel is one whose processes were taken away."""
+    return observations.Observation(
+        state=observations.ObservedState.SUCCEEDED
+        if outcome.succeeded
+        else observations.ObservedState.FAILED,
+        reason=outcome.message,
+        failure_class=FailureClass(outcome.failure_class) if outcome.failure_class else None,
+        exit_code=outcome.exit_code,
+        ran=ran,
+        admitted=True,
+        deleted=outcome.cancelled,
+        interrupted=outcome.interrupted,
+    )
 
 
 def _ended_inside(holder: Execution | Worker, outcome: Path, now: float) -> bool:

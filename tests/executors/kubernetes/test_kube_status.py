@@ -30,13 +30,13 @@ from executors.kubernetes.status import (
     IMAGE_HINT,
     XID_SETTLE,
     AttemptObjects,
-    Observation,
     amount_words,
     observe,
     parse_time,
     waiting_reason,
 )
 from runs.models import FailureClass
+from runs.observations import Observation
 
 OBJECTS = Path(__file__).parent / "kube_objects"
 Body = dict[str, Any]
