@@ -271,7 +271,7 @@ def failure_class_writes(path: Path) -> Iterator[tuple[int, str]]:
             targets = [node.target]
         for target in targets:
             if isinstance(target, ast.Attribute) and target.attr == "failure_class":
-                yield node.lineno, ast.unparse(target)
+                yield target.lineno, ast.unparse(target)
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)

@@ -6,8 +6,9 @@ Regenerate the role after changing :data:`REQUIRED`::
     .venv/bin/python -m executors.kubernetes.rbac > deploy/rbac/clusterrole.yaml
 
 ``tests/executors/kubernetes/test_cluster_access.py`` fails when the file and the list differ,
-or when a ``*`` appears in either; ``tests/workspaces/test_cluster_check.py`` proves on the test
-cluster that a ServiceAccount bound only to this role can do every operation listed.
+or when a ``*`` appears in either; ``tests/executors/kubernetes/test_cluster_check.py`` proves
+on the test cluster that a ServiceAccount bound only to this role can do every operation
+listed.
 
 Decisions (least privilege; no wildcards):
 

@@ -35,8 +35,8 @@ from runs import submission
 from runs.models import Run, RunAttempt, RunState
 from tests.cluster.plugin import Kube, KubeCluster, wait_for_access
 from tests.deploy.helm import PRODUCTION_VALUES, REPO, Body, Helm, helm_binary
-from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
-from tests.runs.test_kube_watcher import (
+from tests.executors.kubernetes.test_cluster_check import h100_flavor_row, run_command
+from tests.executors.kubernetes.test_kube_watcher import (
     attempt_of,
     follow,
     fresh,
@@ -44,8 +44,8 @@ from tests.runs.test_kube_watcher import (
     labelled_job,
     story,
 )
-from tests.workspaces.test_cluster_check import h100_flavor_row, run_command
-from tests.workspaces.test_kueue_sync import gpu_flavor, make_workspace
+from tests.executors.kubernetes.test_kueue_sync import gpu_flavor, make_workspace
+from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from workspaces.models import Membership, Role
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]

@@ -1,6 +1,7 @@
 """The core's decision table (runs/observations.py), which both backends call with what they
-saw of an attempt: the rows the Kubernetes watcher's tests (tests/runs/test_kube_watcher.py)
-do not reach, and the ones the local executor depends on.
+saw of an attempt: the rows the Kubernetes watcher's tests
+(tests/executors/kubernetes/test_kube_watcher.py) do not reach, and the ones the local executor
+depends on.
 
 * an attempt still live whose run was ended by someone else is closed with what was seen
   when it ends, and the run is left as it was (no event, no new decision);

@@ -1,8 +1,8 @@
 """The one list of the portal's permissions and the RBAC shipped from it (deploy/rbac/): the
 file is the list, rendered, so they cannot drift; no wildcard anywhere; the decisions the
 list's docstring explains hold. That the list is *sufficient* is proven on the test cluster
-(tests/workspaces/test_cluster_check.py: every operation, as a ServiceAccount bound only to this
-role)."""
+(tests/executors/kubernetes/test_cluster_check.py: every operation, as a ServiceAccount bound
+only to this role)."""
 
 from __future__ import annotations
 

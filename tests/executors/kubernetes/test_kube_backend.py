@@ -48,8 +48,8 @@ from runs.lifecycle import cancel_run
 from runs.models import Backend, Delivery, FailureClass, Run, RunAttempt, RunState
 from tests.cluster.kueue_objects import KUEUE, TEST_DURATION, conditions, workload_of
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
+from tests.executors.kubernetes.test_cluster_check import PortalIdentity, portal_sa  # noqa: F401 (fixture)
 from tests.runs.factories import zip_bytes
-from tests.workspaces.test_cluster_check import PortalIdentity, portal_sa  # noqa: F401 (fixture)
 from workspaces.models import (
     KueueSync,
     Membership,

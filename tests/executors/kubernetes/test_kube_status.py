@@ -10,8 +10,8 @@ below that change a captured object (``edit``) stand for what the test cluster c
 node failure, a crash loop, a RayJob that succeeds: no Ray runs on KWOK) and are marked "by
 hand" with the fields they set, in the shape the API reference gives. The XID rows give the
 pods' nodes a condition as node-problem-detector writes it (``XIDErrors``, the driver's
-kernel-log line as its message); ``tests/runs/test_kube_watcher.py`` patches one into a KWOK
-node of the test cluster and follows a run to node_failure.
+kernel-log line as its message); ``tests/executors/kubernetes/test_kube_watcher.py`` patches
+one into a KWOK node of the test cluster and follows a run to node_failure.
 """
 
 from __future__ import annotations

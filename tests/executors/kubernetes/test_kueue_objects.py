@@ -1,7 +1,8 @@
 """What TauGrid renders for Kueue, from rows that are never saved (executors.kubernetes.kueue is
 pure): the ClusterQueue's resource groups follow Kueue's rules, every object carries TauGrid's
 labels, and the comparison with a live object sees hand edits but not Kubernetes' own
-additions. The cluster's verdict on these objects is in tests/workspaces/test_kueue_sync.py."""
+additions. The cluster's verdict on these objects is in
+tests/executors/kubernetes/test_kueue_sync.py."""
 
 from __future__ import annotations
 

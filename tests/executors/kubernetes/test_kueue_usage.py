@@ -1,5 +1,5 @@
 """Quota use on a cluster is what Kueue reports: a ClusterQueue's flavorsReservation (on the
-real cluster: tests/workspaces/test_kueue_sync.py,
+real cluster: tests/executors/kubernetes/test_kueue_sync.py,
 ``test_quota_in_use_on_the_pages_is_what_kueue_reserved``)."""
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ from workspaces.models import (
     WorkspaceQuota,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # Long enough that a "running" fake pod is still running when the test looks at it.
 KEEP_RUNNING = {TEST_DURATION: "30m"}
 # Kueue's quota status and admission follow in a second or two; a loaded machine is slower.

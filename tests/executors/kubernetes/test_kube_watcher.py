@@ -99,7 +99,7 @@ from tests.cluster.plugin import Kube, KubeCluster, load_controlplane, wait_unti
 from tests.executors.kubernetes.test_kube_backend import pods_of_attempt
 from tests.runs.factories import TINY_SPEC, make_run
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 OBJECTS = REPO / "tests" / "executors" / "kubernetes" / "kube_objects"
 cluster = pytest.mark.cluster
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -1524,7 +1524,7 @@ def test_one_watcher_acts_and_a_killed_one_is_replaced_without_losing_or_doublin
     client: adapter.KubeClient,
     tmp_path: Path,
 ) -> None:
-    from tests.workspaces.test_kueue_sync import database_url
+    from tests.executors.kubernetes.test_kueue_sync import database_url
 
     place(cpus="64")
     lease_namespace = kube.namespace("lease")
@@ -1624,7 +1624,7 @@ def test_one_watcher_acts_and_a_killed_one_is_replaced_without_losing_or_doublin
 def watcher_env(kubeconfig: Path, lease_namespace: str, folder: Path) -> dict[str, str]:
     """``manage.py run_kube_watcher``'s environment: the test database, this cluster, the
     default lease of 15 s (the fail-over bound of the issue is about it)."""
-    from tests.workspaces.test_kueue_sync import database_url
+    from tests.executors.kubernetes.test_kueue_sync import database_url
 
     return {
         **os.environ,

@@ -57,7 +57,7 @@ from tests.cluster.kueue_objects import (
 from tests.cluster.plugin import Kube, KubeCluster, wait_for_access, wait_until
 from workspaces.models import ResourceFlavor
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHIPPED_ROLE = REPO / "deploy" / "rbac" / "clusterrole.yaml"
 NAMESPACE_GUARD = REPO / "deploy" / "rbac" / "namespace-guard.yaml"
 # The workspace sync's mark on a namespace it created (executors/kubernetes/kueue.py).
@@ -1287,7 +1287,7 @@ def test_the_workspace_sync_works_as_the_serviceaccount_bound_to_the_shipped_rol
     from executors.kubernetes import kueue_sync
     from executors.kubernetes.kueue import KUEUE_API
     from executors.kubernetes.tasks import check_kueue_drift
-    from tests.workspaces.test_kueue_sync import gpu_flavor, make_workspace, run_published
+    from tests.executors.kubernetes.test_kueue_sync import gpu_flavor, make_workspace, run_published
     from workspaces.models import Cohort, KueueSync, PriorityClass, Workspace
 
     uid = kube.unique("sa")[-6:]
