@@ -38,7 +38,13 @@ from typing import Final
 import tau
 
 #: The files shipped, relative to the folder put on the path.
-FILES: Final = ("tau/__init__.py", "tau/sdk.py", "tau/sweep.py", "tau/ray_tune.py")
+FILES: Final = (
+    "tau/__init__.py",
+    "tau/sdk.py",
+    "tau/sweep.py",
+    "tau/ray_tune.py",
+    "tau/ray_cluster.py",
+)
 _SOURCE_ROOT = Path(tau.__file__).resolve().parent.parent
 
 

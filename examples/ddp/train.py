@@ -93,7 +93,7 @@ def main() -> int:
     start = 0
     resume_from = os.environ.get("TAU_RESUME_FROM")
     if resume_from:
-        state = torch.load(Path(resume_from) / "state.pt", weights_only=True)
+        state = torch.load(Path(resume_from) / "state.pt", map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])

@@ -11,10 +11,12 @@ settings TauGrid gives it (docs/distributed.md).
   one would have;
 * metrics: rank 0 appends ``{"step", "loss"}`` rows (the loss averaged over all workers) to
   ``$TAU_OUTPUT_DIR/metrics.jsonl``;
-* checkpoints: every worker takes part in gathering the full model and optimizer state
-  (FSDP's FULL_STATE_DICT, kept on rank 0), which rank 0 writes to
-  ``$TAU_CHECKPOINT_DIR/step-<n>/`` through a temporary folder renamed into place, with a
-  ``COMPLETE`` marker; on ``$TAU_RESUME_FROM`` every worker loads it before sharding;
+* checkpoints: sharded, with torch.distributed.checkpoint (DCP): every worker writes its own
+  shard of the model and optimizer state (FSDP's SHARDED_STATE_DICT; nothing is gathered, so
+  a checkpoint costs each worker its share) into ``$TAU_CHECKPOINT_DIR/.step-<n>.partial/``,
+  rank 0 adds DCP's metadata, the step and a ``COMPLETE`` marker, and renames the folder to
+  ``step-<n>/``; on ``$TAU_RESUME_FROM`` every worker reads its shard back into the sharded
+  model and optimizer (DCP reshards, so a resume may even have another number of workers);
 * ``--kill-at-step N``: on the first attempt, worker 1 kills itself (SIGKILL) at step N, as a
   node lost mid-run would; the others fail with it, and the retry resumes.
 
@@ -28,16 +30,19 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
 from torch.distributed.fsdp import (
     FullOptimStateDictConfig,
     FullStateDictConfig,
+    ShardedOptimStateDictConfig,
+    ShardedStateDictConfig,
     StateDictType,
 )
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -78,18 +83,57 @@ def full_state(model: FSDP, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]
         return model.state_dict(), FSDP.optim_state_dict(model, optimizer)
 
 
-def save_checkpoint(root: Path, step: int, state: dict[str, object]) -> None:
-    """``root/step-<step>/`` atomically: written to a temporary folder, then renamed."""
-    root.mkdir(parents=True, exist_ok=True)
+def sharded_state(model: FSDP) -> Any:
+    """FSDP's sharded view of the state: each worker's own shards, nothing gathered."""
+    return FSDP.state_dict_type(
+        model,
+        StateDictType.SHARDED_STATE_DICT,
+        ShardedStateDictConfig(),
+        ShardedOptimStateDictConfig(),
+    )
+
+
+def save_checkpoint(root: Path, step: int, model: FSDP, optimizer: torch.optim.Optimizer) -> None:
+    """``root/step-<step>/``, sharded (every worker calls this): DCP writes each worker's
+    shard into a staging folder; rank 0, once DCP is done everywhere, adds the step and
+    ``COMPLETE`` and renames the folder into place."""
+    rank = dist.get_rank()
     final = root / f"step-{step}"
-    if (final / "COMPLETE").exists():
+    staging = root / f".step-{step}.partial"
+    done = torch.tensor([int((final / "COMPLETE").exists())])
+    dist.broadcast(done, 0)  # every worker takes the same way: DCP is collective
+    if done.item():
         return
-    staging = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
-    torch.save(state, staging / "state.pt")
-    (staging / "COMPLETE").write_text(f"{step}\n", encoding="utf-8")
-    if final.exists():  # a leftover without COMPLETE: it never counted
-        shutil.rmtree(final)
-    staging.rename(final)
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)  # a leftover of an attempt that died
+        staging.mkdir()
+    dist.barrier()
+    with sharded_state(model):
+        state = {"model": model.state_dict(), "optim": FSDP.optim_state_dict(model, optimizer)}
+        dcp.save(state, checkpoint_id=str(staging))
+    if rank == 0:
+        (staging / "step.json").write_text(json.dumps({"step": step}) + "\n", encoding="utf-8")
+        (staging / "COMPLETE").write_text(f"{step}\n", encoding="utf-8")
+        if final.exists():  # a leftover without COMPLETE: it never counted
+            shutil.rmtree(final)
+        staging.rename(final)
+    dist.barrier()
+
+
+def load_checkpoint(folder: Path, model: FSDP, optimizer: torch.optim.Optimizer) -> int:
+    """Each worker's shards of ``folder`` into the sharded model and optimizer; the step."""
+    with sharded_state(model):
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=str(folder))
+        model.load_state_dict(state["model"])
+        optim = load_sharded_optimizer_state_dict(
+            model_state_dict=state["model"],
+            optimizer_key="optim",
+            storage_reader=dcp.FileSystemReader(str(folder)),
+        )
+        optimizer.load_state_dict(FSDP.optim_state_dict_to_load(model, optimizer, optim["optim"]))
+    return int(json.loads((folder / "step.json").read_text(encoding="utf-8"))["step"])
 
 
 def main() -> int:
@@ -105,26 +149,13 @@ def main() -> int:
     torch.manual_seed(0)  # the same initial weights on every worker
     model = nn.Sequential(nn.Linear(FEATURES, 32), nn.Tanh(), nn.Linear(32, 1))
 
-    saved = None
-    resume_from = os.environ.get("TAU_RESUME_FROM")
-    if resume_from:
-        saved = torch.load(Path(resume_from) / "state.pt", weights_only=True)
-        model.load_state_dict(saved["model"])  # whole, before it is sharded
     sharded = FSDP(model, device_id=device, use_orig_params=True)
     optimizer = torch.optim.SGD(sharded.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.MSELoss()
     start = 0
-    if saved is not None:
-        with FSDP.state_dict_type(
-            sharded,
-            StateDictType.FULL_STATE_DICT,
-            FullStateDictConfig(rank0_only=False),
-            FullOptimStateDictConfig(rank0_only=False),
-        ):
-            optimizer.load_state_dict(
-                FSDP.optim_state_dict_to_load(sharded, optimizer, saved["optimizer"])
-            )
-        start = int(saved["step"])
+    resume_from = os.environ.get("TAU_RESUME_FROM")
+    if resume_from:
+        start = load_checkpoint(Path(resume_from), sharded, optimizer)
         print(f"rank {rank}: resumed from step {start}", flush=True)
     first_attempt = os.environ.get("TAU_ATTEMPT", "1") == "1"
     output = Path(os.environ.get("TAU_OUTPUT_DIR", "outputs"))
@@ -150,10 +181,7 @@ def main() -> int:
                     metrics.write(json.dumps(row) + "\n")
                     metrics.flush()
             if step % args.checkpoint_every == 0:
-                model_state, optimizer_state = full_state(sharded, optimizer)  # every worker
-                if rank == 0:
-                    state = {"model": model_state, "optimizer": optimizer_state, "step": step}
-                    save_checkpoint(checkpoints, step, state)
+                save_checkpoint(checkpoints, step, sharded, optimizer)  # every worker
     model_state, _ = full_state(sharded, optimizer)
     if rank == 0:
         (output / "model").mkdir(exist_ok=True)

@@ -1,5 +1,6 @@
 """Fine-tuning with LoRA (Hugging Face PEFT) of a tiny GPT-2-style transformer built from a
-config in code: no weights are downloaded, so it runs anywhere, in seconds, on a CPU.
+config in code: no weights are downloaded, so it runs anywhere, in seconds, on a CPU (on a
+GPU when the machine has one: tau.gpu.yaml).
 
 LoRA freezes the base model and trains small low-rank matrices beside its attention and MLP
 projections; what the fine-tuning produces is that adapter (a few KB here), saved with
@@ -82,6 +83,7 @@ def save_checkpoint(
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(1)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resume_from = os.environ.get("TAU_RESUME_FROM")
     if resume_from:
         model = PeftModel.from_pretrained(
@@ -96,17 +98,19 @@ def main() -> int:
             fan_in_fan_out=True,  # GPT-2's Conv1D layers store their weights transposed
         )
         model = get_peft_model(base_model(), lora)
+    model.to(device)
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.lr)
     start = 0
     if resume_from:
-        state = torch.load(Path(resume_from) / "trainer.pt", weights_only=True)
+        state = torch.load(Path(resume_from) / "trainer.pt", map_location="cpu", weights_only=True)
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
         print(f"resumed from step {start}", flush=True)
     total = sum(parameter.numel() for parameter in model.parameters())
     print(
-        f"LoRA r={args.rank}: {sum(p.numel() for p in trainable):,} of {total:,} parameters train",
+        f"LoRA r={args.rank}: {sum(p.numel() for p in trainable):,} of {total:,} parameters "
+        f"train, on {device}",
         flush=True,
     )
 
@@ -116,7 +120,7 @@ def main() -> int:
     model.train()
     with open(output / "metrics.jsonl", "a", encoding="utf-8") as metrics:
         for step in range(start + 1, args.steps + 1):
-            ids = batch(step, args.batch_size)
+            ids = batch(step, args.batch_size).to(device)
             loss = model(input_ids=ids, labels=ids).loss
             optimizer.zero_grad()
             loss.backward()

@@ -79,7 +79,17 @@ environment reaches the driver and every Ray worker exactly (Ray processes inher
 resuming), ``TAU_RETRY_REASON``, ``TAU_API_URL`` (the portal's base URL; the API is under
 ``/api/v1/``) and ``TAU_RUN_TOKEN`` (``secretKeyRef`` into the attempt's Secret); the
 containers that run user code also get the spec's ``env`` and ``secrets`` (``secretKeyRef``).
-A multi-worker Job adds torchrun's rendezvous settings (below).
+A multi-worker Job adds torchrun's rendezvous settings (below). The GPU containers of a run
+whose GPUs may talk to each other through NCCL (:func:`nccl_may_run`: a worker with several
+GPUs, or GPU workers that train together — not a sweep's trials of one GPU each) get
+:data:`NCCL_ENV`, ``NCCL_DEBUG=WARN``: NCCL says nothing by default, so a worker that fails
+in a collective would log only PyTorch's "NCCL error … run with NCCL_DEBUG=INFO"; with WARN
+the reason (a refused connection, a failed CUDA call) is in the log the run page shows, at
+no cost while all goes well. Nothing else is set: which interface and transport NCCL uses
+(``NCCL_SOCKET_IFNAME``, ``NCCL_IB_*``) depends on the cluster, and PyTorch (2.2 and later)
+already tears a process down when a collective fails or times out
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING`` defaults to 3, and torchrun sets 1 for its workers).
+As for the rendezvous table, a name the spec sets itself (``runtime.env`` or a secret) wins.
 
 **Storage.** The data volume (``RunTarget.data_volume``; an ``emptyDir`` unless the backend
 passes e.g. a ReadWriteMany PVC, which resuming across attempts and pods needs) is mounted
@@ -90,7 +100,19 @@ attempts, so a ``TAU_RESUME_FROM`` path from one attempt is valid in the next). 
 with a bundle and ``resilience.checkpoint_dir``, the checkpoints are also mounted at that
 path inside the project directory, which is what the field promises. In a RayJob the
 project directory is wherever Ray unpacks ``working_dir``, so programs use the variable.
-Every user container also gets a memory-backed ``/dev/shm`` (PyTorch data loaders, NCCL).
+
+**Shared memory.** Every user container (Job pod, Ray head, Ray worker) gets ``/dev/shm`` as
+an ``emptyDir`` with ``medium: Memory`` whose ``sizeLimit`` is that container's memory limit
+(``compute.limits.memory``, else ``compute.memory``; the head's own for the head). NCCL (its
+transport between the processes of one pod), PyTorch's data loader workers and Ray's object
+store live there. Pages written there are charged to the container's memory, so its limit is
+the most the volume can ever really hold. A larger tmpfs (without a ``sizeLimit`` the
+kubelet picks one from the pod's limits or, on older kubelets, half the node's RAM) states
+room that is not there, to programs that check (Ray compares its object store with the free
+space of ``/dev/shm``); a smaller one would be a second, arbitrary limit inside the first,
+failing a program that has the memory. It is also the local executor's rule (``/dev/shm`` a
+tmpfs of at most the run's memory), so a run sees the same on both backends, whatever the
+kubelet's version or the node's size.
 
 **Code bundle.** The bundle never travels inside an object. An init container (image
 ``RunTarget.fetcher_image``, Python standard library only, :data:`FETCH_SCRIPT`) downloads
@@ -165,7 +187,7 @@ from tau.k8s_names import (
     label_value_problem,
 )
 from tau.spec import RAYJOB_NAME_MAX_LENGTH, Spec, spec_hash
-from tau.spec.model import HEAD_DEFAULT, Storage
+from tau.spec.model import HEAD_DEFAULT, Storage, project_name
 
 Manifest = dict[str, Any]
 
@@ -201,6 +223,11 @@ CHECKPOINT_DIR: Final = "/tau/checkpoints"
 #: Where ``storage.data_pvc`` is mounted (``TAU_DATA_DIR``).
 DATASET_DIR: Final = Storage.MOUNT_PATH
 SHM_DIR: Final = "/dev/shm"  # noqa: S108 - the shared-memory mount point, not a temp file
+
+#: Set in the GPU containers of a run whose GPUs may talk through NCCL (:func:`nccl_may_run`),
+#: unless the spec sets the name itself: NCCL's warnings, the reason a collective failed, in
+#: the worker's log.
+NCCL_ENV: Final[tuple[tuple[str, str], ...]] = (("NCCL_DEBUG", "WARN"),)
 
 #: The key of the run token in the run-token Secret.
 RUN_TOKEN_KEY: Final = "token"  # noqa: S105 - a key name, not a secret
@@ -711,11 +738,32 @@ def _spec_env_names(spec: Spec) -> set[str]:
     }
 
 
-def _data_volumes(spec: Spec, target: RunTarget) -> list[Manifest]:
+def nccl_may_run(spec: Spec) -> bool:
+    """Whether the run's GPUs may talk to each other through NCCL: a worker with several GPUs
+    (torchrun's processes in one pod), or GPU workers that train together. A sweep's trials
+    each train alone on one worker's GPUs, so there only a worker with several GPUs counts."""
+    gpus = spec.compute.gpus
+    if spec.execution.is_sweep:
+        return gpus > 1
+    return gpus > 0 and gpus * spec.compute.workers > 1
+
+
+def _nccl_env(spec: Spec) -> list[Manifest]:
+    """:data:`NCCL_ENV` for a GPU container of a run where NCCL may run, without the names
+    the spec sets itself."""
+    if not nccl_may_run(spec):
+        return []
+    taken = _spec_env_names(spec)
+    return [_env_var(name, value) for name, value in NCCL_ENV if name not in taken]
+
+
+def _data_volumes(spec: Spec, target: RunTarget, *, memory_limit: str) -> list[Manifest]:
+    """The pod's volumes; ``memory_limit`` is the memory limit of the container that mounts
+    them, and the size of its ``/dev/shm`` (module docstring, "Shared memory")."""
     source = dict(target.data_volume) if target.data_volume is not None else {"emptyDir": {}}
     volumes: list[Manifest] = [
         {"name": _DATA_VOLUME, **source},
-        {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+        {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": memory_limit}},
     ]
     storage = spec.storage
     if storage.data_pvc is not None:
@@ -813,10 +861,16 @@ _CODE_VOLUME_SPEC: Final[Mapping[str, Any]] = {"name": _CODE_VOLUME, "emptyDir":
 
 
 def runtime_env_yaml(spec: Spec, target: RunTarget) -> str | None:
-    """The RayJob's ``runtimeEnvYAML``: pip requirements and the bundle as working dir."""
+    """The RayJob's ``runtimeEnvYAML``: pip requirements and the bundle as working dir.
+
+    A requirement of Ray itself is left out: the image's Ray runs the cluster, and a Ray of
+    another version in the runtime environment would not talk to it. (``runtime.pip`` names
+    Ray for the local executor, which starts a Ray cluster only when the run's environment
+    has Ray: docs/distributed.md.)"""
     runtime_env: dict[str, Any] = {}
-    if spec.runtime.pip:
-        runtime_env["pip"] = list(spec.runtime.pip)
+    pip = [requirement for requirement in spec.runtime.pip if project_name(requirement) != "ray"]
+    if pip:
+        runtime_env["pip"] = pip
     if spec.execution.is_sweep:
         # In the runtime environment, so that the driver and every trial on every worker
         # see the sweep.
@@ -855,9 +909,10 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
     assert image is not None  # checked above
     workers = spec.compute.workers
 
-    def env() -> list[Manifest]:
+    def env(*, worker: bool = False) -> list[Manifest]:
         # A fresh list per container: no two containers share (and could co-mutate) one.
-        return _platform_env(target) + _spec_env(spec)
+        # NCCL runs on the workers only (the head and the submitter have no GPUs).
+        return _platform_env(target) + (_nccl_env(spec) if worker else []) + _spec_env(spec)
 
     head_pod: Manifest = {
         "enableServiceLinks": False,
@@ -870,7 +925,7 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
                 "volumeMounts": _data_mounts(spec, target),
             }
         ],
-        "volumes": _data_volumes(spec, target),
+        "volumes": _data_volumes(spec, target, memory_limit=spec.compute.ray_head.memory_limit),
     }
     worker_pod: Manifest = {
         "enableServiceLinks": False,
@@ -878,12 +933,12 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
             {
                 "name": "ray-worker",
                 "image": image,
-                "env": env(),
+                "env": env(worker=True),
                 "resources": _worker_resources(spec),
                 "volumeMounts": _data_mounts(spec, target),
             }
         ],
-        "volumes": _data_volumes(spec, target),
+        "volumes": _data_volumes(spec, target, memory_limit=spec.compute.memory_limit),
     }
     if target.flavor is not None:
         worker_pod["nodeSelector"] = dict(target.flavor.node_labels)
@@ -1002,9 +1057,10 @@ def render_job(spec: Spec, target: RunTarget) -> Manifest:
     env = _platform_env(target)
     if indexed:
         env += _rendezvous_env(spec, name)
+    env += _nccl_env(spec)
     env += _spec_env(spec)
     mounts = _data_mounts(spec, target)
-    volumes = _data_volumes(spec, target)
+    volumes = _data_volumes(spec, target, memory_limit=spec.compute.memory_limit)
     container: Manifest = {
         "name": "workload",
         "image": spec.runtime.image,

@@ -170,7 +170,9 @@ class LocalBackend:
         return unsupported_here(spec) + problems
 
     def pod_sets(self, spec: Spec) -> list[PodSet]:
-        """The workers alone: this machine starts no Ray head or submitter pod."""
+        """The workers alone: no submitter pod here, and a RayJob's Ray head (started by
+        ``tau.ray_cluster`` with no CPUs for tasks) is not counted: its processes take a few
+        hundred MB, and the default head's two CPUs would never fit a laptop beside the workers."""
         return [worker_pod_set(spec)]
 
     def submit(self, run: Run, attempt: RunAttempt) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from decimal import Decimal
@@ -252,6 +253,11 @@ class Runtime:
     def env_dict(self) -> dict[str, str]:
         return {variable.name: variable.value for variable in self.env}
 
+    def installs(self, project: str) -> bool:
+        """Whether ``pip`` names ``project`` (``ray`` for ``ray[train]==2.60.0``)."""
+        wanted = project_name(project)
+        return any(project_name(requirement) == wanted for requirement in self.pip)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "image": self.image,
@@ -259,6 +265,17 @@ class Runtime:
             "env": self.env_dict(),
             "secrets": [secret.to_dict() for secret in self.secrets],
         }
+
+
+_PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def project_name(requirement: str) -> str:
+    """A pip requirement's project, normalised as PyPI compares names (PEP 503): ``ray`` for
+    ``Ray[default,train] == 2.60.0``, ``typing-extensions`` for ``typing_extensions``."""
+    match = _PROJECT_NAME.match(requirement.strip())
+    name = match.group(0) if match else requirement.strip()
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @dataclass(frozen=True, slots=True)

@@ -371,7 +371,11 @@ def _set_leaves(data: Any, path: str = "") -> dict[str, Any]:
     return {} if data is None else {path: data}
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*/tau.yaml")), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted([*EXAMPLES.glob("*/tau.yaml"), *EXAMPLES.glob("*/tau.gpu.yaml")]),
+    ids=lambda p: p.parent.name if p.name == "tau.yaml" else f"{p.parent.name}-gpu",
+)
 def test_no_value_the_spec_sets_is_ever_replaced(world: Any, path: Path) -> None:
     world.alpha.default_image = "registry.example.org/base:3"
     world.alpha.default_priority = "normal"
@@ -394,7 +398,19 @@ def test_a_spec_over_a_limit_is_refused_not_trimmed(world: Any, settings: Any) -
 
 
 @pytest.mark.parametrize(
-    ("name", "gpus"), [("multi-node-torchrun", 16), ("qlora", 1), ("gpu-quickstart", 1)]
+    ("name", "gpus"),
+    [
+        ("multi-node-torchrun", 16),
+        ("qlora", 1),
+        ("gpu-quickstart", 1),
+        # The GPU forms of the CPU examples (examples/<name>/tau.gpu.yaml).
+        ("ddp-gpu", 16),
+        ("fsdp-gpu", 16),
+        ("lora-gpu", 1),
+        ("ray-tune-gpu", 2),
+        ("ray-train-gpu", 8),
+        ("deepspeed-gpu", 16),
+    ],
 )
 def test_a_gpu_example_is_accepted_within_a_gpu_quota_and_refused_over_it(
     world: Any, name: str, gpus: int
@@ -402,7 +418,10 @@ def test_a_gpu_example_is_accepted_within_a_gpu_quota_and_refused_over_it(
     """Issue 32: the GPU forms of the examples, as written, on the Kubernetes backend: a
     workspace whose GPU quota covers the run takes it; one GPU less, and the run is refused
     at once, with how many it needs and how many the workspace can get."""
-    spec = load_spec((EXAMPLES / name / "tau.yaml").read_bytes())
+    example, gpu_form = name.removesuffix("-gpu"), name.endswith("-gpu")
+    spec = load_spec(
+        (EXAMPLES / example / ("tau.gpu.yaml" if gpu_form else "tau.yaml")).read_bytes()
+    )
     quota(world.beta, "cpu", "1000")
     quota(world.beta, "memory", "8Ti")
     quota(world.beta, GPU, str(gpus))

@@ -8,7 +8,10 @@ from pathlib import Path
 from tau.spec import SpecProblem, validate
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").glob("*/tau.yaml"))
+#: Every example's tau.yaml and, where it has one, its GPU form (tau.gpu.yaml).
+EXAMPLES = sorted(
+    [*(REPO / "examples").glob("*/tau.yaml"), *(REPO / "examples").glob("*/tau.gpu.yaml")]
+)
 
 MINIMAL = """\
 schema_version: 1

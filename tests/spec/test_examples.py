@@ -40,13 +40,18 @@ def test_the_examples_are_all_there() -> None:
         "resume-from-checkpoint",
         "ddp",
         "fsdp",
+        "deepspeed",
         "ray-tune",
         "lora",
         "qlora",
     }
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.parent.name)
+def _example_id(path: Path) -> str:
+    return path.parent.name if path.name == "tau.yaml" else f"{path.parent.name}-gpu"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=_example_id)
 def test_every_example_validates(path: Path) -> None:
     assert validate(path.read_bytes()) == []
     entrypoint_script = load_spec(path.read_bytes()).run.script
@@ -76,6 +81,40 @@ def test_the_multi_node_example_is_a_job_with_several_gpu_workers() -> None:
     assert spec.run.command()[:3] == ("torchrun", "--nproc-per-node", "8")
 
 
+#: The GPU forms (tau.gpu.yaml beside the CPU tau.yaml): (workers, GPUs per worker).
+GPU_FORMS = {"ddp": (2, 8), "fsdp": (2, 8), "lora": (1, 1), "ray-tune": (2, 1)}
+
+
+def test_the_gpu_forms_are_all_there() -> None:
+    found = {path.parent.name for path in (REPO / "examples").glob("*/tau.gpu.yaml")}
+    assert found >= set(GPU_FORMS)
+
+
+@pytest.mark.parametrize("name", sorted(GPU_FORMS))
+def test_a_gpu_form_runs_its_example_s_program_on_gpus(name: str) -> None:
+    """The same program, arguments, sweep and outputs as the CPU form; GPUs per worker, torchrun
+    starting one process per GPU where a worker has several; and a program that picks CUDA
+    (and NCCL, where workers train together) when it sees a GPU."""
+    cpu = load_spec((REPO / "examples" / name / "tau.yaml").read_bytes())
+    gpu = load_spec((REPO / "examples" / name / "tau.gpu.yaml").read_bytes())
+    workers, gpus = GPU_FORMS[name]
+    assert (gpu.compute.workers, gpu.compute.gpus) == (workers, gpus)
+    assert gpu.run.workload_kind == cpu.run.workload_kind
+    assert gpu.run.args == cpu.run.args
+    assert gpu.execution == cpu.execution
+    assert gpu.outputs == cpu.outputs
+    assert gpu.name == f"{cpu.name}-gpu"
+    command = gpu.run.command()
+    if gpus > 1:
+        assert command[:4] == ("torchrun", "--nproc-per-node", str(gpus), "train.py")
+    else:
+        assert command[:2] == ("python", "train.py") == cpu.run.command()[:2]
+    program = (REPO / "examples" / name / "train.py").read_text("utf-8")
+    assert "torch.cuda.is_available()" in program
+    assert ('"nccl"' in program) == (workers > 1 and not gpu.execution.is_sweep)
+    assert gpu.runtime.image is not None
+
+
 def test_the_resume_example_retries_and_keeps_checkpoints() -> None:
     spec = load_spec((REPO / "examples" / "resume-from-checkpoint" / "tau.yaml").read_bytes())
     assert spec.resilience.max_retries >= 1
@@ -91,7 +130,7 @@ def test_the_examples_that_run_here_pin_what_make_test_downloads() -> None:
     lines = (REPO / "requirements" / "examples.txt").read_text("utf-8").splitlines()
     pinned = {line for line in lines if line and not line.startswith("#")}
     asked: set[str] = set()
-    for name in ("ddp", "fsdp", "ray-tune", "lora"):
+    for name in ("ddp", "fsdp", "deepspeed", "ray-train", "ray-tune", "lora"):
         spec = load_spec((REPO / "examples" / name / "tau.yaml").read_bytes())
         assert set(spec.runtime.pip) <= pinned, name
         asked |= set(spec.runtime.pip)
@@ -99,7 +138,7 @@ def test_the_examples_that_run_here_pin_what_make_test_downloads() -> None:
     assert all("==" in requirement for requirement in pinned)
 
 
-@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "deepspeed"])
 def test_the_distributed_examples_are_jobs_of_two_cpu_workers_that_resume(name: str) -> None:
     spec = load_spec((REPO / "examples" / name / "tau.yaml").read_bytes())
     assert (spec.run.workload_kind, spec.compute.workers, spec.compute.gpus) == ("job", 2, 0)

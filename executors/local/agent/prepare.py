@@ -19,6 +19,11 @@ outcome folder ``status-<r>/`` and ``TAU_OUTPUT_DIR`` ``output/worker-<r>/`` (so
 metrics file and artifacts are worker 0's unless a workload writes them elsewhere), and
 shares ``work/``, ``tmp/`` and ``checkpoints/`` with the others.
 
+A RayJob whose ``runtime.pip`` installs Ray (:func:`runs_on_ray`) starts one process,
+``tau.ray_cluster``, which starts a Ray head and ``compute.workers`` worker nodes on loopback
+for the attempt and runs the entry point on them as its driver, as KubeRay starts a head pod,
+worker pods and the driver for the rendered RayJob (docs/distributed.md).
+
 Only ``work/``, ``output/``, ``tmp/``, ``checkpoints/`` (and ``status/``, for the wrapper) are
 mounted into the attempt's sandbox (``tmp/`` is its ``/tmp`` too, unless a memory cgroup
 holds the run: ``run_limits``); the log and everything else stay outside. When the agent
@@ -45,6 +50,7 @@ from executors.local.agent import environments
 from executors.local.agent import sandbox as sandboxing
 from executors.local.agent.run_limits import AttemptLimits
 from runs import bundles, workload_sdk
+from tau.quantity import parse_quantity
 from tau.spec import Spec
 
 LOG_NAME = "run.log"
@@ -172,10 +178,35 @@ class Prepared:
         return self.commands[0]
 
 
+def runs_on_ray(spec: Spec) -> bool:
+    """Whether an attempt of ``spec`` runs on a Ray cluster of its own here
+    (``tau.ray_cluster``: a head and ``compute.workers`` worker nodes on loopback): a RayJob
+    whose ``runtime.pip`` installs Ray. A RayJob without Ray in its environment runs its entry
+    point as one process (a sweep's trials under ``tau.sweep``), as before there was a cluster
+    here: its program does not use Ray, or has no Ray to use."""
+    return spec.run.workload_kind == "rayjob" and spec.runtime.installs("ray")
+
+
+def ray_cluster_options(spec: Spec) -> list[str]:
+    """``tau.ray_cluster``'s options: one worker node per ``compute.workers``, each with one
+    worker's CPUs, GPUs and memory (Ray's ``memory`` resource), as each worker pod has."""
+    compute = spec.compute
+    return [
+        "--workers",
+        str(compute.workers),
+        "--cpus",
+        format(float(parse_quantity(compute.cpus)), "g"),
+        "--memory",
+        str(int(parse_quantity(compute.memory))),
+        "--gpus",
+        str(compute.gpus),
+    ]
+
+
 def local_workers(spec: Spec) -> int:
     """How many processes an attempt of ``spec`` starts here: one per worker for a Job (as
-    a cluster starts one pod per worker), else one — a RayJob's workers and a sweep's
-    trials run inside that one process's resources."""
+    a cluster starts one pod per worker), else one — a RayJob's head and worker nodes
+    (:func:`runs_on_ray`) and a sweep's trials run inside that one process's resources."""
     if spec.run.workload_kind == "job" and not spec.execution.is_sweep:
         return spec.compute.workers
     return 1
@@ -240,6 +271,12 @@ def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
             raise PreparationFailed(
                 "infrastructure", f"Could not build the Python environment: {exc}."
             ) from None
+        if spec.run.workload_kind == "rayjob" and not runs_on_ray(spec):
+            log.write(
+                b"[taugrid] runtime.pip installs no Ray, so this RayJob's entry point runs as one "
+                b"process, without a Ray cluster (add ray[default], ray[train] or ray[tune] "
+                b"to runtime.pip for a head and compute.workers worker nodes)\n"
+            )
         sdk_dir = None
         if plan.sdk_root is not None:
             try:
@@ -252,7 +289,17 @@ def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
     python = venv / "bin" / "python"
     if command[0] == "python":
         command[0] = str(python)
-    if spec.execution.is_sweep:
+    if runs_on_ray(spec):
+        if sdk_dir is None:
+            raise PreparationFailed(
+                "infrastructure", "A RayJob needs the workload SDK, which this agent lacks."
+            )
+        # The driver, on a Ray cluster of the attempt's own (tau.ray_cluster, from the SDK):
+        # the entry point, or tau.ray_tune around it, as the rendered RayJob runs it.
+        if spec.execution.is_sweep:
+            command = [str(python), "-m", "tau.ray_tune", "--", *command]
+        command = [str(python), "-m", "tau.ray_cluster", *ray_cluster_options(spec), "--", *command]
+    elif spec.execution.is_sweep:
         if sdk_dir is None:
             raise PreparationFailed(
                 "infrastructure", "A sweep needs the workload SDK, which this agent lacks."

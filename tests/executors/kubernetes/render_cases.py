@@ -1,6 +1,8 @@
 """The rendering cases shared by the golden tests and the control-plane tests: every example
-with fixed run inputs, plus variants for what the examples leave out (a priority, a flavor,
-a deadline, a resumed attempt, a PVC, no bundle)."""
+with fixed run inputs (``examples/<name>/tau.yaml`` as ``<name>``, its GPU form
+``examples/<name>/tau.gpu.yaml`` as ``<name>-gpu``, on the flavor it names), plus variants for
+what the examples leave out (a priority, a flavor, a deadline, a resumed attempt, a PVC, no
+bundle)."""
 
 from __future__ import annotations
 
@@ -44,8 +46,17 @@ class Case:
     target: RunTarget
 
 
-def example_spec(name: str) -> Spec:
-    return load_spec((EXAMPLES / name / "tau.yaml").read_bytes())
+#: The file of an example's GPU form, beside its ``tau.yaml`` (the CPU form).
+GPU_FORM = "tau.gpu.yaml"
+
+
+def example_spec(name: str, form: str = "tau.yaml") -> Spec:
+    return load_spec((EXAMPLES / name / form).read_bytes())
+
+
+def gpu_forms() -> list[str]:
+    """The examples with a GPU form, by name."""
+    return [path.parent.name for path in sorted(EXAMPLES.glob(f"*/{GPU_FORM}"))]
 
 
 def target_for(spec: Spec, **changes: Any) -> RunTarget:
@@ -79,6 +90,10 @@ def cases() -> list[Case]:
         for path in sorted(EXAMPLES.glob("*/tau.yaml"))
         for spec in [load_spec(path.read_bytes())]
     ]
+    for name in gpu_forms():
+        spec = example_spec(name, GPU_FORM)
+        flavor = Flavor(spec.compute.gpu_type, H100_LABELS) if spec.compute.gpu_type else None
+        found.append(Case(f"{name}-gpu", spec, target_for(spec, flavor=flavor)))
     gpu = with_changes(
         example_spec("gpu-quickstart"),
         compute={"gpu_type": "h100"},

@@ -9,6 +9,7 @@ variable makes the test fail.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import difflib
 import os
 import subprocess
@@ -41,12 +42,14 @@ from tests.cluster.kueue_objects import H100_LABELS
 from .render_cases import (
     BUNDLE_SHA256,
     GOLDEN,
+    GPU_FORM,
     OWNER_UID,
     TOKEN,
     Case,
     cases,
     dump,
     example_spec,
+    gpu_forms,
     load,
     render_case,
     target_for,
@@ -96,6 +99,9 @@ def test_every_example_has_a_case() -> None:
     names = {case.name for case in CASES}
     assert {"cpu-quickstart", "gpu-quickstart", "multi-node-torchrun"} <= names
     assert "resume-from-checkpoint" in names
+    # Every GPU form (tau.gpu.yaml) too, as <example>-gpu.
+    assert {"ddp", "fsdp", "lora", "ray-tune"} <= set(gpu_forms())
+    assert {f"{name}-gpu" for name in gpu_forms()} <= names
 
 
 #: What golden files hold in place of the packed workload SDK, which changes with tau/sdk.py
@@ -588,6 +594,151 @@ def test_single_worker_jobs_are_plain() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Shared memory and NCCL
+# ---------------------------------------------------------------------------------------------
+
+
+def _memory_limit(component: str, spec: Any) -> str:
+    sized = spec.compute.ray_head if component == "head" else spec.compute
+    limit: str = sized.memory_limit
+    return limit
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_dev_shm_is_memory_backed_and_as_large_as_the_container_s_memory_limit(
+    case: Case,
+) -> None:
+    workload = render_case(case.spec, case.target)[0]
+    checked = 0
+    for component, pod in pod_specs(workload):
+        (main,) = pod["containers"]
+        shm = [mount for mount in main.get("volumeMounts", []) if mount["mountPath"] == "/dev/shm"]
+        if component == "submitter":
+            assert shm == [], component  # KubeRay's submitter runs no user code
+            continue
+        (mount,) = shm
+        (volume,) = [volume for volume in pod["volumes"] if volume["name"] == mount["name"]]
+        limit = _memory_limit(component, case.spec)
+        assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": limit}, component
+        assert main["resources"]["limits"]["memory"] == limit, component
+        checked += 1
+    assert checked == (2 if workload["kind"] == "RayJob" else 1)
+
+
+def test_dev_shm_follows_a_memory_limit_above_the_request() -> None:
+    """The limit, not the request: pages in /dev/shm are charged up to the cgroup's limit."""
+    spec, target = _case("reference-kind-ray")  # requests 256Mi / 512Mi, limits 768Mi / 6Gi
+    cluster = render_workload(spec, target)["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
+    shm = {volume["name"]: volume for volume in head["volumes"]}["tau-shm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "6Gi"}
+    shm = {volume["name"]: volume for volume in worker["volumes"]}["tau-shm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "768Mi"}
+    job_spec = with_changes(
+        example_spec("ddp", GPU_FORM),
+        compute={"limits": dataclasses.replace(spec.compute.limits, memory="600Gi")},
+    )
+    pod = render_workload(job_spec, target_for(job_spec, flavor=Flavor("h100", H100_LABELS)))
+    volumes = {volume["name"]: volume for volume in pod["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tau-shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "600Gi"}
+
+
+def test_nccl_may_run_where_gpus_talk_to_each_other() -> None:
+    def shaped(workers: int, gpus: int, *, sweep: bool = False) -> Any:
+        base = example_spec("ray-tune") if sweep else example_spec("multi-node-torchrun")
+        return with_changes(base, compute={"workers": workers, "gpus": gpus})
+
+    assert render.nccl_may_run(shaped(2, 8))  # torchrun's processes on two nodes
+    assert render.nccl_may_run(shaped(1, 8))  # eight processes in one pod
+    assert render.nccl_may_run(shaped(2, 1))  # two GPU workers training together
+    assert not render.nccl_may_run(shaped(1, 1))  # one GPU: nobody to talk to
+    assert not render.nccl_may_run(shaped(2, 0))  # CPUs: gloo
+    # A sweep's trials train alone, one worker's GPUs each.
+    assert not render.nccl_may_run(shaped(2, 1, sweep=True))
+    assert render.nccl_may_run(shaped(1, 2, sweep=True))
+
+
+def _has_nccl_debug(workload: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    return {
+        component: env_of(pod["containers"][0]).get("NCCL_DEBUG")
+        for component, pod in pod_specs(workload)
+    }
+
+
+def test_the_multi_gpu_forms_get_nccl_warnings_and_no_other_case_does() -> None:
+    with_nccl = {
+        case.name
+        for case in CASES
+        if any(_has_nccl_debug(render_case(case.spec, case.target)[0]).values())
+    }
+    # multi-node-torchrun sets NCCL_DEBUG in its runtime.env itself; 1-GPU runs, CPU runs and
+    # the sweep of 1-GPU trials get nothing.
+    assert with_nccl == {
+        *("ddp-gpu", "fsdp-gpu", "deepspeed-gpu", "multi-node-torchrun", "ray-train-gpu")
+    }
+    for name in ("ddp-gpu", "fsdp-gpu"):
+        spec, target = _case(name)
+        container = render_workload(spec, target)["spec"]["template"]["spec"]["containers"][0]
+        names = [variable["name"] for variable in container["env"]]
+        assert env_of(container)["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "WARN"}
+        # After the platform's rendezvous table, before the spec's own variables.
+        assert names.index("PET_MASTER_PORT") < names.index("NCCL_DEBUG")
+        assert names.index("NCCL_DEBUG") < names.index("OMP_NUM_THREADS")
+        assert [name for name, _ in render.NCCL_ENV] == ["NCCL_DEBUG"]
+        # Never in the fetcher, which runs no user code.
+        (fetcher,) = render_workload(spec, target)["spec"]["template"]["spec"]["initContainers"]
+        assert "NCCL_DEBUG" not in env_of(fetcher)
+
+
+def test_only_the_gpu_workers_of_a_rayjob_get_nccl_settings() -> None:
+    spec = with_changes(example_spec("gpu-quickstart"), compute={"workers": 2})
+    found = _has_nccl_debug(render_workload(spec, target_for(spec)))
+    assert found == {
+        "head": None,
+        "worker": {"name": "NCCL_DEBUG", "value": "WARN"},
+        "submitter": None,
+    }
+
+
+def test_the_spec_wins_over_an_nccl_default() -> None:
+    spec = with_changes(
+        example_spec("ddp", GPU_FORM), runtime={"env": (render_env("NCCL_DEBUG", "INFO"),)}
+    )
+    target = target_for(spec, flavor=Flavor("h100", H100_LABELS))
+    container = render_workload(spec, target)["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(container)["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "INFO"}
+    secret = with_changes(
+        example_spec("ddp", GPU_FORM),
+        runtime={"secrets": (render_secret("NCCL_DEBUG", "nccl", "level"),)},
+    )
+    container = render_workload(secret, target)["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(container)["NCCL_DEBUG"] == {
+        "name": "NCCL_DEBUG",
+        "valueFrom": {"secretKeyRef": {"name": "nccl", "key": "level"}},
+    }
+
+
+def test_the_gpu_forms_ask_for_whole_gpus_on_their_flavor_and_leave_tolerations_to_kueue() -> None:
+    """What a real GPU pool needs of the pods: requests equal to limits for nvidia.com/gpu, the
+    named flavor's node labels as the node selector; the flavor's tolerations are put on the
+    pods by Kueue on admission (test_render_cluster.py checks them on the admitted pods)."""
+    for name in gpu_forms():
+        spec, target = _case(f"{name}-gpu")
+        assert spec.compute.gpus >= 1, name
+        for component, pod in pod_specs(render_case(spec, target)[0]):
+            resources = pod["containers"][0]["resources"]
+            gpus = resources["requests"].get("nvidia.com/gpu")
+            assert gpus == resources["limits"].get("nvidia.com/gpu"), (name, component)
+            assert (gpus == str(spec.compute.gpus)) == (component == "worker"), (name, component)
+            assert "tolerations" not in pod, (name, component)
+            if component == "worker" and spec.compute.gpu_type is not None:
+                assert pod["nodeSelector"] == H100_LABELS, name
+            else:
+                assert "nodeSelector" not in pod, (name, component)
+
+
+# ---------------------------------------------------------------------------------------------
 # Entry points (the shell round trip itself is in test_render_entrypoint.py)
 # ---------------------------------------------------------------------------------------------
 
@@ -796,3 +947,17 @@ def test_the_reference_cases_carry_what_they_say() -> None:
     assert by_name["cpu-quickstart-data-volume"].spec.storage.data_access == "read-only"
     assert by_name["reference-kind-ray"].spec.compute.head is not None
     assert by_name["reference-kind-ray"].spec.compute.limits.cpus == "1"
+
+
+def test_a_rayjob_leaves_its_ray_requirement_to_the_image() -> None:
+    """examples/ray-train names ray[default,train] in runtime.pip (the local executor starts a
+    Ray cluster only when the run's environment has Ray); on a cluster the image's Ray runs
+    it, so the runtime environment installs the rest and never another Ray."""
+    spec = example_spec("ray-train")
+    assert spec.runtime.installs("ray")
+    runtime_env = yaml.safe_load(render.runtime_env_yaml(spec, target_for(spec)) or "")
+    assert runtime_env["pip"] == ["torch==2.5.1", "numpy==2.1.3"]
+    no_ray = dataclasses.replace(
+        spec, runtime=dataclasses.replace(spec.runtime, pip=("Ray==2.60.0",))
+    )
+    assert "pip" not in yaml.safe_load(render.runtime_env_yaml(no_ray, target_for(no_ray)) or "")

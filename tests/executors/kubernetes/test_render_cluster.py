@@ -12,7 +12,10 @@ controller-manager's garbage collector.
 * the multi-node Job is admitted, its pods get their stable names, and its headless Service
   and Secret go away with it;
 * the DDP example's two CPU workers, as written, are admitted together and run on the fake
-  nodes with the rendezvous variables in their pod specs.
+  nodes with the rendezvous variables in their pod specs;
+* every GPU example and GPU form (``examples/*/tau.gpu.yaml``) is admitted within exactly its
+  GPUs' quota, and a Job's admitted pods carry the GPU pool's toleration and node labels
+  from the flavor.
 
 No kubelet runs here, so no container starts; everything up to that point is real.
 """
@@ -28,8 +31,15 @@ import pytest
 from executors.kubernetes import labels
 from executors.kubernetes.render import Flavor, Owner, RunTarget, render_dependents, render_workload
 from tau import rendezvous
+from tau.quantity import parse_quantity
 from tau.spec import Spec
-from tests.cluster.kueue_objects import H100_LABELS, cluster_queue, local_queue, resource_flavor
+from tests.cluster.kueue_objects import (
+    GPU_TOLERATION,
+    H100_LABELS,
+    cluster_queue,
+    local_queue,
+    resource_flavor,
+)
 from tests.cluster.plugin import Kube, wait_until
 
 from .render_cases import TOKEN, cases, render_case, with_changes
@@ -297,13 +307,16 @@ def test_the_multi_node_job_runs_its_pods_under_stable_names(kube: Kube) -> None
     wait_until("the Job's Secret and Service to be collected", dependents_gone, timeout=90)
 
 
-def test_the_ddp_example_as_written_runs_its_two_workers_on_the_fake_nodes(kube: Kube) -> None:
-    """Issue 32: the CPU form of examples/ddp, unchanged, goes as far as the test cluster
-    goes: Kueue admits its two workers as one workload, kube-scheduler places both pods on
-    the fake nodes and KWOK runs them, and each pod's spec carries the rendezvous table
-    (tau/rendezvous.py), its RANK read from its own completion index."""
-    queue = queue_setup(kube, "render-ddp")
-    case = next(case for case in cases() if case.name == "ddp")
+@pytest.mark.parametrize("example", ["ddp", "fsdp", "deepspeed"])
+def test_a_distributed_example_as_written_runs_its_two_workers_on_the_fake_nodes(
+    kube: Kube, example: str
+) -> None:
+    """Issue 32: the CPU forms of examples/ddp, fsdp and deepspeed, unchanged, go as far as
+    the test cluster goes: Kueue admits the two workers as one workload, kube-scheduler
+    places both pods on the fake nodes and KWOK runs them, and each pod's spec carries the
+    rendezvous table (tau/rendezvous.py), its RANK read from its own completion index."""
+    queue = queue_setup(kube, f"render-{example}")
+    case = next(case for case in cases() if case.name == example)
     spec, target = placed(case.spec, case.target, queue)
     name = target.workload_name
     run_label = f"{labels.RUN}={target.run_name}"
@@ -341,22 +354,100 @@ def test_the_ddp_example_as_written_runs_its_two_workers_on_the_fake_nodes(kube:
     kube.delete("batch/v1", "Job", name, queue.namespace)
 
 
-@pytest.mark.parametrize(("name", "gpus"), [("qlora", 1), ("multi-node-torchrun", 16)])
+@pytest.mark.parametrize("example", ["ray-train", "ray-tune"])
+def test_a_ray_example_as_written_gets_its_ray_cluster_on_the_fake_nodes(
+    kube: Kube, example: str
+) -> None:
+    """Issue 32: the CPU forms of examples/ray-train and ray-tune, unchanged (their
+    runtime.pip names Ray for the local executor, left to the image here): Kueue admits the
+    RayJob's head, two workers and submitter together, KubeRay builds the Ray cluster, and
+    kube-scheduler places its head and both worker pods on the fake nodes, each worker with
+    one worker's compute."""
+    queue = queue_setup(kube, f"render-{example}")
+    case = next(case for case in cases() if case.name == example)
+    spec, target = placed(case.spec, case.target, queue)
+    name = target.workload_name
+    rayjob = kube.create(render_workload(spec, target))
+    for body in render_dependents(spec, target, token=TOKEN, owner=Owner.of(rayjob)):
+        kube.create(body)
+    wait_until("the RayJob to be admitted", lambda: admitted(kube, rayjob), timeout=60)
+
+    def ray_cluster() -> str | None:
+        current = kube.get(RAY, "RayJob", name, queue.namespace) or {}
+        status = current.get("status") or {}
+        assert status.get("jobDeploymentStatus") != "ValidationFailed", status.get("message")
+        return status.get("rayClusterName") or None
+
+    cluster_name = wait_until("KubeRay's RayCluster", ray_cluster, timeout=90)
+
+    def placed_pods() -> dict[str, list[dict[str, Any]]] | None:
+        found = kube.list("v1", "Pod", queue.namespace, f"ray.io/cluster={cluster_name}")
+        kinds: dict[str, list[dict[str, Any]]] = {"head": [], "worker": []}
+        for pod in found:
+            kind = pod["metadata"]["labels"].get("ray.io/node-type", "?")
+            if (pod.get("spec") or {}).get("nodeName"):
+                kinds.setdefault(kind, []).append(pod)
+        return kinds if (len(kinds["head"]), len(kinds["worker"])) == (1, 2) else None
+
+    pods = wait_until("the head and both workers placed on the fake nodes", placed_pods, timeout=90)
+    for pod in pods["worker"]:
+        container = pod["spec"]["containers"][0]
+        assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
+    kube.delete(RAY, "RayJob", name, queue.namespace)
+
+
+#: What waits for its pods after admission: the Job controller makes them at once (KubeRay's
+#: RayJob pods come later, through its RayCluster: test_the_gpu_quickstart_rayjob_… above).
+WORKLOAD_API = {"Job": ("batch/v1", "Job"), "RayJob": (RAY, "RayJob")}
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus"),
+    [
+        ("qlora", 1),
+        ("multi-node-torchrun", 16),
+        # The GPU forms of the CPU examples (examples/<name>/tau.gpu.yaml, render_cases).
+        ("ddp-gpu", 16),
+        ("fsdp-gpu", 16),
+        ("lora-gpu", 1),
+        ("ray-tune-gpu", 2),
+        ("ray-train-gpu", 8),
+        ("deepspeed-gpu", 16),
+    ],
+)
 def test_a_gpu_example_is_admitted_by_kueue_within_exactly_its_gpu_quota(
     kube: Kube, name: str, gpus: int
 ) -> None:
     """Issue 32: the GPU forms as written, in a ClusterQueue with just the GPUs they ask for:
-    Kueue admits them, and their pods land on the GPU nodes (the over-quota side is refused
-    at submission, tests/runs/test_policy.py)."""
+    Kueue admits them, and a Job's pods carry the GPU pool's toleration and node labels, put
+    there by Kueue from the flavor (the over-quota side is refused at submission,
+    tests/runs/test_policy.py)."""
     queue = queue_setup(kube, f"render-{name[:8]}", gpus=gpus)
     case = next(case for case in cases() if case.name == name)
     spec, target = placed(case.spec, case.target, queue)
-    job = kube.create(render_workload(spec, target))
+    workload_body = render_workload(spec, target)
+    job = kube.create(workload_body)
     for body in render_dependents(spec, target, token=TOKEN, owner=Owner.of(job)):
         kube.create(body)
-    wait_until("the Job to be admitted", lambda: admitted(kube, job), timeout=60)
+    wait_until("the workload to be admitted", lambda: admitted(kube, job), timeout=60)
     workload = workload_of(kube, job)
     assert workload is not None
-    (assignment,) = workload["status"]["admission"]["podSetAssignments"]
-    assert assignment["resourceUsage"][GPU] == str(gpus)
-    kube.delete("batch/v1", "Job", target.workload_name, queue.namespace)
+    assignments = workload["status"]["admission"]["podSetAssignments"]
+    used = sum(parse_quantity(a["resourceUsage"].get(GPU, "0")) for a in assignments)
+    assert used == gpus, assignments
+    if workload_body["kind"] == "Job":
+        run_label = f"{labels.RUN}={target.run_name}"
+        pods = wait_until(
+            "the admitted Job's pods",
+            lambda: (lambda found: found if len(found) == spec.compute.workers else None)(
+                kube.list("v1", "Pod", queue.namespace, run_label)
+            ),
+            timeout=60,
+        )
+        for pod in pods:
+            assert GPU_TOLERATION in pod["spec"]["tolerations"], pod["spec"]["tolerations"]
+            assert pod["spec"]["nodeSelector"] == H100_LABELS
+            resources = pod["spec"]["containers"][0]["resources"]
+            assert resources["requests"][GPU] == resources["limits"][GPU] == str(spec.compute.gpus)
+    api_version, kind = WORKLOAD_API[workload_body["kind"]]
+    kube.delete(api_version, kind, target.workload_name, queue.namespace)

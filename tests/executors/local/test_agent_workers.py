@@ -298,12 +298,100 @@ def test_a_distributed_example_trains_on_two_workers_and_resumes_after_one_is_ki
         Checkpoint.objects.for_workspace(world.alpha).filter(run=run).values_list("step", flat=True)
     )
     assert steps == {50, 100, 150, 200, 250, 300}
+    if name == "fsdp":  # sharded (torch.distributed.checkpoint): a shard per worker, no whole
+        folder = Path(resumed.resume_from.path)
+        assert {path.name for path in folder.iterdir()} == {
+            *("__0_0.distcp", "__1_0.distcp", ".metadata", "step.json", "COMPLETE")
+        }
     assert (
         Artifact.objects.for_workspace(world.alpha).filter(run=run, path="model/final.pt").exists()
     )
 
     # One sealed record of it all, exported through the API and verified offline: both
     # attempts' logs (worker 0's), the metrics, the model.
+    (record,) = seal_all(run)
+    manifest = manifest_of(record)
+    assert manifest["run"]["state"] == RunState.SUCCEEDED
+    assert manifest["metrics"]["count"] == len(first) + len(second)
+    exported = download(world.api_client_for("viewer"), run, tmp_path / "evidence.tar")
+    report = verify_file(exported, load_trusted_keys(json.dumps(keys.keyring()).encode()))
+    assert report.ok, report.problems
+    members = set(member_names(exported))
+    assert {"attempts/1/log.txt", "attempts/2/log.txt", "artifacts/model/final.pt"} <= members
+
+
+@pytest.mark.slow
+def test_the_deepspeed_example_trains_with_zero_on_two_workers_and_resumes_from_its_checkpoint(
+    world: Any, var_dir: Path, tmp_path: Path, start_agent: Any
+) -> None:
+    """examples/deepspeed (ZeRO stage 2, on CPUs over gloo), as written but for one worker
+    killed on the first attempt: DeepSpeed's own checkpoints, one shard of the optimizer state
+    per worker, are what the retry resumes from, and it computes what the first attempt did."""
+    local_quota(world.alpha)
+    example = EXAMPLES / "deepspeed"
+    source = (example / "tau.yaml").read_text()
+    killed_at = source.replace(
+        "args: [--steps, 300, --checkpoint-every, 50]",
+        "args: [--steps, 300, --checkpoint-every, 50, --kill-at-step, 120]",
+    )
+    assert killed_at != source
+    run = submit(world, killed_at.encode(), bundle=zip_directory(example))
+    # Its torch and deepspeed come from the wheels make test downloaded and built
+    # (deploy/dev/example_wheels.py).
+    wheels = example_wheels.wheel_dir()
+    assert example_wheels.is_complete(wheels), f"run {EXAMPLE_WHEELS_SCRIPT} first"
+    agent = start_agent(TAU_LOCAL_VENVS_DIR=str(RUN_VENVS), PIP_FIND_LINKS=str(wheels))
+    wait_for_state(
+        run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
+    )
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+
+    # Worker 1 killed itself at step 120 (SIGKILL, as a lost node): its end is the attempt's.
+    killed, resumed = attempts(run)
+    assert killed.failure_class == FailureClass.OOM_KILLED, killed.failure_message
+    assert killed.failure_message.startswith("Worker 1 of 2: Killed by the kernel (SIGKILL")
+    assert "rank 1: killed at step 120" in killed.failure_message
+    # The retry started both workers again from the newest checkpoint, step 100: each loaded
+    # the model and its own shard of the optimizer state (engine.load_checkpoint).
+    assert resumed.retry_reason == FailureClass.OOM_KILLED
+    assert resumed.resume_from is not None
+    assert resumed.resume_from.step == 100
+    backend = LocalBackend()
+    for rank in (0, 1):
+        log = backend.read_log(run, resumed, offset=0, tail_lines=None, pod=f"worker-{rank}")
+        assert f"rank {rank}: resumed from step 100" in log.text
+        assert f"rank {rank} of 2: gloo, steps 101..300" in log.text
+    assert "done: step 300, 2 workers" in Path(resumed.log_path).read_text()
+
+    # Worker 0's metrics: the loss of every worker averaged, falling; the retry's from 110,
+    # where it computed exactly what the killed attempt had: the state came back whole.
+    points = MetricPoint.objects.for_workspace(world.alpha).filter(run=run, key="loss")
+    first = dict(points.filter(attempt=1).values_list("step", "value"))
+    second = dict(points.filter(attempt=2).values_list("step", "value"))
+    assert sorted(first) == list(range(10, 120, 10))
+    assert sorted(second) == list(range(110, 310, 10))
+    assert second[110] == first[110]
+    assert second[300] < first[10] / 5, (first[10], second[300])
+    # Its checkpoints, one row each although the agent found them and the workload reported
+    # them (tau.checkpoint_saved): DeepSpeed's folders, renamed into place whole, nothing
+    # half-written left beside them. Its model, kept as an artifact.
+    checkpoints = Checkpoint.objects.for_workspace(world.alpha).filter(run=run)
+    assert sorted(checkpoints.values_list("step", flat=True)) == [50, 100, 150, 200, 250, 300]
+    newest = Path(checkpoints.get(step=300).path)
+    assert sorted(path.name for path in newest.parent.iterdir()) == sorted(
+        f"step-{step}" for step in range(50, 350, 50)
+    )
+    assert (newest / "latest").read_text() == "global_step300"
+    assert {path.name for path in (newest / "global_step300").iterdir()} == {
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    }
+    assert (
+        Artifact.objects.for_workspace(world.alpha).filter(run=run, path="model/final.pt").exists()
+    )
+
+    # One sealed record of it all, exported through the API and verified offline.
     (record,) = seal_all(run)
     manifest = manifest_of(record)
     assert manifest["run"]["state"] == RunState.SUCCEEDED
