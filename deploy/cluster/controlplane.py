@@ -1398,6 +1398,15 @@ def stop_pids(
 # --------------------------------------------------------------------------------------------
 
 
+def write_state(state: Path, record: Mapping[str, Any]) -> None:
+    """``state.json``, replaced whole: written beside it, then renamed over it, so a reader
+    (deploy/cluster/ray_submitter.py starts while `up` goes on recording) never sees it empty
+    or half written."""
+    staging = state / f".state.json.{os.getpid()}"
+    staging.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(staging, state / "state.json")
+
+
 def load_state(state: Path) -> dict[str, Any] | None:
     try:
         data: dict[str, Any] = json.loads((state / "state.json").read_text())
@@ -1748,7 +1757,7 @@ def start_ray(state: Path, timeout: float) -> None:
     """Add the Ray head and the submitter stand-in to a running control plane."""
     record = load_state(state) or {}
     record["ray"] = True
-    (state / "state.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_state(state, record)
     launch_ray(state)
     await_ray(state, timeout)
 
@@ -1794,7 +1803,7 @@ class Launch:
         return base64.b64encode((self.pki / "ca.crt").read_bytes()).decode()
 
     def save_record(self) -> None:
-        (self.state / "state.json").write_text(json.dumps(self.record, indent=2) + "\n")
+        write_state(self.state, self.record)
 
     def wait_process(self, name: str, what: str, probe: Callable[[], T | None]) -> T:
         """Wait for `probe`, failing early (with its log) if process `name` dies meanwhile."""

@@ -15,7 +15,10 @@ per worker) alike.
   into a temporary folder renamed into place, with a ``COMPLETE`` marker; every worker
   resumes from ``$TAU_RESUME_FROM`` when the platform hands one over;
 * ``--kill-at-step N``: on the first attempt, worker 1 kills itself (SIGKILL) at step N, as
-  a node lost mid-run would; the others see their peer gone and fail, and the retry resumes.
+  a node lost mid-run would; the others see their peer gone and fail, and the retry resumes;
+* started by ``torchrun --max-restarts K``, a failed worker makes torchrun start every worker
+  again within the attempt (``TORCHELASTIC_RESTART_COUNT``): they resume from the newest
+  complete checkpoint in ``$TAU_CHECKPOINT_DIR``.
 
 The model ends in ``$TAU_OUTPUT_DIR/model/final.pt`` (rank 0).
 """
@@ -74,6 +77,16 @@ def save_checkpoint(root: Path, step: int, state: dict[str, object]) -> None:
     staging.rename(final)
 
 
+def newest_checkpoint(root: Path) -> Path | None:
+    """The complete ``step-<n>/`` of ``root`` with the highest step, or None."""
+    steps = [
+        (int(folder.name.removeprefix("step-")), folder)
+        for folder in root.glob("step-*")
+        if folder.name.removeprefix("step-").isdigit() and (folder / "COMPLETE").exists()
+    ]
+    return max(steps)[1] if steps else None
+
+
 def main() -> int:
     args = parse_args()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -91,16 +104,22 @@ def main() -> int:
     loss_fn = nn.MSELoss()
 
     start = 0
+    checkpoints = Path(os.environ.get("TAU_CHECKPOINT_DIR", "checkpoints"))
     resume_from = os.environ.get("TAU_RESUME_FROM")
+    # torchrun --max-restarts N started this process again within the attempt, after a worker
+    # failed: TAU_RESUME_FROM is still the attempt's, so the newest checkpoint is looked up.
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restarts:
+        resume_from = str(newest_checkpoint(checkpoints) or resume_from or "") or None
     if resume_from:
         state = torch.load(Path(resume_from) / "state.pt", map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
-        print(f"rank {rank}: resumed from step {start}", flush=True)
-    first_attempt = os.environ.get("TAU_ATTEMPT", "1") == "1"
+        after = f" (torchrun restart {restarts})" if restarts else ""
+        print(f"rank {rank}: resumed from step {start}{after}", flush=True)
+    first_attempt = os.environ.get("TAU_ATTEMPT", "1") == "1" and not restarts
     output = Path(os.environ.get("TAU_OUTPUT_DIR", "outputs"))
-    checkpoints = Path(os.environ.get("TAU_CHECKPOINT_DIR", "checkpoints"))
     output.mkdir(parents=True, exist_ok=True)
     print(f"rank {rank} of {world}: {backend}, steps {start + 1}..{args.steps}", flush=True)
 

@@ -93,6 +93,12 @@ def test_the_ray_tune_example_picks_the_same_best_trial_with_the_same_numbers_tw
     assert configs[number] == {"lr": 0.01, "hidden": 64, "epochs": 15}
     assert accuracy == pytest.approx(0.87)
     assert len(configs) == len(first["final_val_loss"]) == 4
+    # The search's sealed record: the run, its trials' metrics.
+    (record,) = seal_all(runs[0])
+    manifest = manifest_of(record)
+    assert manifest["run"]["state"] == RunState.SUCCEEDED
+    recorded = MetricPoint.objects.for_workspace(world.alpha).filter(run=runs[0]).count()
+    assert manifest["metrics"]["count"] == recorded > 0
 
 
 def test_the_lora_example_fine_tunes_and_keeps_its_adapter_as_the_model(
@@ -128,6 +134,10 @@ def test_the_lora_example_fine_tunes_and_keeps_its_adapter_as_the_model(
     config = json.loads(content_path(kept["adapter/adapter_config.json"]).read_bytes())
     assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 8, 16)
     assert sorted(config["target_modules"]) == ["c_attn", "c_fc", "c_proj"]
+    (record,) = seal_all(run)
+    manifest = manifest_of(record)
+    assert manifest["run"]["state"] == RunState.SUCCEEDED
+    assert manifest["metrics"]["count"] == len(losses)
 
 
 def test_the_ddp_example_started_by_torchrun_from_a_reference_cli_config(
@@ -245,3 +255,39 @@ def test_the_ray_train_example_trains_on_two_ray_workers_and_resumes_after_one_i
     assert {"attempts/1/log.txt", "attempts/2/log.txt", "artifacts/model/final.pt"} <= set(
         member_names(exported)
     )
+
+
+def test_torchrun_restarts_a_lost_worker_within_the_attempt_when_the_spec_asks(
+    world: Any, start_agent: Any
+) -> None:
+    """``run.entrypoint: torchrun --max-restarts 1 …`` on two workers: when worker 1's
+    training process is killed, torchrun (not TauGrid) starts both workers' processes again,
+    inside the same attempt, and they resume from the newest checkpoint (examples/ddp reads
+    TORCHELASTIC_RESTART_COUNT): one attempt, no retry used, the run succeeds."""
+    local_quota(world.alpha)
+    source = (EXAMPLES / "ddp" / "tau.yaml").read_text()
+    restarting = source.replace(
+        "  entrypoint: train.py\n",
+        "  entrypoint: torchrun --max-restarts 1 --nproc-per-node 1 train.py\n",
+    ).replace(
+        "args: [--steps, 300, --checkpoint-every, 50]",
+        "args: [--steps, 150, --checkpoint-every, 50, --kill-at-step, 120]",
+    )
+    assert "torchrun --max-restarts 1" in restarting
+    assert "--kill-at-step, 120" in restarting
+    run = submit(world, restarting.encode(), bundle=zip_directory(EXAMPLES / "ddp"))
+    agent = torch_agent(start_agent)
+    wait_for_state(
+        run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
+    )
+    assert run.state == RunState.SUCCEEDED, run.state_reason
+    (attempt,) = attempts(run)  # torchrun's restart used no retry
+    worker_0 = Path(attempt.log_path).read_text()
+    worker_1 = Path(attempt.log_path).with_name("worker-1.log").read_text()
+    assert "rank 1: killed at step 120 (first attempt only)" in worker_1
+    for rank, log in ((0, worker_0), (1, worker_1)):
+        assert f"rank {rank}: resumed from step 100 (torchrun restart 1)" in log, log[-3000:]
+        assert f"rank {rank} of 2: gloo, steps 101..150" in log
+    assert "done: step 150, 2 workers" in worker_0
+    steps = Checkpoint.objects.for_workspace(world.alpha).filter(run=run)
+    assert sorted(steps.values_list("step", flat=True)) == [50, 100, 150]
