@@ -2,7 +2,8 @@
 told, and ``tau.ray_cluster`` itself, run for real with the pinned Ray of
 deploy/dev/ray_head.py (installed by make test's test tools): a head and worker nodes on
 loopback, the driver started with ``RAY_ADDRESS``, a lost node failing the attempt, a stop
-reaching everything. The examples that train on it are in test_agent_examples.py."""
+reaching everything. The examples that train on it: test_agent_ray_examples.py (Ray Train) and
+test_agent_examples.py (Ray Tune)."""
 
 from __future__ import annotations
 
