@@ -205,7 +205,11 @@ def test_tau_from_login_to_resume(world: Any, portal: Portal, tmp_path: Path) ->
                 # KeyboardInterrupt handler at all.
                 preexec_fn=_sigint_as_at_a_terminal,
             )
-            time.sleep(2)
+            # Once it has shown the run's state (its first line, on stderr): a fixed two
+            # seconds were once too few on a loaded machine, and ^C came before it knew the run.
+            assert watcher.stderr is not None
+            shown = watcher.stderr.readline()
+            assert shown, "the watcher ended without a word"
             watcher.send_signal(signal.SIGINT)
             _watched_out, watched_err = watcher.communicate(timeout=30)
             assert watcher.returncode == 130, watched_err
