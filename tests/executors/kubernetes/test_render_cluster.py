@@ -389,11 +389,20 @@ def test_a_ray_example_as_written_gets_its_ray_cluster_on_the_fake_nodes(
                 kinds.setdefault(kind, []).append(pod)
         return kinds if (len(kinds["head"]), len(kinds["worker"])) == (1, 2) else None
 
-    pods = wait_until("the head and both workers placed on the fake nodes", placed_pods, timeout=90)
+    # KubeRay makes the head first and the workers once it runs: minutes on a loaded machine.
+    pods = wait_until(
+        "the head and both workers placed on the fake nodes", placed_pods, timeout=240
+    )
     for pod in pods["worker"]:
         container = pod["spec"]["containers"][0]
         assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
     kube.delete(RAY, "RayJob", name, queue.namespace)
+
+    def pods_gone() -> bool | None:  # their room on the fake nodes is the next test's
+        found = kube.list("v1", "Pod", queue.namespace, f"ray.io/cluster={cluster_name}")
+        return True if not found else None
+
+    wait_until("the Ray cluster's pods to go", pods_gone, timeout=120)
 
 
 #: What waits for its pods after admission: the Job controller makes them at once (KubeRay's
