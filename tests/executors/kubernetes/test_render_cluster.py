@@ -402,7 +402,7 @@ def test_a_ray_example_as_written_gets_its_ray_cluster_on_the_fake_nodes(
         found = kube.list("v1", "Pod", queue.namespace, f"ray.io/cluster={cluster_name}")
         return True if not found else None
 
-    wait_until("the Ray cluster's pods to go", pods_gone, timeout=120)
+    wait_until("the Ray cluster's pods to go", pods_gone, timeout=180)
 
 
 #: What waits for its pods after admission: the Job controller makes them at once (KubeRay's
