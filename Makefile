@@ -98,10 +98,11 @@ docs: install-docs
 # every core, the portal's image build (cached layers: seconds when warm), then the tiers that
 # start processes or Chromium and the slow tests over two workers. No test builds anything.
 # A pass that PYTEST_ARGS leaves empty (pytest's exit 5) is fine.
+# Each pass ends with its 15 slowest tests.
 pytest: install-dev
 	$(PYTHON) deploy/dev/test_lanes.py --fast "$(FAST_TIERS)" \
 		--cluster-build "$(PYTHON) $(CLUSTER_TOOL) build" \
-		--others-build "$(PYTHON) deploy/dev/oci_image.py build" -- $(VENV)/bin/pytest $(PYTEST_ARGS)
+		--others-build "$(PYTHON) deploy/dev/oci_image.py build" -- $(VENV)/bin/pytest --durations=15 $(PYTEST_ARGS)
 
 # A few minutes of fuzzing the tau.yaml checker (not part of make test).
 fuzz: install-dev

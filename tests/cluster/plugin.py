@@ -188,6 +188,16 @@ class KubeCluster:
         found: Resource = self.dynamic().resources.get(api_version=api_version, kind=kind)
         return found
 
+    def log_tail(self, component: str, mentioning: str = "", lines: int = 20) -> str:
+        """The last ``lines`` lines of a component's log (those ``mentioning`` a word)."""
+        path = self.state_dir / "logs" / f"{component}.log"
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as error:
+            return f"(no log: {error})"
+        kept = [line for line in text.splitlines() if mentioning in line]
+        return "\n".join(kept[-lines:]) or f"(nothing mentioning {mentioning!r} in {path})"
+
 
 @pytest.fixture(scope="session")
 def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
@@ -327,6 +337,38 @@ class Kube:
             self.cluster.resource(api_version, kind).delete(
                 name=name, namespace=namespace, body={"propagationPolicy": "Background"}
             )
+
+    def ray_cluster_of(self, rayjob: str, namespace: str, timeout: float = 120) -> dict[str, Any]:
+        """The RayCluster KubeRay creates for an admitted (unsuspended) RayJob, once it exists.
+
+        KubeRay first records the cluster's name in the RayJob's status and creates it on a
+        later pass; a failed create is retried with the controller's growing backoff. On a
+        timeout the message shows the RayJob's status, its events and KubeRay's log lines
+        about it, so a slow or failing operator can be told apart."""
+
+        def status() -> dict[str, Any]:
+            found = self.get("ray.io/v1", "RayJob", rayjob, namespace) or {}
+            current: dict[str, Any] = found.get("status") or {}
+            assert current.get("jobDeploymentStatus") != "ValidationFailed", current.get("message")
+            return current
+
+        def cluster() -> dict[str, Any] | None:
+            name = status().get("rayClusterName")
+            return self.get("ray.io/v1", "RayCluster", name, namespace) if name else None
+
+        def describe() -> str:
+            events = [
+                f"{event.get('reason')}: {event.get('message')}"
+                for event in self.list("v1", "Event", namespace)
+                if (event.get("involvedObject") or {}).get("name") == rayjob
+            ]
+            return (
+                f"RayJob status {status()}; events {events}; KubeRay's log about it:\n"
+                + self.cluster.log_tail("kuberay-operator", mentioning=rayjob)
+            )
+
+        what = f"KubeRay's RayCluster for RayJob {rayjob}"
+        return wait_until(what, cluster, timeout, interval=1, describe=describe)
 
     def namespace(self, prefix: str) -> str:
         """A fresh namespace (the controller-manager gives it its `default` ServiceAccount)."""

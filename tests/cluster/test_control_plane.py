@@ -317,20 +317,7 @@ def test_admitted_rayjob_gets_a_raycluster(kube: Kube) -> None:
         lambda: True if is_true(workload_of(kube, job), "Admitted") else None,
     )
 
-    def cluster_name() -> str | None:
-        current = kube.get(RAY, "RayJob", "trainer", namespace) or {}
-        name = (current.get("status") or {}).get("rayClusterName")
-        return str(name) if name else None
-
-    name = wait_until(
-        "KubeRay to record a RayCluster for the RayJob",
-        cluster_name,
-        timeout=90,
-        describe=lambda: str(kube.get(RAY, "RayJob", "trainer", namespace)),
-    )
-    ray_cluster = wait_until(
-        "the RayCluster object", lambda: kube.get(RAY, "RayCluster", name, namespace)
-    )
+    ray_cluster = kube.ray_cluster_of("trainer", namespace)
     owners = ray_cluster["metadata"].get("ownerReferences") or []
     assert any(o["kind"] == "RayJob" and o["uid"] == job["metadata"]["uid"] for o in owners)
     workers = ray_cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]

@@ -229,16 +229,7 @@ def test_the_gpu_quickstart_rayjob_is_suspended_then_admitted(kube: Kube) -> Non
     wait_until("Kueue to unsuspend the RayJob", unsuspended)
 
     # KubeRay accepts the RayJob (no ValidationFailed) and builds its Ray cluster.
-    def ray_cluster() -> str | None:
-        current = kube.get(RAY, "RayJob", name, queue.namespace) or {}
-        status = current.get("status") or {}
-        assert status.get("jobDeploymentStatus") != "ValidationFailed", status.get("message")
-        return status.get("rayClusterName") or None
-
-    cluster_name = wait_until("KubeRay's RayCluster", ray_cluster, timeout=90)
-    cluster = wait_until(
-        "the RayCluster", lambda: kube.get(RAY, "RayCluster", cluster_name, queue.namespace)
-    )
+    cluster = kube.ray_cluster_of(name, queue.namespace)
     group = cluster["spec"]["workerGroupSpecs"][0]
     assert group["template"]["spec"]["containers"][0]["resources"]["limits"][GPU] == "1"
 
@@ -372,13 +363,7 @@ def test_a_ray_example_as_written_gets_its_ray_cluster_on_the_fake_nodes(
         kube.create(body)
     wait_until("the RayJob to be admitted", lambda: admitted(kube, rayjob), timeout=60)
 
-    def ray_cluster() -> str | None:
-        current = kube.get(RAY, "RayJob", name, queue.namespace) or {}
-        status = current.get("status") or {}
-        assert status.get("jobDeploymentStatus") != "ValidationFailed", status.get("message")
-        return status.get("rayClusterName") or None
-
-    cluster_name = wait_until("KubeRay's RayCluster", ray_cluster, timeout=90)
+    cluster_name = kube.ray_cluster_of(name, queue.namespace)["metadata"]["name"]
 
     def placed_pods() -> dict[str, list[dict[str, Any]]] | None:
         found = kube.list("v1", "Pod", queue.namespace, f"ray.io/cluster={cluster_name}")
