@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import signal
 import socket
@@ -81,15 +82,47 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` different ports free on 127.0.0.1 (held open together while chosen)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    """``count`` different ports free on 127.0.0.1, for the nodes started one after another.
+
+    Taken between 20000 and the start of the kernel's ephemeral range
+    (``net.ipv4.ip_local_port_range``, 32768 by default): a port the kernel may hand out, to
+    another process's ``bind(0)`` or outgoing connection, can be taken between the choice and
+    the server's own bind, which may come many seconds later on a busy machine (seen: a port
+    gone in the seconds before a Ray node bound it). Ray's worker ports (10002-19999 by
+    default) stay below. Each port is checked free by binding it, all held together while
+    chosen; the kernel's own choice is the fallback when the range is too small.
+    """
+    chooser = random.SystemRandom()
+    low = _ephemeral_low()
+    candidates = list(range(_LISTEN_FLOOR, low)) if low - _LISTEN_FLOOR >= 1000 else []
+    chooser.shuffle(candidates)
+    sockets: list[socket.socket] = []
     try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
+        for port in [*candidates, *[0] * count]:
+            if len(sockets) == count:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
         return [int(sock.getsockname()[1]) for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
+
+
+_LISTEN_FLOOR = 20000
+
+
+def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def gpu_slices(visible: str | None, workers: int, per_worker: int) -> list[str | None]:

@@ -47,6 +47,7 @@ import importlib.util
 import ipaddress
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -221,17 +222,48 @@ def wait_for(
 
 
 def free_ports(count: int) -> list[int]:
-    """Ask the kernel for `count` distinct free loopback ports (bound together, then released)."""
+    """`count` distinct loopback ports free to listen on, for servers started later.
+
+    Taken between 20000 and the start of the kernel's ephemeral range
+    (``net.ipv4.ip_local_port_range``, 32768 by default): a port the kernel may hand out, to
+    another process's ``bind(0)`` or outgoing connection, can be taken between the choice and
+    the server's own bind, which may come many seconds later on a busy machine (seen: a port
+    gone in the 34 s of a CRD install before the KubeRay operator bound it). Ray's worker
+    ports (10002-19999 by default) stay below. Each port is checked free by binding it, all
+    held together while chosen; the kernel's own choice is the fallback when the range is too
+    small.
+    """
+    chooser = random.SystemRandom()
+    low = _ephemeral_low()
+    candidates = list(range(_LISTEN_FLOOR, low)) if low - _LISTEN_FLOOR >= 1000 else []
+    chooser.shuffle(candidates)
     sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
+        for port in [*candidates, *[0] * count]:
+            if len(sockets) == count:
+                break
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((LOOPBACK, 0))
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                sock.close()
+                continue
             sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
+        return [int(sock.getsockname()[1]) for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
+
+
+_LISTEN_FLOOR = 20000
+
+
+def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def port_open(port: int, host: str = LOOPBACK) -> bool:
