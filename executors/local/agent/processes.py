@@ -12,7 +12,8 @@ facts of Linux make signalling that group safe:
 
 After a crash of the agent the leader may be gone while members of its group live on; then
 the group is only touched if one of its members still carries the attempt's marker
-variables in its environment (``TAU_RUN_ID`` and ``TAU_ATTEMPT``).
+variables in its environment (``TAU_RUN_ID``, ``TAU_ATTEMPT`` and the installation's
+``TAU_AGENT_INSTALLATION``: supervisor.attempt_markers).
 """
 
 from __future__ import annotations

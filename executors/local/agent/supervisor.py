@@ -564,15 +564,20 @@ class Agent:
         """Close an attempt nobody supervises, with its real result when it had one."""
         run = attempt.run
         layout = AttemptLayout.for_attempt(self.runs_dir, run.pk, attempt.number)
-        markers = {"TAU_RUN_ID": str(run.pk), "TAU_ATTEMPT": str(attempt.number)}
+        markers = attempt_markers(run.pk, attempt.number)
         if attempt.pid:
+            # The recorded leader (pid and start time) names the group; its members carry the
+            # run's and attempt's markers (an agent before the installation marker set only
+            # those two, and what it started is still recognised).
+            ids = {name: markers[name] for name in ("TAU_RUN_ID", "TAU_ATTEMPT")}
             groups = (
                 [attempt.pid]
-                if processes.orphaned_group(attempt.pid, attempt.process_start_ticks, markers)
+                if processes.orphaned_group(attempt.pid, attempt.process_start_ticks, ids)
                 else []
             )
         else:
-            # Started, but its pid never reached the database: find it by its markers.
+            # Started, but its pid never reached the database: find it by its markers,
+            # this installation's only.
             groups = sorted(
                 {
                     info.process_group
@@ -903,6 +908,7 @@ class Agent:
                 return
         count = len(prepared.commands)
         port = _free_port() if count > 1 else 0
+        markers = attempt_markers(execution.run_id, execution.attempt.number)
         launched: list[Worker] = []
         for rank, worker_command in enumerate(prepared.commands):
             worker_env = env
@@ -926,7 +932,7 @@ class Agent:
                 process = sandboxing.start(  # the researcher's command, no shell
                     worker_command,
                     environment=worker_env,  # for the workload only, through the wrapper
-                    env=launcher_environment(worker_env),
+                    env=launcher_environment(markers),
                     cwd=prepared.cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -1611,15 +1617,31 @@ def _of_worker(outcome: AttemptOutcome, *, rank: int, workers: int) -> AttemptOu
     return dataclasses.replace(outcome, message=f"Worker {rank} of {workers}: {outcome.message}")
 
 
-def launcher_environment(workload: Mapping[str, str]) -> dict[str, str]:
+#: The marker naming the installation (its ``VAR_DIR``) that started an attempt. A run's id
+#: and attempt number alone repeat across installations on one machine (two portals; the
+#: test databases of parallel test processes), and one agent's recovery, looking for a stray
+#: attempt's processes by them, once stopped another installation's running attempt.
+INSTALLATION_MARKER = "TAU_AGENT_INSTALLATION"
+
+
+def attempt_markers(run_id: int, attempt: int, var_dir: Path | None = None) -> dict[str, str]:
+    """The variables by which an attempt's processes are found again after the agent that
+    started them is gone: the run, the attempt and this installation."""
+    return {
+        "TAU_RUN_ID": str(run_id),
+        "TAU_ATTEMPT": str(attempt),
+        INSTALLATION_MARKER: cgroups.installation_key(
+            Path(settings.VAR_DIR) if var_dir is None else var_dir
+        ),
+    }
+
+
+def launcher_environment(markers: Mapping[str, str]) -> dict[str, str]:
     """The environment of what the agent starts (the sandbox, and the wrapper in it): fixed
     by the agent, nothing of the run's (bwrap runs as root outside the sandbox), but for
-    the markers by which a crashed agent's attempts are found again."""
-    return {
-        "PATH": environments.BASE_PATH,
-        "LANG": "C.UTF-8",
-        **{name: workload[name] for name in ("TAU_RUN_ID", "TAU_ATTEMPT") if name in workload},
-    }
+    the ``markers`` (:func:`attempt_markers`) by which a crashed agent's attempts are found
+    again."""
+    return {"PATH": environments.BASE_PATH, "LANG": "C.UTF-8", **markers}
 
 
 def _cgroup_name(execution: Execution) -> str:

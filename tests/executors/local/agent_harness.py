@@ -16,6 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
+from executors.local.agent.supervisor import attempt_markers
 from identity.models import ApiToken
 from runs import delivery, submission
 from runs.models import Delivery, Run, RunAttempt, RunState
@@ -55,7 +56,11 @@ def host_pid(run: Run, attempt: int, sandbox_pid: int) -> int | None:
     """The pid, as this machine sees it, of the attempt's process that its sandbox (a pid
     namespace of its own) calls ``sandbox_pid``; None if there is none (any more). Without
     a sandbox both are the same."""
-    markers = {b"TAU_RUN_ID=%d" % run.pk, b"TAU_ATTEMPT=%d" % attempt}
+    # The sandbox and the wrapper carry the agent's markers, the workload its own variables:
+    # either way with something unique to this run (ids repeat across parallel test databases).
+    marked = [f"{key}={value}".encode() for key, value in attempt_markers(run.pk, attempt).items()]
+    markers = set(marked[:2])
+    unique = {marked[2], b"TAU_RUN_NAME=" + run.name.encode()}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -66,7 +71,7 @@ def host_pid(run: Run, attempt: int, sandbox_pid: int) -> int | None:
                 status = handle.read().decode(errors="replace")
         except OSError:
             continue
-        if not markers <= entries:
+        if not markers <= entries or not unique & entries:
             continue
         for line in status.splitlines():
             if line.startswith("NSpid:") and int(line.split()[-1]) == sandbox_pid:

@@ -8,6 +8,8 @@ import os
 import re
 import signal
 import sqlite3
+import subprocess
+import sys
 import textwrap
 from functools import partial
 from pathlib import Path
@@ -18,8 +20,12 @@ from django.conf import settings
 from django.db import transaction
 from django.test import Client
 
-from executors.local.agent import environments
-from executors.local.agent.supervisor import UNSANDBOXED_REFUSAL
+from executors.local.agent import environments, processes
+from executors.local.agent.supervisor import (
+    UNSANDBOXED_REFUSAL,
+    attempt_markers,
+    launcher_environment,
+)
 from executors.local.agent.wrapper import truncation_marker
 from identity.models import ApiToken
 from portal.models import AuditEvent
@@ -839,6 +845,47 @@ WAITS_ON_FIRST_ATTEMPT = """\
     if os.environ["TAU_ATTEMPT"] == "1":
         time.sleep(300)
     """
+
+
+def test_a_recovering_agent_stops_its_own_installations_stray_and_nobody_elses(
+    world: Any, var_dir: Path, start_agent: Any, tmp_path: Path
+) -> None:
+    """A run's id and attempt number repeat across installations on one machine (two
+    portals; the test databases of parallel test processes). An agent that looks for a stray
+    attempt's processes by their markers (its pid never reached the database) stops its own
+    installation's, and leaves another installation's attempt with the same ids running: one
+    agent's recovery once stopped a parallel test's training run."""
+    local_quota(world.alpha)
+    run = submit(world, spec("stray"), {"main.py": WAITS_ON_FIRST_ATTEMPT})
+    first = start_agent()
+    wait_for_state(run, RunState.RUNNING, timeout=30, agent=first)
+    first.kill()
+    own = attempt_markers(run.pk, 1)
+    assert processes.marked_processes(own)  # attempt 1 sleeps on, unsupervised
+    # Another installation's attempt with the same ids, started as its agent starts one.
+    elsewhere = attempt_markers(run.pk, 1, var_dir=tmp_path / "another-var")
+    assert own != elsewhere
+    foreign = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        env=launcher_environment(elsewhere),
+        start_new_session=True,
+    )
+    try:
+        RunAttempt.objects.for_workspace(world.alpha).filter(run=run).update(
+            state=RunAttempt.State.STARTING, pid=None, process_start_ticks=None
+        )
+        second = start_agent()
+        wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=60, agent=second)
+        assert run.state == RunState.SUCCEEDED, run.state_reason
+        stray, again = attempts(run)
+        assert stray.failure_class == FailureClass.INFRASTRUCTURE
+        assert again.state == RunAttempt.State.SUCCEEDED
+        assert processes.marked_processes(own) == []
+        assert foreign.poll() is None, "another installation's attempt was stopped"
+        assert processes.marked_processes(elsewhere) == [foreign.pid]
+    finally:
+        foreign.kill()
+        foreign.wait(timeout=10)
 
 
 def test_a_run_cut_short_by_an_agent_crash_keeps_its_place_in_the_queue(

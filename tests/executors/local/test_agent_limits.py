@@ -15,6 +15,7 @@ import pytest
 from django.test import Client
 
 from executors.local.agent import cgroups
+from executors.local.agent.supervisor import attempt_markers
 from runs.models import Artifact, Checkpoint, FailureClass, RunState
 from tests.executors.local.agent_harness import (
     Agent,
@@ -409,7 +410,7 @@ def test_a_run_s_environment_reaches_its_workload_only(
     for pid in (attempt.pid, wrapper):  # the sandbox (root, outside), the wrapper inside
         launcher = environment_of(pid)
         # The agent's fixed variables (and the folder bwrap starts the wrapper in).
-        assert set(launcher) <= {"LANG", "PATH", "TAU_ATTEMPT", "TAU_RUN_ID", "PWD"}, launcher
+        assert set(launcher) <= {"LANG", "PATH", "PWD", *attempt_markers(run.pk, 1)}, launcher
     (seen_file.parent / "release").touch()
     _, log = finished(run, agent)
     assert run.state == RunState.SUCCEEDED, log

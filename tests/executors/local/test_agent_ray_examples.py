@@ -106,7 +106,9 @@ def test_the_ray_train_example_trains_on_two_ray_workers_and_resumes_after_one_i
     assert (
         Artifact.objects.for_workspace(world.alpha).filter(run=run, path="model/final.pt").exists()
     )
-    markers = {"TAU_RUN_ID": str(run.pk)}
+    # The workload's own variables (Ray's processes have its environment); the name is
+    # unique, an id is not across the test databases of parallel test processes.
+    markers = {"TAU_RUN_ID": str(run.pk), "TAU_RUN_NAME": run.name}
     assert processes.marked_processes(markers) == []  # no raylet, GCS or worker left
 
     (record,) = seal_all(run)

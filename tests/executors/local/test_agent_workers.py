@@ -17,6 +17,7 @@ import pytest
 
 from evidence import keys
 from executors.local.agent import processes
+from executors.local.agent.supervisor import attempt_markers
 from executors.local.backend import LocalBackend
 from runs.models import (
     Artifact,
@@ -195,7 +196,7 @@ def test_a_failing_worker_stops_the_others_and_fails_the_attempt(
     # Worker 0 had started (it said so), and was stopped with the attempt's process group.
     assert told(var_dir, run, 0)["RANK"] == "0"
     assert "rank 0 of 2 told" in Path(attempt.log_path).read_text()
-    markers = {"TAU_RUN_ID": str(run.pk), "TAU_ATTEMPT": "1"}
+    markers = attempt_markers(run.pk, 1)
     assert processes.marked_processes(markers) == []
 
 
@@ -205,7 +206,7 @@ def test_workers_a_dead_agent_left_are_stopped_and_the_attempt_run_again(
     local_quota(world.alpha)
     source = workers_spec("orphans", 2, env="HOLD_FIRST_ATTEMPT: '1'")
     run = submit(world, source, {"main.py": MEETING})
-    markers = {"TAU_RUN_ID": str(run.pk), "TAU_ATTEMPT": "1"}
+    markers = attempt_markers(run.pk, 1)
     log = attempt_dir(var_dir, run, 1) / "run.log"
     first = start_agent()
     wait_until(
