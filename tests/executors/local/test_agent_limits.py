@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -231,7 +232,8 @@ def test_a_tmp_flood_is_bounded_by_and_charged_to_the_run_s_memory(
     agent = start_agent()
     attempt, log = finished(run, agent)
     assert "WROTE ALL" not in log
-    held = [int(line.split()[2]) for line in log.splitlines() if line.startswith("in /tmp:")]
+    # Whole lines only: the kernel may stop it in the middle of one.
+    held = [int(mib) for mib in re.findall(r"^in /tmp: (\d+) MiB$", log, re.MULTILINE)]
     assert max(held, default=0) <= 64
     assert run.state == RunState.FAILED
     if attempt.failure_class == FailureClass.OOM_KILLED:  # the cgroup's limit came first
