@@ -82,8 +82,11 @@ format: install-dev
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# mypy's cache is kept outside the checkout, one per checkout path (its entries name their
+# files): a fresh clone at the same path (CI's) checks in seconds instead of a minute.
+MYPY_CACHE_DIR ?= $(or $(TAUGRID_CACHE_DIR),$(HOME)/.cache/taugrid)/mypy/$(shell printf %s "$(CURDIR)" | sha256sum | cut -c1-16)
 typecheck: install-dev
-	$(VENV)/bin/mypy .
+	$(VENV)/bin/mypy --cache-dir "$(MYPY_CACHE_DIR)" .
 
 migrations-check: install-dev
 	$(PYTHON) manage.py makemigrations --check --dry-run
