@@ -1,4 +1,7 @@
-"""Describes TauGrid's bearer tokens in the OpenAPI schema (imported at start-up)."""
+"""Describes TauGrid's bearer tokens in the OpenAPI schema. Imported by the schema's views
+(web/api_docs.py), which every schema generation reaches through the URLconf, and not at
+start-up: drf-spectacular brings django.test and Jinja2 with it, a third of the start-up time
+of every process that never builds a schema (Celery workers, the local agent, commands)."""
 
 from __future__ import annotations
 

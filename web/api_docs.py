@@ -29,6 +29,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from identity import schema as _token_scheme  # noqa: F401 - registers the tokens' scheme
 from identity.tokens import TokenScopePermission
 
 #: Where the Swagger UI files are served from (``portal.staticfiles.PACKAGED_ASSETS``).
