@@ -564,12 +564,11 @@ class Agent:
         """Close an attempt nobody supervises, with its real result when it had one."""
         run = attempt.run
         layout = AttemptLayout.for_attempt(self.runs_dir, run.pk, attempt.number)
-        markers = attempt_markers(run.pk, attempt.number)
         if attempt.pid:
             # The recorded leader (pid and start time) names the group; its members carry the
             # run's and attempt's markers (an agent before the installation marker set only
             # those two, and what it started is still recognised).
-            ids = {name: markers[name] for name in ("TAU_RUN_ID", "TAU_ATTEMPT")}
+            ids = attempt_ids(run.pk, attempt.number)
             groups = (
                 [attempt.pid]
                 if processes.orphaned_group(attempt.pid, attempt.process_start_ticks, ids)
@@ -578,6 +577,7 @@ class Agent:
         else:
             # Started, but its pid never reached the database: find it by its markers,
             # this installation's only.
+            markers = attempt_markers(run.pk, attempt.number)
             groups = sorted(
                 {
                     info.process_group
@@ -1624,12 +1624,17 @@ def _of_worker(outcome: AttemptOutcome, *, rank: int, workers: int) -> AttemptOu
 INSTALLATION_MARKER = "TAU_AGENT_INSTALLATION"
 
 
+def attempt_ids(run_id: int, attempt: int) -> dict[str, str]:
+    """The run's and the attempt's marker variables (every process of an attempt, the
+    workload's included, carries them)."""
+    return {"TAU_RUN_ID": str(run_id), "TAU_ATTEMPT": str(attempt)}
+
+
 def attempt_markers(run_id: int, attempt: int, var_dir: Path | None = None) -> dict[str, str]:
     """The variables by which an attempt's processes are found again after the agent that
     started them is gone: the run, the attempt and this installation."""
     return {
-        "TAU_RUN_ID": str(run_id),
-        "TAU_ATTEMPT": str(attempt),
+        **attempt_ids(run_id, attempt),
         INSTALLATION_MARKER: cgroups.installation_key(
             Path(settings.VAR_DIR) if var_dir is None else var_dir
         ),

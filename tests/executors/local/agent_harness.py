@@ -16,7 +16,11 @@ from typing import Any
 
 from django.conf import settings
 
-from executors.local.agent.supervisor import attempt_markers
+from executors.local.agent.supervisor import (
+    INSTALLATION_MARKER,
+    attempt_ids,
+    attempt_markers,
+)
 from identity.models import ApiToken
 from runs import delivery, submission
 from runs.models import Delivery, Run, RunAttempt, RunState
@@ -58,9 +62,9 @@ def host_pid(run: Run, attempt: int, sandbox_pid: int) -> int | None:
     a sandbox both are the same."""
     # The sandbox and the wrapper carry the agent's markers, the workload its own variables:
     # either way with something unique to this run (ids repeat across parallel test databases).
-    marked = [f"{key}={value}".encode() for key, value in attempt_markers(run.pk, attempt).items()]
-    markers = set(marked[:2])
-    unique = {marked[2], b"TAU_RUN_NAME=" + run.name.encode()}
+    markers = {f"{key}={value}".encode() for key, value in attempt_ids(run.pk, attempt).items()}
+    installation = attempt_markers(run.pk, attempt)[INSTALLATION_MARKER]
+    unique = {f"{INSTALLATION_MARKER}={installation}".encode(), f"TAU_RUN_NAME={run.name}".encode()}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
