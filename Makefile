@@ -7,6 +7,8 @@ SYSTEM_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip --disable-pip-version-check
+UV := $(VENV)/bin/uv
+UV_INSTALL := $(UV) pip install --python $(PYTHON)
 CONSTRAINTS := requirements/constraints.txt
 PORT ?= 8000
 export PORT
@@ -26,18 +28,25 @@ $(PYTHON):
 	@$(SYSTEM_PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "TauGrid needs Python 3.11; set SYSTEM_PYTHON=/path/to/python3.11")'
 	$(SYSTEM_PYTHON) -m venv $(VENV)
 
-# The portal is the `server` extra; a plain `pip install .` gives only the `tau` client.
-$(VENV)/.runtime-installed: pyproject.toml $(CONSTRAINTS) | $(PYTHON)
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[server]'
+# The venv's packages are installed by uv (pinned in the constraints, installed by pip): the
+# same pinned set pip installs, from uv's cache outside the checkout (~/.cache/uv), in seconds
+# instead of pip's minute and a half. A plain `pip install .` still gives the `tau` client.
+$(UV): $(CONSTRAINTS) | $(PYTHON)
+	$(PIP) install --quiet -c $(CONSTRAINTS) uv
+	@touch $@
+
+# The portal is the `server` extra.
+$(VENV)/.runtime-installed: pyproject.toml $(CONSTRAINTS) | $(UV)
+	$(UV_INSTALL) --quiet -c $(CONSTRAINTS) -e '.[server]'
 	@touch $@
 
 $(VENV)/.dev-installed: $(VENV)/.runtime-installed
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[server,dev]'
+	$(UV_INSTALL) --quiet -c $(CONSTRAINTS) -e '.[server,dev]'
 	@touch $@
 
 # MkDocs and its Material theme for the manual (the `docs` extra).
 $(VENV)/.docs-installed: $(VENV)/.dev-installed
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[server,dev,docs]'
+	$(UV_INSTALL) --quiet -c $(CONSTRAINTS) -e '.[server,dev,docs]'
 	@touch $@
 
 install: $(VENV)/.runtime-installed

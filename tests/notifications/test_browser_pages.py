@@ -77,6 +77,9 @@ def test_a_failing_webhook_reads_as_words_and_is_named_by_its_host(
     from tests.runs.factories import make_run
 
     notify_settings.EMAIL_HOST = ""
+    # A pause that outlasts the page's load on a busy machine (the fixture's 1 s did not).
+    notify_settings.TAU_NOTIFY_RETRY_SECONDS = 3600
+    notify_settings.TAU_NOTIFY_RETRY_MAX_SECONDS = 3600
     endpoint.statuses = [502]
     endpoint.answer = NGINX_502
     endpoint.headers = {"Content-Type": "text/html"}
