@@ -116,6 +116,7 @@ INSTALLED_APPS = [
     "workspaces",
     "identity",
     "runs",
+    "catalog",
     "executors.kubernetes",
     "executors.local",
     "evidence",
@@ -607,6 +608,9 @@ TAU_ARTIFACT_MAX_BYTES_PER_RUN = env_int("TAU_ARTIFACT_MAX_BYTES_PER_RUN", 2**30
 TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE = env_int(
     "TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE", 50 * 2**30, minimum=0
 )
+# Datasets and models (catalog/storage.py): where their files are kept, file:///<folder>
+# (the embedded default: VAR_DIR/storage); each workspace's files once per SHA-256.
+TAU_STORAGE_URL = env_str("TAU_STORAGE_URL", "")
 # Evidence (evidence/keys.py): the Ed25519 key that signs each run's sealed record, a PEM
 # private key. Required in production; the embedded default generates one once, into
 # VAR_DIR/evidence_signing_key.pem (mode 0600). TAU_EVIDENCE_PUBLIC_KEYS_FILE is a keyring

@@ -26,12 +26,13 @@ LAYERS: dict[str, int] = {
     "workspaces": 3,  # workspaces, members, quotas, flavors, cohorts; the audit pages
     "identity": 4,  # OpenID Connect, login, API tokens
     "runs": 5,  # the run core: models, states, submission, delivery, pages and API
-    "executors": 6,  # where runs execute: executors.kubernetes, executors.local
-    "evidence": 7,  # sealed records of runs
-    "gpus": 7,  # the GPU fleet, telemetry, GPU efficiency of runs
-    "accounting": 7,  # GPU-hours used, usage pages and API, budget warnings
-    "notifications": 7,  # e-mail and webhooks about runs and budgets
-    "web": 8,  # the UI shell: root URLconf, home pages, commands that start everything
+    "catalog": 6,  # datasets and models: versions, their files and aliases, lineage
+    "executors": 7,  # where runs execute: executors.kubernetes, executors.local
+    "evidence": 8,  # sealed records of runs
+    "gpus": 8,  # the GPU fleet, telemetry, GPU efficiency of runs
+    "accounting": 8,  # GPU-hours used, usage pages and API, budget warnings
+    "notifications": 8,  # e-mail and webhooks about runs and budgets
+    "web": 9,  # the UI shell: root URLconf, home pages, commands that start everything
 }
 #: Not part of the product's layering: they may import any package, and none imports them.
 OUTSIDE = {"tests", "benchmarks", "deploy", "examples", "docs", "var", "static", "templates"}

@@ -1,0 +1,260 @@
+"""Versions from folders, their verification, aliases and references (issue 33).
+
+:func:`ingest_folder` makes the next version of a dataset or a model from a folder the portal
+can read (a run's output, a finished upload, a registered folder): every file is copied into
+the workspace's store once, hashed as it is read, then the stored copies are checked and the
+version becomes ``ready`` with its manifest in one transaction — or ``failed`` with the file
+named, and nothing of it ``ready``. :func:`resolve` turns ``wiki``, ``wiki@3`` or
+``wiki@train`` into a ready version.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from catalog import storage
+from catalog.models import (
+    AUTOMATIC_ALIASES,
+    Asset,
+    AssetAlias,
+    AssetFile,
+    AssetVersion,
+    validate_name,
+)
+from tau.manifest import MAX_FILES, Entry, Manifest, ManifestError, list_files
+
+logger = logging.getLogger(__name__)
+
+#: How often an ingest's progress is written while it copies (seconds).
+PROGRESS_SECONDS = 1.0
+
+
+class CatalogError(ValueError):
+    """A reference or a change the catalog refuses; the message says what to do instead."""
+
+
+def asset_named(workspace: Any, kind: str, name: str, *, user: Any = None) -> Asset:
+    """The workspace's dataset or model ``name``, made if it is new."""
+    try:
+        validate_name(name)
+    except ValidationError as exc:
+        raise CatalogError(exc.messages[0]) from exc
+    asset, _ = Asset.objects.for_workspace(workspace).get_or_create(
+        workspace=workspace, kind=kind, name=name, defaults={"created_by": user}
+    )
+    return asset
+
+
+def _new_version(asset: Asset, **fields: Any) -> AssetVersion:
+    """The asset's next number, taken under a lock on the asset's row."""
+    with transaction.atomic():
+        Asset.objects.for_workspace(asset.workspace_id).select_for_update().get(pk=asset.pk)
+        last = (
+            AssetVersion.objects.for_workspace(asset.workspace_id)
+            .filter(asset=asset)
+            .aggregate(last=Max("number"))["last"]
+        )
+        return AssetVersion.objects.create(asset=asset, number=(last or 0) + 1, **fields)
+
+
+def ingest_folder(
+    asset: Asset,
+    folder: Path,
+    *,
+    source: str,
+    source_detail: str = "",
+    user: Any = None,
+    produced_by: Any = None,
+    derived_from: Iterable[AssetVersion] = (),
+    max_files: int = MAX_FILES,
+    max_file_bytes: int | None = None,
+) -> AssetVersion:
+    """The asset's next version, made of the files under ``folder`` (module docstring).
+    Returns it ``ready``, or ``failed`` with ``error`` naming the file."""
+    version = _new_version(
+        asset,
+        source=source,
+        source_detail=source_detail[:1024],
+        created_by=user,
+        produced_by=produced_by,
+    )
+    inputs = list(derived_from)
+    if inputs:
+        version.derived_from.set(inputs)
+    workspace_id = asset.workspace_id
+    try:
+        listed = list_files(folder, max_files=max_files, max_file_bytes=max_file_bytes)
+        version.bytes_total = sum(item.size for item in listed)
+        version.save(update_fields=["bytes_total"])
+        progress = _Progress(version)
+        entries = []
+        for item in listed:
+            try:
+                size, sha256 = storage.write_blob(
+                    workspace_id, item.absolute, progress.add, name=item.path
+                )
+            except OSError as exc:
+                raise ManifestError(f"{item.path} could not be stored: {exc.strerror}.") from exc
+            if size != item.size:
+                raise ManifestError(
+                    f"{item.path} changed while it was read ({item.size:,} bytes listed, "
+                    f"{size:,} read)."
+                )
+            entries.append(Entry(item.path, size, sha256))
+        manifest = Manifest.of(entries, max_files=max_files)
+        version.state = AssetVersion.State.VERIFYING
+        version.save(update_fields=["state"])
+        for entry in manifest.files:
+            _check_stored(workspace_id, entry)
+        _make_ready(version, manifest)
+    except ManifestError as exc:
+        version.state = AssetVersion.State.FAILED
+        version.error = str(exc)
+        version.save(update_fields=["state", "error"])
+        logger.warning("%s %s failed: %s", asset.kind, version.ref, exc)
+    return version
+
+
+class _Progress:
+    """Bytes copied so far, written to the version now and then (the pages poll it)."""
+
+    def __init__(self, version: AssetVersion) -> None:
+        self.version = version
+        self.done = 0
+        self.written_at = time.monotonic()
+
+    def add(self, count: int) -> None:
+        self.done += count
+        if time.monotonic() - self.written_at >= PROGRESS_SECONDS:
+            self.written_at = time.monotonic()
+            AssetVersion.objects.for_workspace(self.version.asset.workspace_id).filter(
+                pk=self.version.pk
+            ).update(bytes_done=self.done)
+
+
+def _check_stored(workspace_id: int, entry: Entry) -> None:
+    try:
+        stored = storage.blob_path(workspace_id, entry.sha256).stat().st_size
+    except FileNotFoundError:
+        stored = -1
+    if stored != entry.size:
+        raise ManifestError(f"{entry.path}: its stored copy is missing or incomplete.")
+
+
+def _make_ready(version: AssetVersion, manifest: Manifest) -> None:
+    with transaction.atomic():
+        AssetFile.objects.bulk_create(
+            [
+                AssetFile(version=version, path=entry.path, size=entry.size, sha256=entry.sha256)
+                for entry in manifest.files
+            ],
+            batch_size=5000,
+        )
+        version.state = AssetVersion.State.READY
+        version.manifest_digest = manifest.digest
+        version.files_count = manifest.files_count
+        version.bytes = manifest.total_bytes
+        version.bytes_done = manifest.total_bytes
+        version.ready_at = timezone.now()
+        version.save(
+            update_fields=[
+                "state",
+                "manifest_digest",
+                "files_count",
+                "bytes",
+                "bytes_done",
+                "ready_at",
+            ]
+        )
+
+
+def manifest_of(version: AssetVersion) -> Manifest:
+    """The version's manifest, from its recorded files."""
+    files = AssetFile.objects.for_workspace(version.asset.workspace_id).filter(version=version)
+    return Manifest.of(
+        Entry(path, size, sha256)
+        for path, size, sha256 in files.values_list("path", "size", "sha256")
+    )
+
+
+def verify(version: AssetVersion) -> list[str]:
+    """Every stored file of the version read again: what is missing or differs, by path
+    (empty: the store holds exactly the manifest's bytes)."""
+    workspace_id = version.asset.workspace_id
+    problems = []
+    for entry in manifest_of(version).files:
+        path = storage.blob_path(workspace_id, entry.sha256)
+        try:
+            size, sha256 = storage.hash_blob(path)
+        except FileNotFoundError:
+            problems.append(f"{entry.path}: missing from the store")
+            continue
+        if (size, sha256) != (entry.size, entry.sha256):
+            problems.append(f"{entry.path}: the stored copy differs from the manifest (SHA-256)")
+    return problems
+
+
+def parse_ref(text: str) -> tuple[str, str]:
+    """``wiki@train`` → ``("wiki", "train")``; ``wiki`` → ``("wiki", "latest")``."""
+    name, _, ref = text.partition("@")
+    return name, ref or "latest"
+
+
+def resolve(workspace: Any, kind: str, text: str) -> AssetVersion:
+    """The ready version ``text`` names (``name``, ``name@<number>``, ``name@<alias>``)."""
+    name, ref = parse_ref(text)
+    asset = Asset.objects.for_workspace(workspace).filter(kind=kind, name=name).first()
+    if asset is None:
+        raise CatalogError(f"This workspace has no {kind} named {name!r}.")
+    versions = AssetVersion.objects.for_workspace(workspace).filter(asset=asset)
+    if ref == "latest":
+        version = versions.filter(state=AssetVersion.State.READY).order_by("-number").first()
+        if version is None:
+            raise CatalogError(f"{name} has no ready version yet.")
+        return version
+    if ref.isdigit():
+        found = versions.filter(number=int(ref)).first()
+        if found is None:
+            raise CatalogError(f"{name} has no version {int(ref)}.")
+    else:
+        alias = (
+            AssetAlias.objects.for_workspace(workspace)
+            .filter(asset=asset, name=ref)
+            .select_related("version")
+            .first()
+        )
+        if alias is None:
+            raise CatalogError(f"{name} has no alias {ref!r}; name a version number or an alias.")
+        found = alias.version
+    if found.state != AssetVersion.State.READY:
+        said = f": {found.error}" if found.error else ""
+        raise CatalogError(f"{name}@{found.number} is {found.state}, not ready{said}")
+    return found
+
+
+def set_alias(version: AssetVersion, alias: str, *, user: Any = None) -> AssetAlias:
+    """``alias`` names ``version`` from now on (moved from another version if it named one)."""
+    try:
+        validate_name(alias)
+    except ValidationError as exc:
+        raise CatalogError(exc.messages[0]) from exc
+    if alias in AUTOMATIC_ALIASES or alias.isdigit():
+        raise CatalogError(f"{alias!r} cannot be set: it is kept by the catalog or is a number.")
+    if version.state != AssetVersion.State.READY:
+        raise CatalogError(f"{version.ref} is {version.state}: only a ready version gets an alias.")
+    workspace_id = version.asset.workspace_id
+    kept, _ = AssetAlias.objects.for_workspace(workspace_id).update_or_create(
+        asset=version.asset,
+        name=alias,
+        defaults={"version": version, "set_by": user, "set_at": timezone.now()},
+    )
+    return kept
