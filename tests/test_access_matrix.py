@@ -12,8 +12,10 @@ an entry here fails the suite until someone decides who may use it.
 from __future__ import annotations
 
 import io
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from django.test import override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from accounting.models import BudgetAlert, WorkspaceUsage
+from catalog.ingest import asset_named, ingest_folder, set_alias
 from evidence import sealing
 from evidence.models import EvidenceRecord, SealRequest
 from gpus.models import GpuNode
@@ -117,6 +120,31 @@ def RUN_WITH_ARTIFACT(world: Any) -> dict[str, Any]:
 
 def RUN_WITH_ARTIFACTS(world: Any) -> dict[str, Any]:
     return {"workspace_slug": "alpha", "run_name": RUN_WITH_ARTIFACT(world)["run_name"]}
+
+
+def _asset_version(world: Any, kind: str) -> dict[str, Any]:
+    """A ready version 1 of alpha's ``wiki`` dataset or model, with an alias ``train``."""
+    source = Path(tempfile.mkdtemp(prefix="tau-matrix-"))
+    (source / "part-0.txt").write_text("some text\n")
+    version = ingest_folder(asset_named(world.alpha, kind, "wiki"), source, source="prefix")
+    set_alias(version, "train")
+    return {"workspace_slug": "alpha", "name": "wiki", "version": "train"}
+
+
+def DATASET_VERSION(world: Any) -> dict[str, Any]:
+    return _asset_version(world, "dataset")
+
+
+def MODEL_VERSION(world: Any) -> dict[str, Any]:
+    return _asset_version(world, "model")
+
+
+def DATASET(world: Any) -> dict[str, Any]:
+    return {key: value for key, value in DATASET_VERSION(world).items() if key != "version"}
+
+
+def MODEL(world: Any) -> dict[str, Any]:
+    return {key: value for key, value in MODEL_VERSION(world).items() if key != "version"}
 
 
 def SEALED_RUN(world: Any) -> dict[str, Any]:
@@ -310,6 +338,21 @@ MATRIX: dict[str, Route] = {
     "api:run-gpus": Route({"GET": API_READ}, GPU_RUN, api=True),
     # Usage: a workspace's for whoever reads it; every workspace's for the platform team.
     "api:workspace-usage": Route({"GET": API_READ}, ALPHA, api=True),
+    # Datasets and models: read by whoever reads the workspace.
+    **{
+        f"api:{kind}-{route}": Route({"GET": API_READ}, kwargs, api=True)
+        for kind, asset, version in (
+            ("dataset", DATASET, DATASET_VERSION),
+            ("model", MODEL, MODEL_VERSION),
+        )
+        for route, kwargs in (
+            ("list", ALPHA),
+            ("detail", asset),
+            ("versions", asset),
+            ("version", version),
+            ("version-files", version),
+        )
+    },
     # Only a run's own token may report on it (tests/runs/test_api.py covers that token).
     "api:run-report-metrics": Route(
         {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"rows": []}, api=True

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +37,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
+from catalog.ingest import asset_named, ingest_folder, set_alias
 from evidence import sealing
 from evidence.models import EvidenceRecord, SealRequest
 from identity import tokens
@@ -117,6 +119,13 @@ def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
         # Its evidence, sealed here (no worker runs): the export has something to answer.
         with override_settings(TAU_EVIDENCE_SIGNING_KEY=TEST_SIGNING_KEY):
             assert sealing.seal(SealRequest.objects.unscoped().get(run=run).pk)
+    # A dataset and a model in each workspace (``<slug>-wiki``, version 1 aliased ``train``).
+    files = Path(tempfile.mkdtemp(prefix="tau-contract-"))
+    (files / "part-0.txt").write_text("some text\n")
+    for workspace in (world.alpha, world.beta):
+        for kind in ("dataset", "model"):
+            asset = asset_named(workspace, kind, f"{workspace.slug}-wiki")
+            set_alias(ingest_folder(asset, files, source="prefix"), "train")
     return alpha, beta
 
 
@@ -215,6 +224,8 @@ def _schemathesis_config(contract: Contract, directory: Path) -> Path:
         "runs": run_names + [run.spec_name for run in contract.alpha_runs],
         # Members whose change or removal takes no token's access away.
         "members": ["mia", "max", "bea"],
+        "assets": ["alpha-wiki", "beta-wiki"],
+        "versions": ["1", "train", "latest"],
     }
     lines = [
         f"base-url = {json.dumps(contract.portal.url)}",
@@ -239,6 +250,8 @@ def _schemathesis_config(contract: Contract, directory: Path) -> Path:
         '"path.workspace_slug" = { dictionary = "workspaces", probability = 0.9 }',
         '"path.run_name" = { dictionary = "runs", probability = 0.9 }',
         '"path.username" = { dictionary = "members", probability = 1.0 }',
+        '"path.name" = { dictionary = "assets", probability = 0.9 }',
+        '"path.version" = { dictionary = "versions", probability = 0.9 }',
     ]
     for name, values in dictionaries.items():
         lines += [f"[dictionaries.{name}]", f"values = {json.dumps(values)}"]
@@ -330,6 +343,8 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
                 .replace("{username}", members[workspace])
                 .replace("{artifact_path}", ARTIFACT)
                 .replace("{ending_event}", str(_ending_event(run)))
+                .replace("{name}", f"{workspace}-wiki")
+                .replace("{version}", "train")
             )
             url = f"{contract.portal.url}{path}"
             status, body = _get(url, contract.tokens[who])
@@ -350,14 +365,17 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
     ):
         for name in (foreign_run.name, foreign_run.spec_name):
             for template in _paths_with(contract.schema, "get"):
-                if "{run_name}" not in template and "{username}" not in template:
+                if not any(field in template for field in ("{run_name}", "{username}", "{name}")):
                     continue
+                foreign = "beta" if own == "alpha" else "alpha"
                 path = (
                     template.replace("{workspace_slug}", own)
                     .replace("{run_name}", name)
                     .replace("{username}", foreign_member)
                     .replace("{artifact_path}", ARTIFACT)
                     .replace("{ending_event}", str(_ending_event(foreign_run)))
+                    .replace("{name}", f"{foreign}-wiki")
+                    .replace("{version}", "1")
                 )
                 status, body = _get(f"{contract.portal.url}{path}", contract.tokens[who])
                 assert status in (403, 404), (who, path, status, body[:300])

@@ -954,6 +954,63 @@ def workspace_usage(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world, "viewer").get(f"{API}/alpha/usage/", {"month": "2026-11"})
 
 
+def catalog_version(world: Any, tmp: Path, settings: Any, kind: str) -> None:
+    """alpha's ``wiki`` (a dataset or a model): version 1 ready, aliased ``train``, made from
+    version 1 of the dataset ``raw``; version 2 failed."""
+    from catalog.ingest import asset_named, ingest_folder, set_alias
+
+    settings.TAU_STORAGE_URL = f"file://{tmp / 'store'}"
+    (tmp / "files").mkdir()
+    (tmp / "files" / "part-0.txt").write_text("text\n")
+    raw = ingest_folder(asset_named(world.alpha, "dataset", "raw"), tmp / "files", source="url")
+    wiki = asset_named(world.alpha, kind, "wiki")
+    set_alias(ingest_folder(wiki, tmp / "files", source="run", derived_from=[raw]), "train")
+    (tmp / "files" / "link").symlink_to(tmp / "files" / "part-0.txt")
+    ingest_folder(wiki, tmp / "files", source="prefix")
+
+
+for _kind in ("dataset", "model"):
+    for _path in (
+        "",
+        "{name}/",
+        "{name}/versions/",
+        "{name}/versions/{version}/",
+        "{name}/versions/{version}/files/",
+    ):
+
+        def _catalog_read(
+            world: Any, tmp: Path, settings: Any, kind: str = _kind, path: str = _path
+        ) -> HttpResponseBase:
+            catalog_version(world, tmp, settings, kind)
+            concrete = path.replace("{name}", "wiki").replace("{version}", "train")
+            return client(world, "viewer").get(f"{API}/alpha/{kind}s/{concrete}")
+
+        _catalog_read.__name__ = f"{_kind}_{_path or 'list'}"
+        call("GET", f"{WS}/{_kind}s/{_path}", 200)(_catalog_read)
+
+        if "{version}" in _path:
+
+            def _failed_version(
+                world: Any, tmp: Path, settings: Any, kind: str = _kind, path: str = _path
+            ) -> HttpResponseBase:
+                catalog_version(world, tmp, settings, kind)
+                concrete = path.replace("{name}", "wiki").replace("{version}", "2")
+                return client(world, "viewer").get(f"{API}/alpha/{kind}s/{concrete}")
+
+            _failed_version.__name__ = f"{_kind}_{_path}_failed"
+            call("GET", f"{WS}/{_kind}s/{_path}", 200)(_failed_version)
+        if _path:
+
+            def _missing(
+                world: Any, tmp: Path, settings: Any, kind: str = _kind, path: str = _path
+            ) -> HttpResponseBase:
+                concrete = path.replace("{name}", "nothing").replace("{version}", "1")
+                return client(world, "viewer").get(f"{API}/alpha/{kind}s/{concrete}")
+
+            _missing.__name__ = f"{_kind}_{_path}_missing"
+            call("GET", f"{WS}/{_kind}s/{_path}", 404)(_missing)
+
+
 @call("GET", f"{WS}/usage/", 400)
 def workspace_usage_of_no_month(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world, "viewer").get(f"{API}/alpha/usage/", {"month": "someday"})
