@@ -10,121 +10,260 @@ import catalog.models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('runs', '0010_attempt_log_note'),
-        ('workspaces', '0007_workspacebudget'),
+        ("runs", "0010_attempt_log_note"),
+        ("workspaces", "0007_workspacebudget"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Asset',
+            name="Asset",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('dataset', 'dataset'), ('model', 'model')], max_length=8)),
-                ('name', models.CharField(max_length=63, validators=[catalog.models.validate_name])),
-                ('description', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('created_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('workspace', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='assets', to='workspaces.workspace')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("dataset", "dataset"), ("model", "model")], max_length=8
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(max_length=63, validators=[catalog.models.validate_name]),
+                ),
+                ("description", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "workspace",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="assets",
+                        to="workspaces.workspace",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['kind', 'name'],
-                'abstract': False,
-                'default_manager_name': 'unscoped_objects',
+                "ordering": ["kind", "name"],
+                "abstract": False,
+                "default_manager_name": "unscoped_objects",
             },
             managers=[
-                ('unscoped_objects', django.db.models.manager.Manager()),
+                ("unscoped_objects", django.db.models.manager.Manager()),
             ],
         ),
         migrations.CreateModel(
-            name='AssetVersion',
+            name="AssetVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('state', models.CharField(choices=[('ingesting', 'ingesting'), ('verifying', 'verifying'), ('ready', 'ready'), ('failed', 'failed')], default='ingesting', max_length=10)),
-                ('source', models.CharField(choices=[('upload', 'upload'), ('url', 'URL'), ('prefix', 'prefix'), ('run', 'run output')], max_length=8)),
-                ('source_detail', models.CharField(blank=True, max_length=1024)),
-                ('manifest_digest', models.CharField(blank=True, max_length=71)),
-                ('files_count', models.PositiveIntegerField(default=0)),
-                ('bytes', models.PositiveBigIntegerField(default=0)),
-                ('bytes_done', models.PositiveBigIntegerField(default=0)),
-                ('bytes_total', models.PositiveBigIntegerField(default=0)),
-                ('error', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('ready_at', models.DateTimeField(blank=True, null=True)),
-                ('asset', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='versions', to='catalog.asset')),
-                ('created_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('derived_from', models.ManyToManyField(blank=True, related_name='derivatives', to='catalog.assetversion')),
-                ('produced_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='runs.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveIntegerField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("ingesting", "ingesting"),
+                            ("verifying", "verifying"),
+                            ("ready", "ready"),
+                            ("failed", "failed"),
+                        ],
+                        default="ingesting",
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "source",
+                    models.CharField(
+                        choices=[
+                            ("upload", "upload"),
+                            ("url", "URL"),
+                            ("prefix", "prefix"),
+                            ("run", "run output"),
+                        ],
+                        max_length=8,
+                    ),
+                ),
+                ("source_detail", models.CharField(blank=True, max_length=1024)),
+                ("manifest_digest", models.CharField(blank=True, max_length=71)),
+                ("files_count", models.PositiveIntegerField(default=0)),
+                ("bytes", models.PositiveBigIntegerField(default=0)),
+                ("bytes_done", models.PositiveBigIntegerField(default=0)),
+                ("bytes_total", models.PositiveBigIntegerField(default=0)),
+                ("error", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("ready_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "asset",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="versions",
+                        to="catalog.asset",
+                    ),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "derived_from",
+                    models.ManyToManyField(
+                        blank=True, related_name="derivatives", to="catalog.assetversion"
+                    ),
+                ),
+                (
+                    "produced_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="runs.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['asset', '-number'],
-                'abstract': False,
-                'default_manager_name': 'unscoped_objects',
+                "ordering": ["asset", "-number"],
+                "abstract": False,
+                "default_manager_name": "unscoped_objects",
             },
             managers=[
-                ('unscoped_objects', django.db.models.manager.Manager()),
+                ("unscoped_objects", django.db.models.manager.Manager()),
             ],
         ),
         migrations.CreateModel(
-            name='AssetFile',
+            name="AssetFile",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('path', models.CharField(max_length=1024)),
-                ('size', models.PositiveBigIntegerField()),
-                ('sha256', models.CharField(max_length=64)),
-                ('version', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='files', to='catalog.assetversion')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("path", models.CharField(max_length=1024)),
+                ("size", models.PositiveBigIntegerField()),
+                ("sha256", models.CharField(max_length=64)),
+                (
+                    "version",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="files",
+                        to="catalog.assetversion",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['version', 'path'],
-                'abstract': False,
-                'default_manager_name': 'unscoped_objects',
+                "ordering": ["version", "path"],
+                "abstract": False,
+                "default_manager_name": "unscoped_objects",
             },
             managers=[
-                ('unscoped_objects', django.db.models.manager.Manager()),
+                ("unscoped_objects", django.db.models.manager.Manager()),
             ],
         ),
         migrations.CreateModel(
-            name='AssetAlias',
+            name="AssetAlias",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, validators=[catalog.models.validate_name])),
-                ('set_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('asset', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='aliases', to='catalog.asset')),
-                ('set_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('version', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='aliases', to='catalog.assetversion')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(max_length=63, validators=[catalog.models.validate_name]),
+                ),
+                ("set_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "asset",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="aliases",
+                        to="catalog.asset",
+                    ),
+                ),
+                (
+                    "set_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "version",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="aliases",
+                        to="catalog.assetversion",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['asset', 'name'],
-                'abstract': False,
-                'default_manager_name': 'unscoped_objects',
+                "ordering": ["asset", "name"],
+                "abstract": False,
+                "default_manager_name": "unscoped_objects",
             },
             managers=[
-                ('unscoped_objects', django.db.models.manager.Manager()),
+                ("unscoped_objects", django.db.models.manager.Manager()),
             ],
         ),
         migrations.AddConstraint(
-            model_name='asset',
-            constraint=models.UniqueConstraint(fields=('workspace', 'kind', 'name'), name='catalog_asset_name_once'),
+            model_name="asset",
+            constraint=models.UniqueConstraint(
+                fields=("workspace", "kind", "name"), name="catalog_asset_name_once"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='assetversion',
-            constraint=models.UniqueConstraint(fields=('asset', 'number'), name='catalog_version_once'),
+            model_name="assetversion",
+            constraint=models.UniqueConstraint(
+                fields=("asset", "number"), name="catalog_version_once"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='assetversion',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state', 'ready'), _negated=True), models.Q(('manifest_digest', ''), _negated=True), _connector='OR'), name='catalog_ready_has_a_manifest'),
+            model_name="assetversion",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state", "ready"), _negated=True),
+                    models.Q(("manifest_digest", ""), _negated=True),
+                    _connector="OR",
+                ),
+                name="catalog_ready_has_a_manifest",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='assetfile',
-            constraint=models.UniqueConstraint(fields=('version', 'path'), name='catalog_file_once'),
+            model_name="assetfile",
+            constraint=models.UniqueConstraint(
+                fields=("version", "path"), name="catalog_file_once"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='assetalias',
-            constraint=models.UniqueConstraint(fields=('asset', 'name'), name='catalog_alias_once'),
+            model_name="assetalias",
+            constraint=models.UniqueConstraint(fields=("asset", "name"), name="catalog_alias_once"),
         ),
     ]
