@@ -142,6 +142,13 @@ def test_dependencies_are_the_pinned_ones_and_every_package_is_copied() -> None:
     packages = {p.rstrip("*") for p in found["packages"]["find"]["include"]}
     missing = packages - allowed
     assert not missing, f".containerignore leaves {sorted(missing)} out of the image"
+    # And every Django app of the project is such a package (a new app left out of both
+    # made the image's collectstatic fail: "No module named 'catalog'").
+    from django.conf import settings
+
+    apps = {entry.split(".")[0] for entry in settings.INSTALLED_APPS}
+    ours = {app for app in apps if (REPO / app / "__init__.py").exists()}
+    assert ours - packages == set(), "apps that pyproject.toml's packages leave out"
     for needed in ("templates", "static", "manage.py", "requirements/constraints.txt"):
         assert needed in allowed, needed
     assert all((REPO / path).exists() for path in allowed), allowed
