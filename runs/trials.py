@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Max, Min
 
 from runs.models import MetricPoint, Run, RunTrial
@@ -76,27 +77,38 @@ def _time(value: object) -> datetime | None:
     return None
 
 
+#: A trial's states in the order they happen: a report never moves a trial back (one that
+#: describes an earlier moment can arrive last: a request the runner gave up on and sent
+#: again may still be answered after the next one was).
+_ORDER = {"pending": 0, "running": 1, "succeeded": 2, "failed": 2}
+
+
 def record_trials(*, run: Run, attempt: int, records: list[dict[str, Any]]) -> int:
     """Create or update the attempt's trial rows from the runner's records; how many
-    changed. A row is written only when something about it changed."""
+    changed. A row is written only when something about it changed, and never back to an
+    earlier state; reports of one attempt are taken one at a time (its rows locked)."""
     scoped = RunTrial.objects.for_workspace(run.workspace_id)
-    existing = {trial.number: trial for trial in scoped.filter(run=run, attempt=attempt)}
     fields = ("state", "config", "exit_code", "started_at", "finished_at")
     created: list[RunTrial] = []
     changed: list[RunTrial] = []
-    for record in records:
-        trial = existing.get(record["number"])
-        if trial is None:
-            created.append(RunTrial(run=run, attempt=attempt, **record))
-            continue
-        if any(getattr(trial, name) != record[name] for name in fields):
-            for name in fields:
-                setattr(trial, name, record[name])
-            changed.append(trial)
-    if created:
-        scoped.bulk_create(created)
-    if changed:
-        scoped.bulk_update(changed, fields)
+    with transaction.atomic():
+        rows = scoped.filter(run=run, attempt=attempt).select_for_update()
+        existing = {trial.number: trial for trial in rows}
+        for record in records:
+            trial = existing.get(record["number"])
+            if trial is None:
+                created.append(RunTrial(run=run, attempt=attempt, **record))
+                continue
+            if _ORDER.get(record["state"], 0) < _ORDER.get(trial.state, 0):
+                continue
+            if any(getattr(trial, name) != record[name] for name in fields):
+                for name in fields:
+                    setattr(trial, name, record[name])
+                changed.append(trial)
+        if created:
+            scoped.bulk_create(created)
+        if changed:
+            scoped.bulk_update(changed, fields)
     return len(created) + len(changed)
 
 

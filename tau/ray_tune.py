@@ -182,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     results = tuner.fit()
     failed = [number for number, state in sorted(states.items()) if state["state"] != "succeeded"]
+    tell()  # the end of every trial once more: a report lost on the way is not the last word
     sdk.flush()
     if failed or results.errors:
         print(

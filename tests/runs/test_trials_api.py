@@ -52,6 +52,29 @@ def test_the_run_token_reports_trials_and_a_later_report_updates_them(world: Any
     assert rows[0].attempt == 1
 
 
+def test_a_report_of_an_earlier_moment_arriving_last_never_moves_a_trial_back(
+    world: Any,
+) -> None:
+    """A driver that gave up waiting on a request and went on can have that request answered
+    after its next one (seen under load: a trial left "running" in a succeeded sweep)."""
+    run = make_run(world, spec=SWEEP)
+    client = bearer(run_token(world, run))
+    ended = {"trial": 1, "config": {"lr": 0.1}, "state": "succeeded", "exit_code": 0}
+    late = {"trial": 1, "config": {"lr": 0.1}, "state": "running", "started_at": 1.8e9}
+    assert client.post(url(run), {"trials": [ended]}, format="json").status_code == 202
+    answer = client.post(
+        url(run),
+        {"trials": [late, {"trial": 2, "config": {"lr": 0.01}, "state": "running"}]},
+        format="json",
+    )
+    assert (answer.status_code, answer.json()) == (202, {"recorded": 1})
+    rows = RunTrial.objects.for_workspace(world.alpha).filter(run=run).order_by("number")
+    assert [(row.number, row.state, row.exit_code) for row in rows] == [
+        (1, "succeeded", 0),
+        (2, "running", None),
+    ]
+
+
 def test_only_the_runs_own_token_may_report(world: Any) -> None:
     run = make_run(world, spec=SWEEP)
     other = make_run(world, spec=SWEEP)
