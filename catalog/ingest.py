@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from catalog import storage
@@ -209,32 +209,37 @@ def parse_ref(text: str) -> tuple[str, str]:
     return name, ref or "latest"
 
 
+def find_version(
+    workspace: Any, asset: Asset, ref: str, versions: QuerySet[AssetVersion] | None = None
+) -> AssetVersion | None:
+    """The version of ``asset`` that ``ref`` names, in any state: ``latest`` (the newest ready
+    one), a number, or an alias; None when it names none. ``versions``: the asset's versions
+    to take it from (with what the caller needs selected), by default all of them."""
+    if versions is None:
+        versions = AssetVersion.objects.for_workspace(workspace).filter(asset=asset)
+    if ref == "latest":
+        return versions.filter(state=AssetVersion.State.READY).order_by("-number").first()
+    if ref.isdecimal() and len(ref) <= 9:
+        return versions.filter(number=int(ref)).first()
+    if "\x00" in ref:
+        return None
+    alias = AssetAlias.objects.for_workspace(workspace).filter(asset=asset, name=ref).first()
+    return versions.filter(pk=alias.version_id).first() if alias is not None else None
+
+
 def resolve(workspace: Any, kind: str, text: str) -> AssetVersion:
     """The ready version ``text`` names (``name``, ``name@<number>``, ``name@<alias>``)."""
     name, ref = parse_ref(text)
     asset = Asset.objects.for_workspace(workspace).filter(kind=kind, name=name).first()
     if asset is None:
         raise CatalogError(f"This workspace has no {kind} named {name!r}.")
-    versions = AssetVersion.objects.for_workspace(workspace).filter(asset=asset)
-    if ref == "latest":
-        version = versions.filter(state=AssetVersion.State.READY).order_by("-number").first()
-        if version is None:
-            raise CatalogError(f"{name} has no ready version yet.")
-        return version
-    if ref.isdigit():
-        found = versions.filter(number=int(ref)).first()
-        if found is None:
-            raise CatalogError(f"{name} has no version {int(ref)}.")
-    else:
-        alias = (
-            AssetAlias.objects.for_workspace(workspace)
-            .filter(asset=asset, name=ref)
-            .select_related("version")
-            .first()
-        )
-        if alias is None:
-            raise CatalogError(f"{name} has no alias {ref!r}; name a version number or an alias.")
-        found = alias.version
+    found = find_version(workspace, asset, ref)
+    if found is None and ref == "latest":
+        raise CatalogError(f"{name} has no ready version yet.")
+    if found is None and ref.isdecimal():
+        raise CatalogError(f"{name} has no version {int(ref)}.")
+    if found is None:
+        raise CatalogError(f"{name} has no alias {ref!r}; name a version number or an alias.")
     if found.state != AssetVersion.State.READY:
         said = f": {found.error}" if found.error else ""
         raise CatalogError(f"{name}@{found.number} is {found.state}, not ready{said}")

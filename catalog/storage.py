@@ -11,11 +11,8 @@ leaves no blob whose name lies about its content.
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
 import os
 import re
-import stat
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from tau.manifest import CHUNK_BYTES, ManifestError, hash_file
+from tau.manifest import hash_file
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -70,34 +67,13 @@ def write_blob(
     """Copy the regular file ``source`` (``name`` in messages) into the workspace's store,
     hashing as it is read (once); returns its size and SHA-256. Refuses a file that is not
     regular once opened (a symlink or a FIFO put in its place)."""
-    shown = name or source.name
     temporary = workspace_root(workspace_id) / "blobs" / "incoming" / uuid.uuid4().hex
     temporary.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        descriptor = os.open(source, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ManifestError(f"{shown} is a symlink; only files and folders are kept.") from exc
-        raise ManifestError(f"{shown} cannot be read: {exc.strerror}.") from exc
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        with os.fdopen(descriptor, "rb", buffering=0) as reader:
-            if not stat.S_ISREG(os.fstat(reader.fileno()).st_mode):
-                raise ManifestError(f"{shown} is no longer a regular file.")
-            with temporary.open("xb") as writer:
-                buffer = bytearray(CHUNK_BYTES)
-                view = memoryview(buffer)
-                while count := reader.readinto(buffer):
-                    digest.update(view[:count])
-                    writer.write(view[:count])
-                    size += count
-                    if on_bytes is not None:
-                        on_bytes(count)
-                writer.flush()
-                os.fsync(writer.fileno())
-        sha256 = digest.hexdigest()
+        with temporary.open("xb") as writer:
+            size, sha256 = hash_file(source, on_bytes, name=name or source.name, sink=writer.write)
+            writer.flush()
+            os.fsync(writer.fileno())
         final = blob_path(workspace_id, sha256)
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists() and final.stat().st_size == size:

@@ -251,11 +251,16 @@ def _kind(mode: int) -> str:
 
 
 def hash_file(
-    path: Path, on_bytes: Callable[[int], None] | None = None, *, name: str | None = None
+    path: Path,
+    on_bytes: Callable[[int], None] | None = None,
+    *,
+    name: str | None = None,
+    sink: Callable[[memoryview], object] | None = None,
 ) -> tuple[int, str]:
     """The size and SHA-256 of the file at ``path``, read in fixed chunks; ``on_bytes(n)``
-    after each chunk. Refuses a file that is not a regular file once opened (swapped for a
-    symlink or a FIFO since it was listed: opened without following, and without blocking)."""
+    after each chunk, and each chunk given to ``sink`` (a copy made in the same read).
+    Refuses a file that is not a regular file once opened (swapped for a symlink or a FIFO
+    since it was listed: opened without following, and without blocking)."""
     shown = name or str(path)
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
@@ -276,6 +281,8 @@ def hash_file(
             if not count:
                 break
             digest.update(view[:count])
+            if sink is not None:
+                sink(view[:count])
             size += count
             if on_bytes is not None:
                 on_bytes(count)

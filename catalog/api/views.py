@@ -19,7 +19,8 @@ from catalog.api.serializers import (
     FilesPageSerializer,
     VersionSerializer,
 )
-from catalog.models import Asset, AssetAlias, AssetFile, AssetVersion
+from catalog.ingest import find_version
+from catalog.models import Asset, AssetFile, AssetVersion
 from portal.api import refusals
 from workspaces.access import WorkspaceScopedViewSet
 
@@ -99,21 +100,7 @@ class AssetViewSet(WorkspaceScopedViewSet):
 
     def _version(self, asset: Asset) -> AssetVersion:
         ref = self.kwargs["version"]
-        versions = self._versions(asset)
-        found: AssetVersion | None
-        if ref == "latest":
-            found = versions.filter(state=AssetVersion.State.READY).order_by("-number").first()
-        elif ref.isdecimal() and len(ref) <= 9:
-            found = versions.filter(number=int(ref)).first()
-        else:
-            alias = (
-                AssetAlias.objects.for_workspace(self.workspace)
-                .filter(asset=asset, name=ref)
-                .first()
-                if "\x00" not in ref
-                else None
-            )
-            found = versions.filter(pk=alias.version_id).first() if alias else None
+        found = find_version(self.workspace, asset, ref, self._versions(asset))
         if found is None:
             raise exceptions.NotFound(f"{asset.name} has no version {ref!r}.")
         return found

@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from catalog.ingest import asset_named, ingest_folder, set_alias
 from tau.manifest import scan
+from tests.datasets.test_catalog import folder
 
 pytestmark = pytest.mark.django_db
 
@@ -22,13 +23,6 @@ API = "/api/v1/workspaces/alpha"
 @pytest.fixture(autouse=True)
 def store(settings: Any, tmp_path: Path) -> None:
     settings.TAU_STORAGE_URL = f"file://{tmp_path / 'store'}"
-
-
-def folder(root: Path, files: dict[str, bytes]) -> Path:
-    for name, data in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
-    return root
 
 
 def test_a_dataset_its_versions_and_files_read_as_documented(world: Any, tmp_path: Path) -> None:
