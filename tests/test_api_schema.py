@@ -969,6 +969,20 @@ def catalog_version(world: Any, tmp: Path, settings: Any, kind: str) -> None:
     ingest_folder(wiki, tmp / "files", source="prefix")
 
 
+def catalog_read(kind: str, path: str, name: str, version: str, status: int, made: bool) -> None:
+    """Register a GET of ``path`` (a catalog route under ``{kind}s/``) naming ``name`` and
+    ``version``, on alpha with its catalog furnished (``made``) or empty."""
+
+    def read(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+        if made:
+            catalog_version(world, tmp, settings, kind)
+        concrete = path.replace("{name}", name).replace("{version}", version)
+        return client(world, "viewer").get(f"{API}/alpha/{kind}s/{concrete}")
+
+    read.__name__ = f"{kind}_{path or 'list'}_{name}_{version}"
+    call("GET", f"{WS}/{kind}s/{path}", status)(read)
+
+
 for _kind in ("dataset", "model"):
     for _path in (
         "",
@@ -977,38 +991,11 @@ for _kind in ("dataset", "model"):
         "{name}/versions/{version}/",
         "{name}/versions/{version}/files/",
     ):
-
-        def _catalog_read(
-            world: Any, tmp: Path, settings: Any, kind: str = _kind, path: str = _path
-        ) -> HttpResponseBase:
-            catalog_version(world, tmp, settings, kind)
-            concrete = path.replace("{name}", "wiki").replace("{version}", "train")
-            return client(world, "viewer").get(f"{API}/alpha/{kind}s/{concrete}")
-
-        _catalog_read.__name__ = f"{_kind}_{_path or 'list'}"
-        call("GET", f"{WS}/{_kind}s/{_path}", 200)(_catalog_read)
-
+        catalog_read(_kind, _path, "wiki", "train", 200, made=True)
         if "{version}" in _path:
-
-            def _failed_version(
-                world: Any, tmp: Path, settings: Any, kind: str = _kind, path: str = _path
-            ) -> HttpResponseBase:
-                catalog_version(world, tmp, settings, kind)
-                concrete = path.replace("{name}", "wiki").replace("{version}", "2")
-                return client(world, "viewer").get(f"{API}/alpha/{kind}s/{concrete}")
-
-            _failed_version.__name__ = f"{_kind}_{_path}_failed"
-            call("GET", f"{WS}/{_kind}s/{_path}", 200)(_failed_version)
+            catalog_read(_kind, _path, "wiki", "2", 200, made=True)  # the failed version
         if _path:
-
-            def _missing(
-                world: Any, tmp: Path, settings: Any, kind: str = _kind, path: str = _path
-            ) -> HttpResponseBase:
-                concrete = path.replace("{name}", "nothing").replace("{version}", "1")
-                return client(world, "viewer").get(f"{API}/alpha/{kind}s/{concrete}")
-
-            _missing.__name__ = f"{_kind}_{_path}_missing"
-            call("GET", f"{WS}/{_kind}s/{_path}", 404)(_missing)
+            catalog_read(_kind, _path, "nothing", "1", 404, made=False)
 
 
 @call("GET", f"{WS}/usage/", 400)
