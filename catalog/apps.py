@@ -13,3 +13,19 @@ from django.apps import AppConfig
 class CatalogConfig(AppConfig):
     name = "catalog"
     verbose_name = "Datasets and models"
+
+    def ready(self) -> None:
+        from django.conf import settings
+
+        from catalog.uploads import DECLARATION_BYTES
+        from portal.api import BODY_LIMITS
+
+        # Declaring an upload's files takes a larger JSON body than other calls; each piece
+        # of a file is a body of its own.
+        for kind in ("dataset", "model"):
+            BODY_LIMITS[f"api:{kind}-versions"] = lambda method: (
+                DECLARATION_BYTES if method == "POST" else None
+            )
+            BODY_LIMITS[f"api:{kind}-version-file"] = lambda method: (
+                settings.TAU_DATA_UPLOAD_PIECE_BYTES if method == "PUT" else None
+            )

@@ -54,16 +54,26 @@ def asset_named(workspace: Any, kind: str, name: str, *, user: Any = None) -> As
     return asset
 
 
+def lock_asset(asset: Asset) -> None:
+    """Hold the asset's row until the transaction ends: one new version at a time."""
+    Asset.objects.for_workspace(asset.workspace_id).select_for_update().get(pk=asset.pk)
+
+
+def create_version(asset: Asset, **fields: Any) -> AssetVersion:
+    """The asset's next version; call inside a transaction that holds :func:`lock_asset`."""
+    last = (
+        AssetVersion.objects.for_workspace(asset.workspace_id)
+        .filter(asset=asset)
+        .aggregate(last=Max("number"))["last"]
+    )
+    return AssetVersion.objects.create(asset=asset, number=(last or 0) + 1, **fields)
+
+
 def _new_version(asset: Asset, **fields: Any) -> AssetVersion:
     """The asset's next number, taken under a lock on the asset's row."""
     with transaction.atomic():
-        Asset.objects.for_workspace(asset.workspace_id).select_for_update().get(pk=asset.pk)
-        last = (
-            AssetVersion.objects.for_workspace(asset.workspace_id)
-            .filter(asset=asset)
-            .aggregate(last=Max("number"))["last"]
-        )
-        return AssetVersion.objects.create(asset=asset, number=(last or 0) + 1, **fields)
+        lock_asset(asset)
+        return create_version(asset, **fields)
 
 
 def ingest_folder(
@@ -113,15 +123,28 @@ def ingest_folder(
         manifest = Manifest.of(entries, max_files=max_files)
         version.state = AssetVersion.State.VERIFYING
         version.save(update_fields=["state"])
-        for entry in manifest.files:
-            _check_stored(workspace_id, entry)
-        _make_ready(version, manifest)
+        check_and_make_ready(version, manifest)
     except ManifestError as exc:
-        version.state = AssetVersion.State.FAILED
-        version.error = str(exc)
-        version.save(update_fields=["state", "error"])
-        logger.warning("%s %s failed: %s", asset.kind, version.ref, exc)
+        fail(version, str(exc))
     return version
+
+
+def fail(version: AssetVersion, reason: str) -> None:
+    version.state = AssetVersion.State.FAILED
+    version.error = reason
+    version.save(update_fields=["state", "error"])
+    logger.warning("%s %s failed: %s", version.asset.kind, version.ref, reason)
+
+
+def check_and_make_ready(
+    version: AssetVersion, manifest: Manifest, *, files_recorded: bool = False
+) -> None:
+    """Every file of ``manifest`` whole in the store, then the version ``ready`` with it
+    (ManifestError naming the first file that is not). ``files_recorded``: its AssetFile rows
+    exist already (an upload's)."""
+    for entry in manifest.files:
+        _check_stored(version.asset.workspace_id, entry)
+    _make_ready(version, manifest, files_recorded=files_recorded)
 
 
 class _Progress:
@@ -142,23 +165,26 @@ class _Progress:
 
 
 def _check_stored(workspace_id: int, entry: Entry) -> None:
-    try:
-        stored = storage.blob_path(workspace_id, entry.sha256).stat().st_size
-    except FileNotFoundError:
-        stored = -1
-    if stored != entry.size:
+    if not storage.has_blob(workspace_id, entry.sha256, entry.size):
         raise ManifestError(f"{entry.path}: its stored copy is missing or incomplete.")
 
 
-def _make_ready(version: AssetVersion, manifest: Manifest) -> None:
+def _make_ready(version: AssetVersion, manifest: Manifest, *, files_recorded: bool) -> None:
     with transaction.atomic():
-        AssetFile.objects.bulk_create(
-            [
-                AssetFile(version=version, path=entry.path, size=entry.size, sha256=entry.sha256)
-                for entry in manifest.files
-            ],
-            batch_size=5000,
-        )
+        if not files_recorded:
+            AssetFile.objects.bulk_create(
+                [
+                    AssetFile(
+                        version=version,
+                        path=entry.path,
+                        size=entry.size,
+                        sha256=entry.sha256,
+                        received=entry.size,
+                    )
+                    for entry in manifest.files
+                ],
+                batch_size=5000,
+            )
         version.state = AssetVersion.State.READY
         version.manifest_digest = manifest.digest
         version.files_count = manifest.files_count
@@ -188,7 +214,8 @@ def manifest_of(version: AssetVersion) -> Manifest:
 
 def verify(version: AssetVersion) -> list[str]:
     """Every stored file of the version read again: what is missing or differs, by path
-    (empty: the store holds exactly the manifest's bytes)."""
+    (empty: the store holds exactly the manifest's bytes); recorded on the version
+    (``verified_at``, ``verify_problems``)."""
     workspace_id = version.asset.workspace_id
     problems = []
     for entry in manifest_of(version).files:
@@ -200,6 +227,13 @@ def verify(version: AssetVersion) -> list[str]:
             continue
         if (size, sha256) != (entry.size, entry.sha256):
             problems.append(f"{entry.path}: the stored copy differs from the manifest (SHA-256)")
+    version.verified_at = timezone.now()
+    version.verify_problems = "\n".join(problems)
+    version.save(update_fields=["verified_at", "verify_problems"])
+    if problems:
+        logger.warning(
+            "%s %s: verify found %d problem(s)", version.asset.kind, version.ref, len(problems)
+        )
     return problems
 
 
@@ -263,3 +297,32 @@ def set_alias(version: AssetVersion, alias: str, *, user: Any = None) -> AssetAl
         defaults={"version": version, "set_by": user, "set_at": timezone.now()},
     )
     return kept
+
+
+def delete_asset(asset: Asset) -> None:
+    """The asset gone with every version, file row and alias; then the blobs no other version
+    of the workspace holds, and any unfinished upload's pieces."""
+    workspace_id = asset.workspace_id
+    files = AssetFile.objects.for_workspace(workspace_id)
+    with transaction.atomic():
+        lock_asset(asset)
+        shas = set(files.filter(version__asset=asset).values_list("sha256", flat=True))
+        version_ids = list(
+            AssetVersion.objects.for_workspace(workspace_id)
+            .filter(asset=asset)
+            .values_list("pk", flat=True)
+        )
+        asset.delete()
+        ordered = sorted(shas)
+        still_held = {
+            sha256
+            for first in range(0, len(ordered), 10_000)
+            for sha256 in files.filter(sha256__in=ordered[first : first + 10_000]).values_list(
+                "sha256", flat=True
+            )
+        }
+    for sha256 in shas - still_held:
+        storage.blob_path(workspace_id, sha256).unlink(missing_ok=True)
+    for version_id in version_ids:
+        storage.drop_uploads(workspace_id, version_id)
+    logger.info("%s %s deleted: %d version(s)", asset.kind, asset.name, len(version_ids))

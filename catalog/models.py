@@ -90,6 +90,9 @@ class AssetVersion(TenantModel):
     source_detail = models.CharField(max_length=1024, blank=True)
     #: ``sha256:<hex>`` of the manifest's canonical form (tau.manifest), once ready.
     manifest_digest = models.CharField(max_length=71, blank=True)
+    #: An upload's manifest as the uploader declared it before sending a byte: sending the
+    #: same files again finds this version and goes on where it stopped (catalog.uploads).
+    declared_digest = models.CharField(max_length=71, blank=True)
     files_count = models.PositiveIntegerField(default=0)
     bytes = models.PositiveBigIntegerField(default=0)
     #: Progress while ingesting or verifying.
@@ -107,6 +110,10 @@ class AssetVersion(TenantModel):
     )
     created_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
+    #: The last time every stored file was read again (``verify``), and what it found wrong
+    #: (empty: nothing).
+    verified_at = models.DateTimeField(null=True, blank=True)
+    verify_problems = models.TextField(blank=True)
 
     class Meta(TenantModel.Meta):
         ordering = ["asset", "-number"]
@@ -136,6 +143,10 @@ class AssetFile(TenantModel):
     path = models.CharField(max_length=1024)
     size = models.PositiveBigIntegerField()
     sha256 = models.CharField(max_length=64)
+    #: Whether the store holds its bytes. Only an upload's files start without them: the
+    #: uploader declares every file first, then sends them, ``received`` bytes so far.
+    stored = models.BooleanField(default=True)
+    received = models.PositiveBigIntegerField(default=0)
 
     class Meta(TenantModel.Meta):
         ordering = ["version", "path"]

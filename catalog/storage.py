@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -84,3 +85,34 @@ def write_blob(
     finally:
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()
+
+
+def has_blob(workspace_id: int, sha256: str, size: int) -> bool:
+    """Whether the workspace's store holds the blob ``sha256`` whole (by its size)."""
+    try:
+        return blob_path(workspace_id, sha256).stat().st_size == size
+    except FileNotFoundError:
+        return False
+
+
+def upload_part(workspace_id: int, version_id: int, file_id: int) -> Path:
+    """Where the bytes of one uploaded file gather until it is whole (catalog.uploads)."""
+    return workspace_root(workspace_id) / "uploads" / str(int(version_id)) / str(int(file_id))
+
+
+def keep_part(workspace_id: int, part: Path, sha256: str, size: int) -> None:
+    """Make the whole, checked upload ``part`` the workspace's blob ``sha256`` (a rename in
+    the same store; dropped if the blob is there already)."""
+    final = blob_path(workspace_id, sha256)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if has_blob(workspace_id, sha256, size):
+        part.unlink()
+    else:
+        os.replace(part, final)
+
+
+def drop_uploads(workspace_id: int, version_id: int) -> None:
+    """Forget the pieces of a version's uploads (it is ready, failed or gone)."""
+    shutil.rmtree(
+        workspace_root(workspace_id) / "uploads" / str(int(version_id)), ignore_errors=True
+    )

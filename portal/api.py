@@ -16,6 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
 from django.views import defaults
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
@@ -44,6 +45,12 @@ class JSONBodySizeMiddleware:
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if limit is not None and request.content_type == "application/json":
             try:
+                view_name: str | None = resolve(request.path_info).view_name
+            except Resolver404:
+                view_name = None
+            own = own_body_limit(view_name, request.method or "GET") if view_name else None
+            limit = own if own is not None else limit
+            try:
                 declared = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:
                 declared = 0
@@ -56,6 +63,20 @@ class JSONBodySizeMiddleware:
                     status=413,
                 )
         return self.get_response(request)
+
+
+#: Routes whose views accept bodies of another size than Django's limit for forms and JSON
+#: (``DATA_UPLOAD_MAX_MEMORY_SIZE``): view name → ``limit(method)``, None where the method
+#: keeps Django's. Apps register their routes' limits in ``AppConfig.ready()``; the body is
+#: refused past it, unread, by :class:`JSONBodySizeMiddleware` (WSGI) and by
+#: ``web.asgi.RequestGuard`` (ASGI).
+BODY_LIMITS: dict[str, Callable[[str], int | None]] = {}
+
+
+def own_body_limit(view_name: str, method: str) -> int | None:
+    """The limit the route ``view_name`` sets for a ``method`` body, if it sets one."""
+    limit = BODY_LIMITS.get(view_name)
+    return limit(method.upper()) if limit is not None else None
 
 
 def json_problem(data: Any) -> str | None:

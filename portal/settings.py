@@ -519,6 +519,9 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "RunStateEnum": "runs.models.RunState",
         "AttemptStateEnum": "runs.models.RunAttempt.State",
+        "VersionStateEnum": "catalog.models.AssetVersion.State",
+        "VersionSourceEnum": "catalog.models.AssetVersion.Source",
+        "DeclaredSourceEnum": [("upload", "upload")],
     },
 }
 
@@ -611,6 +614,11 @@ TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE = env_int(
 # Datasets and models (catalog/storage.py): where their files are kept, file:///<folder>
 # (the embedded default: VAR_DIR/storage); each workspace's files once per SHA-256.
 TAU_STORAGE_URL = env_str("TAU_STORAGE_URL", "")
+# The most files one version may hold, the largest one file may be, and the largest piece of
+# a file one upload request may carry (catalog/uploads.py; a client sends a file in pieces).
+TAU_DATA_MAX_FILES = env_int("TAU_DATA_MAX_FILES", 1_000_000, minimum=1)
+TAU_DATA_MAX_FILE_BYTES = env_int("TAU_DATA_MAX_FILE_BYTES", 100 * 2**30, minimum=1)
+TAU_DATA_UPLOAD_PIECE_BYTES = env_int("TAU_DATA_UPLOAD_PIECE_BYTES", 64 * 2**20, minimum=2**16)
 # Evidence (evidence/keys.py): the Ed25519 key that signs each run's sealed record, a PEM
 # private key. Required in production; the embedded default generates one once, into
 # VAR_DIR/evidence_signing_key.pem (mode 0600). TAU_EVIDENCE_PUBLIC_KEYS_FILE is a keyring

@@ -11,6 +11,7 @@ an entry here fails the suite until someone decides who may use it.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tempfile
 from collections.abc import Callable, Iterator
@@ -28,7 +29,9 @@ from django.test import override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from accounting.models import BudgetAlert, WorkspaceUsage
+from catalog import storage
 from catalog.ingest import asset_named, ingest_folder, set_alias
+from catalog.uploads import start_upload
 from evidence import sealing
 from evidence.models import EvidenceRecord, SealRequest
 from gpus.models import GpuNode
@@ -139,12 +142,76 @@ def MODEL_VERSION(world: Any) -> dict[str, Any]:
     return _asset_version(world, "model")
 
 
+def DATASET_ALIAS(world: Any) -> dict[str, Any]:
+    return {**DATASET(world), "alias": "train"}
+
+
+def MODEL_ALIAS(world: Any) -> dict[str, Any]:
+    return {**MODEL(world), "alias": "train"}
+
+
+ALIAS_OF = {"dataset": DATASET_ALIAS, "model": MODEL_ALIAS}
+
+
+def CATALOG_ROUTES(
+    asset: Kwargs, version: Kwargs, upload: Kwargs, alias: Kwargs
+) -> list[tuple[str, dict[str, dict[str, int]], Kwargs, Any]]:
+    """Each catalog route of one kind: its name's end, who may call each method, its
+    kwargs and the body sent."""
+    return [
+        ("list", {"GET": API_READ, "POST": RESEARCHER_WRITE(201)}, ALPHA, {"name": "matrix"}),
+        ("detail", {"GET": API_READ, "DELETE": API_ADMIN_WRITE(204)}, asset, {}),
+        ("versions", {"GET": API_READ, "POST": RESEARCHER_WRITE(201)}, asset, DECLARATION),
+        ("version", {"GET": API_READ}, version, {}),
+        ("version-files", {"GET": API_READ}, version, {}),
+        ("version-file", {"PUT": RESEARCHER_WRITE(200)}, upload, {}),
+        ("version-verify", {"POST": RESEARCHER_WRITE(200)}, version, {}),
+        (
+            "alias",
+            {"PUT": RESEARCHER_WRITE(200), "DELETE": RESEARCHER_WRITE(204)},
+            alias,
+            {"version": "1"},
+        ),
+    ]
+
+
 def DATASET(world: Any) -> dict[str, Any]:
     return {key: value for key, value in DATASET_VERSION(world).items() if key != "version"}
 
 
 def MODEL(world: Any) -> dict[str, Any]:
     return {key: value for key, value in MODEL_VERSION(world).items() if key != "version"}
+
+
+def _upload_waiting(world: Any, kind: str) -> dict[str, Any]:
+    """Version 1 of alpha's ``upload`` dataset or model, ingesting, declared as one file
+    ``{}`` (what the matrix sends as the body of a PUT) not yet sent."""
+    content = b"{}"
+    sha256 = hashlib.sha256(content).hexdigest()
+    storage.blob_path(world.alpha.pk, sha256).unlink(missing_ok=True)
+    asset = asset_named(world.alpha, kind, "upload")
+    start_upload(asset, [{"path": "data/{}.json", "size": len(content), "sha256": sha256}])
+    return {
+        "workspace_slug": "alpha",
+        "name": "upload",
+        "version": "1",
+        "file_path": "data/{}.json",
+    }
+
+
+def DATASET_UPLOAD(world: Any) -> dict[str, Any]:
+    return _upload_waiting(world, "dataset")
+
+
+def MODEL_UPLOAD(world: Any) -> dict[str, Any]:
+    return _upload_waiting(world, "model")
+
+
+def DECLARATION() -> dict[str, Any]:
+    return {
+        "source": "upload",
+        "files": [{"path": "a.txt", "size": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}],
+    }
 
 
 def SEALED_RUN(world: Any) -> dict[str, Any]:
@@ -174,6 +241,12 @@ API_READ = codes(200, 200, 200, 200, 404, 401)
 def API_ADMIN_WRITE(ok: int) -> dict[str, int]:
     """A write only the workspace admin may make; ``ok`` is what success looks like."""
     return codes(403, ok, 403, 403, 404, 401)
+
+
+def RESEARCHER_WRITE(ok: int) -> dict[str, int]:
+    """A write a researcher or the workspace admin may make; ``ok`` is what success looks
+    like (platform staff read a workspace as viewers)."""
+    return codes(403, ok, ok, 403, 404, 401)
 
 
 def STAFF_API(ok: int) -> dict[str, int]:
@@ -338,20 +411,15 @@ MATRIX: dict[str, Route] = {
     "api:run-gpus": Route({"GET": API_READ}, GPU_RUN, api=True),
     # Usage: a workspace's for whoever reads it; every workspace's for the platform team.
     "api:workspace-usage": Route({"GET": API_READ}, ALPHA, api=True),
-    # Datasets and models: read by whoever reads the workspace.
+    # Datasets and models: read by whoever reads the workspace; made, uploaded, verified and
+    # given aliases by researchers; a whole dataset or model deleted by the workspace admin.
     **{
-        f"api:{kind}-{route}": Route({"GET": API_READ}, kwargs, api=True)
-        for kind, asset, version in (
-            ("dataset", DATASET, DATASET_VERSION),
-            ("model", MODEL, MODEL_VERSION),
+        f"api:{kind}-{route}": Route(methods, kwargs, data=data, api=True)
+        for kind, asset, version, upload in (
+            ("dataset", DATASET, DATASET_VERSION, DATASET_UPLOAD),
+            ("model", MODEL, MODEL_VERSION, MODEL_UPLOAD),
         )
-        for route, kwargs in (
-            ("list", ALPHA),
-            ("detail", asset),
-            ("versions", asset),
-            ("version", version),
-            ("version-files", version),
-        )
+        for route, methods, kwargs, data in CATALOG_ROUTES(asset, version, upload, ALIAS_OF[kind])
     },
     # Only a run's own token may report on it (tests/runs/test_api.py covers that token).
     "api:run-report-metrics": Route(

@@ -192,6 +192,19 @@ STATE_DEPENDENT_400 = (
     "PATCH /api/v1/cohorts/{name}/",
     "POST /api/v1/flavors/",
     "PATCH /api/v1/flavors/{name}/",
+    # Datasets' and models' uploads: each declared path by the manifest's rules (no '..', no
+    # hidden characters, each once), a piece's bytes against the declared SHA-256 and size,
+    # an alias's version among those that exist (and ``latest``, the catalog's own).
+    *(
+        f"{method} /api/v1/workspaces/{{workspace_slug}}/{kind}s/{path}"
+        for kind in ("dataset", "model")
+        for method, path in (
+            ("POST", "{name}/versions/"),
+            ("PUT", "{name}/versions/{version}/files/{file_path}"),
+            ("PUT", "{name}/aliases/{alias}/"),
+            ("DELETE", "{name}/aliases/{alias}/"),
+        )
+    ),
 )
 #: Reads inside a workspace that only its admins may make (a chat's webhook URL is a
 #: credential): the owner who reads them in the check below is the admin.

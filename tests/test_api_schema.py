@@ -11,6 +11,7 @@ when the schema grows an operation that no call here exercises.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import secrets
 import string
@@ -996,6 +997,156 @@ for _kind in ("dataset", "model"):
             catalog_read(_kind, _path, "wiki", "2", 200, made=True)  # the failed version
         if _path:
             catalog_read(_kind, _path, "nothing", "1", 404, made=False)
+
+
+def catalog_upload(world: Any, tmp: Path, settings: Any, kind: str) -> None:
+    """alpha's ``wiki`` as :func:`catalog_version` makes it, and version 3: an upload
+    declared as ``new.txt`` (``new\\n``) and ``other.txt``, nothing of them sent."""
+    from catalog.ingest import asset_named
+    from catalog.uploads import start_upload
+
+    catalog_version(world, tmp, settings, kind)
+    start_upload(asset_named(world.alpha, kind, "wiki"), declaration(b"new\n", b"other\n"))
+
+
+def declaration(*contents: bytes) -> list[dict[str, Any]]:
+    names = ["new.txt", "other.txt"]
+    return [
+        {"path": names[n], "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        for n, data in enumerate(contents)
+    ]
+
+
+def catalog_write(
+    kind: str,
+    method: str,
+    path: str,
+    status: int,
+    *,
+    concrete: str,
+    who: str = "researcher",
+    body: dict[str, Any] | bytes | None = None,
+    headers: dict[str, str] | None = None,
+    furnish: str = "version",
+    label: str,
+    settings_given: dict[str, Any] | None = None,
+) -> None:
+    """Register a write to a catalog route (``path`` under ``{kind}s/``; ``concrete`` with
+    its names filled in) on alpha, furnished with :func:`catalog_version` (``version``),
+    :func:`catalog_upload` (``upload``) or nothing."""
+
+    def write(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+        for name, value in (settings_given or {}).items():
+            setattr(settings, name, value)
+        if furnish == "version":
+            catalog_version(world, tmp, settings, kind)
+        elif furnish == "upload":
+            catalog_upload(world, tmp, settings, kind)
+        else:
+            settings.TAU_STORAGE_URL = f"file://{tmp / 'store'}"
+        url = f"{API}/alpha/{kind}s/{concrete}"
+        send = getattr(client(world, who), method.lower())
+        if isinstance(body, bytes):
+            return send(  # type: ignore[no-any-return]
+                url, body, content_type="application/octet-stream", headers=headers or {}
+            )
+        if body is None:
+            return send(url)  # type: ignore[no-any-return]
+        return send(url, body, format="json")  # type: ignore[no-any-return]
+
+    write.__name__ = f"{kind}_{method.lower()}_{label}"
+    call(method, f"{WS}/{kind}s/{path}", status)(write)
+
+
+FILE = "{name}/versions/{version}/files/{file_path}"
+for _kind in ("dataset", "model"):
+    for _status, _body, _label in (
+        (201, {"name": "fresh", "description": "made here"}, "create"),
+        (409, {"name": "wiki"}, "create_existing"),
+        (400, {"name": "Not a name!"}, "create_bad_name"),
+    ):
+        catalog_write(_kind, "POST", "", _status, concrete="", body=_body, label=_label)
+    catalog_write(
+        _kind, "DELETE", "{name}/", 204, concrete="wiki/", who="workspace_admin", label="delete"
+    )
+    catalog_write(_kind, "DELETE", "{name}/", 403, concrete="wiki/", label="delete_researcher")
+    for _status, _files, _furnish, _label in (
+        (201, declaration(b"brand new\n"), "version", "declare"),
+        (200, declaration(b"new\n", b"other\n"), "upload", "declare_again"),
+        (400, [{"path": "../up", "size": 1, "sha256": "0" * 64}], "version", "declare_bad"),
+    ):
+        catalog_write(
+            _kind,
+            "POST",
+            "{name}/versions/",
+            _status,
+            concrete="wiki/versions/",
+            body={"source": "upload", "files": _files},
+            furnish=_furnish,
+            label=_label,
+        )
+    for _status, _at, _data, _headers, _label, _given in (
+        (200, "new.txt", b"new\n", {}, "piece", {}),
+        (200, "new.txt", b"ne", {"Content-Range": "bytes 0-1/4"}, "first_piece", {}),
+        (409, "new.txt", b"w\n", {"Content-Range": "bytes 2-3/4"}, "piece_out_of_order", {}),
+        (400, "new.txt", b"old\n", {}, "piece_not_matching", {}),
+        (404, "nothing.txt", b"x", {}, "piece_of_no_file", {}),
+        (
+            413,
+            "new.txt",
+            b"n" * 65537,
+            {},
+            "piece_too_large",
+            {"TAU_DATA_UPLOAD_PIECE_BYTES": 65536},
+        ),
+    ):
+        catalog_write(
+            _kind,
+            "PUT",
+            FILE,
+            _status,
+            concrete=f"wiki/versions/3/files/{_at}",
+            body=_data,
+            headers=_headers,
+            furnish="upload",
+            label=_label,
+            settings_given=_given,
+        )
+    catalog_write(
+        _kind,
+        "PUT",
+        FILE,
+        409,
+        concrete="wiki/versions/1/files/part-0.txt",
+        body=b"text\n",
+        label="piece_for_a_ready_version",
+    )
+    for _status, _version, _label in ((200, "train", "verify"), (409, "2", "verify_failed")):
+        catalog_write(
+            _kind,
+            "POST",
+            "{name}/versions/{version}/verify/",
+            _status,
+            concrete=f"wiki/versions/{_version}/verify/",
+            label=_label,
+        )
+    _alias_body: dict[str, str] | None
+    for _method, _status, _alias, _alias_body, _label in (
+        ("PUT", 200, "eval", {"version": "1"}, "alias_set"),
+        ("PUT", 400, "latest", {"version": "1"}, "alias_latest"),
+        ("PUT", 400, "eval", {"version": "9"}, "alias_of_no_version"),
+        ("DELETE", 204, "train", None, "alias_delete"),
+        ("DELETE", 404, "eval", None, "alias_delete_missing"),
+    ):
+        catalog_write(
+            _kind,
+            _method,
+            "{name}/aliases/{alias}/",
+            _status,
+            concrete=f"wiki/aliases/{_alias}/",
+            body=_alias_body,
+            label=_label,
+        )
 
 
 @call("GET", f"{WS}/usage/", 400)

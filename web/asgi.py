@@ -57,6 +57,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.http import HttpResponseBase  # noqa: E402
 from django.urls import Resolver404, resolve  # noqa: E402
 
+from portal.api import own_body_limit  # noqa: E402
 from runs import submission  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -73,12 +74,16 @@ READ_SECONDS = settings.TAU_HTTP_READ_SECONDS
 BYTES_PER_SECOND = 2**20
 
 
-def body_limit(view_name: str | None) -> int:
+def body_limit(view_name: str | None, method: str = "POST") -> int:
     """The most a request to this route may send: the submission routes' own limits (the
     same table their middleware refuses from), an artifact's (a run's whole allowance, the
-    file is the body), and Django's limit for forms and JSON everywhere else."""
+    file is the body), a limit the route's view sets itself (``portal.api.own_body_limit``:
+    the catalog's uploads), and Django's limit for forms and JSON everywhere else."""
     if view_name is None:
         return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+    own = own_body_limit(view_name, method)
+    if own is not None:
+        return own
     if view_name == "api:run-report-artifacts":
         return int(settings.TAU_ARTIFACT_MAX_BYTES_PER_RUN)
     # runs.submission's table: one source for the limit the page and the API promise.
@@ -128,7 +133,7 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)  # Django refuses it
         view_name = _view_name(scope["path"])
-        limit = body_limit(view_name)
+        limit = body_limit(view_name, scope["method"])
         declared = _declared_length(scope)
         if declared is not None and declared > limit:
             await _refuse(

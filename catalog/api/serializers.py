@@ -6,6 +6,8 @@ from typing import Any
 
 from rest_framework import serializers
 
+from catalog.models import NAME, AssetVersion
+
 
 class AssetSerializer(serializers.Serializer[Any]):
     name = serializers.CharField()
@@ -29,10 +31,10 @@ class ProgressSerializer(serializers.Serializer[Any]):
 class VersionSerializer(serializers.Serializer[Any]):
     number = serializers.IntegerField()
     ref = serializers.CharField(help_text="`name@number`.")
-    state = serializers.ChoiceField(choices=["ingesting", "verifying", "ready", "failed"])
+    state = serializers.ChoiceField(choices=AssetVersion.State.choices)
     # A field named like Field.source, which DRF's metaclass takes off the class.
     source = serializers.ChoiceField(  # type: ignore[assignment]
-        choices=["upload", "url", "prefix", "run"]
+        choices=AssetVersion.Source.choices
     )
     source_detail = serializers.CharField(help_text="Where the files came from, for people.")
     manifest_digest = serializers.CharField(
@@ -58,6 +60,10 @@ class FileSerializer(serializers.Serializer[Any]):
     path = serializers.CharField()
     size = serializers.IntegerField()
     sha256 = serializers.CharField()
+    stored = serializers.BooleanField(
+        help_text="Whether the store holds its bytes (an upload's files, until sent: false)."
+    )
+    received = serializers.IntegerField(help_text="Bytes of it the portal holds.")
 
 
 class FilesPageSerializer(serializers.Serializer[Any]):
@@ -65,3 +71,71 @@ class FilesPageSerializer(serializers.Serializer[Any]):
     next = serializers.URLField(allow_null=True)
     previous = serializers.URLField(allow_null=True)
     results = FileSerializer(many=True)
+
+
+class AssetCreateSerializer(serializers.Serializer[Any]):
+    name = serializers.RegexField(
+        NAME.pattern.join("^$"),
+        max_length=63,
+        help_text="1 to 63 lowercase letters, digits, '.', '_' and '-', starting with a "
+        "letter or a digit.",
+        error_messages={
+            "invalid": "Not a name here: use 1 to 63 lowercase letters, digits, '.', '_' and "
+            "'-', starting with a letter or a digit."
+        },
+    )
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+
+
+class DeclaredFileSerializer(serializers.Serializer[Any]):
+    path = serializers.CharField(
+        max_length=1024, help_text="Relative, '/'-separated, no '.' or '..' parts."
+    )
+    size = serializers.IntegerField(min_value=0)
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="64 lowercase hex digits.")
+
+
+class VersionStartSerializer(serializers.Serializer[Any]):
+    source = serializers.ChoiceField(  # type: ignore[assignment]
+        choices=[("upload", "upload")],
+        help_text="`upload`: the files are declared here, then sent with PUT "
+        "…/versions/{version}/files/{path}.",
+    )
+    files = DeclaredFileSerializer(
+        many=True,
+        help_text="Every file of the version. Declaring the same files again while an upload "
+        "of them is unfinished answers that version (200), to go on with.",
+    )
+
+
+class StartedSerializer(VersionSerializer):
+    files_missing = serializers.IntegerField(
+        help_text="Declared files the portal does not hold whole yet: send them."
+    )
+
+
+class PieceSerializer(serializers.Serializer[Any]):
+    path = serializers.CharField()
+    size = serializers.IntegerField()
+    received = serializers.IntegerField(help_text="Bytes of the file the portal holds now.")
+    stored = serializers.BooleanField(help_text="Whole, checked and kept.")
+    version_state = serializers.CharField(help_text="The version's state after this piece.")
+
+
+class VerifiedSerializer(serializers.Serializer[Any]):
+    ok = serializers.BooleanField()
+    problems = serializers.ListField(
+        child=serializers.CharField(), help_text="Each file missing or changed in the store."
+    )
+    verified_at = serializers.DateTimeField()
+
+
+class AliasSetSerializer(serializers.Serializer[Any]):
+    version = serializers.CharField(
+        max_length=63, help_text="The version it names: a number, or another alias."
+    )
+
+
+class AliasSerializer(serializers.Serializer[Any]):
+    alias = serializers.CharField()
+    version = serializers.IntegerField()

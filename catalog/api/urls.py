@@ -7,22 +7,32 @@ from catalog.api import views
 urlpatterns = []
 for kind, viewset in (("dataset", views.DatasetViewSet), ("model", views.ModelViewSet)):
     base = f"workspaces/<slug:workspace_slug>/{kind}s/"
+    version = f"{base}<str:name>/versions/<str:version>/"
     urlpatterns += [
-        path(base, viewset.as_view({"get": "list"}), name=f"{kind}-list"),
-        path(f"{base}<str:name>/", viewset.as_view({"get": "retrieve"}), name=f"{kind}-detail"),
+        path(base, viewset.as_view({"get": "list", "post": "create"}), name=f"{kind}-list"),
+        path(
+            f"{base}<str:name>/",
+            viewset.as_view({"get": "retrieve", "delete": "destroy"}),
+            name=f"{kind}-detail",
+        ),
         path(
             f"{base}<str:name>/versions/",
-            viewset.as_view({"get": "versions"}),
+            viewset.as_view({"get": "versions", "post": "start_version"}),
             name=f"{kind}-versions",
         ),
+        path(version, viewset.as_view({"get": "version"}), name=f"{kind}-version"),
+        path(f"{version}files/", viewset.as_view({"get": "files"}), name=f"{kind}-version-files"),
         path(
-            f"{base}<str:name>/versions/<str:version>/",
-            viewset.as_view({"get": "version"}),
-            name=f"{kind}-version",
+            f"{version}files/<path:file_path>",
+            viewset.as_view({"put": "put_file"}),
+            name=f"{kind}-version-file",
         ),
         path(
-            f"{base}<str:name>/versions/<str:version>/files/",
-            viewset.as_view({"get": "files"}),
-            name=f"{kind}-version-files",
+            f"{version}verify/", viewset.as_view({"post": "verify"}), name=f"{kind}-version-verify"
+        ),
+        path(
+            f"{base}<str:name>/aliases/<str:alias>/",
+            viewset.as_view({"put": "set_alias", "delete": "delete_alias"}),
+            name=f"{kind}-alias",
         ),
     ]

@@ -1,28 +1,65 @@
-"""The catalog's read API (issue 33): a workspace's datasets and models, their versions and
-each version's files, for the workspace's members. ``{version}`` is a number, an alias or
-``latest``; another workspace's assets do not exist here (404)."""
+"""The catalog's API (issue 33): a workspace's datasets and models, their versions and each
+version's files, read by the workspace's members; researchers make assets, upload versions
+(catalog.uploads), verify them and set aliases; a workspace admin deletes an asset.
+``{version}`` is a number, an alias or ``latest``; another workspace's assets do not exist
+here (404)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import builtins
+import io
+import re
+from collections.abc import Mapping
+from typing import IO, Any, ClassVar
 
+from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Q, QuerySet
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import exceptions
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiRequest, extend_schema
+from rest_framework import exceptions, status
 from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from catalog import uploads
 from catalog.api.serializers import (
+    AliasSerializer,
+    AliasSetSerializer,
+    AssetCreateSerializer,
     AssetSerializer,
     FileSerializer,
     FilesPageSerializer,
+    PieceSerializer,
+    StartedSerializer,
+    VerifiedSerializer,
     VersionSerializer,
+    VersionStartSerializer,
 )
-from catalog.ingest import find_version
-from catalog.models import Asset, AssetFile, AssetVersion
-from portal.api import refusals
+from catalog.ingest import CatalogError, asset_named, delete_asset, find_version, set_alias, verify
+from catalog.models import AUTOMATIC_ALIASES, Asset, AssetAlias, AssetFile, AssetVersion
+from portal.api import BoundedJSONParser, refusals
 from workspaces.access import WorkspaceScopedViewSet
+from workspaces.models import Role
+
+#: ``Content-Range: bytes <first>-<last>/<size>`` of a piece of a file.
+_CONTENT_RANGE = re.compile(r"bytes (\d{1,19})-(\d{1,19})/(\d{1,19}|\*)")
+
+
+class DeclarationParser(BaseParser):
+    """JSON as the API's parser reads it (portal.api.BoundedJSONParser), but from the stream:
+    DRF hands its own JSON parser the body through ``request.body``, which Django refuses past
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE``; a declaration has a limit of its own (catalog.apps)."""
+
+    media_type = "application/json"
+
+    def parse(
+        self,
+        stream: IO[Any],
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        return BoundedJSONParser().parse(stream, media_type, parser_context)
 
 
 class FilesPagination(LimitOffsetPagination):
@@ -131,15 +168,259 @@ class AssetViewSet(WorkspaceScopedViewSet):
     )
     def files(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         version = self._version(self._asset())
-        rows = (
-            AssetFile.objects.for_workspace(self.workspace)
-            .filter(version=version)
-            .order_by("path")
-            .values("path", "size", "sha256")
-        )
+        rows = AssetFile.objects.for_workspace(self.workspace).filter(version=version)
+        if request.query_params.get("missing") in ("1", "true"):
+            rows = rows.filter(stored=False)
         paginator = FilesPagination()
-        page = paginator.paginate_queryset(rows, request, view=self)
+        page = paginator.paginate_queryset(
+            rows.order_by("path").values("path", "size", "sha256", "stored", "received"),
+            request,
+            view=self,
+        )
         return paginator.get_paginated_response(FileSerializer(page, many=True).data)
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def get_serializer_class(self) -> type[Any]:
+        # What OPTIONS describes (DRF's metadata) for each write.
+        return {
+            "create": AssetCreateSerializer,
+            "start_version": VersionStartSerializer,
+            "set_alias": AliasSetSerializer,
+        }.get(self.action or "", AssetSerializer)
+
+    def get_object(self) -> Any:
+        # OPTIONS asks for the object a PUT would change: the asset named in the URL.
+        return self._asset()
+
+    def get_parsers(self) -> builtins.list[BaseParser]:
+        request = getattr(self, "request", None)  # None while the schema is generated
+        method = (getattr(request, "method", None) or "").lower()
+        if getattr(self, "action_map", {}).get(method) == "start_version":
+            return [DeclarationParser()]
+        return super().get_parsers()
+
+    def write_role_for(self, request: Request) -> Role:
+        # Deleting a whole dataset or model (every version) is the workspace admin's call.
+        if (
+            request.method == "DELETE"
+            and "version" not in self.kwargs
+            and "alias" not in self.kwargs
+        ):
+            return Role.ADMIN
+        return self.write_role
+
+    @extend_schema(
+        request=AssetCreateSerializer,
+        responses={201: AssetSerializer, **refusals(400, 409)},
+    )
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        body = AssetCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        name = body.validated_data["name"]
+        if self.get_queryset().filter(name=name).exists():
+            return Response(
+                {"detail": f"This workspace has a {self.kind} named {name!r} already."},
+                status=status.HTTP_409_CONFLICT,
+            )
+        try:
+            with transaction.atomic():
+                asset = asset_named(self.workspace, self.kind, name, user=request.user)
+        except CatalogError as exc:
+            raise exceptions.ValidationError({"name": [str(exc)]}) from exc
+        except IntegrityError:
+            return Response(
+                {"detail": f"This workspace has a {self.kind} named {name!r} already."},
+                status=status.HTTP_409_CONFLICT,
+            )
+        asset.description = body.validated_data.get("description", "")
+        asset.save(update_fields=["description"])
+        created = self.get_queryset().get(pk=asset.pk)
+        return Response(AssetSerializer(asset_fields(created)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None, **refusals()})
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        delete_asset(self._asset())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        request=VersionStartSerializer,
+        responses={
+            200: StartedSerializer,
+            201: StartedSerializer,
+            **refusals(400, 413, words={400: "Also: a declared file is refused (named)."}),
+        },
+    )
+    def start_version(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        asset = self._asset()
+        source = request.data.get("source")
+        if source != "upload":
+            raise exceptions.ValidationError(
+                {"source": [f"{source!r} is not a source here: declare the files of an 'upload'."]}
+            )
+        files = request.data.get("files")
+        if not isinstance(files, list):
+            raise exceptions.ValidationError({"files": ["A list of {path, size, sha256}."]})
+        try:
+            version, created = uploads.start_upload(asset, files, user=request.user)
+        except CatalogError as exc:
+            raise exceptions.ValidationError({"files": [str(exc)]}) from exc
+        return Response(
+            self._started(version),
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+    def _started(self, version: AssetVersion) -> dict[str, Any]:
+        fresh = self._versions(version.asset).get(pk=version.pk)
+        missing = (
+            AssetFile.objects.for_workspace(self.workspace)
+            .filter(version=fresh, stored=False)
+            .count()
+        )
+        return dict(StartedSerializer({**version_fields(fresh), "files_missing": missing}).data)
+
+    @extend_schema(
+        request=OpenApiRequest(OpenApiTypes.BINARY),
+        parameters=[
+            OpenApiParameter(
+                "Content-Range",
+                str,
+                OpenApiParameter.HEADER,
+                description="`bytes <first>-<last>/<size>` for a piece of the file; without "
+                "it the body is the whole file.",
+            )
+        ],
+        responses={
+            200: PieceSerializer,
+            **refusals(
+                400,
+                409,
+                411,
+                413,
+                words={
+                    400: "Also: the file's bytes did not match its declared SHA-256 (send it "
+                    "again from its first byte; `received` says 0).",
+                    409: "Also: the piece does not start where the file's bytes end "
+                    "(`received` says where), or the version takes no more files.",
+                },
+            ),
+        },
+    )
+    def put_file(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        version = self._version(self._asset())
+        path = self.kwargs["file_path"]
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or "")
+        except ValueError:
+            return Response(
+                {"detail": "Send the piece with a Content-Length."},
+                status=status.HTTP_411_LENGTH_REQUIRED,
+            )
+        start, total = 0, None
+        if "HTTP_CONTENT_RANGE" in request.META:
+            found = _CONTENT_RANGE.fullmatch(request.META["HTTP_CONTENT_RANGE"].strip())
+            if found is None:
+                raise exceptions.ValidationError(
+                    {"detail": "Content-Range is `bytes <first>-<last>/<size>`."}
+                )
+            start, last = int(found.group(1)), int(found.group(2))
+            total = None if found.group(3) == "*" else int(found.group(3))
+            if last - start + 1 != length:
+                raise exceptions.ValidationError(
+                    {
+                        "detail": f"Content-Range says {last - start + 1:,} bytes, the body "
+                        f"{length:,}."
+                    }
+                )
+        body = request.stream
+        try:
+            result = uploads.receive(
+                version,
+                path,
+                body if body is not None else io.BytesIO(),
+                length=length,
+                start=start,
+                total=total,
+            )
+        except uploads.NotDeclared as exc:
+            raise exceptions.NotFound(str(exc)) from exc
+        except uploads.TooLarge as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        except uploads.OutOfOrder as exc:
+            return Response(
+                {"detail": str(exc), "received": exc.received}, status=status.HTTP_409_CONFLICT
+            )
+        except uploads.NotReceiving as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        except CatalogError as exc:
+            raise exceptions.ValidationError({"detail": str(exc)}) from exc
+        if result.mismatch:
+            return Response(
+                {"detail": result.mismatch, "received": 0}, status=status.HTTP_400_BAD_REQUEST
+            )
+        state = (
+            AssetVersion.objects.for_workspace(self.workspace)
+            .filter(pk=version.pk)
+            .values_list("state", flat=True)
+            .get()
+        )
+        row = result.file
+        return Response(
+            PieceSerializer(
+                {
+                    "path": row.path,
+                    "size": row.size,
+                    "received": row.received,
+                    "stored": row.stored,
+                    "version_state": state,
+                }
+            ).data
+        )
+
+    @extend_schema(request=None, responses={200: VerifiedSerializer, **refusals(409)})
+    def verify(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        version = self._version(self._asset())
+        if version.state != AssetVersion.State.READY:
+            return Response(
+                {"detail": f"{version.ref} is {version.state}: only a ready version is verified."},
+                status=status.HTTP_409_CONFLICT,
+            )
+        problems = verify(version)
+        return Response(
+            VerifiedSerializer(
+                {"ok": not problems, "problems": problems, "verified_at": version.verified_at}
+            ).data
+        )
+
+    @extend_schema(request=AliasSetSerializer, responses={200: AliasSerializer, **refusals(400)})
+    def set_alias(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        asset = self._asset()
+        body = AliasSetSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        ref = body.validated_data["version"]
+        version = find_version(self.workspace, asset, ref)
+        if version is None:
+            raise exceptions.ValidationError({"version": [f"{asset.name} has no version {ref!r}."]})
+        try:
+            alias = set_alias(version, self.kwargs["alias"], user=request.user)
+        except CatalogError as exc:
+            raise exceptions.ValidationError({"detail": str(exc)}) from exc
+        return Response(AliasSerializer({"alias": alias.name, "version": version.number}).data)
+
+    @extend_schema(request=None, responses={204: None, **refusals(400)})
+    def delete_alias(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        asset = self._asset()
+        name = self.kwargs["alias"]
+        if name in AUTOMATIC_ALIASES:
+            raise exceptions.ValidationError(
+                {"detail": f"{name!r} is kept by the catalog; it cannot be removed."}
+            )
+        removed, _ = (
+            AssetAlias.objects.for_workspace(self.workspace).filter(asset=asset, name=name).delete()
+        )
+        if not removed:
+            raise exceptions.NotFound(f"{asset.name} has no alias {name!r}.")
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class DatasetViewSet(AssetViewSet):

@@ -88,7 +88,13 @@ def test_a_dataset_its_versions_and_files_read_as_documented(world: Any, tmp_pat
     assert page["count"] == 5
     recorded = {entry.path: entry.sha256 for entry in scan(tmp_path / "raw").files}
     assert page["results"] == [
-        {"path": f"shard-{n:02}.txt", "size": n, "sha256": recorded[f"shard-{n:02}.txt"]}
+        {
+            "path": f"shard-{n:02}.txt",
+            "size": n,
+            "sha256": recorded[f"shard-{n:02}.txt"],
+            "stored": True,
+            "received": n,
+        }
         for n in (1, 2)
     ]
     assert page["next"] is not None
