@@ -15,22 +15,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote
 
 import click
 import httpx
 import yaml
-from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
 from tau import __version__
 from tau.cli import bundle as bundles
 from tau.cli.client import (
-    EXIT_AUTH,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
@@ -43,21 +41,28 @@ from tau.cli.client import (
     run_path,
     workspace_path,
 )
+from tau.cli.common import (
+    State,
+    err,
+    json_option,
+    out,
+    print_json,
+    state_of,
+    workspace_option,
+)
 from tau.cli.config import (
     Profile,
     config_path,
     forget_profile,
-    load_profile,
     read_config,
     save_profile,
 )
+from tau.cli.data import data_group
 from tau.cli.templates import TAUIGNORE, TEMPLATES, TRAIN_PY, tau_yaml
 from tau.spec import SpecProblem
 from tau.spec.cli import reading_lines, reading_records
 from tau.spec.loader import MAX_FILE_BYTES
 from tau.spec.schema import check_source, json_schema, read_source
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 WAITING_STATES = ("pending", "queued", "preempted", "evicted")
@@ -77,89 +82,6 @@ MEMBER_ROLES = ("viewer", "researcher", "admin")
 POLL_SECONDS = 1.0
 #: How long `tau run cancel` waits for a cancelling run to stop before it says it is stopping.
 CANCEL_WAIT_SECONDS = 15.0
-
-# In a pipe, lines as long as they are (Rich would fold tables at 80 columns).
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1000)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-@dataclass
-class State:
-    """What the root command learned (``--profile``), and the API client made on demand."""
-
-    profile_name: str | None = None
-    workspace: str | None = None
-    _api: Api | None = field(default=None, repr=False)
-    _profile: Profile | None = field(default=None, repr=False)
-
-    @property
-    def profile(self) -> Profile:
-        if self._profile is None:
-            self._profile = load_profile(self.profile_name)
-        return self._profile
-
-    def api(self) -> Api:
-        if self._api is None:
-            profile = self.profile
-            if not profile.url:
-                raise CliError(
-                    "not logged in: run `tau login --url https://your-portal` (or set TAU_URL "
-                    "and TAU_TOKEN).",
-                    EXIT_AUTH,
-                )
-            if not profile.token:
-                raise CliError(
-                    f"no token for {profile.url}: run `tau login` (or set TAU_TOKEN).", EXIT_AUTH
-                )
-            self._api = Api(profile.url, profile.token)
-        return self._api
-
-    def workspace_for(self, asked: str | None) -> str:
-        """The workspace a command acts in: ``--workspace``, the profile's, or the only one
-        the token reaches (a token scoped to one workspace reaches only that one)."""
-        chosen = asked or self.workspace or self.profile.workspace
-        if chosen:
-            return chosen
-        reachable = [row["slug"] for row in self.api().get("/api/v1/workspaces/")]
-        if len(reachable) == 1:
-            return str(reachable[0])
-        if not reachable:
-            raise CliError(
-                "this token reaches no workspace; ask your platform team to add you to one.",
-                EXIT_AUTH,
-            )
-        raise CliError(
-            f"you belong to several workspaces ({', '.join(reachable)}): say which with "
-            "--workspace WS, or make one the default with `tau login --workspace WS`.",
-            EXIT_USAGE,
-        )
-
-
-def state_of(ctx: click.Context) -> State:
-    found = ctx.find_object(State)
-    if found is None:
-        found = ctx.ensure_object(State)
-    return found
-
-
-def json_option(function: F) -> F:
-    return click.option(
-        "--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of text."
-    )(function)
-
-
-def workspace_option(function: F) -> F:
-    return click.option(
-        "--workspace",
-        "-w",
-        metavar="WS",
-        help="The workspace (default: the profile's, or the only one the token reaches).",
-    )(function)
-
-
-def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
 
 
 def run_page(api: Api, workspace: str, name: str) -> str:
@@ -1654,3 +1576,5 @@ for _alias, _command in (
     ("validate", validate_command),
 ):
     cli.add_command(_command, _alias)
+
+cli.add_command(data_group)

@@ -1,0 +1,609 @@
+"""``tau data``: a workspace's datasets and models (issue 33; docs/cli.md).
+
+``tau data dataset ingest NAME FOLDER`` reads the folder once (SHA-256 of every file, kept in
+``$XDG_CACHE_HOME/taugrid/ingest/`` so a scan cut short goes on where it stopped), declares
+the files to the portal, then sends what the portal does not hold yet in pieces. Killed at
+any point, the same command goes on: the portal answers the unfinished version and how many
+bytes of each file it has, and nothing already sent is sent again. The version is ``ready``
+only once the portal has every byte and has checked it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import click
+import httpx
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.table import Table
+
+from tau.cli.client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Api, CliError, problem_text
+from tau.cli.common import err, json_option, out, print_json, state_of, workspace_option
+from tau.manifest import Entry, Known, Manifest, ManifestError, scan
+from tau.manifest import verify as verify_folder
+
+#: Bytes sent per request (the portal accepts up to TAU_DATA_UPLOAD_PIECE_BYTES, 64 MiB).
+PIECE_BYTES = 8 * 2**20
+#: How often the scan's cache of file digests is written while a folder is read.
+CACHE_SECONDS = 2.0
+
+
+def asset_path(workspace: str, kind: str, name: str | None = None) -> str:
+    path = f"/api/v1/workspaces/{quote(workspace, safe='')}/{kind}s/"
+    return path if name is None else f"{path}{quote(name, safe='')}/"
+
+
+def version_path(workspace: str, kind: str, name: str, version: str) -> str:
+    return f"{asset_path(workspace, kind, name)}versions/{quote(version, safe='')}/"
+
+
+def split_ref(text: str) -> tuple[str, str | None]:
+    """``wiki@3`` → ``("wiki", "3")``; ``wiki`` → ``("wiki", None)``."""
+    name, _, version = text.partition("@")
+    if not name:
+        raise CliError(f"{text!r}: name a dataset or model, as NAME or NAME@VERSION.", EXIT_USAGE)
+    return name, version or None
+
+
+def _bar(quiet: bool) -> Progress:
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+        disable=quiet or not err.is_terminal,
+        transient=True,
+    )
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{count:,} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count:,} bytes"
+
+
+# --- the cache of a folder's digests ---------------------------------------------------------
+
+
+def _cache_file(folder: Path) -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    key = hashlib.sha256(str(folder.resolve()).encode("utf-8", "surrogateescape")).hexdigest()
+    return Path(base) / "taugrid" / "ingest" / f"{key[:32]}.json"
+
+
+def _read_cache(folder: Path) -> dict[str, Known]:
+    try:
+        data = json.loads(_cache_file(folder).read_text())
+        return {path: Known(int(s), int(m), str(h)) for path, (s, m, h) in data.items()}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def _write_cache(folder: Path, known: dict[str, Known]) -> None:
+    target = _cache_file(folder)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".part")
+        partial.write_text(
+            json.dumps({path: [k.size, k.mtime_ns, k.sha256] for path, k in known.items()})
+        )
+        partial.replace(target)
+    except OSError:
+        pass  # only a speed-up for the next scan
+
+
+def read_folder(folder: Path, *, quiet: bool) -> Manifest:
+    """The folder's manifest, reusing the digests of files unchanged since an earlier scan."""
+    known = _read_cache(folder)
+    written_at = time.monotonic()
+    with _bar(quiet) as bar:
+        task = bar.add_task(f"Reading {folder.name or folder}", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        def keep(entry: Entry, mtime_ns: int) -> None:
+            nonlocal written_at
+            known[entry.path] = Known(entry.size, mtime_ns, entry.sha256)
+            if time.monotonic() - written_at >= CACHE_SECONDS:
+                written_at = time.monotonic()
+                _write_cache(folder, known)
+
+        try:
+            manifest = scan(folder, progress=progress, known=known, on_file=keep)
+        except ManifestError as exc:
+            raise CliError(f"{folder}: {exc}", EXIT_USAGE) from None
+        finally:
+            _write_cache(folder, known)
+    return manifest
+
+
+# --- sending an upload ---------------------------------------------------------------------
+
+
+def _missing_files(api: Api, path: str) -> Iterator[dict[str, Any]]:
+    page: Any = api.get(f"{path}files/", missing="true", limit=1000)
+    while True:
+        yield from page.get("results", [])
+        following = page.get("next")
+        if not following:
+            return
+        page = api.json_of(api.request("GET", following))
+
+
+def _send_file(
+    api: Api,
+    url: str,
+    source: Path,
+    entry: dict[str, Any],
+    *,
+    piece_bytes: int,
+    on_bytes: Any,
+) -> None:
+    """Send ``source`` from where the portal's copy ends, piece by piece."""
+    size = int(entry["size"])
+    start = int(entry["received"])
+    on_bytes(start)
+    with source.open("rb") as file:
+        while True:
+            file.seek(start)
+            piece = file.read(min(piece_bytes, size - start))
+            headers = {"Content-Type": "application/octet-stream"}
+            if size:
+                headers["Content-Range"] = f"bytes {start}-{start + len(piece) - 1}/{size}"
+            if size and not piece:
+                raise CliError(
+                    f"{entry['path']} is shorter than when it was read; run the command again."
+                )
+            try:
+                response = api.http.put(url, content=piece, headers=headers)
+            except httpx.HTTPError as exc:
+                raise CliError(
+                    f"sending {entry['path']} failed ({exc}); run the same command again to go "
+                    "on from where it stopped."
+                ) from None
+            if response.status_code == 409 and "received" in _json(response):
+                start = int(_json(response)["received"])  # another sender got further
+                continue
+            if response.status_code == 400 and _json(response).get("received") == 0:
+                raise CliError(
+                    f"{entry['path']} changed since it was read: {problem_text(_json(response))} "
+                    "Run the command again once nothing writes to the folder."
+                )
+            api.check(response)
+            answer = _json(response)
+            on_bytes(int(answer["received"]) - start)
+            start = int(answer["received"])
+            if answer.get("stored") or start >= size:
+                return
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def ingest(
+    api: Api,
+    workspace: str,
+    kind: str,
+    name: str,
+    folder: Path,
+    *,
+    description: str,
+    piece_bytes: int,
+    quiet: bool,
+) -> dict[str, Any]:
+    """Declare the folder's files as the next version of ``name`` (made if new), send what
+    the portal lacks, and answer the version as the portal has it at the end."""
+    if not folder.is_dir():
+        raise CliError(f"{folder} is not a folder.", EXIT_USAGE)
+    manifest = read_folder(folder, quiet=quiet)
+    if not manifest.files:
+        raise CliError(f"{folder} holds no file to keep.", EXIT_USAGE)
+    created = not _exists(api, asset_path(workspace, kind, name))
+    if created:
+        api.request(
+            "POST", asset_path(workspace, kind), json={"name": name, "description": description}
+        )
+        if not quiet:
+            out.print(f"Made the {kind} {name} in {workspace}.", markup=False)
+    started = api.json_of(
+        api.request(
+            "POST",
+            f"{asset_path(workspace, kind, name)}versions/",
+            json={"source": "upload", "files": manifest.as_dict()["files"]},
+        )
+    )
+    ref = f"{name}@{started['number']}"
+    path = version_path(workspace, kind, name, str(started["number"]))
+    progress = started["progress"]
+    if not quiet:
+        if started.get("state") == "ingesting" and progress["bytes_done"] and not created:
+            out.print(
+                f"Going on with {ref}: {_size(progress['bytes_done'])} of "
+                f"{_size(progress['bytes_total'])} are in the portal already.",
+                markup=False,
+            )
+        elif started.get("state") == "ingesting":
+            out.print(
+                f"Sending {ref}: {manifest.files_count:,} files, {_size(manifest.total_bytes)}.",
+                markup=False,
+            )
+    if started["state"] == "ingesting":
+        with _bar(quiet) as bar:
+            task = bar.add_task(f"Sending {ref}", total=manifest.total_bytes)
+            bar.update(task, completed=progress["bytes_done"])
+            for entry in list(_missing_files(api, path)):
+                _send_file(
+                    api,
+                    f"{path}files/{quote(entry['path'], safe='/')}",
+                    folder / entry["path"],
+                    entry,
+                    piece_bytes=piece_bytes,
+                    on_bytes=lambda count: bar.advance(task, count),
+                )
+    final: dict[str, Any] = api.get(path)
+    return final
+
+
+def _exists(api: Api, path: str) -> bool:
+    response = api.http.get(path)
+    if response.status_code == 404:
+        return False
+    api.check(response)
+    return True
+
+
+def _said_version(version: dict[str, Any]) -> str:
+    state = version["state"]
+    line = f"{version['ref']}: {state}, {version['files_count']:,} files, {_size(version['bytes'])}"
+    if state in ("ingesting", "verifying"):
+        progress = version["progress"]
+        line = (
+            f"{version['ref']}: {state}, {_size(progress['bytes_done'])} of "
+            f"{_size(progress['bytes_total'])}"
+        )
+    if version.get("manifest_digest"):
+        line += f"\n  manifest {version['manifest_digest']}"
+    if version.get("aliases"):
+        line += f"\n  aliases: {', '.join(version['aliases'])}"
+    if version.get("derived_from"):
+        line += f"\n  made from: {', '.join(version['derived_from'])}"
+    if version.get("produced_by"):
+        line += f"\n  made by the run {version['produced_by']}"
+    if version.get("error"):
+        line += f"\n  {version['error']}"
+    return line
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+def _alias(
+    ctx: click.Context,
+    kind: str,
+    action: str,
+    name: str,
+    alias: str,
+    version: str | None,
+    workspace: str | None,
+    as_json: bool,
+) -> int:
+    """``action`` ``get``, ``set`` (to ``version``) or ``delete`` the alias of ``name``."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    path = f"{asset_path(ws, kind, name)}aliases/{quote(alias, safe='')}/"
+    if action == "delete":
+        api.delete(path)
+        result: dict[str, Any] = {"alias": alias, "deleted": True}
+        said = f"Removed {name}@{alias}."
+    elif action == "get":
+        found = api.get(version_path(ws, kind, name, alias))
+        result = {"alias": alias, "version": found["number"]}
+        said = f"{name}@{alias} is {found['ref']}."
+    else:
+        result = api.json_of(api.request("PUT", path, json={"version": version}))
+        said = f"{name}@{alias} is now {name}@{result['version']}."
+    if as_json:
+        print_json(result)
+    else:
+        out.print(said, markup=False)
+    return EXIT_OK
+
+
+@click.group("data")
+def data_group() -> None:
+    """Datasets and models of a workspace: versions, aliases, uploads (docs/cli.md)."""
+
+
+def _kind_group(kind: str) -> click.Group:
+    @click.group(
+        kind, help=f"A workspace's {kind}s: each a name with numbered, immutable versions."
+    )
+    def group() -> None:
+        pass
+
+    @group.command("list")
+    @workspace_option
+    @json_option
+    @click.pass_context
+    def list_command(ctx: click.Context, workspace: str | None, as_json: bool) -> int:
+        """Every one of the workspace, with its newest ready version and aliases."""
+        state = state_of(ctx)
+        ws = state.workspace_for(workspace)
+        rows = state.api().get(asset_path(ws, kind))
+        if as_json:
+            print_json(rows)
+            return EXIT_OK
+        if not rows:
+            out.print(f"No {kind} in {ws} yet: `tau data {kind} ingest NAME FOLDER`.", markup=False)
+            return EXIT_OK
+        table = Table(title=f"{kind.capitalize()}s of {ws}", title_justify="left")
+        for column in ("NAME", "LATEST", "VERSIONS", "ALIASES"):
+            table.add_column(column)
+        for row in rows:
+            aliases = ", ".join(f"{alias}→{number}" for alias, number in row["aliases"].items())
+            latest = "-" if row["latest"] is None else str(row["latest"])
+            table.add_row(row["name"], latest, str(row["versions_count"]), aliases)
+        out.print(table)
+        return EXIT_OK
+
+    @group.command("show")
+    @click.argument("ref", metavar="NAME[@VERSION]")
+    @workspace_option
+    @json_option
+    @click.pass_context
+    def show_command(ctx: click.Context, ref: str, workspace: str | None, as_json: bool) -> int:
+        """One version (NAME@3, NAME@train; NAME alone: every version)."""
+        state = state_of(ctx)
+        ws = state.workspace_for(workspace)
+        name, version = split_ref(ref)
+        api = state.api()
+        if version is None:
+            rows = api.get(f"{asset_path(ws, kind, name)}versions/")
+            if as_json:
+                print_json(rows)
+            elif not rows:
+                out.print(f"{name} has no version yet.", markup=False)
+            for row in [] if as_json else rows:
+                out.print(_said_version(row), markup=False)
+            return EXIT_OK
+        found = api.get(version_path(ws, kind, name, version))
+        if as_json:
+            print_json(found)
+        else:
+            out.print(_said_version(found), markup=False)
+        return EXIT_OK
+
+    @group.command("ingest")
+    @click.argument("name")
+    @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+    @click.option("--description", default="", help=f"Said of the {kind} if it is new.")
+    @click.option(
+        "--piece-size",
+        "piece_bytes",
+        type=click.IntRange(min=65536, max=64 * 2**20),
+        default=PIECE_BYTES,
+        show_default=True,
+        metavar="BYTES",
+        help="Bytes sent per request.",
+    )
+    @workspace_option
+    @json_option
+    @click.pass_context
+    def ingest_command(
+        ctx: click.Context,
+        name: str,
+        folder: Path,
+        description: str,
+        piece_bytes: int,
+        workspace: str | None,
+        as_json: bool,
+    ) -> int:
+        """Upload FOLDER as the next version of NAME (made if new).
+
+        Every file is read once for its SHA-256, declared, then sent in pieces; files the
+        workspace holds already are not sent. Interrupted, the same command goes on where it
+        stopped. Exit 0 once the version is ready; 1 if the portal found it failed."""
+        state = state_of(ctx)
+        ws = state.workspace_for(workspace)
+        version = ingest(
+            state.api(),
+            ws,
+            kind,
+            name,
+            folder,
+            description=description,
+            piece_bytes=piece_bytes,
+            quiet=as_json,
+        )
+        if as_json:
+            print_json(version)
+        else:
+            out.print(_said_version(version), markup=False)
+        return EXIT_OK if version["state"] == "ready" else EXIT_FAILED
+
+    @group.command("status")
+    @click.argument("ref", metavar="NAME@VERSION")
+    @workspace_option
+    @json_option
+    @click.pass_context
+    def status_command(ctx: click.Context, ref: str, workspace: str | None, as_json: bool) -> int:
+        """A version's state and progress (exit 0 ready, 1 failed, 5 still on its way)."""
+        state = state_of(ctx)
+        ws = state.workspace_for(workspace)
+        name, version = split_ref(ref)
+        found = state.api().get(version_path(ws, kind, name, version or "latest"))
+        if as_json:
+            print_json(found)
+        else:
+            out.print(_said_version(found), markup=False)
+        return {"ready": EXIT_OK, "failed": EXIT_FAILED}.get(found["state"], 5)
+
+    @group.command("verify")
+    @click.argument("ref", metavar="NAME[@VERSION]")
+    @click.option(
+        "--local",
+        "local",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        metavar="FOLDER",
+        help="Check this local copy against the version's manifest instead of the portal's store.",
+    )
+    @workspace_option
+    @json_option
+    @click.pass_context
+    def verify_command(
+        ctx: click.Context, ref: str, local: Path | None, workspace: str | None, as_json: bool
+    ) -> int:
+        """Read every file again and compare it with the version's manifest: the portal's
+        store, or a local copy with --local. Exit 0: identical; 1: each difference named."""
+        state = state_of(ctx)
+        ws = state.workspace_for(workspace)
+        name, version = split_ref(ref)
+        api = state.api()
+        path = version_path(ws, kind, name, version or "latest")
+        if local is None:
+            answer = api.post(f"{path}verify/")
+            problems = list(answer["problems"])
+        else:
+            files: list[Entry] = []
+            for row in api.pages(f"{path}files/", limit=1000):
+                files.append(Entry(row["path"], int(row["size"]), row["sha256"]))
+            with _bar(as_json) as bar:
+                task = bar.add_task(f"Checking {local}", total=None)
+                found = verify_folder(
+                    local,
+                    Manifest.of(files),
+                    progress=lambda done, total: bar.update(task, completed=done, total=total),
+                )
+            problems = [str(problem) for problem in found]
+        if as_json:
+            print_json({"ok": not problems, "problems": problems})
+        elif problems:
+            for problem in problems:
+                out.print(problem, markup=False)
+        else:
+            where = str(local) if local is not None else "the portal's store"
+            out.print(f"{where} holds exactly {name}@{version or 'latest'}.", markup=False)
+        return EXIT_OK if not problems else EXIT_FAILED
+
+    if kind == "dataset":
+
+        @group.command("alias")
+        @click.argument("name")
+        @click.argument("alias")
+        @click.argument("version", required=False)
+        @click.option("--delete", is_flag=True, help="Remove the alias.")
+        @workspace_option
+        @json_option
+        @click.pass_context
+        def alias_command(
+            ctx: click.Context,
+            name: str,
+            alias: str,
+            version: str | None,
+            delete: bool,
+            workspace: str | None,
+            as_json: bool,
+        ) -> int:
+            """Point ALIAS (train, eval…) at VERSION; without VERSION, say which version it
+            names; --delete removes it."""
+            action = "delete" if delete else "get" if version is None else "set"
+            return _alias(ctx, kind, action, name, alias, version, workspace, as_json)
+
+    else:
+
+        @group.group("alias")
+        def alias_group() -> None:
+            """Names members give versions (production, candidate…); ``latest`` is kept by
+            the portal."""
+
+        @alias_group.command("set")
+        @click.argument("name")
+        @click.argument("alias")
+        @click.argument("version")
+        @workspace_option
+        @json_option
+        @click.pass_context
+        def alias_set(
+            ctx: click.Context,
+            name: str,
+            alias: str,
+            version: str,
+            workspace: str | None,
+            as_json: bool,
+        ) -> int:
+            """Point ALIAS at VERSION (a number or another alias)."""
+            return _alias(ctx, kind, "set", name, alias, version, workspace, as_json)
+
+        @alias_group.command("get")
+        @click.argument("name")
+        @click.argument("alias")
+        @workspace_option
+        @json_option
+        @click.pass_context
+        def alias_get(
+            ctx: click.Context, name: str, alias: str, workspace: str | None, as_json: bool
+        ) -> int:
+            """Say which version ALIAS names."""
+            return _alias(ctx, kind, "get", name, alias, None, workspace, as_json)
+
+        @alias_group.command("rm")
+        @click.argument("name")
+        @click.argument("alias")
+        @workspace_option
+        @json_option
+        @click.pass_context
+        def alias_rm(
+            ctx: click.Context, name: str, alias: str, workspace: str | None, as_json: bool
+        ) -> int:
+            """Remove ALIAS."""
+            return _alias(ctx, kind, "delete", name, alias, None, workspace, as_json)
+
+    @group.command("rm")
+    @click.argument("name")
+    @click.option("--yes", is_flag=True, help="Do not ask to confirm.")
+    @workspace_option
+    @json_option
+    @click.pass_context
+    def rm_command(
+        ctx: click.Context, name: str, yes: bool, workspace: str | None, as_json: bool
+    ) -> int:
+        """Delete NAME with every version (the workspace admin's call)."""
+        state = state_of(ctx)
+        ws = state.workspace_for(workspace)
+        if not yes:
+            if not sys.stdin.isatty():
+                raise CliError(
+                    f"deleting {name} needs --yes when not asked at a terminal.", EXIT_USAGE
+                )
+            click.confirm(f"Delete the {kind} {name} of {ws} with every version?", abort=True)
+        state.api().delete(asset_path(ws, kind, name))
+        if as_json:
+            print_json({"name": name, "deleted": True})
+        else:
+            out.print(f"Deleted the {kind} {name}.", markup=False)
+        return EXIT_OK
+
+    return group
+
+
+data_group.add_command(_kind_group("dataset"))
+data_group.add_command(_kind_group("model"))

@@ -1,0 +1,170 @@
+"""``tau data dataset`` against a live portal (issue 33): an ingest killed halfway and run
+again ends ``ready`` with exactly ``sha256sum``'s view of the folder, sending nothing twice; a
+changed byte in the portal's store or in a local copy is named by ``verify``; aliases, show
+and list as a script reads them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from catalog import storage
+from catalog.models import AssetVersion
+from tau.manifest import scan
+from tests.cli.test_cli_members import TAU, as_user
+
+pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
+
+MIB = 2**20
+
+
+def corpus(root: Path) -> Path:
+    """24 files of 1 MiB in nested folders, a small one with a space in its name, an empty
+    one: about 24 MiB, different bytes in each file."""
+    for n in range(24):
+        seed = hashlib.sha256(f"shard {n}".encode()).digest()
+        path = root / f"shards/{n % 3}/part-{n:03}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes((seed * (MIB // len(seed)))[:MIB])
+    (root / "README for people.txt").write_text("a corpus for the test\n")
+    (root / "empty").write_bytes(b"")
+    return root
+
+
+def sha256sum_lines(folder: Path) -> str:
+    paths = sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
+    done = subprocess.run(
+        ["sha256sum", "--", *paths], cwd=folder, capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+def test_an_ingest_killed_halfway_goes_on_and_ends_as_sha256sum_sees_the_folder(
+    world: Any, live_server: Any, tmp_path: Path, settings: Any
+) -> None:
+    settings.TAU_STORAGE_URL = f"file://{tmp_path / 'store'}"
+    folder = corpus(tmp_path / "wiki")
+    total = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    tau = as_user(world, "researcher", live_server, tmp_path / "home")
+
+    first = subprocess.Popen(
+        [str(TAU), "data", "dataset", "ingest", "wiki", str(folder), "--piece-size", "65536"],
+        env=tau.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    versions = AssetVersion.objects.for_workspace(world.alpha)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        sent = versions.filter(number=1).values_list("bytes_done", flat=True).first()
+        if sent is not None and sent >= 2 * MIB:
+            break
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    halfway = versions.get(number=1)
+    assert halfway.state == AssetVersion.State.INGESTING
+    assert 2 * MIB <= halfway.bytes_done < total
+
+    again = tau("data", "dataset", "ingest", "wiki", str(folder), "--piece-size", "65536")
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert "Going on with wiki@1:" in again.stdout
+    assert "wiki@1: ready, 26 files, 24.0 MiB" in again.stdout
+    ready = versions.get(number=1)
+    assert versions.count() == 1
+    assert ready.manifest_digest == scan(folder).digest
+    assert f"manifest {ready.manifest_digest}" in again.stdout
+
+    # What the portal recorded is, line for line, what sha256sum says of the folder.
+    assert tau.json("data", "dataset", "show", "wiki@1")["files_count"] == 26
+    listed = (
+        world.client_for("researcher")
+        .get("/api/v1/workspaces/alpha/datasets/wiki/versions/1/files/?limit=1000")
+        .json()["results"]
+    )
+    lines = "".join(f"{row['sha256']}  {row['path']}\n" for row in listed)
+    assert lines == sha256sum_lines(folder)
+
+    # Nothing was sent twice: the store holds each file once, and no piece is left over.
+    store = Path(settings.TAU_STORAGE_URL.removeprefix("file://"))
+    blobs = (store / "workspaces" / str(world.alpha.pk) / "blobs").rglob("*")
+    assert len([blob for blob in blobs if blob.is_file()]) == 26
+    assert not (store / "workspaces" / str(world.alpha.pk) / "uploads" / str(ready.pk)).exists()
+
+
+def test_verify_names_a_changed_byte_in_the_store_or_in_a_local_copy(
+    world: Any, live_server: Any, tmp_path: Path, settings: Any
+) -> None:
+    settings.TAU_STORAGE_URL = f"file://{tmp_path / 'store'}"
+    folder = tmp_path / "raw"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("alpha\n")
+    (folder / "sub" / "b.txt").write_text("beta\n")
+    tau = as_user(world, "researcher", live_server, tmp_path / "home")
+    made = tau("data", "dataset", "ingest", "raw", str(folder), "--json")
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["state"] == "ready"
+
+    assert tau("data", "dataset", "verify", "raw@1").returncode == 0
+    local = tau("data", "dataset", "verify", "raw", "--local", str(folder))
+    assert (local.returncode, local.stdout.strip()) == (0, f"{folder} holds exactly raw@latest.")
+
+    blob = storage.blob_path(world.alpha.pk, hashlib.sha256(b"beta\n").hexdigest())
+    blob.write_bytes(b"Beta\n")
+    found = tau("data", "dataset", "verify", "raw@1")
+    assert found.returncode == 1
+    assert found.stdout == "sub/b.txt: the stored copy differs from the manifest (SHA-256)\n"
+
+    (folder / "a.txt").write_text("ALPHA\n")
+    (folder / "extra").write_text("?\n")
+    changed = tau("data", "dataset", "verify", "raw@1", "--local", str(folder), "--json")
+    assert changed.returncode == 1
+    assert json.loads(changed.stdout) == {
+        "ok": False,
+        "problems": ["a.txt: its content differs (SHA-256)", "extra: not in the manifest"],
+    }
+
+
+def test_aliases_list_and_show_as_a_script_reads_them(
+    world: Any, live_server: Any, tmp_path: Path, settings: Any
+) -> None:
+    settings.TAU_STORAGE_URL = f"file://{tmp_path / 'store'}"
+    tau = as_user(world, "researcher", live_server, tmp_path / "home")
+    for number in (1, 2):
+        folder = tmp_path / f"v{number}"
+        folder.mkdir()
+        (folder / "weights.bin").write_bytes(bytes([number]) * 100)
+        assert tau("data", "model", "ingest", "tiny", str(folder)).returncode == 0
+    assert tau.json("data", "model", "alias", "set", "tiny", "production", "1") == {
+        "alias": "production",
+        "version": 1,
+    }
+    got = tau("data", "model", "alias", "get", "tiny", "production")
+    assert got.stdout == "tiny@production is tiny@1.\n"
+    listed = tau.json("data", "model", "list")
+    assert [(row["name"], row["latest"], row["aliases"]) for row in listed] == [
+        ("tiny", 2, {"production": 1})
+    ]
+    versions = tau.json("data", "model", "show", "tiny")
+    assert [row["number"] for row in versions] == [2, 1]
+    missing = tau("data", "model", "show", "tiny@9")
+    assert missing.returncode == 4
+    assert "tiny has no version '9'" in missing.stderr
+    bad = tau("data", "model", "alias", "set", "tiny", "latest", "1")
+    assert bad.returncode == 2
+    assert "kept by the catalog" in bad.stderr
+    assert tau("data", "model", "alias", "rm", "tiny", "production").returncode == 0
+    assert tau("data", "model", "alias", "get", "tiny", "production").returncode == 4
+    refused = tau("data", "model", "rm", "tiny", "--yes")
+    assert refused.returncode == 3  # a researcher may not delete a whole model
+    admin = as_user(world, "workspace_admin", live_server, tmp_path / "admin")
+    assert admin("data", "model", "rm", "tiny", "--yes").returncode == 0
+    assert tau.json("data", "model", "list") == []
