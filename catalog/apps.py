@@ -17,8 +17,14 @@ class CatalogConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
+        from catalog.runs import DATASET_INPUTS
         from catalog.uploads import DECLARATION_BYTES
         from portal.api import BODY_LIMITS
+        from runs.submission import EXTENSIONS
+
+        # Every submission pins the dataset versions its spec reads (catalog.runs).
+        if DATASET_INPUTS not in EXTENSIONS:
+            EXTENSIONS.append(DATASET_INPUTS)
 
         # Declaring an upload's files takes a larger JSON body than other calls; each piece
         # of a file is a body of its own.

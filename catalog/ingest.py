@@ -28,6 +28,7 @@ from catalog.models import (
     AssetAlias,
     AssetFile,
     AssetVersion,
+    RunInput,
     validate_name,
 )
 from tau.manifest import MAX_FILES, Entry, Manifest, ManifestError, list_files
@@ -304,6 +305,17 @@ def delete_asset(asset: Asset) -> None:
     of the workspace holds, and any unfinished upload's pieces."""
     workspace_id = asset.workspace_id
     files = AssetFile.objects.for_workspace(workspace_id)
+    read = (
+        RunInput.objects.for_workspace(workspace_id)
+        .filter(version__asset=asset)
+        .select_related("version", "run")
+        .first()
+    )
+    if read is not None:
+        raise CatalogError(
+            f"{read.version.ref} was read by the run {read.run.name}, whose record names it: "
+            f"{asset.name} is kept."
+        )
     with transaction.atomic():
         lock_asset(asset)
         shas = set(files.filter(version__asset=asset).values_list("sha256", flat=True))

@@ -177,3 +177,25 @@ class AssetAlias(TenantModel):
 
     def __str__(self) -> str:
         return f"{self.asset.name}@{self.name}"
+
+
+class RunInput(TenantModel):
+    """A dataset version a run reads, pinned when the run was submitted (an alias resolved
+    then, never again: a retry or a resume reads the same bytes), and where the run sees it
+    under ``TAU_DATA_DIR``."""
+
+    tenant_path: ClassVar[str | None] = "run__workspace"
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+")
+    #: PROTECT: a version a run read stays in the record (catalog.ingest.delete_asset).
+    version = models.ForeignKey(AssetVersion, on_delete=models.PROTECT, related_name="readers")
+    #: What the spec asked for (``train``, ``3``, ``latest``).
+    asked = models.CharField(max_length=63)
+    path = models.CharField(max_length=1024)
+
+    class Meta(TenantModel.Meta):
+        ordering = ["run", "path"]
+        constraints = [models.UniqueConstraint(fields=["run", "path"], name="catalog_input_once")]
+
+    def __str__(self) -> str:
+        return f"{self.version} at {self.path}"

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from catalog.models import AssetVersion, RunInput
 from runs import artifacts, bundles
 from runs.backends.registry import describing_backend
 from runs.models import Artifact, Checkpoint, MetricPoint, Run, RunAttempt, RunEvent
@@ -362,8 +363,46 @@ def build_manifest(
             }
             for artifact in contents.artifacts
         ],
+        **_data(run),
         "files": files,
     }
+
+
+def _data(run: Run) -> dict[str, Any]:
+    """``data``: the dataset versions the run read and the versions it made, by manifest
+    digest (issue 33) — so the record proves which bytes were used after the files are gone.
+    Absent for a run that did neither (its record reads as before datasets existed)."""
+    read = (
+        RunInput.objects.for_workspace(run.workspace_id)
+        .filter(run=run)
+        .select_related("version__asset")
+        .order_by("path")
+    )
+    made = (
+        AssetVersion.objects.for_workspace(run.workspace_id)
+        .filter(produced_by=run, state=AssetVersion.State.READY)
+        .select_related("asset")
+        .order_by("asset__kind", "asset__name", "number")
+    )
+    data = {
+        "read": [
+            {
+                "ref": item.version.ref,
+                "manifest_digest": item.version.manifest_digest,
+                "path": item.path,
+            }
+            for item in read
+        ],
+        "produced": [
+            {
+                "kind": version.asset.kind,
+                "ref": version.ref,
+                "manifest_digest": version.manifest_digest,
+            }
+            for version in made
+        ],
+    }
+    return {"data": data} if data["read"] or data["produced"] else {}
 
 
 def export_members(

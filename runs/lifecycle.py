@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,9 @@ class Submission:
     unwrapped_folder: str | None = None
     #: What it may cost in GPU-hours and the budgets it draws on (``runs.policy.Cost``).
     cost: dict[str, Any] | None = None
+    #: What other apps record with the run (``runs.submission.Extension``): each called with
+    #: the new run inside its transaction, answering data for the ``submitted`` event.
+    extensions: tuple[Callable[[Run], dict[str, Any]], ...] = ()
 
 
 def create_run(*, workspace: Workspace, user: User, submission: Submission) -> Run:
@@ -101,6 +105,9 @@ def create_run(*, workspace: Workspace, user: User, submission: Submission) -> R
             except IntegrityError:
                 if attempt == 4:
                     raise
+        recorded: dict[str, Any] = {}
+        for record in submission.extensions:
+            recorded.update(record(run))
         append_event(
             run,
             EventKind.SUBMITTED,
@@ -121,6 +128,7 @@ def create_run(*, workspace: Workspace, user: User, submission: Submission) -> R
                     else {}
                 ),
                 **({"cost": submission.cost} if submission.cost else {}),
+                **recorded,
             },
             first=True,
         )

@@ -100,6 +100,7 @@ class EventKind(enum.StrEnum):
     METRICS_SKIPPED = "metrics-skipped"
     DELIVERY_FAILED = "delivery-failed"  # the backend could not be told, and TauGrid gave up
     ARTIFACT_REFUSED = "artifact-refused"  # a declared file was not kept (a limit, its name)
+    OUTPUTS_KEPT = "outputs-kept"  # outputs.dataset / outputs.model became versions (catalog)
 
 
 WORKLOAD_EVENT_PREFIX = "workload."

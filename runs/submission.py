@@ -50,6 +50,29 @@ MAX_SUBMISSION_BYTES = bundles.MAX_BUNDLE_BYTES + MAX_SPEC_BYTES + FORM_OVERHEAD
 MAX_CHECK_BYTES = 2 * MAX_SPEC_BYTES + FORM_OVERHEAD_BYTES
 
 
+class Extension:
+    """What another app checks and records with every submission, above the run core (the
+    catalog: the dataset versions a run reads). ``check(spec, workspace)`` answers the
+    problems it finds, as ``(path, message)`` pairs naming tau.yaml keys, and what to record;
+    ``record(run, checked)`` runs in the transaction that writes the run, before anything can
+    start it (``checked`` is what ``check`` answered), and answers data for the run's
+    ``submitted`` event (sealed in its evidence)."""
+
+    def __init__(
+        self,
+        name: str,
+        check: Callable[[Spec, Workspace], tuple[list[tuple[str, str]], Any]],
+        record: Callable[..., dict[str, Any]],
+    ) -> None:
+        self.name = name
+        self.check = check
+        self.record = record
+
+
+#: Registered by apps in ``AppConfig.ready()``.
+EXTENSIONS: list[Extension] = []
+
+
 @dataclass(frozen=True)
 class SubmissionProblem:
     path: str
@@ -139,6 +162,19 @@ def reading_of(source: bytes) -> Reading:
     return read_source(source)
 
 
+def check_extensions(
+    source: bytes, spec: Spec, workspace: Workspace
+) -> tuple[list[SubmissionProblem], list[tuple[Extension, Any]]]:
+    """What each registered :class:`Extension` refuses in ``spec``, and what each records."""
+    problems: list[SubmissionProblem] = []
+    checked: list[tuple[Extension, Any]] = []
+    for extension in EXTENSIONS:
+        found, result = extension.check(spec, workspace)
+        problems += [_at(source, path, message) for path, message in found]
+        checked.append((extension, result))
+    return problems, checked
+
+
 def check_spec(
     source: bytes, *, workspace: Workspace, backend: str | None = None
 ) -> policy.Placement:
@@ -174,6 +210,7 @@ def check_spec(
             ]
         raise SubmissionRefused(problems)
     problems, placement = _placed(source, reading.spec, workspace=workspace, backend=backend)
+    problems += check_extensions(source, reading.spec, workspace)[0]
     if problems or placement is None:
         raise SubmissionRefused(problems)
     return placement
@@ -300,6 +337,10 @@ def submit(
             problems += found
         if problems or placement is None:
             raise SubmissionRefused(problems)
+        # Checked again for what to record: an alias moved since is pinned as it is now.
+        problems, checked = check_extensions(spec_source, placement.spec, workspace)
+        if problems:
+            raise SubmissionRefused(problems)
         stored = bundles.keep(staged, workspace=workspace, unwrap=unwrap) if staged else None
     finally:
         if staged is not None:
@@ -316,6 +357,9 @@ def submit(
             backend=settings.TAU_BACKEND,
             unwrapped_folder=unwrap,
             cost=placement.cost.to_dict() if placement.cost else None,
+            extensions=tuple(
+                functools.partial(extension.record, checked=result) for extension, result in checked
+            ),
         ),
     )
 

@@ -238,9 +238,18 @@ class AssetViewSet(WorkspaceScopedViewSet):
         created = self.get_queryset().get(pk=asset.pk)
         return Response(AssetSerializer(asset_fields(created)).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={204: None, **refusals()})
+    @extend_schema(
+        request=None,
+        responses={
+            204: None,
+            **refusals(409, words={409: "Also: a run read one of its versions."}),
+        },
+    )
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        delete_asset(self._asset())
+        try:
+            delete_asset(self._asset())
+        except CatalogError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(

@@ -58,6 +58,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=25)
     parser.add_argument("--checkpoint-every", type=int, default=100)
     parser.add_argument(
+        "--data",
+        default=None,
+        help="train on a tokenized dataset (examples/data-prep's output) instead of the "
+        "synthetic one: a folder, relative to $TAU_DATA_DIR when it is set",
+    )
+    parser.add_argument(
+        "--model-dir",
+        default=None,
+        help="also write the model into this folder of $TAU_OUTPUT_DIR (outputs.model)",
+    )
+    parser.add_argument(
         "--fail-at-step",
         type=int,
         default=int(os.environ.get("EXAMPLE_FAIL_AT_STEP", "0") or 0),
@@ -81,6 +92,31 @@ def make_dataset(
         ys.append(1.0 if margin > 0 else 0.0)
     split = samples * 4 // 5
     return xs[:split], ys[:split], xs[split:], ys[split:]
+
+
+def load_dataset(
+    folder: Path,
+) -> tuple[list[list[float]], list[float], list[list[float]], list[float]]:
+    """A tokenized dataset (``vocab.txt``, ``examples.jsonl`` of ``{"ids", "label"}``) as
+    bag-of-words features: 1.0 for each vocabulary word a line has; the first 80% of the
+    lines train, the rest validate."""
+    vocab = (folder / "vocab.txt").read_text(encoding="utf-8").split()
+    xs: list[list[float]] = []
+    ys: list[float] = []
+    for line in (folder / "examples.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        x = [0.0] * len(vocab)
+        for index in row["ids"]:
+            x[index] = 1.0
+        xs.append(x)
+        ys.append(float(row["label"]))
+    split = len(xs) * 4 // 5
+    return xs[:split], ys[:split], xs[split:], ys[split:]
+
+
+def data_folder(name: str) -> Path:
+    base = os.environ.get("TAU_DATA_DIR")
+    return Path(base) / name if base and not Path(name).is_absolute() else Path(name)
 
 
 def sigmoid(z: float) -> float:
@@ -196,8 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint_dir = Path(os.environ.get("TAU_CHECKPOINT_DIR", "checkpoints"))
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    train_x, train_y, valid_x, valid_y = make_dataset(args.seed, args.samples, args.features)
-    weights = [0.0] * args.features
+    if args.data:
+        train_x, train_y, valid_x, valid_y = load_dataset(data_folder(args.data))
+        print(f"training on {len(train_x)} examples of {data_folder(args.data)}", flush=True)
+    else:
+        train_x, train_y, valid_x, valid_y = make_dataset(args.seed, args.samples, args.features)
+    weights = [0.0] * len(train_x[0])
+    batch_size = min(args.batch_size, len(train_x))
     bias = 0.0
     start_step = 0
 
@@ -219,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             # Seeded by (seed, step): the same batch whether or not the run was interrupted.
             batch = random.Random(f"{args.seed}/{step}").sample(  # noqa: S311
-                range(len(train_x)), args.batch_size
+                range(len(train_x)), batch_size
             )
             weights, bias, batch_loss = train_step(
                 weights, bias, train_x, train_y, batch, args.learning_rate
@@ -258,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         "val_accuracy": val_accuracy,
     }
     (output_dir / "model.json").write_text(json.dumps(model), encoding="utf-8")
+    if args.model_dir:
+        model_dir = output_dir / args.model_dir
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "model.json").write_text(json.dumps(model), encoding="utf-8")
+        if args.data:  # the words the weights belong to travel with them
+            shutil.copyfile(data_folder(args.data) / "vocab.txt", model_dir / "vocab.txt")
     if report and not tau.flush(timeout=10):
         print("some metrics could not be sent to the portal in time", file=sys.stderr)
     elapsed = time.monotonic() - started

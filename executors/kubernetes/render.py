@@ -570,6 +570,25 @@ def kubernetes_problems(spec: Spec) -> list[tuple[str, str]]:
                         "and backquotes; write the requirement without them",
                     )
                 )
+    # Datasets are staged and outputs kept by the local executor so far (issue 33): refused
+    # here at submission rather than run without the data it names.
+    if spec.inputs.datasets:
+        problems.append(
+            (
+                "inputs.datasets",
+                "this cluster's runs cannot read catalog datasets yet (the local executor "
+                "stages them); mount the data with storage.data_pvc",
+            )
+        )
+    for kind, declared in (("dataset", spec.outputs.dataset), ("model", spec.outputs.model)):
+        if declared is not None:
+            problems.append(
+                (
+                    f"outputs.{kind}",
+                    f"this cluster's runs cannot make {kind} versions yet (the local executor "
+                    "keeps them); keep the files with outputs.artifacts",
+                )
+            )
     return problems
 
 

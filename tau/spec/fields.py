@@ -267,7 +267,12 @@ class ObjectKind(Kind[T]):
             problems.add(join_path(path, key.text), key, "unknown key")  # counted, not shown
             return
         names = list(self.fields)
-        close = difflib.get_close_matches(key.text, names, n=1, cutoff=0.6)
+        # A key that is another block's field was more likely put in the wrong place than
+        # misspelt: only a very near name here is suggested instead (`datasets` in `outputs`,
+        # but not `inputs` for a top-level `gpus`).
+        homes = [home for home in self.elsewhere.get(key.text, ()) if home != path]
+        cutoff = 0.8 if homes else 0.6
+        close = difflib.get_close_matches(key.text, names, n=1, cutoff=cutoff)
         if not close:
             lowered = {name.lower(): name for name in names}
             if key.text.lower() in lowered:
@@ -276,14 +281,10 @@ class ObjectKind(Kind[T]):
             close = [self.aliases[key.text.lower()]]
         if close:
             hint = f"did you mean `{close[0]}`?"
-        elif key.text in self.elsewhere:
-            homes = [home for home in self.elsewhere[key.text] if home != path]
-            if homes and homes[0]:
-                hint = f"`{key.text}` belongs in the `{homes[0]}` block"
-            elif homes:
-                hint = f"`{key.text}` is a top-level key; move it out of `{path}`"
-            else:  # pragma: no cover - a key known here is never unknown here
-                hint = None
+        elif homes and homes[0]:
+            hint = f"`{key.text}` belongs in the `{homes[0]}` block"
+        elif homes:
+            hint = f"`{key.text}` is a top-level key; move it out of `{path}`"
         else:
             hint = "expected one of: " + ", ".join(f"`{name}`" for name in names)
         problems.add(join_path(path, key.text), key, f"unknown key {quote(key.text)}", hint)

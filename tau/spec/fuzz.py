@@ -35,8 +35,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tau.spec import Spec, SpecError, canonical_json, load_spec, spec_hash, validate
+from tau.spec.fields import Kind, ListKind, ObjectKind
 from tau.spec.samples import ARTICLE_EXAMPLE, FULL_EXAMPLE
-from tau.spec.schema import field_paths, json_schema, read_source, spec_from_dict
+from tau.spec.schema import ROOT, json_schema, read_source, spec_from_dict
 
 _EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 
@@ -51,7 +52,22 @@ def seed_texts() -> list[str]:
 
 SEED_TEXTS = seed_texts()
 SEED_DOCUMENTS: list[dict[str, Any]] = [yaml.safe_load(text) for text in SEED_TEXTS]
-FIELD_NAMES = sorted({path.rsplit(".", 1)[-1] for path in field_paths()})
+
+
+def _keys_of(kind: Kind[Any]) -> set[str]:
+    """Every key a value of ``kind`` can hold: its fields, and those of its list items."""
+    if isinstance(kind, ObjectKind):
+        found = set(kind.fields)
+        for field in kind.fields.values():
+            found |= _keys_of(field.kind)
+        return found
+    if isinstance(kind, ListKind):
+        return _keys_of(kind.item)
+    return set()
+
+
+#: Every key of the schema: the blocks' fields and those of list items (secrets, datasets).
+FIELD_NAMES = sorted(_keys_of(ROOT))
 
 # Values that sit on the edges of the rules: near-miss spellings, YAML 1.1 surprises,
 # bounds, path escapes, reserved names, control characters.
@@ -114,6 +130,14 @@ INTERESTING_STRINGS = (
     "!tag",
     "ubuntu:22.04",
     "Ubuntu:22.04",
+    "latest",
+    "007",
+    "0",
+    "wiki@train",
+    "Wiki",
+    ".",
+    "./",
+    "data/wiki",
 )
 
 _scalars = st.one_of(

@@ -11,8 +11,9 @@ Normal form, so that equal meanings are equal values (and hash the same):
 * durations are whole seconds;
 * relative paths are normalised (``./src//a.py`` → ``src/a.py``);
 * lists whose order carries no meaning (``exclude``, ``artifacts``, ``retry_on``, ``tags``)
-  are sorted; ``env`` and ``secrets`` are ordered by variable name; ``args`` and ``pip`` keep
-  the order they were written in;
+  are sorted; ``env`` and ``secrets`` are ordered by variable name; ``args``, ``pip`` and
+  ``inputs.datasets`` keep the order they were written in (a dataset's problems found at
+  submission name its item by index);
 * ``image``, ``queue.priority`` and ``queue.name`` (among others) stay ``None`` when unset,
   because workspace policy fills them at submission and must be able to tell "unset" from
   "set to the workspace default".
@@ -336,15 +337,71 @@ class Resilience:
 
 
 @dataclass(frozen=True, slots=True)
+class DatasetInput:
+    """A dataset of the workspace's catalog that the run reads, at one version."""
+
+    #: The dataset's name in the workspace (``wiki``).
+    name: str
+    #: A version number (``"3"``) or an alias (``"train"``, ``"latest"``), as written: the
+    #: server resolves it once, at submission, and every attempt of the run reads that version.
+    version: str
+    #: Where its files appear (read-only), relative to ``TAU_DATA_DIR``; normalised, never
+    #: ``.``. The dataset's name when the spec gives none.
+    path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "path": self.path}
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the run reads besides its project directory."""
+
+    #: In the order written; names and paths are unique, and no path is inside another.
+    datasets: tuple[DatasetInput, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"datasets": [dataset.to_dict() for dataset in self.datasets]}
+
+
+@dataclass(frozen=True, slots=True)
+class OutputAsset:
+    """A folder the run writes that becomes a new version of a dataset or a model of the
+    workspace when the run succeeds."""
+
+    #: The dataset's or model's name in the workspace (made by the first such run).
+    name: str
+    #: The folder, relative to ``TAU_OUTPUT_DIR``; normalised, never ``.``.
+    path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path}
+
+
+@dataclass(frozen=True, slots=True)
 class Outputs:
     """What the workload writes under ``TAU_OUTPUT_DIR``, and what is kept as evidence."""
 
     metrics_file: str
     #: Glob patterns relative to ``TAU_OUTPUT_DIR``, sorted.
     artifacts: tuple[str, ...]
+    #: A folder that becomes a new dataset version on success; None = none.
+    dataset: OutputAsset | None
+    #: A folder that becomes a new model version on success; None = none.
+    model: OutputAsset | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metrics_file": self.metrics_file, "artifacts": list(self.artifacts)}
+        data: dict[str, Any] = {
+            "metrics_file": self.metrics_file,
+            "artifacts": list(self.artifacts),
+        }
+        # Present only when set, so that specs written before these fields existed keep
+        # their normal form (and spec hash).
+        if self.dataset is not None:
+            data["dataset"] = self.dataset.to_dict()
+        if self.model is not None:
+            data["model"] = self.model.to_dict()
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +513,7 @@ class Spec:
     runtime: Runtime
     queue: Queue
     resilience: Resilience
+    inputs: Inputs
     outputs: Outputs
     experiment: Experiment
     storage: Storage
@@ -471,6 +529,8 @@ class Spec:
             data["storage"] = self.storage.to_dict()
         if self.execution != NO_EXECUTION:
             data["execution"] = self.execution.to_dict()
+        if self.inputs != NO_INPUTS:
+            data["inputs"] = self.inputs.to_dict()
         return data
 
     def _base_dict(self) -> dict[str, Any]:
@@ -491,6 +551,7 @@ class Spec:
 
 
 NO_STORAGE = Storage(data_pvc=None, data_access="read-only")
+NO_INPUTS = Inputs(datasets=())
 NO_EXECUTION = Execution(
     launcher=None, metric=None, mode="min", num_samples=1, max_concurrent_trials=1, configs=()
 )

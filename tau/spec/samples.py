@@ -72,9 +72,17 @@ resilience:
     max: 10m
   checkpoint_dir: checkpoints
 
+inputs:
+  datasets:
+    - {name: imagenet, version: train, path: images/}
+    - name: imagenet-labels
+      version: 3
+
 outputs:
   metrics_file: logs/metrics.jsonl
   artifacts: [model/**, eval/*.json]
+  dataset: {name: imagenet-embeddings, path: embeddings}
+  model: {name: resnet50-vision, path: model/}
 
 experiment:
   project: vision

@@ -52,11 +52,14 @@ from tau.spec.model import (
     WORKLOAD_KINDS,
     Backoff,
     Compute,
+    DatasetInput,
     EnvVar,
     Execution,
     Experiment,
     Head,
+    Inputs,
     Limits,
+    OutputAsset,
     Outputs,
     Queue,
     Resilience,
@@ -99,6 +102,14 @@ MAX_ENV_VALUE_LENGTH = 32 * 1024
 #: Names plus values of all ``runtime.env`` entries; well under Kubernetes' object size limit.
 MAX_ENV_TOTAL_LENGTH = 64 * 1024
 RESERVED_ENV_PREFIX = "TAU_"
+#: Datasets one run reads (``inputs.datasets``).
+MAX_DATASETS = 32
+#: Names of datasets, models and version aliases in a workspace's catalog: lower-case letters,
+#: digits, ``.``, ``_`` and ``-``, starting with a letter or a digit.
+ASSET_NAME_MAX_LENGTH = 63
+ASSET_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+#: Version numbers count from 1 and have at most this many digits.
+MAX_VERSION_DIGITS = 9
 
 # ---------------------------------------------------------------------------- value rules
 
@@ -262,6 +273,113 @@ def _metrics_file_problem(text: str) -> str | None:
     if text.endswith("/") or normalise_relative_path(text) == ".":
         return f"{quote(text)} is a directory; name the file the metrics rows go to"
     return None
+
+
+_ASSET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_DIGITS = re.compile(r"[0-9]+")
+#: A version number without leading zeros, or an alias that is not all digits.
+_VERSION_PATTERN = (
+    rf"^(?:[1-9][0-9]{{0,{MAX_VERSION_DIGITS - 1}}}|(?![0-9]+$)[a-z0-9][a-z0-9._-]{{0,62}})$"
+)
+_ASSET_NAME_RULES = (
+    "use lower-case letters, digits, `.`, `_` and `-`, starting with a letter or a digit"
+)
+
+
+def _asset_name_problem(what: str) -> Callable[[str], str | None]:
+    def problem(text: str) -> str | None:
+        if _ASSET_NAME.fullmatch(text):
+            return None
+        return f"{quote(text)} is not a valid {what} name: {_ASSET_NAME_RULES}"
+
+    return problem
+
+
+def _asset_name_hint(example: str) -> Callable[[str], str]:
+    def hint(text: str) -> str:
+        suggestion = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-").lstrip("._")
+        suggestion = suggestion[:ASSET_NAME_MAX_LENGTH]
+        if suggestion and suggestion != text and _ASSET_NAME.fullmatch(suggestion):
+            return f"try `{suggestion}`"
+        return f"e.g. `{example}`"
+
+    return hint
+
+
+def _asset_name_kind(what: str, example: str) -> StringKind:
+    return StringKind(
+        max_length=ASSET_NAME_MAX_LENGTH,
+        rule=_asset_name_problem(what),
+        rule_hint=_asset_name_hint(example),
+        pattern=ASSET_NAME_PATTERN,
+        expected=f"a {what} name",
+    )
+
+
+def _version_problem(text: str) -> str | None:
+    if _DIGITS.fullmatch(text):
+        if int(text) == 0:
+            return f"there is no version {text}: versions are numbered from 1"
+        if text.startswith("0"):
+            return f"the version number {quote(text)} has leading zeros"
+        if len(text) > MAX_VERSION_DIGITS:
+            return (
+                f"{quote(text)} is not a version number: "
+                f"they have at most {MAX_VERSION_DIGITS} digits"
+            )
+        return None
+    if _ASSET_NAME.fullmatch(text):
+        return None
+    return f"{quote(text)} is neither a version number nor an alias"
+
+
+def _version_hint(text: str) -> str:
+    if _DIGITS.fullmatch(text) and 0 < int(text) < 10**MAX_VERSION_DIGITS:
+        return f"write `{int(text)}`"
+    if _DIGITS.fullmatch(text):
+        return "name a version the dataset has, or leave `version` out for the newest one"
+    if "@" in text:
+        return "write only what follows `@` here, and the dataset's name in `name`"
+    if _ASSET_NAME.fullmatch(text.lower()):
+        return f"aliases are lower-case: `{text.lower()}`"
+    return f"write a number such as `3`, or an alias such as `train` ({_ASSET_NAME_RULES})"
+
+
+def _nesting(path: str, other: str) -> str | None:
+    """How two normalised relative folders overlap: ``same``, ``inside`` (``path`` is inside
+    ``other``), ``holds`` (``other`` is inside ``path``), or None when they are apart."""
+    if path == other:
+        return "same"
+    if path.startswith(other + "/"):
+        return "inside"
+    if other.startswith(path + "/"):
+        return "holds"
+    return None
+
+
+#: A relative path that names a folder inside its directory: the path rules of ``path_kind``,
+#: and not the directory itself (``""``, ``.``, ``./``).
+_FOLDER_PATTERN = r"^(?![/~\\])(?![A-Za-z]:)(?!(.*/)?\.\.(/|$))(?!(\.?/)*\.?$)[^\\]*$"
+
+
+def _folder_kind(*, what: str, directory: str, example: str) -> StringKind:
+    """A folder inside ``directory`` (a relative path, normalised), never ``directory`` itself."""
+
+    def problem(text: str) -> str | None:
+        if not text or normalise_relative_path(text) == ".":
+            shown = quote(text) if text else "an empty path"
+            return f"{shown} is the whole of `{directory}`; name a folder inside it"
+        return relative_path_problem(text, what=what)
+
+    return StringKind(
+        max_length=1024,
+        min_length=0,
+        rule=problem,
+        rule_hint=lambda _text: f"write a folder relative to `{directory}`, e.g. `{example}`",
+        normalise=normalise_relative_path,
+        pattern=_FOLDER_PATTERN,
+        expected=f"a relative {what}",
+    )
 
 
 # ----------------------------------------------------------------------------- the blocks
@@ -890,6 +1008,259 @@ RESILIENCE = ObjectKind(
     aliases={"retries": "max_retries", "checkpoints": "checkpoint_dir"},
 )
 
+
+class VersionKind(StringKind):
+    """A dataset's version: a number (``3``, quoted or not) or an alias (``train``), kept as
+    text; numbers are written in plain decimal digits."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            max_length=ASSET_NAME_MAX_LENGTH,
+            rule=_version_problem,
+            rule_hint=_version_hint,
+            pattern=_VERSION_PATTERN,
+            expected="a version number or an alias",
+        )
+
+    def check_node(self, node: Node, path: str, problems: ProblemCollector) -> str | Invalid:
+        if not isinstance(node, ScalarNode) or node.kind != "int":
+            return super().check_node(node, path, problems)
+        if _DIGITS.fullmatch(node.text):
+            return self.check_text(node.text, node, path, problems)
+        if isinstance(node.value, int) and node.value < 1:
+            problems.add(
+                path,
+                node,
+                f"there is no version {node.text}: versions are numbered from 1",
+                "name a version the dataset has, or leave `version` out for the newest one",
+            )
+        else:
+            problems.add(
+                path,
+                node,
+                f"write version numbers in plain decimal digits, not {quote(node.text)}",
+                f"YAML readers disagree about forms like `0x10` and `1_000`; "
+                f"this one means {node.value}",
+            )
+        return INVALID
+
+    def json_schema(self) -> JsonSchema:
+        number: JsonSchema = {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 10**MAX_VERSION_DIGITS - 1,
+        }
+        return {"anyOf": [super().json_schema(), number]}
+
+
+DATASET_INPUT = ObjectKind(
+    (
+        Field(
+            "name",
+            _asset_name_kind("dataset", "wiki"),
+            "A dataset of your workspace (`tau data dataset list`).",
+            required=True,
+            example="wiki",
+        ),
+        Field(
+            "version",
+            VersionKind(),
+            "A version number (`3`) or an alias (`train`). Resolved once, at submission, to "
+            "the version it names then: every attempt of the run reads that version, and the "
+            "run records it. Default: `latest`, the newest ready version.",
+            default="latest",
+            example="train",
+        ),
+        Field(
+            "path",
+            _folder_kind(what="dataset path", directory="TAU_DATA_DIR", example="wiki"),
+            "Where the dataset's files appear, read-only, relative to `TAU_DATA_DIR`. "
+            "Unset: the dataset's name.",
+            default=None,
+            example="wiki",
+        ),
+    ),
+    lambda values: DatasetInput(
+        name=values["name"],
+        version=values["version"],
+        path=values["name"] if values["path"] is None else values["path"],
+    ),
+    description="A dataset the run reads, at one version.",
+    aliases={
+        "dataset": "name",
+        "alias": "version",
+        "tag": "version",
+        "mount": "path",
+        "folder": "path",
+        "dir": "path",
+        "directory": "path",
+    },
+    expected="a dataset ({name, version, path})",
+)
+
+
+def _dataset_item_hint(text: str) -> str:
+    """For a dataset written as text (``wiki@train``): the mapping it should be."""
+    name, at, version = text.partition("@")
+    if _ASSET_NAME.fullmatch(name) and not at:
+        return f"write `{{name: {name}}}`"
+    if _ASSET_NAME.fullmatch(name) and _version_problem(version) is None:
+        return f"write `{{name: {name}, version: {version}}}`"
+    return "write `{name: wiki, version: train}`, or `name:` and `version:` on lines of their own"
+
+
+class DatasetListKind(ListKind[DatasetInput]):
+    """``inputs.datasets``: each version once, each in a folder of its own under
+    ``TAU_DATA_DIR`` (none inside another's, since each is mounted there). The order is kept
+    as written, so that ``spec.inputs.datasets[i]`` is the file's item ``i``."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            DATASET_INPUT, max_items=MAX_DATASETS, example="{name: wiki, version: train}"
+        )
+
+    def check_node(
+        self, node: Node, path: str, problems: ProblemCollector
+    ) -> tuple[DatasetInput, ...] | Invalid:
+        if not isinstance(node, SequenceNode) or len(node.items) > self.max_items:
+            return super().check_node(node, path, problems)  # the list's own problem
+        datasets: list[tuple[int, DatasetInput]] = []
+        failed = False
+        for index, item in enumerate(node.items):
+            item_path = index_path(path, index)
+            if isinstance(item, ScalarNode) and item.kind == "str":
+                self.item.type_problem(item, item_path, problems, _dataset_item_hint(item.text))
+                failed = True
+                continue
+            dataset = self.item.check(item, item_path, problems)
+            if isinstance(dataset, Invalid):
+                failed = True
+                continue
+            if self._clashes(dataset, item, item_path, datasets, problems):
+                failed = True
+                continue
+            datasets.append((index, dataset))
+        if failed:
+            return INVALID
+        return tuple(dataset for _index, dataset in datasets)
+
+    @staticmethod
+    def _clashes(
+        dataset: DatasetInput,
+        node: Node,
+        path: str,
+        earlier: Sequence[tuple[int, DatasetInput]],
+        problems: ProblemCollector,
+    ) -> bool:
+        """Whether ``dataset`` is the same version at the same name as an earlier item, or
+        overlaps its folder (then reported at this, the later, item). One dataset may be read
+        twice, two versions in two folders (to compare them)."""
+        for index, other in earlier:
+            if (other.name, other.version) == (dataset.name, dataset.version):
+                problems.add(
+                    join_path(path, "name"),
+                    _entry(node, "name") or node,
+                    f"{quote(f'{dataset.name}@{dataset.version}')} is listed twice (also item "
+                    f"{index + 1} of the list)",
+                    "remove one of them",
+                )
+                return True
+        for index, other in earlier:
+            nesting = _nesting(dataset.path, other.path)
+            if nesting is None:
+                continue
+            written = _entry(node, "path")
+            where = f"the path {quote(dataset.path)}"
+            if written is None:
+                where += " (the dataset's name, as there is no `path`)"
+            item = f"item {index + 1} (`{other.name}`)"
+            message = {
+                "same": f"{where} is taken by {item}",
+                "inside": f"{where} is inside the folder of {item}, {quote(other.path)}",
+                "holds": f"{where} holds the folder of {item}, {quote(other.path)}",
+            }[nesting]
+            problems.add(
+                join_path(path, "path"),
+                written or node,
+                message,
+                "give each dataset a folder of its own under TAU_DATA_DIR with `path`, "
+                "none inside another",
+            )
+            return True
+        return False
+
+
+INPUTS = ObjectKind(
+    (
+        Field(
+            "datasets",
+            DatasetListKind(),
+            f"Datasets of your workspace the run reads (at most {MAX_DATASETS}), each mounted "
+            "read-only at `TAU_DATA_DIR/<path>`. Aliases are resolved at submission: the run "
+            "is pinned to the versions they named then.",
+            example="[{name: wiki, version: train}]",
+        ),
+    ),
+    lambda values: Inputs(**values),
+    description="What the run reads besides its project directory: datasets of the workspace.",
+    aliases={"dataset": "datasets", "data": "datasets"},
+)
+
+
+def _output_asset(kind: str, *, name: str, folder: str) -> ObjectKind[OutputAsset]:
+    """``outputs.dataset`` or ``outputs.model``: a folder that becomes a new version."""
+    return ObjectKind(
+        (
+            Field(
+                "name",
+                _asset_name_kind(kind, name),
+                f"The {kind} of your workspace that gets the new version.",
+                required=True,
+                example=name,
+            ),
+            Field(
+                "path",
+                _folder_kind(what=f"{kind} folder", directory="TAU_OUTPUT_DIR", example=folder),
+                f"The folder, relative to `TAU_OUTPUT_DIR`, whose files make the {kind} version "
+                "(not `TAU_OUTPUT_DIR` itself).",
+                required=True,
+                example=folder,
+            ),
+        ),
+        lambda values: OutputAsset(**values),
+        description=(
+            f"A folder under `TAU_OUTPUT_DIR` that becomes a new version of a {kind} when the "
+            "run succeeds, derived from the run's input datasets and produced by the run."
+        ),
+        aliases={"folder": "path", "dir": "path", "directory": "path"},
+        expected=f"a {kind} to make ({{name, path}})",
+    )
+
+
+def _check_outputs(block: BlockValues, problems: ProblemCollector) -> None:
+    """The dataset's and the model's folders are apart: no file can go into both."""
+    if not block.valid("dataset", "model"):
+        return
+    dataset, model = block.values["dataset"], block.values["model"]
+    if dataset is None or model is None:
+        return
+    nesting = _nesting(model.path, dataset.path)
+    if nesting is None:
+        return
+    where = f"the model's folder {quote(model.path)}"
+    message = {
+        "same": f"{where} is also the dataset's",
+        "inside": f"{where} is inside the dataset's, {quote(dataset.path)}",
+        "holds": f"{where} holds the dataset's, {quote(dataset.path)}",
+    }[nesting]
+    problems.add(
+        join_path(block.path_of("model"), "path"),
+        _entry(block.nodes.get("model"), "path") or block.where("model"),
+        message,
+        "give the dataset and the model folders of their own under TAU_OUTPUT_DIR",
+    )
+
+
 OUTPUTS = ObjectKind(
     (
         Field(
@@ -922,9 +1293,28 @@ OUTPUTS = ObjectKind(
             "Glob patterns (relative to `TAU_OUTPUT_DIR`) of files kept in the run's evidence.",
             example="[model/**, '*.json']",
         ),
+        Field(
+            "dataset",
+            _output_asset("dataset", name="wiki-tokenized", folder="tokenized"),
+            "A folder under `TAU_OUTPUT_DIR` that becomes a new version of a dataset of your "
+            "workspace when the run succeeds, derived from the run's input datasets. "
+            "Unset: none.",
+            default=None,
+            example="{name: wiki-tokenized, path: tokenized}",
+        ),
+        Field(
+            "model",
+            _output_asset("model", name="tiny-gpt", folder="model"),
+            "A folder under `TAU_OUTPUT_DIR` that becomes a new version of a model of your "
+            "workspace when the run succeeds, derived from the run's input datasets. "
+            "Unset: none.",
+            default=None,
+            example="{name: tiny-gpt, path: model}",
+        ),
     ),
     lambda values: Outputs(**values),
     description="What the run writes, and what is kept.",
+    checks=(_check_outputs,),
     aliases={"metrics": "metrics_file", "files": "artifacts"},
 )
 
@@ -1329,6 +1719,7 @@ ROOT = ObjectKind(
         Field("runtime", RUNTIME, "The software the workload runs in."),
         Field("queue", QUEUE, "Where the run waits for capacity."),
         Field("resilience", RESILIENCE, "Retries and checkpoints."),
+        Field("inputs", INPUTS, "Datasets the run reads, pinned at submission."),
         Field("outputs", OUTPUTS, "What the run writes, and what is kept."),
         Field("experiment", EXPERIMENT, "Labels for comparing runs."),
         Field("storage", STORAGE, "A data volume mounted into the run."),

@@ -66,11 +66,12 @@ def test_every_example_program_compiles(path: Path, tmp_path: Path) -> None:
     py_compile.compile(str(path), cfile=str(tmp_path / "compiled.pyc"), doraise=True)
 
 
-def test_the_resume_example_runs_the_cpu_quickstart_program() -> None:
-    # One program, two tau.yaml files; a copy because bundles refuse links and `..`.
+@pytest.mark.parametrize("example", ["resume-from-checkpoint", "train-on-data"])
+def test_the_resume_and_data_examples_run_the_cpu_quickstart_program(example: str) -> None:
+    # One program, three tau.yaml files; copies because bundles refuse links and `..`.
     quickstart = REPO / "examples" / "cpu-quickstart" / "train.py"
-    resume = REPO / "examples" / "resume-from-checkpoint" / "train.py"
-    assert resume.read_bytes() == quickstart.read_bytes()
+    copy = REPO / "examples" / example / "train.py"
+    assert copy.read_bytes() == quickstart.read_bytes()
 
 
 def test_the_multi_node_example_is_a_job_with_several_gpu_workers() -> None:

@@ -20,6 +20,7 @@ BLOCKS = (
     "runtime",
     "queue",
     "resilience",
+    "inputs",
     "outputs",
     "experiment",
     "storage",
@@ -67,6 +68,8 @@ def test_the_schema_covers_every_top_level_block_and_closes_every_object() -> No
         "compute.limits",
         "compute.head",
         "compute.head.limits",
+        "outputs.dataset",
+        "outputs.model",
     }
     for path, object_schema in objects:
         assert object_schema["additionalProperties"] is False, path

@@ -266,6 +266,8 @@ def test_every_list_at_its_longest_stays_within_the_node_limit() -> None:
     lines += ["runtime:", "  pip:", *[f"    - pkg{i}" for i in range(128)]]
     lines += ["  env:", *[f"    V{i}: x" for i in range(64)]]
     lines += ["  secrets:", *[f"    - {{env: S{i}, secret: s{i}, key: k}}" for i in range(64)]]
+    lines += ["inputs:", "  datasets:"]
+    lines += [f"    - {{name: d{i}, version: v{i}, path: data/d{i}}}" for i in range(32)]
     lines += ["outputs:", "  artifacts:", *[f"    - out{i}/*" for i in range(64)]]
     lines += ["experiment:", "  project: p", "  tags:", *[f"    - t{i}" for i in range(32)]]
     text = "schema_version: 1\nname: longest\n" + "\n".join(lines) + "\n"

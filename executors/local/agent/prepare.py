@@ -7,6 +7,7 @@ Layout, under ``VAR_DIR/runs/<run id>/`` (``runs_root()``)::
         run.log           stdout and stderr (and the environment build's output), capped
         work/             the code bundle unpacked (the working directory, and HOME)
         output/           TAU_OUTPUT_DIR (metrics file, artifacts)
+        data/             TAU_DATA_DIR: the dataset versions it reads (staging), read-only
         tmp/              TMPDIR (and /tmp, unless a memory cgroup holds the run)
         shm/              /dev/shm, unless a memory cgroup holds the run
         status/           outcome.json, written by the wrapper when the workload ends
@@ -46,7 +47,8 @@ from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 
-from executors.local.agent import environments
+from catalog.runs import StagedDataset
+from executors.local.agent import environments, staging
 from executors.local.agent import sandbox as sandboxing
 from executors.local.agent.run_limits import AttemptLimits
 from runs import bundles, workload_sdk
@@ -103,6 +105,11 @@ class AttemptLayout:
     @property
     def tmp(self) -> Path:
         return self.attempt_dir / "tmp"
+
+    @property
+    def data(self) -> Path:
+        """TAU_DATA_DIR: the run's datasets, staged (``staging``), read-only in the sandbox."""
+        return self.attempt_dir / "data"
 
     @property
     def shm(self) -> Path:
@@ -162,6 +169,8 @@ class PreparationPlan:
     sdk_root: Path | None = None
     # Its /tmp and the workload's resource limits (``run_limits``); None = none (tests).
     limits: AttemptLimits | None = None
+    # The dataset versions it reads (``catalog.runs.staging_plan``), staged under data/.
+    datasets: tuple[StagedDataset, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -254,6 +263,16 @@ def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
         else:
             layout.work.mkdir()
         layout.work.chmod(0o700)
+        if plan.datasets:
+            try:
+                staged = staging.stage(plan.datasets, layout.data)
+            except (staging.StagingFailed, OSError) as exc:
+                log.write(f"[taugrid] could not stage its datasets: {exc}\n".encode())
+                raise PreparationFailed(
+                    "infrastructure", f"Could not stage its datasets: {exc}"
+                ) from None
+            refs = ", ".join(f"{item.ref} at $TAU_DATA_DIR/{item.path}" for item in plan.datasets)
+            log.write(f"[taugrid] staged {refs}: {staged.said()}\n".encode())
         _link_checkpoint_dir(layout, spec.resilience.checkpoint_dir)
         if plan.uid is not None:
             sandboxing.chown_tree(layout.work, plan.uid, plan.uid)
@@ -365,7 +384,11 @@ def wrapped_command(
         sandboxing.Layout(
             command=command,
             cwd=layout.work,
-            read_only=[venv] if sdk_dir is None else [venv, sdk_dir],
+            read_only=[
+                venv,
+                *([sdk_dir] if sdk_dir is not None else []),
+                *([layout.data] if plan.datasets else []),
+            ],
             writable=[layout.work, layout.output, layout.tmp, layout.checkpoints, status],
             # /tmp and /dev/shm: RAM charged to the run's memory cgroup, or folders on disk.
             files=sandboxing.identity_files(layout.sandbox_etc, uid=uid, home=layout.work),

@@ -67,6 +67,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
+from catalog.runs import OutputsNotKept, StagedDataset, keep_outputs, staging_plan
 from executors.local.agent import (
     admission,
     artifact_collection,
@@ -230,6 +231,10 @@ class Execution:
     next_disk_check: float = 0.0
     #: Why it was stopped for its disk use (the message of its outcome).
     disk_overrun: str | None = None
+    #: The dataset versions it reads, staged under TAU_DATA_DIR (``catalog.runs``).
+    datasets: tuple[StagedDataset, ...] = ()
+    #: Its outputs.dataset / outputs.model were made versions (once, if _finish is retried).
+    outputs_kept: bool = False
 
     @property
     def run_id(self) -> int:
@@ -805,6 +810,7 @@ class Agent:
             metrics=MetricsReader(layout.output / spec.outputs.metrics_file, root=layout.output),
             checkpoints=CheckpointScanner(layout.checkpoints),
             limits=self.enforcement.for_attempt(_memory_limit(spec)),
+            datasets=staging_plan(run) if spec.inputs.datasets else (),
         )
         # From here on the attempt is this agent's: whatever fails is recorded as its end.
         self.executions[attempt.pk] = execution
@@ -860,6 +866,7 @@ class Agent:
             log_limit=self.log_limit,
             sdk_root=self.sdk_root,
             limits=execution.limits,
+            datasets=execution.datasets,
         )
         execution.preparation = self._pool.submit(prepare, plan, execution.cancelled)
 
@@ -881,6 +888,8 @@ class Agent:
             env["TAU_RESUME_FROM"] = attempt.resume_from.path
         if attempt.retry_reason:
             env["TAU_RETRY_REASON"] = attempt.retry_reason
+        if execution.datasets:
+            env["TAU_DATA_DIR"] = str(execution.layout.data)
         env.update(sweeps.sweep_environment(execution.spec))
         return env
 
@@ -1357,6 +1366,8 @@ class Agent:
             artifact_collection.collect_artifacts(
                 run=execution.run, attempt=execution.attempt.number, output=execution.layout.output
             )
+            if execution.outcome.succeeded:
+                self._keep_outputs(execution)
         # Its processes are gone: so is its cgroup, before it is recorded as ended.
         self._release_cgroup(execution)
         with transaction.atomic():
@@ -1391,6 +1402,31 @@ class Agent:
         self.free_gpus.sort()
         del self.executions[execution.attempt.pk]
         self._wake.set()  # its resources are free: admit at once
+
+    def _keep_outputs(self, execution: Execution) -> None:
+        """``outputs.dataset`` and ``outputs.model`` become versions; one that cannot fails
+        the attempt (the run promised it), saying which and why."""
+        spec = execution.spec
+        if execution.outputs_kept or (spec.outputs.dataset is None and spec.outputs.model is None):
+            return
+        execution.outputs_kept = True
+        try:
+            made = keep_outputs(execution.run, spec, execution.layout.output)
+        except OutputsNotKept as exc:
+            self._note(execution, str(exc))
+            execution.outcome = AttemptOutcome(
+                succeeded=False,
+                exit_code=execution.outcome.exit_code if execution.outcome else None,
+                failure_class=FailureClass.USER_ERROR,
+                message=str(exc),
+            )
+            return
+        for version in made:
+            self._note(
+                execution,
+                f"kept {version.asset.kind} {version.ref}: {version.files_count:,} files, "
+                f"{version.bytes:,} bytes, {version.manifest_digest}",
+            )
 
     def _release_cgroup(self, execution: Execution) -> None:
         if execution.cgroup is None or execution.cgroup.released:

@@ -1,0 +1,222 @@
+"""Runs and the catalog (issue 33): the dataset versions a run reads, pinned when it is
+submitted; what an executor stages for it; the versions its outputs become when it succeeds.
+
+- **Pinning** (:data:`DATASET_INPUTS`, a ``runs.submission.Extension``): each
+  ``inputs.datasets`` entry is resolved once, at submission, to a ready version; a missing
+  dataset, version or alias refuses the submission at that key. The versions are recorded
+  as :class:`~catalog.models.RunInput` rows and in the run's ``submitted`` event (ref,
+  manifest digest, path), so the run's sealed evidence names the exact bytes it read.
+- **Staging** (:func:`staging_plan`): what an executor puts under ``TAU_DATA_DIR`` — every
+  file of every pinned version, where it is kept in the workspace's store, and its digest.
+- **Outputs** (:func:`keep_outputs`): ``outputs.dataset`` / ``outputs.model``, folders under
+  the successful attempt's ``TAU_OUTPUT_DIR``, become the next versions of their names,
+  ``produced_by`` the run and ``derived_from`` the versions it read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+
+from catalog import storage
+from catalog.ingest import asset_named, fail, find_version, ingest_folder
+from catalog.models import Asset, AssetFile, AssetVersion, RunInput
+from runs.events import append_event
+from runs.models import EventKind, Run
+from runs.submission import Extension
+
+if TYPE_CHECKING:
+    from tau.spec import Spec
+    from workspaces.models import Workspace
+
+
+class OutputsNotKept(Exception):
+    """A declared output that could not become a version; the message names it and why."""
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """One ``inputs.datasets`` entry, resolved."""
+
+    version: AssetVersion
+    asked: str
+    path: str
+
+
+def check_inputs(spec: Spec, workspace: Workspace) -> tuple[list[tuple[str, str]], list[Pinned]]:
+    """Each of the spec's datasets resolved to a ready version, or a problem at its key."""
+    problems: list[tuple[str, str]] = []
+    pinned: list[Pinned] = []
+    assets = Asset.objects.for_workspace(workspace).filter(kind=Asset.Kind.DATASET)
+    for index, wanted in enumerate(spec.inputs.datasets):
+        at = f"inputs.datasets[{index}]"
+        asset = assets.filter(name=wanted.name).first()
+        if asset is None:
+            problems.append(
+                (
+                    f"{at}.name",
+                    f"this workspace has no dataset named {wanted.name!r} (`tau data dataset "
+                    "list` shows its datasets).",
+                )
+            )
+            continue
+        version = find_version(workspace, asset, wanted.version)
+        if version is None:
+            what = "version" if wanted.version.isdecimal() else "alias"
+            problems.append(
+                (f"{at}.version", f"{wanted.name} has no {what} {wanted.version!r}.")
+                if wanted.version != "latest"
+                else (f"{at}.version", f"{wanted.name} has no ready version yet.")
+            )
+            continue
+        if version.state != AssetVersion.State.READY:
+            problems.append(
+                (
+                    f"{at}.version",
+                    f"{version.ref} is {version.state}, not ready: name a ready version.",
+                )
+            )
+            continue
+        pinned.append(Pinned(version, wanted.version, wanted.path))
+    return problems, pinned
+
+
+def record_inputs(run: Run, checked: list[Pinned]) -> dict[str, Any]:
+    """The pinned versions written with the run; their refs and digests for its history."""
+    if not checked:
+        return {}
+    RunInput.objects.bulk_create(
+        RunInput(run=run, version=item.version, asked=item.asked, path=item.path)
+        for item in checked
+    )
+    return {
+        "datasets": [
+            {
+                "ref": item.version.ref,
+                "asked": f"{item.version.asset.name}@{item.asked}",
+                "manifest_digest": item.version.manifest_digest,
+                "path": item.path,
+            }
+            for item in checked
+        ]
+    }
+
+
+DATASET_INPUTS = Extension("datasets", check_inputs, record_inputs)
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    path: str
+    size: int
+    sha256: str
+    blob: Path
+
+
+@dataclass(frozen=True)
+class StagedDataset:
+    """One pinned version, as an executor puts it at ``TAU_DATA_DIR/<path>``."""
+
+    ref: str
+    path: str
+    manifest_digest: str
+    files: tuple[StagedFile, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(item.size for item in self.files)
+
+
+def staging_plan(run: Run) -> tuple[StagedDataset, ...]:
+    """The run's pinned versions and their files, as stored in its workspace."""
+    workspace_id = run.workspace_id
+    inputs = (
+        RunInput.objects.for_workspace(workspace_id)
+        .filter(run=run)
+        .select_related("version__asset")
+        .order_by("path")
+    )
+    plan = []
+    for item in inputs:
+        rows = (
+            AssetFile.objects.for_workspace(workspace_id)
+            .filter(version=item.version)
+            .order_by("path")
+            .values_list("path", "size", "sha256")
+        )
+        plan.append(
+            StagedDataset(
+                ref=item.version.ref,
+                path=item.path,
+                manifest_digest=item.version.manifest_digest,
+                files=tuple(
+                    StagedFile(path, size, sha256, storage.blob_path(workspace_id, sha256))
+                    for path, size, sha256 in rows
+                ),
+            )
+        )
+    return tuple(plan)
+
+
+def keep_outputs(run: Run, spec: Spec, output: Path) -> list[AssetVersion]:
+    """``outputs.dataset`` and ``outputs.model`` of a succeeded attempt, each the next version
+    of its name; OutputsNotKept names the first that could not be kept."""
+    read = [
+        item.version
+        for item in RunInput.objects.for_workspace(run.workspace_id)
+        .filter(run=run)
+        .select_related("version")
+    ]
+    declared = [
+        (kind, output_asset)
+        for kind, output_asset in (("dataset", spec.outputs.dataset), ("model", spec.outputs.model))
+        if output_asset is not None
+    ]
+    # Every promised folder first: nothing is kept of a run that did not write them all.
+    for kind, output_asset in declared:
+        folder = output / output_asset.path
+        if not folder.is_dir() or folder.is_symlink():
+            raise OutputsNotKept(
+                f"outputs.{kind}: the run wrote no folder {output_asset.path.rstrip('/')} under "
+                f"TAU_OUTPUT_DIR, so no version of the {kind} {output_asset.name} was made."
+            )
+    made: list[AssetVersion] = []
+    for kind, output_asset in declared:
+        version = ingest_folder(
+            asset_named(run.workspace, kind, output_asset.name, user=run.submitted_by),
+            output / output_asset.path,
+            source=AssetVersion.Source.RUN,
+            source_detail=f"{run.name}: {output_asset.path}",
+            user=run.submitted_by,
+            produced_by=run,
+            derived_from=read,
+        )
+        if version.state != AssetVersion.State.READY:
+            reason = f"outputs.{kind}: {version.ref} could not be kept: {version.error}"
+            for earlier in made:  # a run that fails leaves no ready output behind
+                fail(earlier, f"Its run failed: {reason}")
+            raise OutputsNotKept(reason)
+        made.append(version)
+    if made:
+        with transaction.atomic():
+            locked = Run.objects.for_workspace(run.workspace_id).select_for_update().get(pk=run.pk)
+            append_event(
+                locked,
+                EventKind.OUTPUTS_KEPT,
+                message="Kept " + ", ".join(f"{v.asset.kind} {v.ref}" for v in made) + ".",
+                data={
+                    "versions": [
+                        {
+                            "kind": version.asset.kind,
+                            "ref": version.ref,
+                            "manifest_digest": version.manifest_digest,
+                            "derived_from": [item.ref for item in read],
+                        }
+                        for version in made
+                    ]
+                },
+            )
+    return made

@@ -1,0 +1,84 @@
+"""Staging a local attempt's datasets (issue 33): every file of every version the run pinned
+(``catalog.runs.staging_plan``) at ``TAU_DATA_DIR/<path>/<file>``, read-only in the sandbox.
+
+Each file is read once from the workspace's store and its SHA-256 checked against the
+manifest before the workload can see it: a missing or changed file fails the attempt as
+``infrastructure``, naming the version and the file. A checked file is then linked into the
+attempt's ``data/`` folder (a hard link: no copy when the store shares the disk, which the
+embedded default's does), or copied where it does not. The folder is mounted read-only in
+the sandbox; the files themselves are read-only too.
+
+Filesystem only: this runs in the preparation's worker thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from catalog.runs import StagedDataset
+from tau.manifest import ManifestError, hash_file
+
+
+class StagingFailed(RuntimeError):
+    """A pinned file that cannot be staged; the message names the version and the file."""
+
+
+@dataclass(frozen=True)
+class Staged:
+    files: int
+    bytes: int
+    seconds: float
+
+    def said(self) -> str:
+        return f"{self.files:,} files, {self.bytes:,} bytes in {self.seconds:.1f} s"
+
+
+def stage(datasets: tuple[StagedDataset, ...], data_dir: Path) -> Staged:
+    """Put every file of ``datasets`` under ``data_dir``, each checked against its digest."""
+    started = time.monotonic()
+    files = 0
+    total = 0
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for dataset in datasets:
+        root = data_dir / dataset.path
+        for item in dataset.files:
+            target = root / item.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _place(dataset, item.path, item.blob, item.size, item.sha256, target)
+            files += 1
+            total += item.size
+    return Staged(files=files, bytes=total, seconds=time.monotonic() - started)
+
+
+def _place(
+    dataset: StagedDataset, path: str, blob: Path, size: int, sha256: str, target: Path
+) -> None:
+    where = f"{dataset.ref}: {path}"
+    try:
+        found_size, found = hash_file(blob, name=where)
+    except ManifestError as exc:
+        raise StagingFailed(f"{where} is missing from the workspace's store ({exc}).") from None
+    if (found_size, found) != (size, sha256):
+        raise StagingFailed(
+            f"{where}: the stored copy differs from the manifest (SHA-256 {found} instead of "
+            f"{sha256}); the version cannot be read until it is ingested again."
+        )
+    try:
+        os.link(blob, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise StagingFailed(f"{where} could not be staged: {exc.strerror}.") from None
+        _copy(blob, target)
+    # The link shares the blob's inode: read-only for everyone, as blobs are kept.
+    os.chmod(target, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+
+
+def _copy(source: Path, target: Path) -> None:
+    with source.open("rb") as reader, target.open("xb") as writer:
+        while chunk := reader.read(1024 * 1024):
+            writer.write(chunk)
