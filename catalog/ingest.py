@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from catalog.models import (
     RunInput,
     validate_name,
 )
+from runs.models import MetricPoint
 from tau.manifest import MAX_FILES, Entry, Manifest, ManifestError, list_files
 
 logger = logging.getLogger(__name__)
@@ -91,36 +92,68 @@ def ingest_folder(
 ) -> AssetVersion:
     """The asset's next version, made of the files under ``folder`` (module docstring).
     Returns it ``ready``, or ``failed`` with ``error`` naming the file."""
+    return ingest_files(
+        asset,
+        lambda: [
+            (item.path, item.absolute, item.size)
+            for item in list_files(folder, max_files=max_files, max_file_bytes=max_file_bytes)
+        ],
+        source=source,
+        source_detail=source_detail,
+        user=user,
+        produced_by=produced_by,
+        derived_from=derived_from,
+        max_files=max_files,
+    )
+
+
+#: ``(path in the version, where the file is, its size)``.
+Listing = list[tuple[str, Path, int]]
+
+
+def ingest_files(
+    asset: Asset,
+    listing: Callable[[], Listing],
+    *,
+    source: str,
+    source_detail: str = "",
+    user: Any = None,
+    produced_by: Any = None,
+    derived_from: Iterable[AssetVersion] = (),
+    max_files: int = MAX_FILES,
+) -> AssetVersion:
+    """The asset's next version, made of the files ``listing()`` names (ManifestError from it
+    fails the version with its message): each copied into the store and hashed as it is
+    read, then the stored copies checked; ``ready``, or ``failed`` naming the file."""
     version = _new_version(
         asset,
         source=source,
         source_detail=source_detail[:1024],
         created_by=user,
         produced_by=produced_by,
+        metrics=final_metrics(produced_by) if produced_by is not None else {},
     )
     inputs = list(derived_from)
     if inputs:
         version.derived_from.set(inputs)
     workspace_id = asset.workspace_id
     try:
-        listed = list_files(folder, max_files=max_files, max_file_bytes=max_file_bytes)
-        version.bytes_total = sum(item.size for item in listed)
+        listed = listing()
+        version.bytes_total = sum(size for _, _, size in listed)
         version.save(update_fields=["bytes_total"])
         progress = _Progress(version)
         entries = []
-        for item in listed:
+        for path, absolute, listed_size in listed:
             try:
-                size, sha256 = storage.write_blob(
-                    workspace_id, item.absolute, progress.add, name=item.path
-                )
+                size, sha256 = storage.write_blob(workspace_id, absolute, progress.add, name=path)
             except OSError as exc:
-                raise ManifestError(f"{item.path} could not be stored: {exc.strerror}.") from exc
-            if size != item.size:
+                raise ManifestError(f"{path} could not be stored: {exc.strerror}.") from exc
+            if size != listed_size:
                 raise ManifestError(
-                    f"{item.path} changed while it was read ({item.size:,} bytes listed, "
+                    f"{path} changed while it was read ({listed_size:,} bytes listed, "
                     f"{size:,} read)."
                 )
-            entries.append(Entry(item.path, size, sha256))
+            entries.append(Entry(path, size, sha256))
         manifest = Manifest.of(entries, max_files=max_files)
         version.state = AssetVersion.State.VERIFYING
         version.save(update_fields=["state"])
@@ -128,6 +161,21 @@ def ingest_folder(
     except ManifestError as exc:
         fail(version, str(exc))
     return version
+
+
+def final_metrics(run: Any) -> dict[str, float]:
+    """The run's last value of each metric (the newest step's): what a version it made keeps
+    as its snapshot, and what ``best`` compares."""
+    rows = (
+        MetricPoint.objects.for_workspace(run.workspace_id)
+        .filter(run=run)
+        .order_by("key", "-step", "-attempt")
+        .values_list("key", "value")
+    )
+    final: dict[str, float] = {}
+    for key, value in rows:
+        final.setdefault(key, value)
+    return final
 
 
 def fail(version: AssetVersion, reason: str) -> None:

@@ -110,6 +110,9 @@ class AssetVersion(TenantModel):
     )
     created_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
+    #: The final value of each metric of the run that made it (``produced_by``), kept when
+    #: it was made: what ``best`` compares, still there when the run's metrics are gone.
+    metrics = models.JSONField(default=dict, blank=True)
     #: The last time every stored file was read again (``verify``), and what it found wrong
     #: (empty: nothing).
     verified_at = models.DateTimeField(null=True, blank=True)

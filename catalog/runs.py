@@ -22,11 +22,21 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from catalog import storage
-from catalog.ingest import asset_named, fail, find_version, ingest_folder
+from catalog.ingest import (
+    CatalogError,
+    Listing,
+    asset_named,
+    fail,
+    find_version,
+    ingest_files,
+    ingest_folder,
+)
 from catalog.models import Asset, AssetFile, AssetVersion, RunInput
+from runs import artifacts
 from runs.events import append_event
-from runs.models import EventKind, Run
+from runs.models import Artifact, EventKind, Run, RunState
 from runs.submission import Extension
+from tau.manifest import ManifestError, check_path
 
 if TYPE_CHECKING:
     from tau.spec import Spec
@@ -220,3 +230,47 @@ def keep_outputs(run: Run, spec: Spec, output: Path) -> list[AssetVersion]:
                 },
             )
     return made
+
+
+def register_from_run(asset: Asset, run: Run, path: str, *, user: Any = None) -> AssetVersion:
+    """The next version of ``asset``, made of the artifacts a succeeded run kept under
+    ``path`` (``outputs.artifacts``: both executors keep them), produced by the run and derived
+    from the versions it read; CatalogError says what is missing."""
+    if run.state != RunState.SUCCEEDED:
+        raise CatalogError(
+            f"{run.name} is {run.state}: register a version from a run that succeeded."
+        )
+    prefix = path.strip("/")
+    try:
+        check_path(prefix)
+    except ManifestError as exc:
+        raise CatalogError(f"path: {exc}") from exc
+    chosen: Listing = []
+    for artifact in Artifact.objects.for_workspace(run.workspace_id).filter(run=run):
+        if artifact.path == prefix:
+            relative = prefix.rsplit("/", 1)[-1]
+        elif artifact.path.startswith(f"{prefix}/"):
+            relative = artifact.path[len(prefix) + 1 :]
+        else:
+            continue
+        chosen.append((relative, artifacts.content_path(artifact.sha256), artifact.size))
+    if not chosen:
+        raise CatalogError(
+            f"{run.name} kept no artifact at {prefix} or under {prefix}/: a run keeps the files "
+            "its outputs.artifacts patterns match (see its artifacts)."
+        )
+    read = [
+        item.version
+        for item in RunInput.objects.for_workspace(run.workspace_id)
+        .filter(run=run)
+        .select_related("version")
+    ]
+    return ingest_files(
+        asset,
+        lambda: chosen,
+        source=AssetVersion.Source.RUN,
+        source_detail=f"{run.name}: {prefix}",
+        user=user,
+        produced_by=run,
+        derived_from=read,
+    )

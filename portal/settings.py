@@ -521,7 +521,7 @@ SPECTACULAR_SETTINGS = {
         "AttemptStateEnum": "runs.models.RunAttempt.State",
         "VersionStateEnum": "catalog.models.AssetVersion.State",
         "VersionSourceEnum": "catalog.models.AssetVersion.Source",
-        "DeclaredSourceEnum": [("upload", "upload")],
+        "DeclaredSourceEnum": [("upload", "upload"), ("run", "run")],
     },
 }
 

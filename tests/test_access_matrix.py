@@ -166,6 +166,9 @@ def CATALOG_ROUTES(
         ("version-files", {"GET": API_READ}, version, {}),
         ("version-file", {"PUT": RESEARCHER_WRITE(200)}, upload, {}),
         ("version-verify", {"POST": RESEARCHER_WRITE(200)}, version, {}),
+        ("version-download", {"GET": API_READ}, version, {}),
+        # Without ?metric= every reader gets as far as the 400 that asks for one.
+        ("best", {"GET": codes(400, 400, 400, 400, 404, 401)}, asset, {}),
         (
             "alias",
             {"PUT": RESEARCHER_WRITE(200), "DELETE": RESEARCHER_WRITE(204)},

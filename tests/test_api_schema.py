@@ -1149,6 +1149,72 @@ for _kind in ("dataset", "model"):
         )
 
 
+def catalog_from_run(world: Any, tmp: Path, settings: Any, kind: str, state: Any) -> Any:
+    """:func:`catalog_version`, and a run in ``state`` that kept ``model/w.bin`` (and a metric
+    ``val_loss``)."""
+    from runs.artifacts import store_artifact
+    from runs.models import MetricPoint
+
+    catalog_version(world, tmp, settings, kind)
+    run = make_run(world, spec=TINY_SPEC + b"outputs:\n  artifacts: [model/**]\n", state=state)
+    store_artifact(run=run, attempt=1, name="model/w.bin", source=io.BytesIO(b"weights"))
+    MetricPoint.objects.create(run=run, attempt=1, key="val_loss", step=1, value=0.5)
+    return run
+
+
+for _kind in ("dataset", "model"):
+    for _status, _state, _path, _label in (
+        (201, RunState.SUCCEEDED, "model/", "register_from_run"),
+        (400, RunState.FAILED, "model/", "register_from_a_failed_run"),
+        (400, RunState.SUCCEEDED, "nothing/", "register_nothing"),
+    ):
+
+        def _register(
+            world: Any,
+            tmp: Path,
+            settings: Any,
+            kind: str = _kind,
+            state: Any = _state,
+            path: str = _path,
+        ) -> HttpResponseBase:
+            run = catalog_from_run(world, tmp, settings, kind, state)
+            body = {"source": "run", "run": run.name, "path": path}
+            return client(world).post(f"{API}/alpha/{kind}s/wiki/versions/", body, format="json")
+
+        _register.__name__ = f"{_kind}_{_label}"
+        call("POST", f"{WS}/{_kind}s/{{name}}/versions/", _status)(_register)
+
+    for _status, _query, _label in (
+        (200, {"metric": "val_loss", "mode": "min"}, "best"),
+        (400, {"mode": "min"}, "best_of_no_metric"),
+        (404, {"metric": "accuracy"}, "best_of_an_unrecorded_metric"),
+    ):
+
+        def _best(
+            world: Any, tmp: Path, settings: Any, kind: str = _kind, query: Any = _query
+        ) -> HttpResponseBase:
+            run = catalog_from_run(world, tmp, settings, kind, RunState.SUCCEEDED)
+            body = {"source": "run", "run": run.name, "path": "model"}
+            made = client(world).post(f"{API}/alpha/{kind}s/wiki/versions/", body, format="json")
+            assert made.status_code == 201, made.content
+            return client(world, "viewer").get(f"{API}/alpha/{kind}s/wiki/best/", query)
+
+        _best.__name__ = f"{_kind}_{_label}"
+        call("GET", f"{WS}/{_kind}s/{{name}}/best/", _status)(_best)
+
+    for _status, _version, _label in ((200, "train", "download"), (409, "2", "download_failed")):
+
+        def _download(
+            world: Any, tmp: Path, settings: Any, kind: str = _kind, version: str = _version
+        ) -> HttpResponseBase:
+            catalog_version(world, tmp, settings, kind)
+            url = f"{API}/alpha/{kind}s/wiki/versions/{version}/download/"
+            return client(world, "viewer").get(url)
+
+        _download.__name__ = f"{_kind}_{_label}"
+        call("GET", f"{WS}/{_kind}s/{{name}}/versions/{{version}}/download/", _status)(_download)
+
+
 @call("GET", f"{WS}/usage/", 400)
 def workspace_usage_of_no_month(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world, "viewer").get(f"{API}/alpha/usage/", {"month": "someday"})

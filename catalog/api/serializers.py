@@ -52,6 +52,10 @@ class VersionSerializer(serializers.Serializer[Any]):
         allow_null=True, help_text="The run whose output it is, if a run made it."
     )
     aliases = serializers.ListField(child=serializers.CharField())
+    metrics = serializers.DictField(
+        child=serializers.FloatField(),
+        help_text="The final value of each metric of the run that made it (empty otherwise).",
+    )
     created_at = serializers.DateTimeField()
     ready_at = serializers.DateTimeField(allow_null=True)
 
@@ -97,14 +101,20 @@ class DeclaredFileSerializer(serializers.Serializer[Any]):
 
 class VersionStartSerializer(serializers.Serializer[Any]):
     source = serializers.ChoiceField(  # type: ignore[assignment]
-        choices=[("upload", "upload")],
+        choices=[("upload", "upload"), ("run", "run")],
         help_text="`upload`: the files are declared here, then sent with PUT "
-        "…/versions/{version}/files/{path}.",
+        "…/versions/{version}/files/{path}. `run`: the artifacts a succeeded run kept under "
+        "`path` become the version.",
     )
     files = DeclaredFileSerializer(
         many=True,
-        help_text="Every file of the version. Declaring the same files again while an upload "
-        "of them is unfinished answers that version (200), to go on with.",
+        required=False,
+        help_text="An upload: every file of the version. Declaring the same files again while "
+        "an upload of them is unfinished answers that version (200), to go on with.",
+    )
+    run = serializers.CharField(required=False, help_text="A run's full name (source `run`).")
+    path = serializers.CharField(
+        required=False, help_text="The path of the run's artifacts (`model/`; source `run`)."
     )
 
 

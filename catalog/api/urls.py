@@ -5,7 +5,10 @@ from django.urls import path
 from catalog.api import views
 
 urlpatterns = []
-for kind, viewset in (("dataset", views.DatasetViewSet), ("model", views.ModelViewSet)):
+for kind, viewset, downloads in (
+    ("dataset", views.DatasetViewSet, views.DatasetDownloadViewSet),
+    ("model", views.ModelViewSet, views.ModelDownloadViewSet),
+):
     base = f"workspaces/<slug:workspace_slug>/{kind}s/"
     version = f"{base}<str:name>/versions/<str:version>/"
     urlpatterns += [
@@ -30,6 +33,12 @@ for kind, viewset in (("dataset", views.DatasetViewSet), ("model", views.ModelVi
         path(
             f"{version}verify/", viewset.as_view({"post": "verify"}), name=f"{kind}-version-verify"
         ),
+        path(
+            f"{version}download/",
+            downloads.as_view({"get": "download"}),
+            name=f"{kind}-version-download",
+        ),
+        path(f"{base}<str:name>/best/", viewset.as_view({"get": "best"}), name=f"{kind}-best"),
         path(
             f"{base}<str:name>/aliases/<str:alias>/",
             viewset.as_view({"put": "set_alias", "delete": "delete_alias"}),

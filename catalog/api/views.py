@@ -14,15 +14,16 @@ from typing import IO, Any, ClassVar
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Q, QuerySet
+from django.http import HttpResponseBase, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiRequest, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiRequest, OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from catalog import uploads
+from catalog import storage, uploads
 from catalog.api.serializers import (
     AliasSerializer,
     AliasSetSerializer,
@@ -36,9 +37,12 @@ from catalog.api.serializers import (
     VersionSerializer,
     VersionStartSerializer,
 )
+from catalog.download import Member, tar_length, tar_stream
 from catalog.ingest import CatalogError, asset_named, delete_asset, find_version, set_alias, verify
 from catalog.models import AUTOMATIC_ALIASES, Asset, AssetAlias, AssetFile, AssetVersion
-from portal.api import BoundedJSONParser, refusals
+from catalog.runs import register_from_run
+from portal.api import BoundedJSONParser, FileDownloadNegotiation, refusals
+from runs.models import Run
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import Role
 
@@ -98,6 +102,7 @@ def version_fields(version: AssetVersion) -> dict[str, Any]:
         ],
         "produced_by": version.produced_by.name if version.produced_by else None,
         "aliases": sorted(alias.name for alias in version.aliases.all()),
+        "metrics": version.metrics,
         "created_at": version.created_at,
         "ready_at": version.ready_at,
     }
@@ -263,9 +268,16 @@ class AssetViewSet(WorkspaceScopedViewSet):
     def start_version(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         asset = self._asset()
         source = request.data.get("source")
+        if source == "run":
+            return self._register_from_run(asset, request)
         if source != "upload":
             raise exceptions.ValidationError(
-                {"source": [f"{source!r} is not a source here: declare the files of an 'upload'."]}
+                {
+                    "source": [
+                        f"{source!r} is not a source here: declare the files of an 'upload', "
+                        "or name a 'run' and the path of its artifacts."
+                    ]
+                }
             )
         files = request.data.get("files")
         if not isinstance(files, list):
@@ -278,6 +290,62 @@ class AssetViewSet(WorkspaceScopedViewSet):
             self._started(version),
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
+
+    def _register_from_run(self, asset: Asset, request: Request) -> Response:
+        name, path = request.data.get("run"), request.data.get("path")
+        if not isinstance(name, str) or not name:
+            raise exceptions.ValidationError({"run": ["Name the run (its full name)."]})
+        if not isinstance(path, str) or not path.strip("/"):
+            raise exceptions.ValidationError(
+                {"path": ["Name the path of its artifacts that becomes the version (model/)."]}
+            )
+        run = (
+            None
+            if "\x00" in name
+            else Run.objects.for_workspace(self.workspace).filter(name=name).first()
+        )
+        if run is None:
+            raise exceptions.ValidationError({"run": [f"This workspace has no run {name!r}."]})
+        try:
+            version = register_from_run(asset, run, path, user=request.user)
+        except CatalogError as exc:
+            raise exceptions.ValidationError({"detail": str(exc)}) from exc
+        if version.state != AssetVersion.State.READY:
+            raise exceptions.ValidationError({"detail": f"{version.ref} failed: {version.error}"})
+        return Response(self._started(version), status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("metric", str, required=True, description="A metric's name."),
+            OpenApiParameter(
+                "mode", str, enum=["min", "max"], description="The smallest value or the largest."
+            ),
+        ],
+        responses={
+            200: VersionSerializer,
+            **refusals(400, words={404: "Also: no ready version recorded that metric."}),
+        },
+    )
+    def best(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        asset = self._asset()
+        metric = request.query_params.get("metric") or ""
+        mode = request.query_params.get("mode") or "min"
+        if not metric or "\x00" in metric or len(metric) > 200:
+            raise exceptions.ValidationError({"metric": ["Name a metric: ?metric=val_loss."]})
+        if mode not in ("min", "max"):
+            raise exceptions.ValidationError({"mode": ["min or max."]})
+        ready = self._versions(asset).filter(state=AssetVersion.State.READY)
+        scored = [
+            (float(version.metrics[metric]), version)
+            for version in ready
+            if isinstance(version.metrics.get(metric), int | float)
+        ]
+        if not scored:
+            raise exceptions.NotFound(f"No ready version of {asset.name} recorded {metric!r}.")
+        # The best value; among equals, the newest version.
+        sign = 1 if mode == "min" else -1
+        _, found = min(scored, key=lambda pair: (sign * pair[0], -pair[1].number))
+        return Response(VersionSerializer(version_fields(found)).data)
 
     def _started(self, version: AssetVersion) -> dict[str, Any]:
         fresh = self._versions(version.asset).get(pk=version.pk)
@@ -441,4 +509,56 @@ class DatasetViewSet(AssetViewSet):
 class ModelViewSet(AssetViewSet):
     """A workspace's models: each with its versions, aliases and files."""
 
+    kind = Asset.Kind.MODEL
+
+
+class VersionDownloadViewSet(AssetViewSet):
+    """A version's files as one tar (catalog.download)."""
+
+    content_negotiation_class = FileDownloadNegotiation
+
+    @extend_schema(
+        responses={
+            (200, "application/x-tar"): OpenApiResponse(
+                OpenApiTypes.BINARY,
+                description="Every file of the version, by path, as an uncompressed tar; "
+                "`X-Manifest-Digest` is the version's manifest digest.",
+            ),
+            **refusals(409, words={409: "Also: the version is not ready."}),
+        }
+    )
+    def download(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        version = self._version(self._asset())
+        if version.state != AssetVersion.State.READY:
+            return Response(
+                {"detail": f"{version.ref} is {version.state}: only a ready version downloads."},
+                status=status.HTTP_409_CONFLICT,
+            )
+        rows = (
+            AssetFile.objects.for_workspace(self.workspace)
+            .filter(version=version)
+            .order_by("path")
+            .values_list("path", "size", "sha256")
+        )
+        members = [
+            Member(path, size, storage.blob_path(self.workspace.pk, sha256))
+            for path, size, sha256 in rows
+        ]
+        mtime = version.ready_at.timestamp() if version.ready_at else 0
+        response = StreamingHttpResponse(
+            tar_stream(members, mtime), content_type="application/x-tar"
+        )
+        response["Content-Length"] = str(tar_length(members, mtime))
+        response["Content-Disposition"] = (
+            f'attachment; filename="{version.asset.name}-{version.number}.tar"'
+        )
+        response["X-Manifest-Digest"] = version.manifest_digest
+        return response
+
+
+class DatasetDownloadViewSet(VersionDownloadViewSet):
+    kind = Asset.Kind.DATASET
+
+
+class ModelDownloadViewSet(VersionDownloadViewSet):
     kind = Asset.Kind.MODEL

@@ -11,9 +11,13 @@ only once the portal has every byte and has checked it.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import shutil
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,6 +294,97 @@ def _said_version(version: dict[str, Any]) -> str:
     if version.get("error"):
         line += f"\n  {version['error']}"
     return line
+
+
+# --- downloading a version --------------------------------------------------------------
+
+
+def pull(api: Api, url: str, target: Path, manifest: Manifest, *, quiet: bool) -> None:
+    """The version's tar from ``url``, unpacked into ``target`` through a folder beside it;
+    every member must be a file of ``manifest`` with its size and SHA-256."""
+    expected = {entry.path: entry for entry in manifest.files}
+    target = target.absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent))
+    try:
+        with api.http.stream("GET", url, headers={"Accept": "application/x-tar"}) as response:
+            if response.status_code >= 400:
+                response.read()
+                api.check(response)
+            with (
+                _bar(quiet) as bar,
+                tarfile.open(fileobj=_Reader(response.iter_bytes()), mode="r|") as archive,
+            ):
+                task = bar.add_task(f"Downloading {target.name}", total=manifest.total_bytes)
+                seen: set[str] = set()
+                for member in archive:
+                    entry = expected.get(member.name)
+                    if entry is None or not member.isfile() or member.name in seen:
+                        raise CliError(
+                            f"the download holds {member.name!r}, not a file of the version."
+                        )
+                    seen.add(member.name)
+                    _write_member(archive, member, partial / entry.path, entry, bar, task)
+                if seen != set(expected):
+                    missing = sorted(set(expected) - seen)[0]
+                    raise CliError(f"the download ended without {missing}; try again.")
+        if target.exists():
+            shutil.rmtree(target)
+        partial.rename(target)
+    except httpx.HTTPError as error:
+        raise CliError(f"the download from {api.url} failed: {error}; try again.") from None
+    except tarfile.TarError as error:
+        raise CliError(f"the download is not a whole tar ({error}); try again.") from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _write_member(
+    archive: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    destination: Path,
+    entry: Entry,
+    bar: Progress,
+    task: Any,
+) -> None:
+    source = archive.extractfile(member)
+    if source is None:
+        raise CliError(f"{member.name} is not a file in the download.")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
+    with destination.open("xb") as file:
+        while chunk := source.read(1024 * 1024):
+            digest.update(chunk)
+            file.write(chunk)
+            size += len(chunk)
+            bar.advance(task, len(chunk))
+    if (size, digest.hexdigest()) != (entry.size, entry.sha256):
+        raise CliError(
+            f"{entry.path} arrived changed (its SHA-256 is not the manifest's); try again."
+        )
+
+
+class _Reader(io.RawIOBase):
+    """A file object over an iterator of byte chunks (the response), for tarfile's stream."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.left = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.left:
+            try:
+                self.left = next(self.chunks)
+            except StopIteration:
+                return 0
+        count = min(len(buffer), len(self.left))
+        buffer[:count] = self.left[:count]
+        self.left = self.left[count:]
+        return count
 
 
 # --- commands -------------------------------------------------------------------------------
@@ -576,6 +671,128 @@ def _kind_group(kind: str) -> click.Group:
         ) -> int:
             """Remove ALIAS."""
             return _alias(ctx, kind, "delete", name, alias, None, workspace, as_json)
+
+    if kind == "model":
+
+        @group.command("register")
+        @click.argument("name")
+        @click.option(
+            "--run", "run_name", required=True, metavar="RUN", help="A run that succeeded."
+        )
+        @click.option(
+            "--path",
+            required=True,
+            metavar="PATH",
+            help="The path of the run's kept artifacts that becomes the version (model/).",
+        )
+        @workspace_option
+        @json_option
+        @click.pass_context
+        def register_command(
+            ctx: click.Context,
+            name: str,
+            run_name: str,
+            path: str,
+            workspace: str | None,
+            as_json: bool,
+        ) -> int:
+            """Make the artifacts a succeeded run kept under PATH the next version of NAME
+            (made if new), with the run's final metrics and the datasets it read."""
+            state = state_of(ctx)
+            ws = state.workspace_for(workspace)
+            api = state.api()
+            if not _exists(api, asset_path(ws, kind, name)):
+                api.request("POST", asset_path(ws, kind), json={"name": name})
+            version = api.post(
+                f"{asset_path(ws, kind, name)}versions/",
+                {"source": "run", "run": run_name, "path": path},
+            )
+            if as_json:
+                print_json(version)
+            else:
+                out.print(_said_version(version), markup=False)
+            return EXIT_OK
+
+        @group.command("best")
+        @click.argument("name")
+        @click.option("--metric", required=True, metavar="KEY", help="A metric the runs reported.")
+        @click.option("--mode", type=click.Choice(["min", "max"]), default="min", show_default=True)
+        @workspace_option
+        @json_option
+        @click.pass_context
+        def best_command(
+            ctx: click.Context,
+            name: str,
+            metric: str,
+            mode: str,
+            workspace: str | None,
+            as_json: bool,
+        ) -> int:
+            """The ready version whose run ended with the smallest (or largest) METRIC."""
+            state = state_of(ctx)
+            ws = state.workspace_for(workspace)
+            found = state.api().get(f"{asset_path(ws, kind, name)}best/", metric=metric, mode=mode)
+            if as_json:
+                print_json(found)
+            else:
+                value = found["metrics"].get(metric)
+                out.print(f"{found['ref']}: {metric} {value}", markup=False)
+            return EXIT_OK
+
+        @group.command("pull")
+        @click.argument("ref", metavar="NAME[@VERSION]")
+        @click.option(
+            "-o",
+            "--output",
+            type=click.Path(file_okay=False, path_type=Path),
+            metavar="DIR",
+            help="Where to put the files (default: NAME-VERSION in the current folder).",
+        )
+        @click.option("--force", is_flag=True, help="Replace DIR if it exists.")
+        @workspace_option
+        @json_option
+        @click.pass_context
+        def pull_command(
+            ctx: click.Context,
+            ref: str,
+            output: Path | None,
+            force: bool,
+            workspace: str | None,
+            as_json: bool,
+        ) -> int:
+            """Download a version's files into a folder, each checked against its manifest.
+
+            Written beside the folder first and moved into place once every file matched, so
+            an interrupted or refused download leaves nothing that looks whole."""
+            state = state_of(ctx)
+            ws = state.workspace_for(workspace)
+            name, version = split_ref(ref)
+            api = state.api()
+            path = version_path(ws, kind, name, version or "latest")
+            found = api.get(path)
+            target = output or Path(f"{name}-{found['number']}")
+            if target.exists() and not force:
+                raise CliError(f"{target} exists; use --force to replace it.", EXIT_USAGE)
+            manifest = Manifest.of(
+                Entry(row["path"], int(row["size"]), row["sha256"])
+                for row in api.pages(f"{path}files/", limit=1000)
+            )
+            if manifest.digest != found["manifest_digest"]:
+                raise CliError(
+                    f"the portal's list of files of {found['ref']} does not match its digest."
+                )
+            pull(api, f"{path}download/", target, manifest, quiet=as_json)
+            if as_json:
+                print_json(
+                    {"ref": found["ref"], "folder": str(target), "files": manifest.files_count}
+                )
+            else:
+                out.print(
+                    f"Wrote {found['ref']} to {target}: {manifest.files_count:,} files, "
+                    f"{_size(manifest.total_bytes)}, each checked.",
+                    markup=False,
+                )
+            return EXIT_OK
 
     @group.command("rm")
     @click.argument("name")

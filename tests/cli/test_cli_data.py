@@ -6,6 +6,7 @@ and list as a script reads them."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import signal
 import subprocess
@@ -17,8 +18,11 @@ import pytest
 
 from catalog import storage
 from catalog.models import AssetVersion
+from runs.artifacts import store_artifact
+from runs.models import MetricPoint, RunState
 from tau.manifest import scan
 from tests.cli.test_cli_members import TAU, as_user
+from tests.runs.factories import TINY_SPEC, make_run
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
@@ -168,3 +172,43 @@ def test_aliases_list_and_show_as_a_script_reads_them(
     admin = as_user(world, "workspace_admin", live_server, tmp_path / "admin")
     assert admin("data", "model", "rm", "tiny", "--yes").returncode == 0
     assert tau.json("data", "model", "list") == []
+
+
+def test_a_model_registered_from_runs_is_picked_by_best_and_pulled_checked(
+    world: Any, live_server: Any, tmp_path: Path, settings: Any
+) -> None:
+    settings.TAU_STORAGE_URL = f"file://{tmp_path / 'store'}"
+    tau = as_user(world, "researcher", live_server, tmp_path / "home")
+    names = []
+    for loss in (0.4, 0.2):
+        run = make_run(
+            world,
+            spec=TINY_SPEC + b"outputs:\n  artifacts: [model/**]\n",
+            state=RunState.SUCCEEDED,
+        )
+        for path, data in (("model/w.bin", str(loss).encode() * 100), ("model/cfg/a.json", b"{}")):
+            store_artifact(run=run, attempt=1, name=path, source=io.BytesIO(data))
+        MetricPoint.objects.create(run=run, attempt=1, key="val_loss", step=5, value=loss)
+        made = tau.json("data", "model", "register", "tiny", "--run", run.name, "--path", "model")
+        assert (made["state"], made["produced_by"]) == ("ready", run.name)
+        names.append(run.name)
+    best = tau("data", "model", "best", "tiny", "--metric", "val_loss")
+    assert best.stdout == "tiny@2: val_loss 0.2\n"
+    assert (
+        tau.json("data", "model", "best", "tiny", "--metric", "val_loss", "--mode", "max")["ref"]
+        == "tiny@1"
+    )
+
+    target = tmp_path / "pulled"
+    pulled = tau("data", "model", "pull", "tiny@2", "-o", str(target))
+    assert pulled.returncode == 0, pulled.stderr
+    assert "Wrote tiny@2 to" in pulled.stdout
+    assert (target / "w.bin").read_bytes() == b"0.2" * 100
+    assert (target / "cfg" / "a.json").read_bytes() == b"{}"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".pulled")) == []
+    again = tau("data", "model", "pull", "tiny@2", "-o", str(target))
+    assert again.returncode == 2
+    assert "exists; use --force" in again.stderr
+    assert tau("data", "model", "pull", "tiny@1", "-o", str(target), "--force").returncode == 0
+    assert (target / "w.bin").read_bytes() == b"0.4" * 100
+    assert tau("data", "model", "verify", "tiny@1", "--local", str(target)).returncode == 0

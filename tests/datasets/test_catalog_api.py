@@ -68,6 +68,7 @@ def test_a_dataset_its_versions_and_files_read_as_documented(world: Any, tmp_pat
         "derived_from": [],
         "produced_by": None,
         "aliases": ["train"],
+        "metrics": {},
         "created_at": None,
         "ready_at": None,
     }
