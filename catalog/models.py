@@ -109,6 +109,10 @@ class AssetVersion(TenantModel):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
     )
     created_at = models.DateTimeField(default=timezone.now)
+    #: The last sign of life of its ingest (bytes written, a piece received, a change of
+    #: state): one left ``ingesting`` or ``verifying`` by a process that died is found by it
+    #: (``catalog.ingest.sweep_versions``).
+    touched_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
     #: The final value of each metric of the run that made it (``produced_by``), kept when
     #: it was made: what ``best`` compares, still there when the run's metrics are gone.

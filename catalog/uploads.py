@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
 from catalog import storage
 from catalog.ingest import CatalogError, check_and_make_ready, create_version, fail, lock_asset
@@ -197,7 +198,7 @@ def receive(
                 )
         row.save(update_fields=["received", "stored"])
         AssetVersion.objects.for_workspace(workspace_id).filter(pk=version.pk).update(
-            bytes_done=F("bytes_done") + added
+            bytes_done=F("bytes_done") + added, touched_at=timezone.now()
         )
     if row.stored:
         finish_if_whole(version)
@@ -236,7 +237,8 @@ def finish_if_whole(version: AssetVersion) -> None:
         if locked.state != AssetVersion.State.INGESTING or files.filter(stored=False).exists():
             return
         locked.state = AssetVersion.State.VERIFYING
-        locked.save(update_fields=["state"])
+        locked.touched_at = timezone.now()
+        locked.save(update_fields=["state", "touched_at"])
     version.state = AssetVersion.State.VERIFYING
     manifest = Manifest.of(
         Entry(path, size, sha256)

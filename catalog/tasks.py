@@ -1,0 +1,13 @@
+"""The catalog's periodic work (Celery beat: ``sweep-catalog-versions``)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from catalog.ingest import sweep_versions as sweep
+
+
+@shared_task(ignore_result=True)
+def sweep_versions() -> dict[str, int]:
+    """Versions a dead process left ingesting or verifying (catalog.ingest.sweep_versions)."""
+    return sweep()
