@@ -385,7 +385,7 @@ def delete_asset(asset: Asset) -> None:
             )
         }
     for sha256 in shas - still_held:
-        storage.blob_path(workspace_id, sha256).unlink(missing_ok=True)
+        storage.forget_blob(workspace_id, sha256)
     for version_id in version_ids:
         storage.drop_uploads(workspace_id, version_id)
     logger.info("%s %s deleted: %d version(s)", asset.kind, asset.name, len(version_ids))

@@ -5,7 +5,9 @@
 two versions with a file in common keep it once, and no workspace's store holds another's
 bytes (nor tells it, by a blob that is already there, what another has). A blob is written
 under a temporary name in the same folder and renamed once its digest is known, so a crash
-leaves no blob whose name lies about its content.
+leaves no blob whose name lies about its content; beside it, ``<sha256>.checked`` remembers
+the file as it was when hashed (:func:`is_checked`: staging trusts a blob unchanged since,
+and hashes one that changed). ``verify`` always reads every byte again.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def write_blob(
             temporary.unlink()  # kept already, by an earlier version
         else:
             os.replace(temporary, final)
+            mark_checked(final)
         return size, sha256
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -109,6 +112,39 @@ def keep_part(workspace_id: int, part: Path, sha256: str, size: int) -> None:
         part.unlink()
     else:
         os.replace(part, final)
+        mark_checked(final)
+
+
+def _mark(blob: Path) -> Path:
+    return blob.with_name(f"{blob.name}.checked")
+
+
+def _identity(blob: Path) -> str:
+    found = blob.stat()
+    return f"{found.st_ino} {found.st_mtime_ns} {found.st_size}\n"
+
+
+def mark_checked(blob: Path) -> None:
+    """Remember that ``blob``'s bytes were hashed and match its name, as the file is now
+    (inode, modification time, size): a reader may trust it until the file changes."""
+    temporary = blob.with_name(f".{blob.name}.{uuid.uuid4().hex}")
+    temporary.write_text(_identity(blob))
+    os.replace(temporary, _mark(blob))
+
+
+def is_checked(blob: Path) -> bool:
+    """Whether ``blob`` is as it was when last hashed (:func:`mark_checked`): any write to
+    it since (a new modification time, size or inode) says no."""
+    try:
+        return _mark(blob).read_text() == _identity(blob)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def forget_blob(workspace_id: int, sha256: str) -> None:
+    blob = blob_path(workspace_id, sha256)
+    blob.unlink(missing_ok=True)
+    _mark(blob).unlink(missing_ok=True)
 
 
 def drop_uploads(workspace_id: int, version_id: int) -> None:

@@ -21,6 +21,7 @@ BENCHMARKS = sorted(path.name for path in (ROOT / "benchmarks").glob("bench_*.py
 ON_A_CLUSTER = "bench_kube.py"
 #: What each benchmark reports as (var/bench/<name>.json).
 REPORTS = {
+    "bench_catalog.py": ["catalog"],
     "bench_evidence.py": ["evidence_export"],
     "bench_faults.py": ["faults"],
     "bench_gpus.py": ["gpu_fleet"],

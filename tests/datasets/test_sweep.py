@@ -105,8 +105,8 @@ def test_an_ingest_killed_halfway_is_failed_by_the_sweep_and_never_ready(
         **{k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")},
         "DJANGO_SETTINGS_MODULE": "portal.settings",
         "DATABASE_URL": session_database_url(),
-        "TAU_STORAGE_URL": django_settings.TAU_STORAGE_URL,
-        "TAU_SECRET_KEY": django_settings.SECRET_KEY,
+        "TAU_STORAGE_URL": str(django_settings.TAU_STORAGE_URL),
+        "TAU_SECRET_KEY": str(django_settings.SECRET_KEY),
     }
     process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env)
     versions = AssetVersion.objects.for_workspace(world.alpha)

@@ -1,7 +1,9 @@
 """Staging a local attempt's datasets (issue 33): every file of every version the run pinned
 (``catalog.runs.staging_plan``) at ``TAU_DATA_DIR/<path>/<file>``, read-only in the sandbox.
 
-Each file is read once from the workspace's store and its SHA-256 checked against the
+A file is trusted as the store's hash of it left it (``catalog.storage.is_checked``: the
+same inode, modification time and size as when its SHA-256 was last computed, at ingest or at
+an earlier staging); one that changed since is read again and its SHA-256 checked against the
 manifest before the workload can see it: a missing or changed file fails the attempt as
 ``infrastructure``, naming the version and the file. A checked file is then linked into the
 attempt's ``data/`` folder (a hard link: no copy when the store shares the disk, which the
@@ -20,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from catalog import storage
 from catalog.runs import StagedDataset
 from tau.manifest import ManifestError, hash_file
 
@@ -59,15 +62,18 @@ def _place(
     dataset: StagedDataset, path: str, blob: Path, size: int, sha256: str, target: Path
 ) -> None:
     where = f"{dataset.ref}: {path}"
-    try:
-        found_size, found = hash_file(blob, name=where)
-    except ManifestError as exc:
-        raise StagingFailed(f"{where} is missing from the workspace's store ({exc}).") from None
-    if (found_size, found) != (size, sha256):
-        raise StagingFailed(
-            f"{where}: the stored copy differs from the manifest (SHA-256 {found} instead of "
-            f"{sha256}); the version cannot be read until it is ingested again."
-        )
+    if not storage.is_checked(blob):
+        # Changed since it was hashed (or never marked): read it all before trusting it.
+        try:
+            found_size, found = hash_file(blob, name=where)
+        except ManifestError as exc:
+            raise StagingFailed(f"{where} is missing from the workspace's store ({exc}).") from None
+        if (found_size, found) != (size, sha256):
+            raise StagingFailed(
+                f"{where}: the stored copy differs from the manifest (SHA-256 {found} instead "
+                f"of {sha256}); the version cannot be read until it is ingested again."
+            )
+        storage.mark_checked(blob)
     try:
         os.link(blob, target)
     except OSError as exc:
