@@ -143,6 +143,10 @@ def ingest_files(
         listed = listing()
         version.bytes_total = sum(size for _, _, size in listed)
         version.save(update_fields=["bytes_total"])
+        try:
+            check_storage_quota(asset.workspace, version.bytes_total, what=version.ref)
+        except CatalogError as exc:
+            raise ManifestError(str(exc)) from None
         progress = _Progress(version)
         entries = []
         for path, absolute, listed_size in listed:
@@ -376,14 +380,7 @@ def delete_asset(asset: Asset) -> None:
             .values_list("pk", flat=True)
         )
         asset.delete()
-        ordered = sorted(shas)
-        still_held = {
-            sha256
-            for first in range(0, len(ordered), 10_000)
-            for sha256 in files.filter(sha256__in=ordered[first : first + 10_000]).values_list(
-                "sha256", flat=True
-            )
-        }
+        still_held = held_shas(workspace_id, shas)
     for sha256 in shas - still_held:
         storage.forget_blob(workspace_id, sha256)
     for version_id in version_ids:
@@ -449,3 +446,47 @@ def _claim(version: AssetVersion, was: str, becomes: str, now: Any) -> bool:
     version.state = becomes
     version.touched_at = now
     return bool(moved)
+
+
+def storage_used(workspace_id: int) -> int:
+    """Bytes the workspace's datasets and models keep, each file once (by SHA-256), counting
+    what unfinished uploads have declared (so two uploads cannot both fit in one gap)."""
+    rows = (
+        AssetFile.objects.for_workspace(workspace_id)
+        .exclude(version__state=AssetVersion.State.FAILED)
+        .order_by()
+        .values("sha256")
+        .annotate(size=Max("size"))
+        .values_list("size", flat=True)
+    )
+    return sum(rows)
+
+
+def check_storage_quota(workspace: Any, adding: int, *, what: str) -> None:
+    """CatalogError when ``adding`` more bytes would pass the workspace's storage quota."""
+    quota = workspace.storage_quota_bytes
+    if quota is None or adding <= 0:
+        return
+    used = storage_used(workspace.pk)
+    if used + adding > quota:
+        raise CatalogError(
+            f"{what} needs {adding:,} more bytes, and {workspace.slug} keeps {used:,} of its "
+            f"{quota:,}-byte storage quota: delete versions it no longer needs, or ask the "
+            "platform team for more."
+        )
+
+
+def held_shas(workspace_id: int, shas: Iterable[str]) -> set[str]:
+    """Those of ``shas`` a version of the workspace (not a failed one) lists, asked 10,000 at
+    a time (SQLite takes at most 32,766 values in one query)."""
+    ordered = sorted(set(shas))
+    files = AssetFile.objects.for_workspace(workspace_id).exclude(
+        version__state=AssetVersion.State.FAILED
+    )
+    return {
+        sha256
+        for first in range(0, len(ordered), 10_000)
+        for sha256 in files.filter(sha256__in=ordered[first : first + 10_000]).values_list(
+            "sha256", flat=True
+        )
+    }

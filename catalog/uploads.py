@@ -28,7 +28,14 @@ from django.db.models import F
 from django.utils import timezone
 
 from catalog import storage
-from catalog.ingest import CatalogError, check_and_make_ready, create_version, fail, lock_asset
+from catalog.ingest import (
+    CatalogError,
+    check_and_make_ready,
+    check_storage_quota,
+    create_version,
+    fail,
+    lock_asset,
+)
 from catalog.models import Asset, AssetFile, AssetVersion
 from tau.manifest import CHUNK_BYTES, Entry, Manifest, ManifestError, hash_file
 
@@ -105,6 +112,17 @@ def start_upload(asset: Asset, files: Any, *, user: Any = None) -> tuple[AssetVe
             for entry in manifest.files
             if storage.has_blob(workspace_id, entry.sha256, entry.size)
         }
+        held = (
+            set(
+                AssetFile.objects.for_workspace(workspace_id)
+                .filter(sha256__in=[entry.sha256 for entry in manifest.files])
+                .exclude(version__state=AssetVersion.State.FAILED)
+                .values_list("sha256", flat=True)
+            )
+            | kept
+        )
+        new_bytes = {e.sha256: e.size for e in manifest.files if e.sha256 not in held}
+        check_storage_quota(asset.workspace, sum(new_bytes.values()), what="This upload")
         version = create_version(
             asset,
             source=AssetVersion.Source.UPLOAD,

@@ -175,6 +175,7 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "Run defaults and policy",
             {"fields": ["default_image", "allowed_priorities", "default_priority"]},
         ),
+        ("Datasets and models", {"fields": ["storage_quota_bytes"]}),
         ("History", {"fields": ["created_at"]}),
     ]
     # Shown on the Kubernetes backend only (TAU_BACKEND=kubernetes).

@@ -423,6 +423,12 @@ class Workspace(AuditedModel):
         blank=True,
         help_text="Priority for runs that name none; must be one of the allowed priorities.",
     )
+    storage_quota_bytes = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="The most bytes its datasets and models may keep (each file once); empty: "
+        "no limit. An upload or a run's output that would pass it is refused up front.",
+    )
     # Blank in a form means TauGrid's default (the field's default): see clean().
     preemption_within_queue = models.CharField(
         "preempt within the workspace",
