@@ -5,6 +5,9 @@ A version is built from a folder by :mod:`catalog.ingest` (a run's output, an up
 complete, a folder the portal can read), recorded file by file with the digests of
 :mod:`tau.manifest`, the same code the ``tau`` client checks a local copy with. Its bytes
 live in the workspace's part of the storage (:mod:`catalog.storage`), kept once per SHA-256.
+Its pages (:mod:`catalog.views`) show a workspace's datasets and models, their versions and
+lineage; the run page's Data section is its template tag (``catalog_tags.run_data``), so that
+the run core below it imports nothing of the catalog.
 """
 
 from django.apps import AppConfig

@@ -111,7 +111,7 @@ class AssetVersion(TenantModel):
     created_at = models.DateTimeField(default=timezone.now)
     #: The last sign of life of its ingest (bytes written, a piece received, a change of
     #: state): one left ``ingesting`` or ``verifying`` by a process that died is found by it
-    #: (``catalog.ingest.sweep_versions``).
+    #: (``catalog.sweep.sweep_versions``).
     touched_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
     #: The final value of each metric of the run that made it (``produced_by``), kept when

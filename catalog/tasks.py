@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from catalog.ingest import sweep_versions as sweep
+from catalog.sweep import sweep_versions as sweep
 
 
 @shared_task(ignore_result=True)
 def sweep_versions() -> dict[str, int]:
-    """Versions a dead process left ingesting or verifying (catalog.ingest.sweep_versions)."""
+    """Versions a dead process left ingesting or verifying (catalog.sweep)."""
     return sweep()

@@ -251,7 +251,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "evidence.tasks.reconcile_seals",
         "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
     },
-    # Dataset and model versions a dead process left on the way (catalog.ingest).
+    # Dataset and model versions a dead process left on the way (catalog.sweep).
     "sweep-catalog-versions": {"task": "catalog.tasks.sweep_versions", "schedule": 60.0},
 }
 CELERY_TIMEZONE = "UTC"
@@ -622,7 +622,7 @@ TAU_DATA_MAX_FILES = env_int("TAU_DATA_MAX_FILES", 1_000_000, minimum=1)
 TAU_DATA_MAX_FILE_BYTES = env_int("TAU_DATA_MAX_FILE_BYTES", 100 * 2**30, minimum=1)
 TAU_DATA_UPLOAD_PIECE_BYTES = env_int("TAU_DATA_UPLOAD_PIECE_BYTES", 64 * 2**20, minimum=2**16)
 # A version whose ingest shows no sign of life this long is taken as left by a dead process
-# (catalog.ingest.sweep_versions, every minute); an upload no piece reached for the second
+# (catalog.sweep.sweep_versions, every minute); an upload no piece reached for the second
 # is abandoned.
 TAU_DATA_STALE_SECONDS = env_int("TAU_DATA_STALE_SECONDS", 300, minimum=10)
 TAU_DATA_UPLOAD_ABANDON_SECONDS = env_int("TAU_DATA_UPLOAD_ABANDON_SECONDS", 3 * 86400, minimum=60)

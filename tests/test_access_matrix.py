@@ -469,6 +469,13 @@ MATRIX: dict[str, Route] = {
         {"POST": codes(403, 302, 302, 403, 404, 302), "GET": codes(405, 405, 405, 405, 404, 302)},
         FAILED_RUN,
     ),
+    # Dataset and model pages: read by whoever reads the workspace (changes are the API's).
+    "datasets": Route({"GET": PAGE_READ}, ALPHA),
+    "dataset-detail": Route({"GET": PAGE_READ}, DATASET),
+    "dataset-version": Route({"GET": PAGE_READ}, DATASET_VERSION),
+    "models": Route({"GET": PAGE_READ}, ALPHA),
+    "model-detail": Route({"GET": PAGE_READ}, MODEL),
+    "model-version": Route({"GET": PAGE_READ}, MODEL_VERSION),
     # The evidence section: read by anyone who reads the run; a check asked for by them too
     # (it changes nothing but the check's result).
     "run-page-evidence": Route(

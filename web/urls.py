@@ -41,6 +41,7 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("", workspace_home.WorkspaceHomeView.as_view(), name="workspace-home"),
     path("", include("workspaces.urls")),
     path("", include("runs.urls")),
+    path("", include("catalog.urls")),
     path("", include("evidence.urls")),
     path("", include("gpus.urls")),
     path("", include("accounting.urls")),

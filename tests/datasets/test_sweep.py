@@ -20,8 +20,9 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from catalog import storage
-from catalog.ingest import asset_named, sweep_versions
+from catalog.ingest import asset_named
 from catalog.models import AssetVersion
+from catalog.sweep import sweep_versions
 from catalog.uploads import receive, start_upload
 from tests.runs.processes import ROOT, session_database_url
 

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.django_db
 # Session and user come first on every page; the navigation adds one for its workspaces.
 PINNED = {
     "runs": 6,  # + access, runs page, its experiments
-    "run": 9,  # + access, resolve run, attempts, events, checkpoints, artifacts
-    "run-fragment": 9,  # + version, then the same reads as the page (minus the navigation)
+    "run": 11,  # + access, resolve run, attempts, events, checkpoints, artifacts, data (2)
+    "run-fragment": 11,  # + version, then the same reads as the page (minus the navigation)
     "queue": 9,  # + access, pending, running, admission history, usage (runs, quotas)
     "platform-queue": 7,  # + live runs, usage (runs, quotas), workspaces
 }
