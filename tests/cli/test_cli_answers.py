@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tau.cli import bundle, commands, main
+from tau.cli import bundle, commands, common, main
 from tau.cli.client import Api, problem_text
 from tau.cli.templates import COMMENT_COLUMN, TEMPLATES, tau_yaml
 
@@ -73,7 +73,7 @@ def portal(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakePortal:
             super().__init__(url, token, **kwargs)
             self.http = httpx.Client(base_url=self.url, transport=httpx.MockTransport(fake))
 
-    monkeypatch.setattr(commands, "Api", FakeApi)
+    monkeypatch.setattr(common, "Api", FakeApi)  # where the commands' client is made
     monkeypatch.setattr(commands, "POLL_SECONDS", 0.01)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("TAU_URL", "https://tau.example.org")
