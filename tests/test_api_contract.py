@@ -125,7 +125,11 @@ def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
     for workspace in (world.alpha, world.beta):
         for kind in ("dataset", "model"):
             asset = asset_named(workspace, kind, f"{workspace.slug}-wiki")
-            set_alias(ingest_folder(asset, files, source="prefix"), "train")
+            version = ingest_folder(asset, files, source="prefix")
+            set_alias(version, "train")
+            # What ``best`` compares (a run's final metrics, kept with the version).
+            version.metrics = {"val_loss": 0.5}
+            version.save(update_fields=["metrics"])
     return alpha, beta
 
 
@@ -206,6 +210,8 @@ STATE_DEPENDENT_400 = (
         )
     ),
 )
+#: The query a ``best`` read needs (which metric); the furnished versions record it.
+BEST_QUERY = "?metric=val_loss"
 #: Reads inside a workspace that only its admins may make (a chat's webhook URL is a
 #: credential): the owner who reads them in the check below is the admin.
 ADMIN_ONLY_READS = frozenset({"/api/v1/workspaces/{workspace_slug}/webhooks/"})
@@ -359,6 +365,7 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
                 .replace("{name}", f"{workspace}-wiki")
                 .replace("{version}", "train")
             )
+            path += BEST_QUERY if template.endswith("/best/") else ""
             url = f"{contract.portal.url}{path}"
             status, body = _get(url, contract.tokens[who])
             assert status in (403, 404), (who, path, status, body[:300])
@@ -390,6 +397,7 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
                     .replace("{name}", f"{foreign}-wiki")
                     .replace("{version}", "1")
                 )
+                path += BEST_QUERY if template.endswith("/best/") else ""
                 status, body = _get(f"{contract.portal.url}{path}", contract.tokens[who])
                 assert status in (403, 404), (who, path, status, body[:300])
                 # A refusal and nothing else (it may repeat the name it was given).
