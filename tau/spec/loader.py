@@ -161,7 +161,19 @@ def load_yaml(data: str | bytes, problems: ProblemCollector) -> Node | None:
     try:
         # The reader checks for unprintable characters as it is constructed.
         loader = _StrictLoader(text)
-        root = _compose_single_document(loader, problems)
+        try:
+            root = _compose_single_document(loader, problems)
+        except ValueError:
+            # PyYAML's scanner takes chr() of a \U escape unchecked: past U+10FFFF it raises.
+            line, column = _position(loader.get_mark())
+            problems.add_at(
+                DOCUMENT_PATH,
+                line,
+                column,
+                "a \\U escape in a double-quoted string names no character",
+                "Unicode ends at \\U0010FFFF",
+            )
+            return None
         if root is None:
             return None
         return _convert(root, "", problems)

@@ -283,3 +283,11 @@ def _nodes(node: yaml.Node) -> int:
     if isinstance(node, yaml.SequenceNode):
         return 1 + sum(_nodes(item) for item in node.value)
     return 1
+
+
+def test_an_escape_past_the_last_unicode_character_is_a_problem_not_a_crash() -> None:
+    """Found by the fuzzer: PyYAML's scanner raised ValueError (chr() out of range)."""
+    found = problems('schema_version: 1\nname: demo\nrun:\n  entrypoint: "\\U00110000"\n')
+    assert [(p.line, p.message) for p in found] == [
+        (4, "a \\U escape in a double-quoted string names no character")
+    ]
