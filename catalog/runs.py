@@ -171,15 +171,20 @@ def staging_plan(run: Run) -> tuple[StagedDataset, ...]:
     return tuple(plan)
 
 
-def keep_outputs(run: Run, spec: Spec, output: Path) -> list[AssetVersion]:
-    """``outputs.dataset`` and ``outputs.model`` of a succeeded attempt, each the next version
-    of its name; OutputsNotKept names the first that could not be kept."""
-    read = [
+def read_versions(run: Run) -> list[AssetVersion]:
+    """The dataset versions the run was pinned to read."""
+    return [
         item.version
         for item in RunInput.objects.for_workspace(run.workspace_id)
         .filter(run=run)
         .select_related("version")
     ]
+
+
+def keep_outputs(run: Run, spec: Spec, output: Path) -> list[AssetVersion]:
+    """``outputs.dataset`` and ``outputs.model`` of a succeeded attempt, each the next version
+    of its name; OutputsNotKept names the first that could not be kept."""
+    read = read_versions(run)
     declared = [
         (kind, output_asset)
         for kind, output_asset in (("dataset", spec.outputs.dataset), ("model", spec.outputs.model))
@@ -259,12 +264,7 @@ def register_from_run(asset: Asset, run: Run, path: str, *, user: Any = None) ->
             f"{run.name} kept no artifact at {prefix} or under {prefix}/: a run keeps the files "
             "its outputs.artifacts patterns match (see its artifacts)."
         )
-    read = [
-        item.version
-        for item in RunInput.objects.for_workspace(run.workspace_id)
-        .filter(run=run)
-        .select_related("version")
-    ]
+    read = read_versions(run)
     return ingest_files(
         asset,
         lambda: chosen,

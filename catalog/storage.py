@@ -77,13 +77,7 @@ def write_blob(
             size, sha256 = hash_file(source, on_bytes, name=name or source.name, sink=writer.write)
             writer.flush()
             os.fsync(writer.fileno())
-        final = blob_path(workspace_id, sha256)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        if final.exists() and final.stat().st_size == size:
-            temporary.unlink()  # kept already, by an earlier version
-        else:
-            os.replace(temporary, final)
-            mark_checked(final)
+        keep_part(workspace_id, temporary, sha256, size)  # or dropped: kept already
         return size, sha256
     finally:
         with contextlib.suppress(FileNotFoundError):

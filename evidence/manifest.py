@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from catalog.models import AssetVersion, RunInput
+from catalog import selectors
+from catalog.models import AssetVersion
 from runs import artifacts, bundles
 from runs.backends.registry import describing_backend
 from runs.models import Artifact, Checkpoint, MetricPoint, Run, RunAttempt, RunEvent
@@ -372,18 +373,9 @@ def _data(run: Run) -> dict[str, Any]:
     """``data``: the dataset versions the run read and the versions it made, by manifest
     digest (issue 33) — so the record proves which bytes were used after the files are gone.
     Absent for a run that did neither (its record reads as before datasets existed)."""
-    read = (
-        RunInput.objects.for_workspace(run.workspace_id)
-        .filter(run=run)
-        .select_related("version__asset")
-        .order_by("path")
-    )
-    made = (
-        AssetVersion.objects.for_workspace(run.workspace_id)
-        .filter(produced_by=run, state=AssetVersion.State.READY)
-        .select_related("asset")
-        .order_by("asset__kind", "asset__name", "number")
-    )
+    found = selectors.run_data(run)
+    read = found.read if found else []
+    made = [v for v in (found.made if found else []) if v.state == AssetVersion.State.READY]
     data = {
         "read": [
             {
