@@ -68,9 +68,10 @@ run: install
 # The suite's own PostgreSQL and Redis are started (and removed) around everything else.
 # The Kubernetes control plane is built (cached; a new machine's longest step) in the lane of
 # the tests that need it, beside the others (the pytest target); they start it themselves.
-# helm and Dex, which tests in the other lane run, are built first (cached; minutes when cold).
+# helm, Dex and SeaweedFS (the S3 store test_services.py starts), which tests in the other lane
+# run, are built first (cached; minutes when cold).
 test: install-docs test-tools
-	$(PYTHON) $(CLUSTER_TOOL) build helm dex
+	$(PYTHON) $(CLUSTER_TOOL) build helm dex weed
 	$(PYTHON) deploy/dev/test_services.py run -- $(MAKE) --no-print-directory check-all
 
 # The edit-test loop: the unit and db tiers (tests/tiers.py) without the slow ones, on the

@@ -72,6 +72,7 @@ HERE = Path(__file__).resolve().parent
 VERSIONS_FILE = HERE / "versions.env"
 APISERVER_GOMOD_TEMPLATE = HERE / "kube-apiserver" / "go.mod.in"
 DEX_GOMOD_TEMPLATE = HERE / "dex" / "go.mod.in"
+SEAWEEDFS_GOMOD_TEMPLATE = HERE / "seaweedfs" / "go.mod.in"
 NODES_DIR = HERE / "nodes"  # the fake nodes, one YAML file per pool
 KWOK_STAGES = HERE / "kwok" / "stages.yaml"  # what KWOK does to nodes and pods
 
@@ -374,7 +375,19 @@ DEX = Component(
     ldflags="-w -X main.version={version}",
     wrapper=DEX_GOMOD_TEMPLATE,
 )
-COMPONENTS = (KINE, KUBERNETES, KUBE_SCHEDULER, KUEUE, KUBERAY, KWOK, HELM, DEX)
+# SeaweedFS: the S3-compatible store of the catalog's S3 tests and benchmark
+# (deploy/dev/test_services.py starts `weed` on 127.0.0.1); like Helm not part of the control
+# plane. Its go.mod has a replace directive, hence the wrapper; `-s -w` as its Makefile builds
+# it, and the version's COMMIT (which `weed version` prints) is the pseudo-version.
+WEED = Component(
+    "weed",
+    "SEAWEEDFS_VERSION",
+    ("weed",),
+    "github.com/seaweedfs/seaweedfs/weed",
+    ldflags="-s -w -X github.com/seaweedfs/seaweedfs/weed/util/version.COMMIT={version}",
+    wrapper=SEAWEEDFS_GOMOD_TEMPLATE,
+)
+COMPONENTS = (KINE, KUBERNETES, KUBE_SCHEDULER, KUEUE, KUBERAY, KWOK, HELM, DEX, WEED)
 
 
 def go_binary() -> str | None:
