@@ -10,9 +10,10 @@ rather than a tar whose bytes lie.
 from __future__ import annotations
 
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from tau.manifest import CHUNK_BYTES
 
@@ -21,9 +22,16 @@ BLOCK = 512
 
 @dataclass(frozen=True)
 class Member:
+    """One file of the tar: its bytes from ``blob``, a function that opens them (e.g.
+    ``functools.partial(catalog.storage.open_blob, workspace_id, sha256)``, whatever the
+    store), or a local file's path (a folder store's blob)."""
+
     path: str
     size: int
-    blob: Path
+    blob: Callable[[], BinaryIO] | Path
+
+    def open(self) -> BinaryIO:
+        return self.blob.open("rb") if isinstance(self.blob, Path) else self.blob()
 
 
 def _padding(size: int) -> int:
@@ -50,7 +58,7 @@ def tar_stream(members: list[Member], mtime: float) -> Iterator[bytes]:
     for member in members:
         yield _header(member, mtime)
         sent = 0
-        with member.blob.open("rb") as source:
+        with member.open() as source:
             while sent < member.size:
                 chunk = source.read(min(CHUNK_BYTES, member.size - sent))
                 if not chunk:

@@ -273,9 +273,8 @@ def verify(version: AssetVersion) -> list[str]:
     workspace_id = version.asset.workspace_id
     problems = []
     for entry in manifest_of(version).files:
-        path = storage.blob_path(workspace_id, entry.sha256)
         try:
-            size, sha256 = storage.hash_blob(path)
+            size, sha256 = storage.hash_blob(workspace_id, entry.sha256)
         except FileNotFoundError:
             problems.append(f"{entry.path}: missing from the store")
             continue

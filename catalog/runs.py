@@ -7,7 +7,8 @@ submitted; what an executor stages for it; the versions its outputs become when 
   as :class:`~catalog.models.RunInput` rows and in the run's ``submitted`` event (ref,
   manifest digest, path), so the run's sealed evidence names the exact bytes it read.
 - **Staging** (:func:`staging_plan`): what an executor puts under ``TAU_DATA_DIR`` — every
-  file of every pinned version, where it is kept in the workspace's store, and its digest.
+  file of every pinned version and its digest, by which the executor asks the workspace's
+  store for it.
 - **Outputs** (:func:`keep_outputs`): ``outputs.dataset`` / ``outputs.model``, folders under
   the successful attempt's ``TAU_OUTPUT_DIR``, become the next versions of their names,
   ``produced_by`` the run and ``derived_from`` the versions it read.
@@ -21,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from catalog import storage
 from catalog.ingest import (
     CatalogError,
     Listing,
@@ -120,16 +120,19 @@ DATASET_INPUTS = Extension("datasets", check_inputs, record_inputs)
 
 @dataclass(frozen=True)
 class StagedFile:
+    """One file of a pinned version: an executor asks the store for its bytes by
+    ``sha256`` (``catalog.storage.local_copy``, ``open_blob``)."""
+
     path: str
     size: int
     sha256: str
-    blob: Path
 
 
 @dataclass(frozen=True)
 class StagedDataset:
     """One pinned version, as an executor puts it at ``TAU_DATA_DIR/<path>``."""
 
+    workspace_id: int
     ref: str
     path: str
     manifest_digest: str
@@ -159,13 +162,11 @@ def staging_plan(run: Run) -> tuple[StagedDataset, ...]:
         )
         plan.append(
             StagedDataset(
+                workspace_id=workspace_id,
                 ref=item.version.ref,
                 path=item.path,
                 manifest_digest=item.version.manifest_digest,
-                files=tuple(
-                    StagedFile(path, size, sha256, storage.blob_path(workspace_id, sha256))
-                    for path, size, sha256 in rows
-                ),
+                files=tuple(StagedFile(path, size, sha256) for path, size, sha256 in rows),
             )
         )
     return tuple(plan)

@@ -614,8 +614,21 @@ TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE = env_int(
     "TAU_ARTIFACT_MAX_BYTES_PER_WORKSPACE", 50 * 2**30, minimum=0
 )
 # Datasets and models (catalog/storage.py): where their files are kept, file:///<folder>
-# (the embedded default: VAR_DIR/storage); each workspace's files once per SHA-256.
+# (the embedded default: VAR_DIR/storage) or s3://<bucket>/<prefix> (any S3-compatible store);
+# each workspace's files once per SHA-256.
 TAU_STORAGE_URL = env_str("TAU_STORAGE_URL", "")
+# An S3 store's endpoint (empty: AWS), region, and keys; without keys the AWS SDK's own chain
+# (AWS_* variables, a web identity such as IRSA, an instance role). Keys by reference:
+# TAU_STORAGE_ACCESS_KEY_ID_FILE and TAU_STORAGE_SECRET_ACCESS_KEY_FILE, both or neither.
+TAU_STORAGE_ENDPOINT_URL = env_str("TAU_STORAGE_ENDPOINT_URL", "") or ""
+TAU_STORAGE_REGION = env_str("TAU_STORAGE_REGION", "") or ""
+TAU_STORAGE_ACCESS_KEY_ID = env_secret("TAU_STORAGE_ACCESS_KEY_ID")
+TAU_STORAGE_SECRET_ACCESS_KEY = env_secret("TAU_STORAGE_SECRET_ACCESS_KEY")
+if (TAU_STORAGE_ACCESS_KEY_ID is None) != (TAU_STORAGE_SECRET_ACCESS_KEY is None):
+    raise ImproperlyConfiguredEnv(
+        "TAU_STORAGE_ACCESS_KEY_ID(_FILE) and TAU_STORAGE_SECRET_ACCESS_KEY(_FILE) go together: "
+        "set both, or neither to use the AWS SDK's own credentials"
+    )
 # The most files one version may hold, the largest one file may be, and the largest piece of
 # a file one upload request may carry (catalog/uploads.py; a client sends a file in pieces).
 TAU_DATA_MAX_FILES = env_int("TAU_DATA_MAX_FILES", 1_000_000, minimum=1)

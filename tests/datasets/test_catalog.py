@@ -226,8 +226,15 @@ def test_the_store_is_a_folder_named_by_a_file_url(settings: Any, tmp_path: Path
     settings.TAU_STORAGE_URL = f"file://{tmp_path}/with%20space"
     assert storage.root() == tmp_path / "with space"
     settings.TAU_STORAGE_URL = "s3://bucket/prefix"
-    with pytest.raises(ImproperlyConfigured, match="file:///path/to/storage"):
+    with pytest.raises(ImproperlyConfigured, match="only a file:///path/to/storage store has one"):
         storage.root()
+    with pytest.raises(ImproperlyConfigured, match="its blobs are no files here"):
+        storage.blob_path(1, "0" * 64)
+    settings.TAU_STORAGE_URL = "gs://bucket/prefix"
+    with pytest.raises(
+        ImproperlyConfigured, match=r"a folder \(file:///path/to/storage\) or an S3"
+    ):
+        storage.store()
 
 
 def test_names_are_checked(world: Any) -> None:

@@ -1,16 +1,20 @@
 """Staging a local attempt's datasets (issue 33): every file of every version the run pinned
 (``catalog.runs.staging_plan``) at ``TAU_DATA_DIR/<path>/<file>``, read-only in the sandbox.
 
-A file is trusted as the store's hash of it left it (``catalog.storage.is_checked``: the
-same inode, modification time and size as when its SHA-256 was last computed, at ingest or at
-an earlier staging); one that changed since is read again and its SHA-256 checked against the
-manifest before the workload can see it: a missing or changed file fails the attempt as
-``infrastructure``, naming the version and the file. A checked file is then linked into the
-attempt's ``data/`` folder (a hard link: no copy when the store shares the disk, which the
-embedded default's does), or copied where it does not. The folder is mounted read-only in
-the sandbox; the files themselves are read-only too.
+Each file comes from a local file the store gives (``catalog.storage.local_copy``): a folder
+store's own blob, or, for an S3 store, this machine's cached copy, fetched once and hashed as
+it is fetched (one whose bytes are not those its name says is never cached). A file is trusted
+as its last hash left it (``catalog.storage.is_checked``: the same inode, modification time
+and size as when its SHA-256 was last computed, at ingest, at fetch or at an earlier staging);
+one that changed since is read again and its SHA-256 checked against the manifest before the
+workload can see it: a missing or changed file fails the attempt as ``infrastructure``, naming
+the version and the file. A checked file is then linked into the attempt's ``data/`` folder
+(a hard link: no copy when the store or the cache shares the disk, which the embedded
+default's does), or copied where it does not. The folder is mounted read-only in the sandbox;
+the files themselves are read-only too.
 
-Filesystem only: this runs in the preparation's worker thread.
+Filesystem only, and the S3 store's API when it fetches: this runs in the preparation's worker
+thread.
 """
 
 from __future__ import annotations
@@ -52,16 +56,25 @@ def stage(datasets: tuple[StagedDataset, ...], data_dir: Path) -> Staged:
         for item in dataset.files:
             target = root / item.path
             target.parent.mkdir(parents=True, exist_ok=True)
-            _place(dataset, item.path, item.blob, item.size, item.sha256, target)
+            _place(dataset, item.path, item.size, item.sha256, target)
             files += 1
             total += item.size
     return Staged(files=files, bytes=total, seconds=time.monotonic() - started)
 
 
-def _place(
-    dataset: StagedDataset, path: str, blob: Path, size: int, sha256: str, target: Path
-) -> None:
+def _place(dataset: StagedDataset, path: str, size: int, sha256: str, target: Path) -> None:
     where = f"{dataset.ref}: {path}"
+    try:
+        blob = storage.local_copy(dataset.workspace_id, sha256)
+    except FileNotFoundError:
+        raise StagingFailed(f"{where} is missing from the workspace's store.") from None
+    except storage.StoredCopyDiffers as exc:
+        raise StagingFailed(
+            f"{where}: the stored copy differs from the manifest (SHA-256 {exc.found} instead "
+            f"of {sha256}); the version cannot be read until it is ingested again."
+        ) from None
+    except storage.StorageError as exc:
+        raise StagingFailed(f"{where} could not be fetched: {exc.strerror}.") from None
     if not storage.is_checked(blob):
         # Changed since it was hashed (or never marked): read it all before trusting it.
         try:
