@@ -339,6 +339,8 @@ def test_the_charts_settings_pass_the_deploy_check(
         "TAU_OIDC_CLIENT_SECRET": "client-secret-for-the-check",
         "TAU_METRICS_TOKEN": "metrics-token-for-the-check-0123456789",
         "TAU_EMAIL_PASSWORD": "smtp-password-for-the-check",
+        "TAU_STORAGE_ACCESS_KEY_ID": "access-key-id-for-the-check",
+        "TAU_STORAGE_SECRET_ACCESS_KEY": "secret-access-key-for-the-check",
     }
     for name, value in secrets.items():
         (tmp_path / name).write_text(value)

@@ -85,6 +85,8 @@ cacheUrl: TAU_CACHE_URL
 metricsToken: TAU_METRICS_TOKEN
 prometheusToken: TAU_PROMETHEUS_TOKEN
 emailPassword: TAU_EMAIL_PASSWORD
+storageAccessKeyId: TAU_STORAGE_ACCESS_KEY_ID
+storageSecretAccessKey: TAU_STORAGE_SECRET_ACCESS_KEY
 {{- end -}}
 
 {{/* The settings every process of the portal reads (docs/configuration.md). */}}
@@ -144,6 +146,18 @@ emailPassword: TAU_EMAIL_PASSWORD
 - name: TAU_OIDC_PROVIDER_NAME
   value: {{ . | quote }}
 {{- end }}
+{{- end }}
+{{- with $p.dataStorage.url }}
+- name: TAU_STORAGE_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with $p.dataStorage.endpointUrl }}
+- name: TAU_STORAGE_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with $p.dataStorage.region }}
+- name: TAU_STORAGE_REGION
+  value: {{ . | quote }}
 {{- end }}
 {{- $secrets := .Values.secrets -}}
 {{- range $key, $variable := include "taugrid.secretFiles" . | fromYaml }}
