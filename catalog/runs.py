@@ -172,6 +172,18 @@ def staging_plan(run: Run) -> tuple[StagedDataset, ...]:
     return tuple(plan)
 
 
+def staged_totals(run: Run) -> tuple[int, int] | None:
+    """(files, bytes) of every version the run reads, or None when it reads none (what a
+    cluster's stager sizes its volume for)."""
+    versions = read_versions(run)
+    if not versions:
+        return None
+    return (
+        sum(version.files_count for version in versions),
+        sum(version.bytes for version in versions),
+    )
+
+
 def read_versions(run: Run) -> list[AssetVersion]:
     """The dataset versions the run was pinned to read."""
     return [

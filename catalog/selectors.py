@@ -4,7 +4,7 @@ contract (tests/datasets/test_pages.py pins them)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import Count, Max, OuterRef, Prefetch, Q, QuerySet, Subquery
@@ -12,7 +12,7 @@ from django.http import Http404
 
 from catalog.ingest import find_version
 from catalog.models import AUTOMATIC_ALIASES, Asset, AssetAlias, AssetVersion, RunInput
-from runs.models import Run
+from runs.models import EventKind, Run, RunEvent
 
 #: How many runs that read a version, and versions made from it, its page names.
 LINEAGE_SHOWN = 50
@@ -151,10 +151,12 @@ class RunData:
 
     read: list[RunInput]
     made: list[AssetVersion]
+    #: Each attempt's staging of what it read, as recorded: ``{attempt, files, bytes, seconds}``.
+    staged: list[dict[str, Any]] = field(default_factory=list)
 
 
 def run_data(run: Run) -> RunData | None:
-    """The run page's Data section (None: the run read and made nothing); two queries."""
+    """The run page's Data section (None: the run read and made nothing); three queries."""
     read = list(
         RunInput.objects.for_workspace(run.workspace_id)
         .filter(run=run)
@@ -169,4 +171,12 @@ def run_data(run: Run) -> RunData | None:
     )
     if not read and not made:
         return None
-    return RunData(read=read, made=made)
+    staged = [
+        data
+        for data in RunEvent.objects.for_workspace(run.workspace_id)
+        .filter(run=run, kind=EventKind.DATA_STAGED)
+        .order_by("seq")
+        .values_list("data", flat=True)
+        if isinstance(data, dict)
+    ]
+    return RunData(read=read, made=made, staged=staged)

@@ -101,6 +101,7 @@ class EventKind(enum.StrEnum):
     DELIVERY_FAILED = "delivery-failed"  # the backend could not be told, and TauGrid gave up
     ARTIFACT_REFUSED = "artifact-refused"  # a declared file was not kept (a limit, its name)
     OUTPUTS_KEPT = "outputs-kept"  # outputs.dataset / outputs.model became versions (catalog)
+    DATA_STAGED = "data-staged"  # an attempt's inputs.datasets are in place (files, bytes, s)
 
 
 WORKLOAD_EVENT_PREFIX = "workload."

@@ -151,6 +151,21 @@ def record_workload_event(
     return append_workload_event(locked, own_kind, message=message, data=data)
 
 
+@transaction.atomic
+def record_data_staged(
+    run: Run, *, attempt: int, files: int, bytes: int, seconds: float
+) -> RunEvent:
+    """An attempt's ``inputs.datasets`` are staged (the local executor, a cluster's stager)."""
+    locked = lock_run(run.pk)
+    return append_event(
+        locked,
+        EventKind.DATA_STAGED,
+        message=f"Attempt {attempt} staged its datasets: {files:,} files, {bytes:,} bytes in "
+        f"{seconds:.1f} s.",
+        data={"attempt": attempt, "files": files, "bytes": bytes, "seconds": round(seconds, 3)},
+    )
+
+
 def note_waiting(*, run_id: int, position: int | None, reason: str) -> bool:
     """Say where a queued run stands and why it waits. Only while it is queued: a run that was
     admitted or cancelled meanwhile keeps its own reason. True if anything was written."""

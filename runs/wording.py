@@ -30,6 +30,7 @@ EVENT_WORDS: dict[str, str] = {
     EventKind.DELIVERY_FAILED: "The backend could not be reached",
     EventKind.ARTIFACT_REFUSED: "A declared artifact was not kept",
     EventKind.OUTPUTS_KEPT: "Its outputs were kept as new versions",
+    EventKind.DATA_STAGED: "Its datasets were staged",
 }
 
 # Event kinds whose words already say the state they lead to: the state is not repeated

@@ -134,6 +134,19 @@ def _asset_version(world: Any, kind: str) -> dict[str, Any]:
     return {"workspace_slug": "alpha", "name": "wiki", "version": "train"}
 
 
+def RUN_READING_DATA(world: Any) -> dict[str, Any]:
+    """A run pinned to read alpha's ``wiki@train`` (its staging listing)."""
+    _asset_version(world, "dataset")
+    spec = TINY_SPEC + b"inputs:\n  datasets:\n    - {name: wiki, version: train}\n"
+    return {"workspace_slug": "alpha", "run_name": make_run(world, spec=spec).name}
+
+
+def RUN_DATA_BLOB(world: Any) -> dict[str, Any]:
+    """The one file of the data a run reads, by its SHA-256."""
+    run = RUN_READING_DATA(world)
+    return {**run, "sha256": hashlib.sha256(b"some text\n").hexdigest()}
+
+
 def DATASET_VERSION(world: Any) -> dict[str, Any]:
     return _asset_version(world, "dataset")
 
@@ -403,6 +416,10 @@ MATRIX: dict[str, Route] = {
     "api:run-metrics": Route({"GET": API_READ}, RUN, api=True),
     "api:run-checkpoints": Route({"GET": API_READ}, RUN, api=True),
     "api:run-bundle": Route({"GET": API_READ}, RUN_WITH_BUNDLE, api=True),
+    # The data a run reads: its listing and files, for its stager (tests/executors/kubernetes/
+    # test_stage_data.py covers the run token) and whoever reads the workspace.
+    "api:run-data": Route({"GET": API_READ}, RUN_READING_DATA, api=True),
+    "api:run-data-blob": Route({"GET": API_READ}, RUN_DATA_BLOB, api=True),
     "api:run-artifacts": Route({"GET": API_READ}, RUN_WITH_ARTIFACTS, api=True),
     "api:run-artifact": Route({"GET": API_READ}, RUN_WITH_ARTIFACT, api=True),
     # Evidence: a run's export for anyone who reads the workspace; the public keys for anyone.
@@ -430,6 +447,12 @@ MATRIX: dict[str, Route] = {
     ),
     "api:run-report-checkpoints": Route(
         {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"step": 1, "path": "x"}, api=True
+    ),
+    "api:run-report-data-staged": Route(
+        {"POST": codes(403, 403, 403, 403, 404, 401)},
+        RUN,
+        data={"files": 1, "bytes": 1, "seconds": 1},
+        api=True,
     ),
     "api:run-report-events": Route(
         {"POST": codes(403, 403, 403, 403, 404, 401)}, RUN, data={"kind": "note"}, api=True

@@ -20,6 +20,7 @@ operation with the other workspace's token and ids itself, as a floor under the 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -82,9 +83,15 @@ class Contract:
 ARTIFACT = "model.json"
 
 
-def _submit(world: Any, workspace: Any, who: str, name: str) -> Run:
+#: The one file of each workspace's dataset (``<slug>-wiki``), which the second run reads.
+DATA_FILE = b"some text\n"
+
+
+def _submit(world: Any, workspace: Any, who: str, name: str, *, reads: bool = False) -> Run:
     spec = TINY_SPEC.replace(b"name: tiny", f"name: {name}".encode())
     spec += f"outputs:\n  artifacts: [{ARTIFACT}]\n".encode()
+    if reads:
+        spec += f"inputs:\n  datasets:\n    - {{name: {workspace.slug}-wiki}}\n".encode()
     return submission.submit(
         workspace=workspace,
         user=world.users[who],
@@ -104,8 +111,26 @@ def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
     Membership.objects.create(
         workspace=world.beta, user=users.create_user(username="bea"), role=Role.VIEWER
     )
-    alpha = [_submit(world, world.alpha, "researcher", name) for name in ("train", "sweep")]
-    beta = [_submit(world, world.beta, "outsider", name) for name in ("secret", "private")]
+    # A dataset and a model in each workspace (``<slug>-wiki``, version 1 aliased ``train``).
+    files = Path(tempfile.mkdtemp(prefix="tau-contract-"))
+    (files / "part-0.txt").write_bytes(DATA_FILE)
+    for workspace in (world.alpha, world.beta):
+        for kind in ("dataset", "model"):
+            asset = asset_named(workspace, kind, f"{workspace.slug}-wiki")
+            version = ingest_folder(asset, files, source="prefix")
+            set_alias(version, "train")
+            # What ``best`` compares (a run's final metrics, kept with the version).
+            version.metrics = {"val_loss": 0.5}
+            version.save(update_fields=["metrics"])
+    # The second run of each reads its workspace's dataset (its staging listing and file).
+    alpha = [
+        _submit(world, world.alpha, "researcher", name, reads=name == "sweep")
+        for name in ("train", "sweep")
+    ]
+    beta = [
+        _submit(world, world.beta, "outsider", name, reads=name == "private")
+        for name in ("secret", "private")
+    ]
     for run in (alpha[1], beta[1]):
         MetricPoint.objects.bulk_create(
             MetricPoint(run=run, attempt=1, key="loss", step=step, value=1 / (step + 1))
@@ -119,17 +144,6 @@ def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
         # Its evidence, sealed here (no worker runs): the export has something to answer.
         with override_settings(TAU_EVIDENCE_SIGNING_KEY=TEST_SIGNING_KEY):
             assert sealing.seal(SealRequest.objects.unscoped().get(run=run).pk)
-    # A dataset and a model in each workspace (``<slug>-wiki``, version 1 aliased ``train``).
-    files = Path(tempfile.mkdtemp(prefix="tau-contract-"))
-    (files / "part-0.txt").write_text("some text\n")
-    for workspace in (world.alpha, world.beta):
-        for kind in ("dataset", "model"):
-            asset = asset_named(workspace, kind, f"{workspace.slug}-wiki")
-            version = ingest_folder(asset, files, source="prefix")
-            set_alias(version, "train")
-            # What ``best`` compares (a run's final metrics, kept with the version).
-            version.metrics = {"val_loss": 0.5}
-            version.save(update_fields=["metrics"])
     return alpha, beta
 
 
@@ -361,6 +375,7 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
                 .replace("{run_name}", run.name)
                 .replace("{username}", members[workspace])
                 .replace("{artifact_path}", ARTIFACT)
+                .replace("{sha256}", hashlib.sha256(DATA_FILE).hexdigest())
                 .replace("{ending_event}", str(_ending_event(run)))
                 .replace("{name}", f"{workspace}-wiki")
                 .replace("{version}", "train")
@@ -393,6 +408,7 @@ def test_a_token_never_reads_another_workspaces_objects(contract: Contract) -> N
                     .replace("{run_name}", name)
                     .replace("{username}", foreign_member)
                     .replace("{artifact_path}", ARTIFACT)
+                    .replace("{sha256}", hashlib.sha256(DATA_FILE).hexdigest())
                     .replace("{ending_event}", str(_ending_event(foreign_run)))
                     .replace("{name}", f"{foreign}-wiki")
                     .replace("{version}", "1")

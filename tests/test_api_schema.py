@@ -776,6 +776,53 @@ def report_event_for_another_run(world: Any, tmp: Path, settings: Any) -> HttpRe
     )
 
 
+@call("POST", f"{RUN}/report/data-staged/", 201)
+def report_data_staged(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    body = {"files": 3, "bytes": 1024, "seconds": 0.5}
+    return caller.post(run_path(ran.name, "report/data-staged/"), body, format="json")
+
+
+@call("POST", f"{RUN}/report/data-staged/", 400)
+def report_data_staged_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran, caller = reporter(world, tmp)
+    body = {"files": -1, "bytes": 1024, "seconds": 0.5}
+    return caller.post(run_path(ran.name, "report/data-staged/"), body, format="json")
+
+
+def run_reading_wiki(world: Any, tmp: Path, settings: Any) -> Any:
+    """A run pinned to read alpha's dataset ``wiki@train`` (one file, ``text\n``)."""
+    catalog_version(world, tmp, settings, "dataset")
+    return make_run(world, spec=TINY_SPEC + b"inputs:\n  datasets:\n    - {name: wiki}\n")
+
+
+@call("GET", f"{RUN}/data/", 200)
+def run_data_listing(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = run_reading_wiki(world, tmp, settings)
+    return client(world, "viewer").get(run_path(ran.name, "data/"))
+
+
+@call("GET", f"{RUN}/data/", 404)
+def run_data_listing_of_another_run(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = run_reading_wiki(world, tmp, settings)
+    _, caller = reporter(world, tmp)
+    return caller.get(run_path(ran.name, "data/"))
+
+
+@call("GET", f"{RUN}/data/blobs/{{sha256}}/", 200)
+def run_data_blob(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = run_reading_wiki(world, tmp, settings)
+    sha = hashlib.sha256(b"text\n").hexdigest()
+    return client(world, "viewer").get(run_path(ran.name, f"data/blobs/{sha}/"))
+
+
+@call("GET", f"{RUN}/data/blobs/{{sha256}}/", 404)
+def run_data_blob_it_does_not_read(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    ran = run_reading_wiki(world, tmp, settings)
+    sha = hashlib.sha256(b"other\n").hexdigest()
+    return client(world, "viewer").get(run_path(ran.name, f"data/blobs/{sha}/"))
+
+
 ARTIFACT_SPEC = TINY_SPEC + b"outputs:\n  artifacts: [model/**]\n"
 
 

@@ -45,3 +45,13 @@ for kind, viewset, downloads in (
             name=f"{kind}-alias",
         ),
     ]
+
+RUN_DATA = "workspaces/<slug:workspace_slug>/runs/<str:run_name>/data/"
+urlpatterns += [
+    path(RUN_DATA, views.RunDataViewSet.as_view({"get": "listing"}), name="run-data"),
+    path(
+        f"{RUN_DATA}blobs/<str:sha256>/",
+        views.RunDataViewSet.as_view({"get": "blob"}),
+        name="run-data-blob",
+    ),
+]

@@ -7,14 +7,16 @@ here (404)."""
 from __future__ import annotations
 
 import builtins
+import functools
 import io
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, Any, ClassVar
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Q, QuerySet
-from django.http import HttpResponseBase, StreamingHttpResponse
+from django.http import FileResponse, HttpResponseBase, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiRequest, OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
@@ -39,9 +41,19 @@ from catalog.api.serializers import (
 )
 from catalog.download import Member, tar_length, tar_stream
 from catalog.ingest import CatalogError, asset_named, delete_asset, find_version, set_alias, verify
-from catalog.models import AUTOMATIC_ALIASES, Asset, AssetAlias, AssetFile, AssetVersion
+from catalog.models import (
+    AUTOMATIC_ALIASES,
+    Asset,
+    AssetAlias,
+    AssetFile,
+    AssetVersion,
+    RunInput,
+)
 from catalog.runs import register_from_run
+from identity.models import ApiToken
+from identity.tokens import token_of
 from portal.api import BoundedJSONParser, FileDownloadNegotiation, refusals
+from runs import run_tokens
 from runs.models import Run
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import Role
@@ -541,7 +553,7 @@ class VersionDownloadViewSet(AssetViewSet):
             .values_list("path", "size", "sha256")
         )
         members = [
-            Member(path, size, storage.blob_path(self.workspace.pk, sha256))
+            Member(path, size, functools.partial(storage.open_blob, self.workspace.pk, sha256))
             for path, size, sha256 in rows
         ]
         mtime = version.ready_at.timestamp() if version.ready_at else 0
@@ -562,3 +574,120 @@ class DatasetDownloadViewSet(VersionDownloadViewSet):
 
 class ModelDownloadViewSet(VersionDownloadViewSet):
     kind = Asset.Kind.MODEL
+
+
+#: How long a presigned URL in a run's data listing stays valid (a large dataset takes a while).
+STAGING_URL_SECONDS = 6 * 3600
+
+
+class RunDataViewSet(WorkspaceScopedViewSet):
+    """The files a run was pinned to read, for a cluster's stager (its run token) and the
+    workspace's members: ``data/`` lists them, ``data/blobs/{sha256}/`` answers one's bytes.
+    A run token reaches its own run only; a blob only if the run reads it."""
+
+    accepts_run_tokens = True
+    base_queryset = Run.objects.all()
+    content_negotiation_class = FileDownloadNegotiation
+
+    def _run(self) -> Run:
+        name = self.kwargs["run_name"]
+        run = (
+            None
+            if "\x00" in name
+            else Run.objects.for_workspace(self.workspace).filter(name=name).first()
+        )
+        token = token_of(self.request)
+        if run is None or (
+            token is not None
+            and token.kind == ApiToken.Kind.RUN
+            and run_tokens.run_id_of(token) != run.pk
+        ):
+            raise exceptions.NotFound("No such run.")
+        return run
+
+    @extend_schema(
+        responses={
+            (200, "application/x-ndjson"): OpenApiResponse(
+                OpenApiTypes.BINARY,
+                description="JSON lines: first `{files, bytes, datasets: [{ref, path, "
+                "manifest_digest}]}`, then one line per file `{path, ref, file, size, sha256, "
+                "url}`: `path` under TAU_DATA_DIR, `url` relative to this listing (the "
+                "portal's bytes, with the same token) or a presigned URL of the store.",
+            ),
+            **refusals(),
+        }
+    )
+    def listing(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        run = self._run()
+        plan = RunInput.objects.for_workspace(self.workspace).filter(run=run).order_by("path")
+        inputs = list(plan.select_related("version__asset"))
+        head = {
+            "files": sum(item.version.files_count for item in inputs),
+            "bytes": sum(item.version.bytes for item in inputs),
+            "datasets": [
+                {
+                    "ref": item.version.ref,
+                    "path": item.path,
+                    "manifest_digest": item.version.manifest_digest,
+                }
+                for item in inputs
+            ],
+        }
+        workspace_id = self.workspace.pk
+
+        def lines() -> Iterator[bytes]:
+            yield json.dumps(head).encode() + b"\n"
+            for item in inputs:
+                rows = (
+                    AssetFile.objects.for_workspace(workspace_id)
+                    .filter(version_id=item.version_id)
+                    .order_by("path")
+                    .values_list("path", "size", "sha256")
+                )
+                for path, size, sha256 in rows.iterator(chunk_size=2000):
+                    url = storage.blob_url(workspace_id, sha256, seconds=STAGING_URL_SECONDS)
+                    line = {
+                        "path": f"{item.path}/{path}",
+                        "ref": item.version.ref,
+                        "file": path,
+                        "size": size,
+                        "sha256": sha256,
+                        "url": url or f"blobs/{sha256}/",
+                    }
+                    yield json.dumps(line).encode() + b"\n"
+
+        response = StreamingHttpResponse(lines(), content_type="application/x-ndjson")
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @extend_schema(
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="The file's bytes as the store keeps them."
+            ),
+            **refusals(words={404: "Also: the run reads no such file."}),
+        }
+    )
+    def blob(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        run = self._run()
+        sha256 = kwargs["sha256"]
+        row = (
+            AssetFile.objects.for_workspace(self.workspace)
+            .filter(sha256=sha256, version__readers__run=run)
+            .values_list("size", flat=True)
+            .first()
+        )
+        if row is None:
+            raise exceptions.NotFound("This run reads no file with that SHA-256.")
+        try:
+            reader = storage.open_blob(self.workspace.pk, sha256)
+        except FileNotFoundError:
+            raise exceptions.NotFound(
+                "The store no longer holds this file: `tau data dataset verify` says which "
+                "version lost it."
+            ) from None
+        # FileResponse closes the reader when the response is done.
+        response = FileResponse(reader, content_type="application/octet-stream")
+        response["Content-Length"] = str(row)
+        response["Cache-Control"] = "no-store"
+        return response

@@ -62,6 +62,7 @@ from django.conf import settings
 from django.db import transaction
 
 import kube
+from catalog.runs import staged_totals
 from executors.kubernetes import kueue_usage, labels, render
 from executors.kubernetes import queue as kube_queue
 from kube import Conflict, KubeClient, KubeError, NotFound
@@ -196,6 +197,7 @@ def target_for(run: Run, attempt: RunAttempt) -> tuple[Spec, render.RunTarget]:
         resume_from=resume_from,
         retry_reason=attempt.retry_reason,
         data_volume=data_volume(workspace),
+        staged_data=staged_totals(run),
     )
     return spec, target
 

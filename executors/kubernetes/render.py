@@ -59,6 +59,23 @@ replicas, min = max = replicas; limits equal requests unless ``compute.limits`` 
 ``storage.data_access: read-write``) in the head, every worker and every Job pod, and
 ``TAU_DATA_DIR`` says where.
 
+**Datasets** (``inputs.datasets``, pinned at submission: ``RunTarget.staged_data``). Every
+pod that runs the researcher's code (a Job's pods; a RayJob's head, where the driver runs, and
+each worker) gets an init container (:data:`STAGER`, after the bundle fetcher, the same image
+and the same locked-down user) that downloads the pinned files into an ``emptyDir`` and checks
+each SHA-256 before the file gets its name (:data:`STAGE_SCRIPT`); the volume is mounted
+read-only at ``/tau/data`` in the main container, and ``TAU_DATA_DIR`` says so (a
+``storage.data_pvc`` stays at ``/data``). The volume's ``sizeLimit`` comes from the manifest
+(:func:`staged_volume_bytes`: the bytes, a block per file, some slack), so a node that lacks
+the room evicts the pod instead of filling its disk; no ``ephemeral-storage`` is requested,
+because Kueue would refuse to admit a resource its ClusterQueues do not name. An init
+container rather than a CSI mount: it works with every store (a folder behind the portal, any
+S3 API through presigned URLs, which the pod fetches directly, never through the portal),
+needs no driver on the nodes, and the bytes are checked before the program can see them; a
+mismatch fails the pod with the version and the file named, which the status reads as an
+``infrastructure`` failure. The stager reports the files, bytes and seconds it took (the
+run page shows them).
+
 **Entry point.** ``spec.run.command()`` is the exact argument vector. For a Job it is the
 container's ``command`` as is. A RayJob's ``entrypoint`` string passes through three parsers
 before it runs: KubeRay pastes it into the submitter's ``bash -c`` line, ``ray job submit``
@@ -220,8 +237,14 @@ FETCH_DIR: Final = "/tau/fetch"
 SDK_DIR: Final = "/tau/sdk"
 OUTPUT_DIR: Final = "/tau/outputs"
 CHECKPOINT_DIR: Final = "/tau/checkpoints"
-#: Where ``storage.data_pvc`` is mounted (``TAU_DATA_DIR``).
+#: Where ``storage.data_pvc`` is mounted (``TAU_DATA_DIR`` of a run that stages no datasets).
 DATASET_DIR: Final = Storage.MOUNT_PATH
+#: Where the stager puts ``inputs.datasets`` (``TAU_DATA_DIR`` of a run that reads some).
+STAGED_DATA_DIR: Final = "/tau/data"
+#: What an emptyDir holding staged files needs beyond their bytes: a block for each file's
+#: last partial block (4 KiB file systems) and room for the listing and the folders.
+STAGE_BYTES_PER_FILE: Final = 4096 + 512
+STAGE_SLACK_BYTES: Final = 16 * 2**20
 SHM_DIR: Final = "/dev/shm"  # noqa: S108 - the shared-memory mount point, not a temp file
 
 #: Set in the GPU containers of a run whose GPUs may talk through NCCL (:func:`nccl_may_run`),
@@ -240,6 +263,9 @@ _DATA_VOLUME = "tau-data"
 _DATASET_VOLUME = "tau-dataset"
 _SHM_VOLUME = "tau-shm"
 _FETCHER = "tau-fetch-bundle"
+_STAGED_VOLUME = "tau-datasets"
+#: The init container that stages ``inputs.datasets`` (executors.kubernetes.status names it).
+STAGER: Final = "tau-stage-data"
 
 # The environment of TAU_YAML.md, set by the platform.
 ENV_RUN_ID: Final = "TAU_RUN_ID"
@@ -344,6 +370,109 @@ if len(sys.argv) > 5:
 """
 
 
+#: Stages the run's pinned datasets: ``python3 -I -c STAGE_SCRIPT LISTING DIR MAX_BYTES REPORT``
+#: with the run token in ``TAU_RUN_TOKEN``. Standard library only. LISTING
+#: (``GET …/runs/<run>/data/``, catalog.api) is JSON lines: a head ``{"files", "bytes"}``, then
+#: one line per file ``{"path", "ref", "file", "size", "sha256", "url"}`` — ``path`` under DIR,
+#: ``url`` relative to LISTING (the portal's bytes, run token sent) or absolute (a presigned URL
+#: of the store: nothing sent). Each file is written under a temporary name while hashed,
+#: refused unless its size and SHA-256 are the manifest's, and only then renamed; a file kept
+#: twice is linked. Transient failures (5xx, 408, 429, network, a short body) are retried; a
+#: mismatch is not, and fails the pod with a message naming the version and the file (the
+#: container's termination message: executors.kubernetes.status). Then every file and folder
+#: is made read-only and REPORT (``…/report/data-staged/``) is told the files, bytes and
+#: seconds. Presigned URLs never appear in its output (they are credentials while valid).
+STAGE_SCRIPT: Final = """\
+import hashlib, hmac, json, os, sys, time, urllib.error, urllib.parse, urllib.request
+listing_url, root, limit, report = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+token = os.environ["TAU_RUN_TOKEN"]
+base = os.path.realpath(root)
+started = time.monotonic()
+def fail(message):
+    sys.exit("tau-stage-data: " + message)
+class Transient(Exception):
+    pass
+def fetch(url, ours, what, sink, size=None):
+    request = urllib.request.Request(url)
+    if ours:
+        # Unredirected: a redirect never carries the run token to another host.
+        request.add_unredirected_header("Authorization", "Bearer " + token)
+    for attempt in range(1, 7):
+        try:
+            sha256, got = hashlib.sha256(), 0
+            with urllib.request.urlopen(request, timeout=60) as response, open(sink, "wb") as out:
+                while True:
+                    chunk = response.read(1048576)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+                    if size is not None and got > size:
+                        fail("%s: more than its %d bytes arrived" % (what, size))
+                    sha256.update(chunk)
+                    out.write(chunk)
+            if size is not None and got < size:
+                raise Transient("%d of %d bytes" % (got, size))
+            return sha256.hexdigest()
+        except urllib.error.HTTPError as error:
+            if error.code < 500 and error.code not in (408, 429):
+                fail("%s: the server answered %d %s" % (what, error.code, error.reason))
+            problem = "%d %s" % (error.code, error.reason)
+        except (OSError, Transient) as error:
+            problem = str(error)
+        print("tau-stage-data: %s: try %d failed (%s)" % (what, attempt, problem), file=sys.stderr)
+        time.sleep(min(2**attempt, 30))
+    fail("%s: could not be downloaded" % what)
+os.makedirs(base, exist_ok=True)
+listing = os.path.join(base, ".tau-listing")
+fetch(listing_url, True, "the listing", listing)
+kept, files, total = {}, 0, 0
+with open(listing, encoding="utf-8") as lines:
+    head = json.loads(next(lines))
+    if head["bytes"] > limit:
+        fail("the datasets hold %d bytes, more than the %d this volume was sized for"
+             % (head["bytes"], limit))
+    for line in lines:
+        item = json.loads(line)
+        what = "%s file %s" % (item["ref"], item["file"])
+        target = os.path.realpath(os.path.join(base, item["path"]))
+        if not target.startswith(base + os.sep) or os.path.lexists(target):
+            fail("%s: refusing the path %r" % (what, item["path"]))
+        total += item["size"]
+        if total > limit:
+            fail("the files listed hold more than the %d bytes announced" % limit)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if item["sha256"] in kept:
+            os.link(kept[item["sha256"]], target)
+        else:
+            url = urllib.parse.urljoin(listing_url, item["url"])
+            partial = target + ".tau-partial"
+            got = fetch(url, url.startswith(listing_url), what, partial, item["size"])
+            if not hmac.compare_digest(got, item["sha256"]):
+                fail("%s: SHA-256 mismatch (the manifest says %s, the store gave %s)"
+                     % (what, item["sha256"], got))
+            os.chmod(partial, 0o444)
+            os.rename(partial, target)
+            kept[item["sha256"]] = target
+        files += 1
+os.unlink(listing)
+if files != head["files"]:
+    fail("the listing ended after %d of %d files" % (files, head["files"]))
+for folder, _, _ in os.walk(base, topdown=False):
+    if folder != base:  # the volume's own folder is not ours to change
+        os.chmod(folder, 0o555)
+seconds = time.monotonic() - started
+print("tau-stage-data: %d files, %d bytes verified in %.1f s" % (files, total, seconds))
+body = json.dumps({"files": files, "bytes": total, "seconds": round(seconds, 3)}).encode()
+request = urllib.request.Request(report, data=body, method="POST")
+request.add_header("Content-Type", "application/json")
+request.add_unredirected_header("Authorization", "Bearer " + token)
+try:
+    urllib.request.urlopen(request, timeout=30).close()
+except OSError as error:
+    print("tau-stage-data: could not report the staging (%s)" % error, file=sys.stderr)
+"""
+
+
 class RenderError(ValueError):
     """The inputs cannot be rendered into valid objects; the message says which and why."""
 
@@ -386,6 +515,8 @@ class RunTarget:
     #: ``{"persistentVolumeClaim": {"claimName": "tau-data"}}``; None = ``emptyDir``.
     data_volume: Mapping[str, Any] | None = None
     fetcher_image: str = DEFAULT_FETCHER_IMAGE
+    #: The pinned ``inputs.datasets`` to stage: (files, bytes) of them all; None = none.
+    staged_data: tuple[int, int] | None = None
 
     @property
     def workload_name(self) -> str:
@@ -570,16 +701,8 @@ def kubernetes_problems(spec: Spec) -> list[tuple[str, str]]:
                         "and backquotes; write the requirement without them",
                     )
                 )
-    # Datasets are staged and outputs kept by the local executor so far (issue 33): refused
-    # here at submission rather than run without the data it names.
-    if spec.inputs.datasets:
-        problems.append(
-            (
-                "inputs.datasets",
-                "this cluster's runs cannot read catalog datasets yet (the local executor "
-                "stages them); mount the data with storage.data_pvc",
-            )
-        )
+    # Output versions are kept by the local executor so far (issue 33): refused here at
+    # submission rather than run without making the version it names.
     for kind, declared in (("dataset", spec.outputs.dataset), ("model", spec.outputs.model)):
         if declared is not None:
             problems.append(
@@ -740,9 +863,11 @@ def _platform_env(target: RunTarget) -> list[Manifest]:
     return env
 
 
-def _spec_env(spec: Spec) -> list[Manifest]:
+def _spec_env(spec: Spec, target: RunTarget) -> list[Manifest]:
     env: list[Manifest] = [_env_var(variable.name, variable.value) for variable in spec.runtime.env]
-    if spec.storage.data_pvc is not None:
+    if target.staged_data is not None:
+        env.append({"name": ENV_DATA_DIR, "value": STAGED_DATA_DIR})
+    elif spec.storage.data_pvc is not None:
         env.append({"name": ENV_DATA_DIR, "value": DATASET_DIR})
     env += [
         {"name": ref.env, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
@@ -790,6 +915,9 @@ def _data_volumes(spec: Spec, target: RunTarget, *, memory_limit: str) -> list[M
         if storage.read_only:
             claim["readOnly"] = True
         volumes.append({"name": _DATASET_VOLUME, "persistentVolumeClaim": claim})
+    if target.staged_data is not None:
+        size = str(staged_volume_bytes(*target.staged_data))
+        volumes.append({"name": _STAGED_VOLUME, "emptyDir": {"sizeLimit": size}})
     return volumes
 
 
@@ -809,7 +937,48 @@ def _data_mounts(spec: Spec, target: RunTarget) -> list[Manifest]:
         if spec.storage.read_only:
             mount["readOnly"] = True
         mounts.append(mount)
+    if target.staged_data is not None:
+        mounts.append({"name": _STAGED_VOLUME, "mountPath": STAGED_DATA_DIR, "readOnly": True})
     return mounts
+
+
+def staged_volume_bytes(files: int, size: int) -> int:
+    """The ``sizeLimit`` of the volume that holds ``files`` staged files of ``size`` bytes."""
+    return size + files * STAGE_BYTES_PER_FILE + STAGE_SLACK_BYTES
+
+
+def data_url(target: RunTarget) -> str:
+    """Where the stager reads the run's pinned files (the portal's listing, run token auth)."""
+    base = target.portal_url.rstrip("/")
+    return f"{base}/api/v1/workspaces/{target.workspace}/runs/{target.run_name}/data/"
+
+
+def _stager(target: RunTarget) -> Manifest:
+    assert target.staged_data is not None
+    base = target.portal_url.rstrip("/")
+    report = (
+        f"{base}/api/v1/workspaces/{target.workspace}/runs/{target.run_name}/report/data-staged/"
+    )
+    return {
+        "name": STAGER,
+        "image": target.fetcher_image,
+        "command": [
+            "python3",
+            "-I",
+            "-c",
+            STAGE_SCRIPT,
+            _literal(data_url(target)),
+            STAGED_DATA_DIR,
+            str(target.staged_data[1]),
+            _literal(report),
+        ],
+        "env": _platform_env(target),
+        "resources": _resources(FETCHER_RESOURCES),
+        "volumeMounts": [{"name": _STAGED_VOLUME, "mountPath": STAGED_DATA_DIR}],
+        # Its last words (the file that failed) become the pod's reason for failing.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _init_security(),
+    }
 
 
 def bundle_url(target: RunTarget) -> str:
@@ -836,15 +1005,20 @@ def _fetcher(target: RunTarget, digest: str) -> Manifest:
         "env": _platform_env(target),
         "resources": _resources(FETCHER_RESOURCES),
         "volumeMounts": [{"name": _CODE_VOLUME, "mountPath": FETCH_DIR}],
-        "securityContext": {
-            "runAsUser": 65534,
-            "runAsGroup": 65534,
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _init_security(),
+    }
+
+
+def _init_security() -> Manifest:
+    """The fetcher's and the stager's: nobody, no capabilities, a read-only root file system."""
+    return {
+        "runAsUser": 65534,
+        "runAsGroup": 65534,
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
@@ -931,7 +1105,7 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
     def env(*, worker: bool = False) -> list[Manifest]:
         # A fresh list per container: no two containers share (and could co-mutate) one.
         # NCCL runs on the workers only (the head and the submitter have no GPUs).
-        return _platform_env(target) + (_nccl_env(spec) if worker else []) + _spec_env(spec)
+        return _platform_env(target) + (_nccl_env(spec) if worker else []) + _spec_env(spec, target)
 
     head_pod: Manifest = {
         "enableServiceLinks": False,
@@ -961,6 +1135,10 @@ def render_rayjob(spec: Spec, target: RunTarget) -> Manifest:
     }
     if target.flavor is not None:
         worker_pod["nodeSelector"] = dict(target.flavor.node_labels)
+    if target.staged_data is not None:
+        # The driver runs on the head; tasks on the workers: each pod stages its own copy.
+        head_pod["initContainers"] = [_stager(target)]
+        worker_pod["initContainers"] = [_stager(target)]
 
     submitter_env = [
         *env(),
@@ -1077,7 +1255,7 @@ def render_job(spec: Spec, target: RunTarget) -> Manifest:
     if indexed:
         env += _rendezvous_env(spec, name)
     env += _nccl_env(spec)
-    env += _spec_env(spec)
+    env += _spec_env(spec, target)
     mounts = _data_mounts(spec, target)
     volumes = _data_volumes(spec, target, memory_limit=spec.compute.memory_limit)
     container: Manifest = {
@@ -1104,6 +1282,8 @@ def render_job(spec: Spec, target: RunTarget) -> Manifest:
             )
         pod["initContainers"] = [_fetcher(target, target.bundle_sha256)]
         volumes.insert(0, dict(_CODE_VOLUME_SPEC))
+    if target.staged_data is not None:
+        pod.setdefault("initContainers", []).append(_stager(target))
     container["volumeMounts"] = mounts
     pod["containers"] = [container]
     pod["volumes"] = volumes

@@ -50,7 +50,8 @@ Workload ``QuotaReserved=False``, or none yet         queued      (Kueue's messa
 
 Failed pods are read in this order: a container ``OOMKilled`` → oom_killed (exit 137); an
 image that cannot be pulled → user_error; an init container that failed (it fetches the code
-bundle) → infrastructure; a ``DisruptionTarget`` condition (the taint manager or pod GC after
+bundle, or stages the datasets: its last words, the file that failed, are in the reason) →
+infrastructure; a ``DisruptionTarget`` condition (the taint manager or pod GC after
 a node died → node_failure; eviction, kubelet termination → evicted; the scheduler's
 preemption → preempted) or a ``NodeNotReady`` warning about the pod → node_failure; a pod
 that ran on a node reporting a machine XID in the pod's window (below) → node_failure, with
@@ -594,6 +595,32 @@ _PREEMPTION_CAUSE = re.compile(r"due to (?P<cause>[^;]+)")
 # --- pods --------------------------------------------------------------------------------------
 
 
+#: What each of TauGrid's init containers does, for the reason an attempt failed.
+_INIT_ROLES: Final[Mapping[str, str]] = {
+    "tau-fetch-bundle": "fetches and checks the code bundle",
+    "tau-stage-data": "downloads and checks the run's datasets",
+}
+#: The most of an init container's last words kept in the reason.
+_INIT_MESSAGE_CHARS: Final = 600
+
+
+def _init_failure(pod: Body, container: Mapping[str, Any], code: int) -> str:
+    """Why an attempt whose init container failed never started: which one, what it does,
+    and its termination message (the file that failed to stage, say)."""
+    name = str(container.get("name"))
+    role = _INIT_ROLES.get(name)
+    said = f" (which {role})" if role else ""
+    terminated = (container.get("state") or {}).get("terminated") or {}
+    message = str(terminated.get("message") or "").strip()
+    lines = [line for line in message.splitlines() if line.strip()]
+    last = lines[-1][-_INIT_MESSAGE_CHARS:] if lines else ""
+    words = f": {last}" if last else ""
+    return (
+        f"Its init container {name}{said} exited with code {code} in pod {_pod_name(pod)}"
+        f"{words}. The program never started."
+    )
+
+
 def _containers(pod: Body, *, init: bool) -> list[Mapping[str, Any]]:
     key = "initContainerStatuses" if init else "containerStatuses"
     return [c for c in _status(pod).get(key) or [] if isinstance(c, Mapping)]
@@ -651,13 +678,7 @@ def _pod_failure(
             terminated = (container.get("state") or {}).get("terminated") or {}
             code = terminated.get("exitCode")
             if isinstance(code, int) and code != 0:
-                return (
-                    FailureClass.INFRASTRUCTURE,
-                    f"Its init container {container.get('name')} (which fetches and checks the "
-                    f"code bundle) exited with code {code} in pod {_pod_name(pod)}, so the "
-                    "program never started.",
-                    None,
-                )
+                return FailureClass.INFRASTRUCTURE, _init_failure(pod, container, code), None
     for pod in ordered:
         disruption = _true(pod, "DisruptionTarget")
         if disruption is not None and disruption.get("reason") in DISRUPTIONS:

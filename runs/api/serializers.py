@@ -489,6 +489,14 @@ class TrialsRecordedSerializer(serializers.Serializer[Any]):
     recorded = serializers.IntegerField(help_text="Trials created or changed.")
 
 
+class ReportDataStagedSerializer(serializers.Serializer[Any]):
+    """What a cluster's stager says when an attempt's datasets are in place."""
+
+    files = serializers.IntegerField(min_value=0, max_value=10**9)
+    bytes = serializers.IntegerField(min_value=0, max_value=2**63 - 1)
+    seconds = serializers.FloatField(min_value=0, max_value=10**7)
+
+
 class ReportEventSerializer(serializers.Serializer[Any]):
     kind = serializers.RegexField(r"^[a-z][a-z0-9_.-]{0,39}$")
     message = serializers.CharField(max_length=2000, allow_blank=True, default="")

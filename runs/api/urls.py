@@ -53,6 +53,11 @@ urlpatterns = [
         name="run-report-events",
     ),
     path(
+        f"{RUN}report/data-staged/",
+        views.RunReportViewSet.as_view({"post": "data_staged"}),
+        name="run-report-data-staged",
+    ),
+    path(
         f"{RUN}report/artifacts/",
         views.RunArtifactUploadViewSet.as_view({"post": "upload"}),
         name="run-report-artifacts",

@@ -67,6 +67,7 @@ from runs.api.serializers import (
     MetricsRecordedSerializer,
     MetricsSerializer,
     ReportCheckpointSerializer,
+    ReportDataStagedSerializer,
     ReportEventSerializer,
     ReportMetricsSerializer,
     ReportTrialsSerializer,
@@ -760,6 +761,20 @@ class RunReportViewSet(WorkspaceScopedViewSet):
         data = payload.validated_data
         event = state.record_workload_event(
             self.run, data["kind"], message=data["message"], data=data.get("data") or {}
+        )
+        return Response(EventSerializer(event).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=ReportDataStagedSerializer,
+        responses={201: EventSerializer, **refusals(400, 413, words={429: REPORTS_429})},
+    )
+    def data_staged(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """The attempt's ``inputs.datasets`` are in place: how many files and bytes, how long
+        it took (a cluster's stager says so; the run page shows it)."""
+        payload = ReportDataStagedSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        event = state.record_data_staged(
+            self.run, attempt=self.attempt_number, **payload.validated_data
         )
         return Response(EventSerializer(event).data, status=status.HTTP_201_CREATED)
 

@@ -180,6 +180,8 @@ class Prepared:
     commands: tuple[list[str], ...]
     env: dict[str, str]  # the workload's environment: for the wrapper, never the launcher
     cwd: Path
+    #: What staging its datasets took; None = it reads none.
+    staged: staging.Staged | None = None
 
     @property
     def command(self) -> list[str]:
@@ -263,6 +265,7 @@ def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
         else:
             layout.work.mkdir()
         layout.work.chmod(0o700)
+        staged = None
         if plan.datasets:
             try:
                 staged = staging.stage(plan.datasets, layout.data)
@@ -339,6 +342,7 @@ def prepare(plan: PreparationPlan, cancelled: threading.Event) -> Prepared:
         ),
         env=env,
         cwd=layout.work,
+        staged=staged,
     )
 
 

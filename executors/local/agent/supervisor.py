@@ -1127,6 +1127,14 @@ class Agent:
             execution.outcome = self._stopped_outcome(execution, exit_code=None)
             execution.phase = Phase.FINISHING
             return
+        if prepared.staged is not None:
+            state.record_data_staged(
+                execution.run,
+                attempt=execution.attempt.number,
+                files=prepared.staged.files,
+                bytes=prepared.staged.bytes,
+                seconds=prepared.staged.seconds,
+            )
         self._spawn(execution, prepared)
 
     def _advance_running(self, execution: Execution, now: float) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import subprocess
 import tarfile
 import time
 import urllib.error
@@ -29,6 +30,7 @@ from typing import Any
 import pytest
 
 import kube as adapter
+from catalog.ingest import asset_named, ingest_folder
 from executors.kubernetes import render
 from identity import tokens
 from runs.models import Run, RunAttempt
@@ -573,3 +575,96 @@ def test_a_run_cancelled_while_running_is_sealed_at_once_saying_why_it_has_no_lo
     # Either the watcher kept what the pod wrote, or the record says why there is no log.
     assert attempt["log"] is not None or attempt["log_note"], attempt
     assert "LogNotKeptYet" not in place.portal.log("worker")  # no traceback per retry
+
+
+# -- datasets ------------------------------------------------------------------------------------
+
+
+def test_a_run_reading_a_dataset_has_it_staged_and_checked_before_its_program(
+    portal: Portal,
+    cleanup: None,
+    kube: Kube,
+    uid: str,
+    tmp_path: Path,
+    settings: Any,
+    django_user_model: Any,
+) -> None:
+    """A run pinned to a dataset version: its Job's pod stages the version before the
+    program (an init container after the bundle fetcher, the volume sized from the manifest,
+    read-only at TAU_DATA_DIR). The fake nodes run no container, so the test runs the stager
+    exactly as the Job object the API server keeps says (command, arguments, the run token
+    from the attempt's Secret) against the portal's own processes and store; it stages and
+    checks every file, and the run's history, which its evidence seals, says what it staged."""
+    store = f"file://{tmp_path / 'store'}"
+    settings.TAU_STORAGE_URL = store
+    portal.env.update({"TAU_STORAGE_URL": store, "TAU_API_URL": portal.url})
+    portal.start()
+    portal._spawn("watcher", [str(BIN / "python"), str(ROOT / "manage.py"), "run_kube_watcher"])
+    place = Team(portal, uid, django_user_model, cpus=2)
+    raw = tmp_path / "raw"
+    (raw / "shards").mkdir(parents=True)
+    (raw / "shards" / "0.jsonl").write_text('{"text": "a review"}\n' * 50)
+    (raw / "README.md").write_text("reviews, raw\n")
+    version = ingest_folder(
+        asset_named(place.workspace, "dataset", "reviews"), raw, source="upload"
+    )
+
+    spec = example_spec(
+        lasts="20s", extra="inputs:\n  datasets:\n    - {name: reviews, path: raw}\n"
+    )
+    name = place.submit(spec)
+    place.wait(name, "running", timeout=90)
+    attempt = place.attempt(name, 1)
+    kind, _, job_name = attempt.backend_name.partition("/")
+    assert kind == "Job"
+    job = kube.get("batch/v1", "Job", job_name, place.workspace.namespace)
+    assert job is not None
+    pod = job["spec"]["template"]["spec"]
+    fetcher, stager = pod["initContainers"]
+    assert (fetcher["name"], stager["name"]) == ("tau-fetch-bundle", "tau-stage-data")
+    volume = next(v for v in pod["volumes"] if v["name"] == "tau-datasets")
+    assert volume["emptyDir"]["sizeLimit"] == str(
+        render.staged_volume_bytes(version.files_count, version.bytes)
+    )
+    main = pod["containers"][0]
+    assert {"name": "tau-datasets", "mountPath": "/tau/data", "readOnly": True} in main[
+        "volumeMounts"
+    ]
+    assert {"name": "TAU_DATA_DIR", "value": "/tau/data"} in main["env"]
+
+    # What the kubelet would run: the object's command, its token from the attempt's Secret.
+    secret = kube.get(
+        "v1", "Secret", render.run_token_secret_name(name, 1), place.workspace.namespace
+    )
+    assert secret is not None
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    python3, *arguments = stager["command"]
+    assert python3 == "python3"
+    volume_dir = tmp_path / "volume"
+    volume_dir.mkdir()
+    arguments = [str(volume_dir) if word == "/tau/data" else word for word in arguments]
+    staged = subprocess.run(
+        [str(BIN / "python"), *arguments],
+        env={"TAU_RUN_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert staged.returncode == 0, staged.stderr
+    assert (volume_dir / "raw" / "shards" / "0.jsonl").read_text() == (
+        raw / "shards" / "0.jsonl"
+    ).read_text()
+    assert (volume_dir / "raw" / "README.md").stat().st_mode & 0o222 == 0
+
+    done = place.wait(name, "succeeded", timeout=90)
+    assert done["state"] == "succeeded"
+    events = get_json_list(f"{place.base}{name}/events/", place.token)
+    (said,) = [event for event in events if event["kind"] == "data-staged"]
+    assert (said["data"]["attempt"], said["data"]["files"], said["data"]["bytes"]) == (
+        1,
+        2,
+        version.bytes,
+    )
+    submitted = next(event for event in events if event["kind"] == "submitted")
+    assert submitted["data"]["datasets"][0]["manifest_digest"] == version.manifest_digest

@@ -148,6 +148,31 @@ def init_container_failed(data: Body) -> None:
     ]
 
 
+def staging_failed(data: Body) -> None:
+    """By hand: the dataset stager (an init container after the fetcher) found a file whose
+    bytes are not its manifest's; its last words are the pod's termination message."""
+    init_container_failed(data)
+    statuses = data["pods"][0]["status"]["initContainerStatuses"]
+    statuses[0]["state"] = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    message = (
+        "tau-stage-data: wiki@3 file part/a.txt: try 1 failed (timed out)\n"
+        "tau-stage-data: wiki@3 file train/0001.jsonl: SHA-256 mismatch (the manifest says "
+        + "ab" * 32
+        + ", the store gave "
+        + "cd" * 32
+        + ")\n"
+    )
+    statuses.append(
+        {
+            "name": "tau-stage-data",
+            "image": "python:3.11-slim",
+            "ready": False,
+            "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}},
+        }
+    )
+
+
 def taint_manager(data: Body) -> None:
     """By hand: the pod was deleted by the taint manager after its node went NotReady."""
     pod = data["pods"][0]
@@ -406,6 +431,17 @@ TABLE: list[Row] = [
         FailureClass.INFRASTRUCTURE,
         reason_has=("init container tau-fetch-bundle", "exited with code 1"),
         edit=init_container_failed,
+    ),
+    Row(
+        "failed_exit_code",
+        "failed",
+        FailureClass.INFRASTRUCTURE,
+        reason_has=(
+            "init container tau-stage-data (which downloads and checks the run's datasets) "
+            "exited with code 1 in pod ",
+            ": tau-stage-data: wiki@3 file train/0001.jsonl: SHA-256 mismatch",
+        ),
+        edit=staging_failed,
     ),
     Row(
         "failed_exit_code",

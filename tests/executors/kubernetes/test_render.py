@@ -929,8 +929,11 @@ def test_the_data_volume_is_mounted_at_data_in_every_pod(case: Case) -> None:
             # KubeRay's submitter only submits the job: it never mounts the data.
             assert (claims, mounts) == ([], []), component
             continue
+        staged = case.target.staged_data is not None
         if storage.data_pvc is None:
-            assert (claims, mounts, "TAU_DATA_DIR" in env) == ([], [], False), component
+            assert (claims, mounts) == ([], []), component
+            # TAU_DATA_DIR names the staged datasets where there are some (test_staging_…).
+            assert env.get("TAU_DATA_DIR") == ("/tau/data" if staged else None), component
             continue
         expected_claim: dict[str, object] = {"claimName": storage.data_pvc}
         expected_mount: dict[str, object] = {"name": "tau-dataset", "mountPath": "/data"}
@@ -938,7 +941,68 @@ def test_the_data_volume_is_mounted_at_data_in_every_pod(case: Case) -> None:
             expected_claim["readOnly"] = expected_mount["readOnly"] = True
         assert claims == [expected_claim], component
         assert mounts == [expected_mount], component
-        assert env["TAU_DATA_DIR"] == "/data", component
+        assert env["TAU_DATA_DIR"] == ("/tau/data" if staged else "/data"), component
+
+
+@pytest.mark.parametrize("kind", ["job", "rayjob"])
+def test_staging_puts_the_pinned_datasets_read_only_at_tau_data_before_the_program(
+    kind: str,
+) -> None:
+    """A run that reads datasets: every pod that runs its code (a Job's pods; a RayJob's head,
+    where the driver runs, and each worker) stages them first, into a volume sized from the
+    manifest, mounted read-only where TAU_DATA_DIR says; a data PVC stays at /data."""
+    spec = with_changes(
+        example_spec("train-on-data"),
+        run={"workload_kind": kind},
+        storage={"data_pvc": "shared"},
+        outputs={"model": None},
+    )
+    target = target_for(spec, staged_data=(1000, 5 * 2**30))
+    workload = render_workload(spec, target)
+    size = str(5 * 2**30 + 1000 * render.STAGE_BYTES_PER_FILE + render.STAGE_SLACK_BYTES)
+    staged_pods = 0
+    for component, pod in pod_specs(workload):
+        stagers = [c for c in pod.get("initContainers", []) if c["name"] == "tau-stage-data"]
+        if component == "submitter":
+            assert stagers == []
+            continue
+        staged_pods += 1
+        (stager,) = stagers
+        # After the bundle fetcher (when the pod has one): nothing runs before both.
+        assert pod["initContainers"][-1] is stager
+        assert stager["command"][:4] == ["python3", "-I", "-c", render.STAGE_SCRIPT]
+        base = "https://taugrid.example.org/api/v1/workspaces/alpha/runs/train-on-data-k3x9q2/"
+        assert stager["command"][4:] == [
+            f"{base}data/",
+            "/tau/data",
+            str(5 * 2**30),
+            f"{base}report/data-staged/",
+        ]
+        assert env_of(stager)["TAU_RUN_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+        assert stager["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert stager["securityContext"]["readOnlyRootFilesystem"] is True
+        assert stager["volumeMounts"] == [{"name": "tau-datasets", "mountPath": "/tau/data"}]
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        assert volumes["tau-datasets"] == {"name": "tau-datasets", "emptyDir": {"sizeLimit": size}}
+        main = pod["containers"][0]
+        mounts = {mount["mountPath"]: mount for mount in main["volumeMounts"]}
+        assert mounts["/tau/data"] == {
+            "name": "tau-datasets",
+            "mountPath": "/tau/data",
+            "readOnly": True,
+        }
+        assert mounts["/data"]["name"] == "tau-dataset"  # the PVC, where it always is
+        assert env_of(main)["TAU_DATA_DIR"]["value"] == "/tau/data"
+    assert staged_pods == (2 if kind == "rayjob" else 1)
+    assert "$" not in render.STAGE_SCRIPT
+    compile(render.STAGE_SCRIPT, "<stage>", "exec")
+
+
+def test_a_cluster_run_may_read_datasets_but_not_yet_make_versions() -> None:
+    reads = example_spec("data-prep")
+    assert [path for path, _ in kubernetes_problems(reads)] == ["outputs.dataset"]
+    only_reads = with_changes(reads, outputs={"dataset": None})
+    assert kubernetes_problems(only_reads) == []
 
 
 def test_the_reference_cases_carry_what_they_say() -> None:

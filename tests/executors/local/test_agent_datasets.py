@@ -121,6 +121,10 @@ def test_a_run_reads_its_pinned_dataset_and_its_outputs_become_versions_with_lin
             "path": "corpus",
         }
     ]
+    # What staging took, for the run page (a cluster's stager reports the same).
+    staged = events[EventKind.DATA_STAGED].data
+    assert (staged["attempt"], staged["files"], staged["bytes"]) == (1, 2, 31)
+    assert staged["seconds"] >= 0
     kept = events[EventKind.OUTPUTS_KEPT].data["versions"]
     assert [(v["kind"], v["ref"], v["manifest_digest"]) for v in kept] == [
         ("dataset", "wiki-clean@1", clean.manifest_digest),
