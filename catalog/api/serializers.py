@@ -101,10 +101,12 @@ class DeclaredFileSerializer(serializers.Serializer[Any]):
 
 class VersionStartSerializer(serializers.Serializer[Any]):
     source = serializers.ChoiceField(  # type: ignore[assignment]
-        choices=[("upload", "upload"), ("run", "run")],
+        choices=[("upload", "upload"), ("url", "url"), ("run", "run")],
         help_text="`upload`: the files are declared here, then sent with PUT "
-        "…/versions/{version}/files/{path}. `run`: the artifacts a succeeded run kept under "
-        "`path` become the version.",
+        "…/versions/{version}/files/{path}. `url`: the portal downloads the one file at "
+        "`url` (http or https; the webhook rules for where it may connect) into the version "
+        "at `path`; the version is `ingesting` until it is kept (`progress`). `run`: the "
+        "artifacts a succeeded run kept under `path` become the version.",
     )
     files = DeclaredFileSerializer(
         many=True,
@@ -113,8 +115,13 @@ class VersionStartSerializer(serializers.Serializer[Any]):
         "an upload of them is unfinished answers that version (200), to go on with.",
     )
     run = serializers.CharField(required=False, help_text="A run's full name (source `run`).")
+    url = serializers.URLField(
+        required=False, help_text="The file to download (source `url`): https://…"
+    )
     path = serializers.CharField(
-        required=False, help_text="The path of the run's artifacts (`model/`; source `run`)."
+        required=False,
+        help_text="The path of the run's artifacts (`model/`; source `run`), or where the "
+        "downloaded file goes in the version (source `url`; default: the URL's last segment).",
     )
 
 

@@ -25,7 +25,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from catalog import storage, uploads
+from catalog import storage, uploads, url_ingest
 from catalog.api.serializers import (
     AliasSerializer,
     AliasSetSerializer,
@@ -282,12 +282,15 @@ class AssetViewSet(WorkspaceScopedViewSet):
         source = request.data.get("source")
         if source == "run":
             return self._register_from_run(asset, request)
+        if source == "url":
+            return self._ingest_url(asset, request)
         if source != "upload":
             raise exceptions.ValidationError(
                 {
                     "source": [
                         f"{source!r} is not a source here: declare the files of an 'upload', "
-                        "or name a 'run' and the path of its artifacts."
+                        "give the 'url' of a file, or name a 'run' and the path of its "
+                        "artifacts."
                     ]
                 }
             )
@@ -302,6 +305,18 @@ class AssetViewSet(WorkspaceScopedViewSet):
             self._started(version),
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
+
+    def _ingest_url(self, asset: Asset, request: Request) -> Response:
+        url, path = request.data.get("url"), request.data.get("path")
+        if not isinstance(url, str) or not url:
+            raise exceptions.ValidationError({"url": ["The file's URL, https://…"]})
+        if path is not None and not isinstance(path, str):
+            raise exceptions.ValidationError({"path": ["Where the file goes in the version."]})
+        try:
+            version = url_ingest.start(asset, url, path=path or None, user=request.user)
+        except CatalogError as exc:
+            raise exceptions.ValidationError({"url": [str(exc)]}) from exc
+        return Response(self._started(version), status=status.HTTP_201_CREATED)
 
     def _register_from_run(self, asset: Asset, request: Request) -> Response:
         name, path = request.data.get("run"), request.data.get("path")

@@ -266,6 +266,55 @@ def ingest(
     return final
 
 
+#: How often ``ingest`` of a URL asks how the portal's download is going.
+URL_POLL_SECONDS = 1.0
+
+
+def ingest_url(
+    api: Api,
+    workspace: str,
+    kind: str,
+    name: str,
+    url: str,
+    *,
+    path: str | None,
+    description: str,
+    quiet: bool,
+    wait: bool = True,
+) -> dict[str, Any]:
+    """Have the portal download ``url`` as the next version of ``name`` (made if new); with
+    ``wait``, follow its progress until it is ready or failed."""
+    if not _exists(api, asset_path(workspace, kind, name)):
+        api.request(
+            "POST", asset_path(workspace, kind), json={"name": name, "description": description}
+        )
+        if not quiet:
+            out.print(f"Made the {kind} {name} in {workspace}.", markup=False)
+    body: dict[str, Any] = {"source": "url", "url": url}
+    if path:
+        body["path"] = path
+    started = api.json_of(
+        api.request("POST", f"{asset_path(workspace, kind, name)}versions/", json=body)
+    )
+    ref = f"{name}@{started['number']}"
+    where = version_path(workspace, kind, name, str(started["number"]))
+    found: dict[str, Any] = started
+    if not quiet:
+        out.print(f"The portal is downloading {ref}.", markup=False)
+    if not wait:
+        return found
+    with _bar(quiet) as bar:
+        task = bar.add_task(f"Downloading {ref}", total=None)
+        while found["state"] in ("ingesting", "verifying"):
+            time.sleep(URL_POLL_SECONDS)
+            found = api.get(where)
+            progress = found["progress"]
+            bar.update(
+                task, completed=progress["bytes_done"], total=progress["bytes_total"] or None
+            )
+    return found
+
+
 def _exists(api: Api, path: str) -> bool:
     response = api.http.get(path)
     if response.status_code == 404:
@@ -489,8 +538,16 @@ def _kind_group(kind: str) -> click.Group:
 
     @group.command("ingest")
     @click.argument("name")
-    @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+    @click.argument("source", metavar="FOLDER|URL")
     @click.option("--description", default="", help=f"Said of the {kind} if it is new.")
+    @click.option(
+        "--path",
+        "file_path",
+        default=None,
+        metavar="PATH",
+        help="A URL's file: where it goes in the version (default: the URL's last segment).",
+    )
+    @click.option("--no-wait", is_flag=True, help="A URL: answer once the download is queued.")
     @click.option(
         "--piece-size",
         "piece_bytes",
@@ -506,29 +563,57 @@ def _kind_group(kind: str) -> click.Group:
     def ingest_command(
         ctx: click.Context,
         name: str,
-        folder: Path,
+        source: str,
         description: str,
+        file_path: str | None,
+        no_wait: bool,
         piece_bytes: int,
         workspace: str | None,
         as_json: bool,
     ) -> int:
-        """Upload FOLDER as the next version of NAME (made if new).
+        """Upload FOLDER, or have the portal download URL, as the next version of NAME
+        (made if new).
 
-        Every file is read once for its SHA-256, declared, then sent in pieces; files the
-        workspace holds already are not sent. Interrupted, the same command goes on where it
-        stopped. Exit 0 once the version is ready; 1 if the portal found it failed."""
+        A folder: every file is read once for its SHA-256, declared, then sent in pieces;
+        files the workspace holds already are not sent. Interrupted, the same command goes on
+        where it stopped. A URL (http or https) names one file, which the portal fetches
+        itself. Exit 0 once the version is ready; 1 if the portal found it failed."""
         state = state_of(ctx)
         ws = state.workspace_for(workspace)
-        version = ingest(
-            state.api(),
-            ws,
-            kind,
-            name,
-            folder,
-            description=description,
-            piece_bytes=piece_bytes,
-            quiet=as_json,
-        )
+        if source.startswith(("https://", "http://")):
+            version = ingest_url(
+                state.api(),
+                ws,
+                kind,
+                name,
+                source,
+                path=file_path,
+                description=description,
+                quiet=as_json,
+                wait=not no_wait,
+            )
+            if no_wait and version["state"] == "ingesting":
+                if as_json:
+                    print_json(version)
+                else:
+                    out.print(_said_version(version), markup=False)
+                return EXIT_OK
+        else:
+            folder = Path(source)
+            if not folder.is_dir():
+                raise CliError(f"{source} is neither a folder nor an http(s) URL.", EXIT_USAGE)
+            if file_path is not None or no_wait:
+                raise CliError("--path and --no-wait are for a URL.", EXIT_USAGE)
+            version = ingest(
+                state.api(),
+                ws,
+                kind,
+                name,
+                folder,
+                description=description,
+                piece_bytes=piece_bytes,
+                quiet=as_json,
+            )
         if as_json:
             print_json(version)
         else:
