@@ -10,6 +10,7 @@ named, and nothing of it ``ready``. :func:`resolve` turns ``wiki``, ``wiki@3`` o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -147,17 +148,21 @@ def ingest_files(
             raise ManifestError(str(exc)) from None
         progress = _Progress(version)
         entries = []
-        for path, absolute, listed_size in listed:
-            try:
-                size, sha256 = storage.write_blob(workspace_id, absolute, progress.add, name=path)
-            except OSError as exc:
-                raise ManifestError(f"{path} could not be stored: {exc.strerror}.") from exc
-            if size != listed_size:
-                raise ManifestError(
-                    f"{path} changed while it was read ({listed_size:,} bytes listed, "
-                    f"{size:,} read)."
-                )
-            entries.append(Entry(path, size, sha256))
+        written = storage.write_blobs(
+            workspace_id, ((absolute, path) for path, absolute, _ in listed), progress.add
+        )
+        with contextlib.closing(written):
+            for path, _, listed_size in listed:
+                try:
+                    size, sha256 = next(written)
+                except OSError as exc:
+                    raise ManifestError(f"{path} could not be stored: {exc.strerror}.") from exc
+                if size != listed_size:
+                    raise ManifestError(
+                        f"{path} changed while it was read ({listed_size:,} bytes listed, "
+                        f"{size:,} read)."
+                    )
+                entries.append(Entry(path, size, sha256))
         manifest = Manifest.of(entries, max_files=max_files)
         version.state = AssetVersion.State.VERIFYING
         version.touched_at = timezone.now()

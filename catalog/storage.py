@@ -11,12 +11,13 @@
 * ``s3://<bucket>/<prefix>``, any S3-compatible store (AWS, or another with
   ``TAU_STORAGE_ENDPOINT_URL``): a blob is the object ``<prefix>/workspaces/<id>/blobs/<ab>/
   <sha256>``, put under that key only once its digest is known and the bytes sent are those
-  hashed — a file is read once to hash it, then again as it is sent (in parts, for one past
-  :data:`MULTIPART_THRESHOLD_BYTES`), and an upload whose second reading differs is aborted
-  before the object exists. Upload pieces gather on the portal's disk as with a folder
-  (``VAR_DIR/uploads/``). There is no ``.checked`` mark in a bucket: a run on this machine
-  reads a blob through :func:`local_copy`, a content-addressed cache
-  (``VAR_DIR/cache/blobs/``) whose copies are hashed as they are fetched, once, and marked as
+  hashed: a file up to :data:`MULTIPART_THRESHOLD_BYTES` is held in memory from the reading
+  that hashes it and sent in one PUT (a few at once while an ingest reads the next,
+  :func:`write_blobs`); a larger one is read again as it is sent in parts, and an upload whose
+  second reading differs is aborted before the object exists. Upload pieces gather on the
+  portal's disk as with a folder (``VAR_DIR/uploads/``). There is no ``.checked`` mark in a
+  bucket: a run on this machine reads a blob through :func:`local_copy`, a content-addressed
+  cache (``VAR_DIR/cache/blobs/``) whose copies are hashed as they are fetched, once, and marked as
   a folder's blobs are; a cached copy that changed since is fetched again.
 
 Either way two versions with a file in common keep it once, and no workspace's store holds
@@ -38,7 +39,8 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, cast
@@ -56,12 +58,16 @@ if TYPE_CHECKING:
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 #: A file up to this size goes to an S3 store in one PUT, from memory (it was read once, to
-#: hash it); a larger one in parts of :data:`PART_BYTES`, read again from its file.
+#: hash it); a larger one in parts, read again from its file as it is sent.
 MULTIPART_THRESHOLD_BYTES = 16 * 2**20
 #: The size of one part of a multipart upload (grown for a file past 10,000 of them).
 PART_BYTES = 8 * 2**20
-#: Parts in flight at once: memory held is at most this many parts, whatever the file's size.
-PARTS_IN_FLIGHT = 8
+#: Parts in flight at once (boto3's own default concurrency): memory held is at most this
+#: many parts, whatever the file's size.
+PARTS_IN_FLIGHT = 10
+#: Small files an ingest has in flight to an S3 store at once (each held in memory, at most
+#: :data:`MULTIPART_THRESHOLD_BYTES`), while the next is read and hashed.
+FILES_IN_FLIGHT = 4
 #: S3 allows at most this many parts in one upload.
 _MAX_PARTS = 10_000
 
@@ -212,26 +218,71 @@ class S3Store:
         on_bytes: Callable[[int], None] | None,
         name: str,
     ) -> tuple[int, str]:
-        # The key is the digest, so the file is read before a byte is sent. A small one is
-        # kept in memory from that reading; a large one is read again as it is sent.
+        written = self.write_blobs(workspace_id, [(source, name)], on_bytes)
+        with contextlib.closing(written):
+            return next(written)
+
+    def write_blobs(
+        self,
+        workspace_id: int,
+        sources: Iterable[tuple[Path, str]],
+        on_bytes: Callable[[int], None] | None,
+    ) -> Generator[tuple[int, str], None, None]:
+        """Each file of ``sources`` (its path, its name in messages) kept; its size and
+        SHA-256, or its error, in the order given. The key is the digest, so a file is read
+        before a byte of it is sent: a small one is held in memory from that reading and
+        sent by a pool (its HEAD, then its PUT) while the next is read, at most
+        :data:`FILES_IN_FLIGHT` at once; a large one is read again and sent in parts before
+        the next. ``on_bytes`` is called in this thread."""
+        pending: deque[tuple[Future[tuple[int, str]], bool]] = deque()
+        with ThreadPoolExecutor(FILES_IN_FLIGHT, thread_name_prefix="s3-put") as pool:
+            try:
+                for source, name in sources:
+                    pending.append(self._start(pool, workspace_id, source, name, on_bytes))
+                    while len(pending) > FILES_IN_FLIGHT or pending[0][0].done():
+                        yield _reported(*pending.popleft(), on_bytes)
+                        if not pending:
+                            break
+                while pending:
+                    yield _reported(*pending.popleft(), on_bytes)
+            finally:
+                for future, _ in pending:
+                    future.cancel()
+
+    def _start(
+        self,
+        pool: ThreadPoolExecutor,
+        workspace_id: int,
+        source: Path,
+        name: str,
+        on_bytes: Callable[[int], None] | None,
+    ) -> tuple[Future[tuple[int, str]], bool]:
+        """One file under way: (its result to come, whether ``on_bytes`` is still owed)."""
         held = bytearray()
 
         def hold(chunk: memoryview) -> None:
             if len(held) <= MULTIPART_THRESHOLD_BYTES:
                 held.extend(chunk)
 
-        size, sha256 = hash_file(source, name=name, sink=hold)
-        if self.has_blob(workspace_id, sha256, size):
-            pass
-        elif size <= MULTIPART_THRESHOLD_BYTES:
-            self._put(workspace_id, sha256, bytes(held))
-        else:
+        done: Future[tuple[int, str]] = Future()
+        try:
+            size, sha256 = hash_file(source, name=name, sink=hold)
+            if size <= MULTIPART_THRESHOLD_BYTES:
+                return pool.submit(self._keep_held, workspace_id, sha256, held), True
             del held[:]
-            self._put_file(workspace_id, source, sha256, size, name, on_bytes)
-            return size, sha256
-        if on_bytes is not None:
-            on_bytes(size)
-        return size, sha256
+            if not self.has_blob(workspace_id, sha256, size):
+                self._put_file(workspace_id, source, sha256, size, name, on_bytes)
+                done.set_result((size, sha256))
+                return done, False
+            done.set_result((size, sha256))
+        except Exception as exc:  # the file's own error, raised in its turn
+            done.set_exception(exc)
+        return done, True
+
+    def _keep_held(self, workspace_id: int, sha256: str, data: bytearray) -> tuple[int, str]:
+        if not self.has_blob(workspace_id, sha256, len(data)):
+            self._put(workspace_id, sha256, data)
+        return len(data), sha256
 
     def keep_part(self, workspace_id: int, part: Path, sha256: str, size: int) -> None:
         if not self.has_blob(workspace_id, sha256, size):
@@ -309,25 +360,20 @@ class S3Store:
 
     # The parts of the work.
 
-    def _put(self, workspace_id: int, sha256: str, data: bytes) -> None:
+    def _put(self, workspace_id: int, sha256: str, data: bytes | bytearray) -> None:
+        """Bytes already hashed, in one PUT (at most :data:`MULTIPART_THRESHOLD_BYTES`: one
+        request costs less than the three of the smallest multipart upload)."""
         with self._errors():
             self.client.put_object(
-                Bucket=self.bucket, Key=self.key(workspace_id, sha256), Body=data
+                Bucket=self.bucket,
+                Key=self.key(workspace_id, sha256),
+                Body=cast(bytes, data),  # botocore takes a bytearray as it is: no copy
             )
 
-    def _put_file(
-        self,
-        workspace_id: int,
-        source: Path,
-        sha256: str,
-        size: int,
-        name: str,
-        on_bytes: Callable[[int], None] | None,
-    ) -> None:
-        """``source`` sent in parts, read in order in this thread (so ``on_bytes`` is called
-        here) and hashed again; completed only if it is still the file hashed before, else
-        aborted: no object ever holds bytes other than its name's."""
-        key = self.key(workspace_id, sha256)
+    @contextlib.contextmanager
+    def _multipart(self, key: str, size: int) -> Iterator[_PartSender]:
+        """A multipart upload to ``key``: its parts are given to the sender inside the
+        block; completed when the block ends, aborted if it raises (nothing is left)."""
         part_bytes = max(PART_BYTES, math.ceil(size / _MAX_PARTS / 2**20) * 2**20)
         with self._errors():
             upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
@@ -335,13 +381,8 @@ class S3Store:
         try:
             with ThreadPoolExecutor(PARTS_IN_FLIGHT, thread_name_prefix="s3-part") as pool:
                 sender = _PartSender(self, key, upload_id, part_bytes, pool)
-                found = hash_file(source, on_bytes, name=name, sink=sender.add)
+                yield sender
                 parts = sender.finish()
-            if found != (size, sha256):
-                raise ManifestError(
-                    f"{name} changed while it was stored (SHA-256 {found[1]} on the second "
-                    f"reading, {sha256} on the first)."
-                )
             with self._errors():
                 self.client.complete_multipart_upload(
                     Bucket=self.bucket,
@@ -356,6 +397,26 @@ class S3Store:
                     self.client.abort_multipart_upload(
                         Bucket=self.bucket, Key=key, UploadId=upload_id
                     )
+
+    def _put_file(
+        self,
+        workspace_id: int,
+        source: Path,
+        sha256: str,
+        size: int,
+        name: str,
+        on_bytes: Callable[[int], None] | None,
+    ) -> None:
+        """``source`` sent in parts, read in order in this thread (so ``on_bytes`` is called
+        here) and hashed again; completed only if it is still the file hashed before, else
+        aborted: no object ever holds bytes other than its name's."""
+        with self._multipart(self.key(workspace_id, sha256), size) as sender:
+            found = hash_file(source, on_bytes, name=name, sink=sender.add)
+            if found != (size, sha256):
+                raise ManifestError(
+                    f"{name} changed while it was stored (SHA-256 {found[1]} on the second "
+                    f"reading, {sha256} on the first)."
+                )
 
     def _chunks(self, workspace_id: int, sha256: str) -> Iterator[bytes]:
         body = self.open_blob(workspace_id, sha256)
@@ -417,7 +478,8 @@ class StoredCopyDiffers(StorageError):
 
 class _PartSender:
     """The parts of one multipart upload, sent by a pool while the next is read; at most
-    :data:`PARTS_IN_FLIGHT` parts wait or travel at once (the reader waits for the oldest)."""
+    :data:`PARTS_IN_FLIGHT` parts wait or travel at once (the reader waits for the oldest).
+    Bytes are copied once, into the part that is sent."""
 
     def __init__(
         self, store: S3Store, key: str, upload_id: str, part_bytes: int, pool: ThreadPoolExecutor
@@ -427,24 +489,29 @@ class _PartSender:
         self.upload_id = upload_id
         self.part_bytes = part_bytes
         self.pool = pool
-        self.buffer = bytearray()
+        self.part = bytearray(part_bytes)
+        self.filled = 0
         self.sent: list[Future[CompletedPartTypeDef]] = []
         self.in_flight: list[Future[CompletedPartTypeDef]] = []
 
     def add(self, chunk: memoryview) -> None:
-        self.buffer.extend(chunk)
-        if len(self.buffer) >= self.part_bytes:
-            part = self.buffer[: self.part_bytes]
-            del self.buffer[: self.part_bytes]
-            self._send(bytes(part))
+        """Bytes read in order, sent a part at a time."""
+        while chunk:
+            taken = min(len(chunk), self.part_bytes - self.filled)
+            self.part[self.filled : self.filled + taken] = chunk[:taken]
+            self.filled += taken
+            chunk = chunk[taken:]
+            if self.filled == self.part_bytes:
+                self._send(self.part)
+                self.part, self.filled = bytearray(self.part_bytes), 0
 
     def finish(self) -> list[CompletedPartTypeDef]:
-        if self.buffer or not self.sent:
-            self._send(bytes(self.buffer))
-            self.buffer.clear()
+        if self.filled or not self.sent:
+            self._send(self.part[: self.filled])
+            self.filled = 0
         return [future.result() for future in self.sent]
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytearray) -> None:
         while len(self.in_flight) >= PARTS_IN_FLIGHT:
             self.in_flight.pop(0).result()  # raises the first failure here, in the reader
         number = len(self.sent) + 1
@@ -452,16 +519,25 @@ class _PartSender:
         self.sent.append(future)
         self.in_flight.append(future)
 
-    def _upload(self, number: int, data: bytes) -> CompletedPartTypeDef:
+    def _upload(self, number: int, data: bytearray) -> CompletedPartTypeDef:
         with self.store._errors():
             answer = self.store.client.upload_part(
                 Bucket=self.store.bucket,
                 Key=self.key,
                 UploadId=self.upload_id,
                 PartNumber=number,
-                Body=data,
+                Body=cast(bytes, data),  # botocore takes a bytearray as it is: no copy
             )
         return {"PartNumber": number, "ETag": answer["ETag"]}
+
+
+def _reported(
+    future: Future[tuple[int, str]], owed: bool, on_bytes: Callable[[int], None] | None
+) -> tuple[int, str]:
+    size, sha256 = future.result()
+    if owed and on_bytes is not None:
+        on_bytes(size)
+    return size, sha256
 
 
 def _describe(client: Any, bucket: str) -> str:
@@ -591,6 +667,23 @@ def write_blob(
     hashing as it is read; returns its size and SHA-256. Refuses a file that is not regular
     once opened (a symlink or a FIFO put in its place)."""
     return store().write_blob(workspace_id, source, on_bytes, name or source.name)
+
+
+def write_blobs(
+    workspace_id: int,
+    sources: Iterable[tuple[Path, str]],
+    on_bytes: Callable[[int], None] | None = None,
+) -> Generator[tuple[int, str], None, None]:
+    """:func:`write_blob` for each of ``sources`` (a path, its name in messages), lazily, in
+    order: each file's size and SHA-256, or its error when its turn comes. An S3 store sends
+    small files while it reads the next; a folder copies one after the other. Close it when
+    done (``contextlib.closing``): what is still under way is then waited for."""
+    found = store()
+    if isinstance(found, S3Store):
+        yield from found.write_blobs(workspace_id, sources, on_bytes)
+    else:
+        for source, name in sources:
+            yield write_blob(workspace_id, source, on_bytes, name=name)
 
 
 def open_blob(workspace_id: int, sha256: str) -> BinaryIO:

@@ -29,6 +29,7 @@ pytest_plugins = [
     "tests.browser",
     "tests.cluster.plugin",
     "tests.executors.local.plugin",
+    "tests.s3",
     "tests.telemetry.plugin",
     "tests.tiers",
 ]

@@ -3,7 +3,7 @@
 - ``unit`` — no database, no process, no network;
 - ``db`` — the database (PostgreSQL under ``make test``), nothing started;
 - ``services`` — started processes: the portal's web server, Celery workers, the local agent,
-  Prometheus or a live test server;
+  Prometheus, the S3 store (SeaweedFS) or a live test server;
 - ``browser`` — a real Chromium;
 - ``cluster`` — the real control plane (kube-apiserver, Kueue, KubeRay, KWOK);
 
@@ -25,7 +25,15 @@ TIERS = ("unit", "db", "services", "browser", "cluster")
 STARTS = {
     "cluster": {"kube_cluster"},
     "browser": {"browser"},
-    "services": {"live_server", "portal", "agents", "start_agent", "prometheus", "dcgm_exporter"},
+    "services": {
+        "live_server",
+        "portal",
+        "agents",
+        "start_agent",
+        "prometheus",
+        "dcgm_exporter",
+        "s3_service",
+    },
     "db": {"db", "transactional_db", "django_db_setup"},
 }
 

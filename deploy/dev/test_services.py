@@ -1,19 +1,30 @@
 #!/usr/bin/env python3
-"""Run a command with a real, throwaway PostgreSQL and Redis, for the test suite.
+"""Run a command with a real, throwaway PostgreSQL, Redis and S3 store, for the test suite.
 
     python deploy/dev/test_services.py run -- make check-all
 
 If ``TAU_TEST_DATABASE_URL`` / ``TAU_TEST_REDIS_URL`` name servers that answer, those are
 used. Otherwise fresh instances are started on 127.0.0.1 on free ports, with random
 passwords, in a temporary directory that is removed afterwards (also on Ctrl-C). Missing
-server binaries are installed from Debian's packages. Standard library only: this runs
-before anything else is known to work.
+server binaries are installed from Debian's packages.
+
+The S3 store is SeaweedFS (``weed server -s3``: master, volume server, filer and S3 gateway in
+one process, every port on 127.0.0.1), built from the Go module proxy by
+``deploy/cluster/controlplane.py build weed`` (``make test`` does) into
+``~/.cache/taugrid/weed-<version>/``; it gets an access key and secret made for this run and
+one bucket, given to the command as ``TAU_TEST_S3_ENDPOINT``, ``TAU_TEST_S3_ACCESS_KEY``,
+``TAU_TEST_S3_SECRET_KEY`` and ``TAU_TEST_S3_BUCKET`` (or those, set already, are passed on
+as they are). Without the binary nothing is started and ``TAU_TEST_S3_MISSING`` says how to
+build it: the tests that need S3 fail with that message.
+
+Standard library only: this runs before anything else is known to work.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import pwd
 import secrets
@@ -24,10 +35,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 READY_TIMEOUT_SECONDS = 60
+VERSIONS_FILE = Path(__file__).resolve().parents[1] / "cluster" / "versions.env"
 
 
 def log(message: str) -> None:
@@ -88,6 +102,50 @@ def find_postgres_bin() -> Path | None:
         return Path(candidates[0]).parent
     initdb = shutil.which("initdb")
     return Path(initdb).resolve().parent if initdb else None
+
+
+def weed_binary() -> Path:
+    """Where ``controlplane.py build weed`` puts SeaweedFS: the cache directory named by the
+    version pinned in deploy/cluster/versions.env (read here as the tool reads it)."""
+    versions = {}
+    for line in VERSIONS_FILE.read_text(encoding="utf-8").splitlines():
+        key, equals, value = line.strip().partition("=")
+        if equals and not key.startswith("#"):
+            versions[key.strip()] = value.strip()
+    cache = Path(os.environ.get("TAUGRID_CACHE_DIR") or Path.home() / ".cache" / "taugrid")
+    return cache / f"weed-{versions['SEAWEEDFS_VERSION']}" / "bin" / "weed"
+
+
+def s3_answers(endpoint: str) -> bool:
+    """The S3 gateway answers (an unsigned request gets an S3 error: it is up)."""
+    try:
+        with urllib.request.urlopen(endpoint + "/", timeout=2):  # noqa: S310 - our loopback
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+def create_bucket(weed: Path, ports: dict[str, int], bucket: str, directory: Path) -> None:
+    """The bucket, made by SeaweedFS's own shell (no S3 client here: standard library only).
+    Its addresses name the gRPC ports too (``host:port.grpcPort``): they are not the
+    defaults."""
+    master = f"127.0.0.1:{ports['master']}.{ports['master.port.grpc']}"
+    filer = f"127.0.0.1:{ports['filer']}.{ports['filer.port.grpc']}"
+    done = subprocess.run(  # noqa: S603
+        [str(weed), "shell", f"-master={master}", f"-filer={filer}"],
+        input=f"s3.bucket.create -name {bucket}\n",
+        capture_output=True,
+        text=True,
+        cwd=directory,
+        timeout=READY_TIMEOUT_SECONDS,
+        check=False,
+    )
+    if done.returncode != 0 or "error" in done.stdout.lower():
+        raise SystemExit(
+            f"SeaweedFS did not create the bucket {bucket}: {done.stdout}{done.stderr}"
+        )
 
 
 class Services:
@@ -235,6 +293,110 @@ class Services:
         self.env["CELERY_BROKER_URL"] = url
         log(f"Redis on 127.0.0.1:{port}")
 
+    # --- S3 (SeaweedFS) ----------------------------------------------------------------------
+    def start_s3(self) -> None:
+        if os.environ.get("TAU_TEST_S3_ENDPOINT"):
+            log("using the S3 store from TAU_TEST_S3_ENDPOINT")
+            return
+        weed = weed_binary()
+        if not weed.is_file():
+            self.env["TAU_TEST_S3_MISSING"] = (
+                f"SeaweedFS is not built ({weed} is missing): run `make test`, or "
+                "`.venv/bin/python deploy/cluster/controlplane.py build weed` (minutes, once)"
+            )
+            log(self.env["TAU_TEST_S3_MISSING"] + "; the tests that need S3 will fail")
+            return
+        started = time.monotonic()
+        directory = self.tmp / "seaweedfs"
+        directory.mkdir()
+        access_key = "tau" + secrets.token_hex(8)
+        secret_key = secrets.token_urlsafe(30)
+        identities = {
+            "identities": [
+                {
+                    "name": "taugrid-tests",
+                    "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                    "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                }
+            ]
+        }
+        config = directory / "s3.json"
+        config.write_text(json.dumps(identities), encoding="utf-8")
+        config.chmod(0o600)
+        ports = {
+            name: free_port()
+            for name in (
+                "master",
+                "master.port.grpc",
+                "volume",
+                "volume.port.grpc",
+                "filer",
+                "filer.port.grpc",
+                "s3",
+                "s3.port.grpc",
+            )
+        }
+        # Every listener on loopback, every port chosen here (grpc ports would otherwise be
+        # http + 10000, and the Iceberg and Lance ports fixed), no telemetry, and small volumes
+        # (the data folder holds only what the tests write; deleted objects' space comes back
+        # only when SeaweedFS compacts, so a benchmark's rounds add up).
+        command = [
+            str(weed),
+            "server",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-dir={directory}",
+            f"-master.port={ports['master']}",
+            f"-master.port.grpc={ports['master.port.grpc']}",
+            "-master.telemetry=false",
+            "-master.volumeSizeLimitMB=256",
+            f"-volume.port={ports['volume']}",
+            f"-volume.port.grpc={ports['volume.port.grpc']}",
+            "-volume.max=100",  # slots, not space: a volume file grows as it is written
+            "-volume.preStopSeconds=0",
+            "-filer",
+            f"-filer.port={ports['filer']}",
+            f"-filer.port.grpc={ports['filer.port.grpc']}",
+            f"-filer.localSocket={directory / 'filer.sock'}",
+            "-s3",
+            f"-s3.port={ports['s3']}",
+            f"-s3.port.grpc={ports['s3.port.grpc']}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.localSocket={directory / 's3.sock'}",
+            f"-s3.config={config}",
+        ]
+        logfile = (directory / "weed.log").open("wb")
+        process = subprocess.Popen(  # noqa: S603
+            command, stdout=logfile, stderr=subprocess.STDOUT, cwd=directory
+        )
+
+        def stop() -> None:
+            # Throwaway data: a few seconds of graceful shutdown, then no more.
+            process.terminate()
+            try:
+                process.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            logfile.close()
+
+        self.stops.append(stop)
+        endpoint = f"http://127.0.0.1:{ports['s3']}"
+        bucket = "taugrid-tests"
+        wait_until("SeaweedFS", lambda: s3_answers(endpoint), process)
+        create_bucket(weed, ports, bucket, directory)
+        self.env.update(
+            TAU_TEST_S3_ENDPOINT=endpoint,
+            TAU_TEST_S3_ACCESS_KEY=access_key,
+            TAU_TEST_S3_SECRET_KEY=secret_key,
+            TAU_TEST_S3_BUCKET=bucket,
+        )
+        log(
+            f"SeaweedFS S3 on {endpoint} (bucket {bucket}), "
+            f"ready in {time.monotonic() - started:.1f} s"
+        )
+
     def stop_all(self) -> None:
         for stop in reversed(self.stops):
             try:
@@ -255,6 +417,7 @@ def run(command: list[str]) -> int:
     try:
         services.start_postgres()
         services.start_redis()
+        services.start_s3()
         env = {**os.environ, **services.env, "TAU_TEST_SERVICES": "1"}
         return subprocess.call(command, env=env)  # noqa: S603
     except KeyboardInterrupt:
@@ -268,7 +431,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="action", required=True)
-    run_parser = sub.add_parser("run", help="run a command with PostgreSQL and Redis")
+    run_parser = sub.add_parser("run", help="run a command with PostgreSQL, Redis and S3")
     run_parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = (
