@@ -390,12 +390,17 @@ def delete_asset(asset: Asset) -> None:
     logger.info("%s %s deleted: %d version(s)", asset.kind, asset.name, len(version_ids))
 
 
+#: Versions whose files the store need not keep: failed, or deleted (their manifest is a
+#: record only).
+_NOT_KEPT = (AssetVersion.State.FAILED, AssetVersion.State.DELETED)
+
+
 def storage_used(workspace_id: int) -> int:
     """Bytes the workspace's datasets and models keep, each file once (by SHA-256), counting
     what unfinished uploads have declared (so two uploads cannot both fit in one gap)."""
     rows = (
         AssetFile.objects.for_workspace(workspace_id)
-        .exclude(version__state=AssetVersion.State.FAILED)
+        .exclude(version__state__in=_NOT_KEPT)
         .order_by()
         .values("sha256")
         .annotate(size=Max("size"))
@@ -419,12 +424,10 @@ def check_storage_quota(workspace: Any, adding: int, *, what: str) -> None:
 
 
 def held_shas(workspace_id: int, shas: Iterable[str]) -> set[str]:
-    """Those of ``shas`` a version of the workspace (not a failed one) lists, asked 10,000 at
-    a time (SQLite takes at most 32,766 values in one query)."""
+    """Those of ``shas`` a version of the workspace (not a failed or deleted one) lists,
+    asked 10,000 at a time (SQLite takes at most 32,766 values in one query)."""
     ordered = sorted(set(shas))
-    files = AssetFile.objects.for_workspace(workspace_id).exclude(
-        version__state=AssetVersion.State.FAILED
-    )
+    files = AssetFile.objects.for_workspace(workspace_id).exclude(version__state__in=_NOT_KEPT)
     return {
         sha256
         for first in range(0, len(ordered), 10_000)

@@ -75,6 +75,9 @@ class AssetVersion(TenantModel):
         VERIFYING = "verifying", "verifying"
         READY = "ready", "ready"
         FAILED = "failed", "failed"
+        #: Its files are gone; its manifest stays, because a run's record names it
+        #: (``catalog.deletion``).
+        DELETED = "deleted", "files deleted"
 
     class Source(models.TextChoices):
         UPLOAD = "upload", "upload"
@@ -121,6 +124,11 @@ class AssetVersion(TenantModel):
     #: (empty: nothing).
     verified_at = models.DateTimeField(null=True, blank=True)
     verify_problems = models.TextField(blank=True)
+    #: When its files were deleted (state ``deleted``), and by whom.
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    deleted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
 
     class Meta(TenantModel.Meta):
         ordering = ["asset", "-number"]

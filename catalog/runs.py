@@ -82,6 +82,15 @@ def check_inputs(spec: Spec, workspace: Workspace) -> tuple[list[tuple[str, str]
                 else (f"{at}.version", f"{wanted.name} has no ready version yet.")
             )
             continue
+        if version.state == AssetVersion.State.DELETED:
+            problems.append(
+                (
+                    f"{at}.version",
+                    f"{version.ref}'s files were deleted (its manifest stays as a record): "
+                    "name a ready version.",
+                )
+            )
+            continue
         if version.state != AssetVersion.State.READY:
             problems.append(
                 (

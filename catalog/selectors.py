@@ -88,7 +88,7 @@ def version_or_404(workspace: Any, asset: Asset, ref: str) -> AssetVersion:
     versions = (
         AssetVersion.objects.for_workspace(workspace)
         .filter(asset=asset)
-        .select_related("asset", "produced_by")
+        .select_related("asset", "produced_by", "deleted_by")
     )
     version = find_version(workspace, asset, ref, versions)
     if version is None:

@@ -175,7 +175,7 @@ def CATALOG_ROUTES(
         ("list", {"GET": API_READ, "POST": RESEARCHER_WRITE(201)}, ALPHA, {"name": "matrix"}),
         ("detail", {"GET": API_READ, "DELETE": API_ADMIN_WRITE(204)}, asset, {}),
         ("versions", {"GET": API_READ, "POST": RESEARCHER_WRITE(201)}, asset, DECLARATION),
-        ("version", {"GET": API_READ}, version, {}),
+        ("version", {"GET": API_READ, "DELETE": API_ADMIN_WRITE(204)}, version, {}),
         ("version-files", {"GET": API_READ}, version, {}),
         ("version-file", {"PUT": RESEARCHER_WRITE(200)}, upload, {}),
         ("version-verify", {"POST": RESEARCHER_WRITE(200)}, version, {}),

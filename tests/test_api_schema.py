@@ -1117,6 +1117,45 @@ for _kind in ("dataset", "model"):
         _kind, "DELETE", "{name}/", 204, concrete="wiki/", who="workspace_admin", label="delete"
     )
     catalog_write(_kind, "DELETE", "{name}/", 403, concrete="wiki/", label="delete_researcher")
+    _version = "{name}/versions/{version}/"
+    catalog_write(
+        _kind,
+        "DELETE",
+        _version,
+        204,
+        concrete="wiki/versions/1/",
+        who="workspace_admin",
+        label="delete_version",
+    )
+    catalog_write(
+        _kind,
+        "DELETE",
+        _version,
+        409,
+        concrete="wiki/versions/3/",
+        who="workspace_admin",
+        furnish="upload",
+        label="delete_version_uploading",
+    )
+    catalog_write(
+        _kind,
+        "DELETE",
+        _version,
+        403,
+        concrete="wiki/versions/1/",
+        label="delete_version_researcher",
+    )
+# A version another was made from stays as a record, its files gone (200).
+catalog_write(
+    "dataset",
+    "DELETE",
+    "{name}/versions/{version}/",
+    200,
+    concrete="raw/versions/1/",
+    who="workspace_admin",
+    label="delete_version_kept",
+)
+for _kind in ("dataset", "model"):
     for _status, _files, _furnish, _label in (
         (201, declaration(b"brand new\n"), "version", "declare"),
         (200, declaration(b"new\n", b"other\n"), "upload", "declare_again"),

@@ -58,6 +58,11 @@ class VersionSerializer(serializers.Serializer[Any]):
     )
     created_at = serializers.DateTimeField()
     ready_at = serializers.DateTimeField(allow_null=True)
+    deleted_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When its files were deleted (state `deleted`: the manifest stays, because a "
+        "run's record names it).",
+    )
 
 
 class FileSerializer(serializers.Serializer[Any]):

@@ -23,7 +23,11 @@ for kind, viewset, downloads in (
             viewset.as_view({"get": "versions", "post": "start_version"}),
             name=f"{kind}-versions",
         ),
-        path(version, viewset.as_view({"get": "version"}), name=f"{kind}-version"),
+        path(
+            version,
+            viewset.as_view({"get": "version", "delete": "delete_version"}),
+            name=f"{kind}-version",
+        ),
         path(f"{version}files/", viewset.as_view({"get": "files"}), name=f"{kind}-version-files"),
         path(
             f"{version}files/<path:file_path>",

@@ -25,7 +25,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from catalog import storage, uploads, url_ingest
+from catalog import deletion, storage, uploads, url_ingest
 from catalog.api.serializers import (
     AliasSerializer,
     AliasSetSerializer,
@@ -117,6 +117,7 @@ def version_fields(version: AssetVersion) -> dict[str, Any]:
         "metrics": version.metrics,
         "created_at": version.created_at,
         "ready_at": version.ready_at,
+        "deleted_at": version.deleted_at,
     }
 
 
@@ -218,12 +219,8 @@ class AssetViewSet(WorkspaceScopedViewSet):
         return super().get_parsers()
 
     def write_role_for(self, request: Request) -> Role:
-        # Deleting a whole dataset or model (every version) is the workspace admin's call.
-        if (
-            request.method == "DELETE"
-            and "version" not in self.kwargs
-            and "alias" not in self.kwargs
-        ):
+        # Deleting a dataset or model, or a version's files, is the workspace admin's call.
+        if request.method == "DELETE" and "alias" not in self.kwargs:
             return Role.ADMIN
         return self.write_role
 
@@ -480,6 +477,26 @@ class AssetViewSet(WorkspaceScopedViewSet):
                 }
             ).data
         )
+
+    @extend_schema(
+        responses={
+            200: VersionSerializer,
+            204: None,
+            **refusals(409, words={409: "Also: the version is being ingested, or deleted."}),
+        }
+    )
+    def delete_version(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Delete a version's files. Gone whole (204) when no record names it; kept as a
+        record (200, state ``deleted``, its manifest still listed) when a run read or made it
+        or a version was made from it. The blobs no other version holds leave the store."""
+        version = self._version(self._asset())
+        try:
+            gone = deletion.delete_version(version, user=request.user)
+        except CatalogError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        if gone:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(VersionSerializer(version_fields(self._version(self._asset()))).data)
 
     @extend_schema(request=None, responses={200: VerifiedSerializer, **refusals(409)})
     def verify(self, request: Request, *args: Any, **kwargs: Any) -> Response:

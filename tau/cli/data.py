@@ -880,28 +880,51 @@ def _kind_group(kind: str) -> click.Group:
             return EXIT_OK
 
     @group.command("rm")
-    @click.argument("name")
+    @click.argument("ref", metavar="NAME[@VERSION]")
     @click.option("--yes", is_flag=True, help="Do not ask to confirm.")
     @workspace_option
     @json_option
     @click.pass_context
     def rm_command(
-        ctx: click.Context, name: str, yes: bool, workspace: str | None, as_json: bool
+        ctx: click.Context, ref: str, yes: bool, workspace: str | None, as_json: bool
     ) -> int:
-        """Delete NAME with every version (the workspace admin's call)."""
+        """Delete NAME with every version, or one version's files (the workspace admin's
+        call). A version a run read or made keeps its manifest, as the run's record."""
         state = state_of(ctx)
         ws = state.workspace_for(workspace)
+        name, version = split_ref(ref)
+        what = (
+            f"the {kind} {name} of {ws} with every version"
+            if version is None
+            else (f"the files of {name}@{version} in {ws}")
+        )
         if not yes:
             if not sys.stdin.isatty():
                 raise CliError(
-                    f"deleting {name} needs --yes when not asked at a terminal.", EXIT_USAGE
+                    f"deleting {ref} needs --yes when not asked at a terminal.", EXIT_USAGE
                 )
-            click.confirm(f"Delete the {kind} {name} of {ws} with every version?", abort=True)
-        state.api().delete(asset_path(ws, kind, name))
+            click.confirm(f"Delete {what}?", abort=True)
+        api = state.api()
+        if version is None:
+            api.delete(asset_path(ws, kind, name))
+            if as_json:
+                print_json({"name": name, "deleted": True})
+            else:
+                out.print(f"Deleted the {kind} {name}.", markup=False)
+            return EXIT_OK
+        response = api.request("DELETE", version_path(ws, kind, name, version))
+        kept = response.status_code == 200
         if as_json:
-            print_json({"name": name, "deleted": True})
+            print_json(api.json_of(response) if kept else {"ref": ref, "deleted": True})
+        elif kept:
+            found = api.json_of(response)
+            out.print(
+                f"Deleted the files of {found['ref']}; its manifest stays, because a run's "
+                f"record names it ({found['manifest_digest']}).",
+                markup=False,
+            )
         else:
-            out.print(f"Deleted the {kind} {name}.", markup=False)
+            out.print(f"Deleted {name}@{version}.", markup=False)
         return EXIT_OK
 
     return group

@@ -212,3 +212,26 @@ def test_a_model_registered_from_runs_is_picked_by_best_and_pulled_checked(
     assert tau("data", "model", "pull", "tiny@1", "-o", str(target), "--force").returncode == 0
     assert (target / "w.bin").read_bytes() == b"0.4" * 100
     assert tau("data", "model", "verify", "tiny@1", "--local", str(target)).returncode == 0
+
+
+def test_rm_deletes_one_versions_files_keeping_the_manifest_a_run_names(
+    world: Any, live_server: Any, tmp_path: Path, settings: Any
+) -> None:
+    settings.TAU_STORAGE_URL = f"file://{tmp_path / 'store'}"
+    folder = tmp_path / "wiki"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a\n")
+    researcher = as_user(world, "researcher", live_server, tmp_path / "rob")
+    assert researcher("data", "dataset", "ingest", "wiki", str(folder)).returncode == 0
+    assert researcher("data", "dataset", "ingest", "wiki", str(folder)).returncode == 0
+    make_run(world, spec=TINY_SPEC + b"inputs:\n  datasets:\n    - {name: wiki, version: '1'}\n")
+    admin = as_user(world, "workspace_admin", live_server, tmp_path / "alice")
+
+    kept = admin("data", "dataset", "rm", "wiki@1", "--yes")
+    assert kept.returncode == 0, kept.stderr
+    assert "Deleted the files of wiki@1; its manifest stays, because a run's record" in kept.stdout
+    gone = admin("data", "dataset", "rm", "wiki@2", "--yes")
+    assert (gone.returncode, gone.stdout.strip()) == (0, "Deleted wiki@2.")
+    assert [v.state for v in AssetVersion.objects.for_workspace(world.alpha)] == ["deleted"]
+    refused = researcher("data", "dataset", "rm", "wiki@1", "--yes")
+    assert refused.returncode != 0

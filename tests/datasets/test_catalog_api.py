@@ -71,6 +71,7 @@ def test_a_dataset_its_versions_and_files_read_as_documented(world: Any, tmp_pat
         "metrics": {},
         "created_at": None,
         "ready_at": None,
+        "deleted_at": None,
     }
     assert client.get(f"{API}/datasets/wiki/versions/1/").json() == detail
     assert client.get(f"{API}/datasets/wiki/versions/latest/").json()["number"] == 1

@@ -228,9 +228,14 @@ def test_a_bad_declaration_is_refused_and_makes_nothing(
 
 
 def test_sources_and_names_that_are_not_accepted_say_so(world: Any, researcher: Any) -> None:
+    prefix = researcher.post(
+        f"{WIKI}/versions/", {"source": "prefix", "files": []}, "application/json"
+    )
+    assert prefix.status_code == 400
+    assert "'prefix' is not a source here" in prefix.json()["source"][0]
     url = researcher.post(f"{WIKI}/versions/", {"source": "url", "files": []}, "application/json")
     assert url.status_code == 400
-    assert "'url' is not a source here" in url.json()["source"][0]
+    assert url.json()["url"] == ["The file's URL, https://…"]
     bad_name = researcher.post(f"{API}/datasets/", {"name": "Wiki!"}, "application/json")
     assert bad_name.status_code == 400
     assert "Not a name here" in bad_name.json()["name"][0]

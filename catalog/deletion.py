@@ -1,0 +1,86 @@
+"""Deleting one version of a dataset or model (issue 33): ``DELETE …/versions/{v}/``.
+
+A version that nothing names goes whole: its row, its file rows, its aliases. A version that
+a record names — a run read it (``RunInput``) or made it (``produced_by``), or another version
+was derived from it — keeps its row and its manifest (every file's path, size and SHA-256) as
+state ``deleted``, with when and by whom: the run's sealed evidence still proves which bytes
+were used, and the pages say the files are gone. Either way its aliases go (an alias names a
+version whose files can be read), and then every blob no other version of the workspace still
+holds is removed from the store. A version still being ingested or verified is refused: wait
+for it, or for the sweep to fail it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from catalog import storage
+from catalog.ingest import CatalogError, held_shas, lock_asset
+from catalog.models import AssetAlias, AssetFile, AssetVersion, RunInput
+
+logger = logging.getLogger(__name__)
+
+
+def named_by(version: AssetVersion) -> str | None:
+    """What record names ``version`` (said for people), or None."""
+    workspace_id = version.asset.workspace_id
+    read = (
+        RunInput.objects.for_workspace(workspace_id)
+        .filter(version=version)
+        .select_related("run")
+        .first()
+    )
+    if read is not None:
+        return f"the run {read.run.name} read it"
+    if version.produced_by_id is not None:
+        return "the run that made it names it"
+    derived = version.derivatives.order_by("pk").first()
+    if derived is not None:
+        return f"{derived.ref} was made from it"
+    return None
+
+
+def delete_version(version: AssetVersion, *, user: Any = None) -> bool:
+    """Delete the version's files (module docstring): True when the version is gone whole,
+    False when it stays as a record. CatalogError when it cannot be deleted now."""
+    if version.state in (AssetVersion.State.INGESTING, AssetVersion.State.VERIFYING):
+        raise CatalogError(
+            f"{version.ref} is {version.state}: wait until it is ready or failed, then delete it."
+        )
+    if version.state == AssetVersion.State.DELETED:
+        raise CatalogError(f"{version.ref}'s files were deleted already.")
+    asset = version.asset
+    workspace_id = asset.workspace_id
+    version_id = version.pk
+    with transaction.atomic():
+        lock_asset(asset)
+        shas = set(
+            AssetFile.objects.for_workspace(workspace_id)
+            .filter(version=version)
+            .values_list("sha256", flat=True)
+        )
+        AssetAlias.objects.for_workspace(workspace_id).filter(version=version).delete()
+        why_kept = named_by(version)
+        if why_kept is None:
+            version.delete()
+        else:
+            version.state = AssetVersion.State.DELETED
+            version.deleted_at = timezone.now()
+            version.deleted_by = user
+            version.save(update_fields=["state", "deleted_at", "deleted_by"])
+        still_held = held_shas(workspace_id, shas)
+    for sha256 in shas - still_held:
+        storage.forget_blob(workspace_id, sha256)
+    storage.drop_uploads(workspace_id, version_id)
+    logger.info(
+        "%s %s deleted%s: %d blob(s) removed",
+        asset.kind,
+        f"{asset.name}@{version.number}",
+        "" if why_kept is None else f" (its manifest kept: {why_kept})",
+        len(shas - still_held),
+    )
+    return why_kept is None
