@@ -581,23 +581,32 @@ def test_a_run_cancelled_while_running_is_sealed_at_once_saying_why_it_has_no_lo
 
 
 def test_a_run_reading_a_dataset_has_it_staged_and_checked_before_its_program(
+    s3_store: Any,  # first: it makes the var folder the portal's processes share
     portal: Portal,
     cleanup: None,
     kube: Kube,
     uid: str,
     tmp_path: Path,
-    settings: Any,
     django_user_model: Any,
 ) -> None:
-    """A run pinned to a dataset version: its Job's pod stages the version before the
-    program (an init container after the bundle fetcher, the volume sized from the manifest,
-    read-only at TAU_DATA_DIR). The fake nodes run no container, so the test runs the stager
-    exactly as the Job object the API server keeps says (command, arguments, the run token
-    from the attempt's Secret) against the portal's own processes and store; it stages and
+    """A run pinned to a dataset version kept in S3 (the suite's SeaweedFS): its Job's pod
+    stages the version before the program (an init container after the bundle fetcher, the
+    volume sized from the manifest, read-only at TAU_DATA_DIR). The fake nodes run no
+    container, so the test runs the stager exactly as the Job object the API server keeps says
+    (command, arguments, the run token from the attempt's Secret) against the portal's own
+    processes: the listing's presigned URLs take it to the S3 server itself. It stages and
     checks every file, and the run's history, which its evidence seals, says what it staged."""
-    store = f"file://{tmp_path / 'store'}"
-    settings.TAU_STORAGE_URL = store
-    portal.env.update({"TAU_STORAGE_URL": store, "TAU_API_URL": portal.url})
+    service = s3_store.service
+    portal.env.update(
+        {
+            "TAU_API_URL": portal.url,
+            "TAU_STORAGE_URL": s3_store.url,
+            "TAU_STORAGE_ENDPOINT_URL": service.endpoint,
+            "TAU_STORAGE_REGION": "us-east-1",
+            "TAU_STORAGE_ACCESS_KEY_ID": service.access_key,
+            "TAU_STORAGE_SECRET_ACCESS_KEY": service.secret_key,
+        }
+    )
     portal.start()
     portal._spawn("watcher", [str(BIN / "python"), str(ROOT / "manage.py"), "run_kube_watcher"])
     place = Team(portal, uid, django_user_model, cpus=2)
@@ -651,7 +660,7 @@ def test_a_run_reading_a_dataset_has_it_staged_and_checked_before_its_program(
         timeout=120,
         check=False,
     )
-    assert staged.returncode == 0, staged.stderr
+    assert staged.returncode == 0, staged.stderr + portal.log("web")[-2000:]
     assert (volume_dir / "raw" / "shards" / "0.jsonl").read_text() == (
         raw / "shards" / "0.jsonl"
     ).read_text()

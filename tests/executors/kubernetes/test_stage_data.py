@@ -206,3 +206,37 @@ def test_a_run_token_reaches_its_own_runs_files_only(
         {"files": 1, "bytes": 1, "seconds": 1},
         format="json",
     ).status_code in (403, 404)
+
+
+def test_from_an_s3_store_the_stager_reads_presigned_urls_and_checks_every_byte(
+    world: Any, live_server: Any, tmp_path: Path, s3_store: Any
+) -> None:
+    """With the data in S3 (the suite's SeaweedFS), the listing hands the pod presigned URLs
+    it reads from the store directly (the portal passes no byte on), and a changed object is
+    named just the same."""
+    version = wiki(world, tmp_path)
+    run = make_run(world, spec=READS)
+    token = token_for(run)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    lines = body(api.get(f"/api/v1/workspaces/alpha/runs/{run.name}/data/")).splitlines()
+    urls = [json.loads(line)["url"] for line in lines[1:]]
+    assert len(urls) == 4
+    assert all(url.startswith(s3_store.service.endpoint) for url in urls)
+    assert all("X-Amz-Signature=" in url for url in urls)
+
+    root = tmp_path / "volume"
+    root.mkdir()
+    done = stage(live_server, run, token, root)
+    assert done.returncode == 0, done.stderr
+    assert "X-Amz-Signature" not in done.stdout + done.stderr  # a credential while valid
+    assert (root / "corpus" / "wiki" / "part" / "a.txt").read_bytes() == b"The Quick Brown Fox\n"
+
+    sha = version.files.get(path="b.txt").sha256
+    key = f"{s3_store.prefix}/workspaces/{world.alpha.pk}/blobs/{sha[:2]}/{sha}"
+    s3_store.client.put_object(Bucket=s3_store.service.bucket, Key=key, Body=b"Jumps 0ver\n")
+    again = tmp_path / "again"
+    again.mkdir()
+    failed = stage(live_server, run, token, again)
+    assert failed.returncode != 0
+    assert "tau-stage-data: wiki@1 file b.txt: SHA-256 mismatch" in failed.stderr
