@@ -178,49 +178,69 @@ def receive(
             f"A piece of {length:,} bytes: send at most {settings.TAU_DATA_UPLOAD_PIECE_BYTES:,} "
             "per request (TAU_DATA_UPLOAD_PIECE_BYTES)."
         )
-    mismatch = ""
     with transaction.atomic():
         row = files.select_for_update().get(path=path)
         if total is not None and total != row.size:
             raise CatalogError(f"{path} was declared as {row.size:,} bytes, not {total:,}.")
         if row.stored:
             return Received(row)
-        if start != row.received:
-            raise OutOfOrder(
-                f"{path}: the portal holds its first {row.received:,} bytes; send the piece "
-                f"that starts there, not at {start:,}.",
-                row.received,
-            )
-        if start + length > row.size:
-            raise CatalogError(
-                f"{path}: a piece of {length:,} bytes from {start:,} ends past its declared "
-                f"size, {row.size:,} bytes."
-            )
         part = storage.upload_part(workspace_id, version.pk, row.pk)
-        written = _write_piece(part, body, start, length)
-        row.received = start + written
-        added = written
-        if row.received == row.size:
-            size, sha256 = hash_file(part, name=path)
-            if (size, sha256) == (row.size, row.sha256):
-                storage.keep_part(workspace_id, part, sha256, size)
-                row.stored = True
-            else:
-                part.unlink()
-                added -= row.received
-                row.received = 0
-                mismatch = (
-                    f"{path}: the bytes sent do not match its declared SHA-256 ({sha256} "
-                    f"instead of {row.sha256}); nothing of it is kept. Send it again from its "
-                    "first byte."
+        if row.received < row.size or row.size == 0:
+            if start != row.received:
+                raise OutOfOrder(
+                    f"{path}: the portal holds its first {row.received:,} bytes; send the "
+                    f"piece that starts there, not at {start:,}.",
+                    row.received,
                 )
-        row.save(update_fields=["received", "stored"])
-        AssetVersion.objects.for_workspace(workspace_id).filter(pk=version.pk).update(
-            bytes_done=F("bytes_done") + added, touched_at=timezone.now()
-        )
-    if row.stored:
+            if start + length > row.size:
+                raise CatalogError(
+                    f"{path}: a piece of {length:,} bytes from {start:,} ends past its "
+                    f"declared size, {row.size:,} bytes."
+                )
+            written = _write_piece(part, body, start, length)
+            row.received = start + written
+            row.save(update_fields=["received"])
+            AssetVersion.objects.for_workspace(workspace_id).filter(pk=version.pk).update(
+                bytes_done=F("bytes_done") + written, touched_at=timezone.now()
+            )
+        # Else every byte is here and the file was not kept yet (a request that stopped
+        # between the two steps): this one keeps it, whatever it sent.
+    if row.received != row.size:
+        return Received(row)
+    # Whole: hashed and kept outside the row's lock (an S3 store's PUT of the whole file
+    # takes a while); only then marked stored, in a second short step.
+    return _keep(version, row, part)
+
+
+def _keep(version: AssetVersion, row: AssetFile, part: Path) -> Received:
+    """The whole part checked against its declared SHA-256 and kept in the store (then the
+    version finished if it was the last), or dropped, saying so."""
+    workspace_id = version.asset.workspace_id
+    files = AssetFile.objects.for_workspace(workspace_id).filter(pk=row.pk)
+    try:
+        size, sha256 = hash_file(part, name=row.path)
+    except FileNotFoundError:
+        # Another request kept (or dropped) it meanwhile: answer what it left.
+        row.refresh_from_db()
+        return Received(row)
+    if (size, sha256) == (row.size, row.sha256):
+        storage.keep_part(workspace_id, part, sha256, size)
+        files.filter(stored=False).update(stored=True)
+        row.stored = True
         finish_if_whole(version)
-    return Received(row, mismatch)
+        return Received(row)
+    part.unlink(missing_ok=True)
+    with transaction.atomic():
+        if files.filter(stored=False, received=row.size).update(received=0):
+            AssetVersion.objects.for_workspace(workspace_id).filter(pk=version.pk).update(
+                bytes_done=F("bytes_done") - row.size, touched_at=timezone.now()
+            )
+    row.received = 0
+    return Received(
+        row,
+        f"{row.path}: the bytes sent do not match its declared SHA-256 ({sha256} instead of "
+        f"{row.sha256}); nothing of it is kept. Send it again from its first byte.",
+    )
 
 
 def _write_piece(part: Path, body: BinaryIO, start: int, length: int) -> int:

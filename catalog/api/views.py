@@ -398,6 +398,7 @@ class AssetViewSet(WorkspaceScopedViewSet):
                 409,
                 411,
                 413,
+                503,
                 words={
                     400: "Also: the file's bytes did not match its declared SHA-256 (send it "
                     "again from its first byte; `received` says 0).",
@@ -455,6 +456,15 @@ class AssetViewSet(WorkspaceScopedViewSet):
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         except CatalogError as exc:
             raise exceptions.ValidationError({"detail": str(exc)}) from exc
+        except storage.StorageError as exc:
+            # The bytes are on the portal's disk; the same request again keeps them.
+            return Response(
+                {
+                    "detail": f"{path} arrived whole but could not be kept: {exc.strerror}. "
+                    "Send the same request again; no byte needs sending twice."
+                },
+                status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            )
         if result.mismatch:
             return Response(
                 {"detail": result.mismatch, "received": 0}, status=status.HTTP_400_BAD_REQUEST

@@ -20,7 +20,7 @@ import pytest
 
 from catalog import storage, uploads
 from catalog.ingest import asset_named, delete_asset, ingest_folder, verify
-from catalog.models import Asset, AssetVersion
+from catalog.models import Asset, AssetFile, AssetVersion
 from tau.manifest import ManifestError, scan
 from tests.s3 import S3Prefix, S3Service
 
@@ -189,6 +189,41 @@ def test_an_uploaded_file_is_put_when_its_last_piece_arrives(
     # Deleting the asset deletes its objects.
     delete_asset(asset)
     assert s3_store.object_keys() == []
+
+
+def test_a_last_piece_the_store_refused_is_kept_when_the_request_comes_again(
+    world: Any, s3_store: S3Prefix, settings: Any
+) -> None:
+    """Over the API: the file is whole on the portal's disk when the store refuses it (wrong
+    keys here); the answer is a 503 that says so, nothing is marked stored, and the same
+    request again, once the store takes it, keeps it without a byte sent twice."""
+    data = b"a corpus the store refused once\n"
+    api = world.api_client_for("researcher")
+    base = "/api/v1/workspaces/alpha/datasets"
+    api.post(f"{base}/", {"name": "refused"}, format="json")
+    declared = {
+        "source": "upload",
+        "files": [{"path": "c.txt", "size": len(data), "sha256": sha(data)}],
+    }
+    assert api.post(f"{base}/refused/versions/", declared, format="json").status_code == 201
+    secret = settings.TAU_STORAGE_SECRET_ACCESS_KEY
+    settings.TAU_STORAGE_SECRET_ACCESS_KEY = "not-the-secret-" + "x" * 20
+    url = f"{base}/refused/versions/1/files/c.txt"
+    refused = api.put(url, data, content_type="application/octet-stream")
+    assert refused.status_code == 503
+    assert "c.txt arrived whole but could not be kept" in refused.json()["detail"]
+    assert "not-the-secret" not in refused.content.decode()
+    row = AssetFile.objects.for_workspace(world.alpha).get(path="c.txt")
+    assert (row.received, row.stored) == (len(data), False)
+
+    settings.TAU_STORAGE_SECRET_ACCESS_KEY = secret
+    kept = api.put(url, data, content_type="application/octet-stream")
+    assert kept.status_code == 200, kept.content
+    assert (kept.json()["stored"], kept.json()["version_state"]) == (True, "ready")
+    version = AssetVersion.objects.for_workspace(world.alpha).get(asset__name="refused")
+    assert version.bytes_done == len(data)  # counted once
+    with storage.open_blob(world.alpha.pk, sha(data)) as reader:
+        assert reader.read() == data
 
 
 def test_wrong_credentials_say_so_without_showing_them(
