@@ -1,9 +1,15 @@
-"""The catalog's periodic work (Celery beat: ``sweep-catalog-versions``)."""
+"""The catalog's Celery tasks: its periodic work (beat: ``sweep-catalog-versions``) and the
+downloads of versions from URLs."""
 
 from __future__ import annotations
 
-from celery import shared_task
+from typing import Any
 
+from celery import shared_task
+from django.db import transaction
+
+from catalog import url_ingest
+from catalog.models import Asset, AssetVersion
 from catalog.sweep import sweep_versions as sweep
 
 
@@ -13,12 +19,19 @@ def sweep_versions() -> dict[str, int]:
     return sweep()
 
 
+def start_url_ingest(
+    asset: Asset, url: str, *, path: str | None = None, user: Any = None
+) -> AssetVersion:
+    """A new version from ``url`` (``catalog.url_ingest.start``), its download queued once
+    the version is written."""
+    version, name = url_ingest.start(asset, url, path=path, user=user)
+    transaction.on_commit(lambda: ingest_url.delay(version.pk, url, name))
+    return version
+
+
 @shared_task(ignore_result=True)
 def ingest_url(version_id: int, url: str, name: str) -> str:
     """Download a version's one file from ``url`` (catalog.url_ingest); its state after."""
-    from catalog.models import AssetVersion
-    from catalog.url_ingest import download
-
     version = (
         AssetVersion.objects.unscoped()
         .select_related("asset__workspace")
@@ -27,5 +40,5 @@ def ingest_url(version_id: int, url: str, name: str) -> str:
     )
     if version is None:
         return "gone"  # deleted, or failed by the sweep meanwhile
-    download(version, url, name)
+    url_ingest.download(version, url, name)
     return str(version.state)

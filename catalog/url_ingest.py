@@ -4,7 +4,7 @@
 The URL names one file; the version holds it at ``path`` (default: the URL's last segment).
 The request is checked at once (http or https, no user name or password in it, a path the
 manifest rules allow, and the webhook rules for where the portal may connect:
-``notifications.addresses``) and the version made ``ingesting``; a Celery task
+``portal.addresses``) and the version made ``ingesting``; a Celery task
 (``catalog.tasks.ingest_url``) then downloads it. Every connection, the first and each of at
 most :data:`MAX_REDIRECTS` redirects, goes to an address checked just before connecting (a
 name that resolves to a private address, a metadata service or the portal itself is refused,
@@ -47,7 +47,7 @@ from catalog.ingest import (
     lock_asset,
 )
 from catalog.models import Asset, AssetVersion
-from notifications import addresses
+from portal import addresses
 from tau.manifest import CHUNK_BYTES, Entry, Manifest, ManifestError, check_path
 
 logger = logging.getLogger(__name__)
@@ -113,8 +113,11 @@ def check(url: str) -> None:
         ) from None
 
 
-def start(asset: Asset, url: str, *, path: str | None = None, user: Any = None) -> AssetVersion:
-    """The asset's next version, ``ingesting`` from ``url``; its download is queued."""
+def start(
+    asset: Asset, url: str, *, path: str | None = None, user: Any = None
+) -> tuple[AssetVersion, str]:
+    """The asset's next version, ``ingesting`` from ``url``, and the file's path in it; the
+    caller queues the download (``catalog.tasks.start_url_ingest``)."""
     name = file_name(url, path)
     check(url)
     with transaction.atomic():
@@ -125,10 +128,7 @@ def start(asset: Asset, url: str, *, path: str | None = None, user: Any = None) 
             source_detail=shown(url)[:1024],
             created_by=user,
         )
-    from catalog.tasks import ingest_url
-
-    transaction.on_commit(lambda: ingest_url.delay(version.pk, url, name))
-    return version
+    return version, name
 
 
 class _CheckedHTTPConnection(http.client.HTTPConnection):

@@ -5,7 +5,7 @@ Webhook POSTs are short and contained: one deadline of ``TAU_WEBHOOK_TIMEOUT_SEC
 the whole delivery (resolving the name, connecting, TLS, sending, and reading the whole
 answer), no redirects followed (a 3xx is a failure that names where it pointed), at most
 ``RESPONSE_BYTES`` of the answer read, and the connection made to an address checked at that
-moment (``notifications.addresses``). The deadline is a ``time.monotonic()`` instant: before
+moment (``portal.addresses``). The deadline is a ``time.monotonic()`` instant: before
 every send and every read the socket's timeout is set to what is left of it, so a receiver
 that trickles a byte every few seconds is cut off at the deadline, like one that never
 answers (a timeout per read alone would let it hold a worker for as long as it trickles).
@@ -43,8 +43,8 @@ from typing import Any
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
-from notifications import addresses
 from notifications.models import PayloadFormat
+from portal import addresses
 
 #: How much of an endpoint's answer is read (for the log); the rest is never read.
 RESPONSE_BYTES = 4096

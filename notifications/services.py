@@ -19,7 +19,6 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from notifications import addresses
 from notifications.delivery import publish_on_commit
 from notifications.events import (
     ADMIN_EVENTS,
@@ -32,7 +31,7 @@ from notifications.events import (
 )
 from notifications.models import EmailPreference, NotificationDelivery, PayloadFormat, Webhook
 from notifications.preferences import email_events_for
-from portal import audit
+from portal import addresses, audit
 from workspaces.models import Membership, Role, Workspace
 
 if TYPE_CHECKING:

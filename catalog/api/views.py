@@ -25,7 +25,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from catalog import deletion, storage, uploads, url_ingest
+from catalog import deletion, storage, tasks, uploads
 from catalog.api.serializers import (
     AliasSerializer,
     AliasSetSerializer,
@@ -310,7 +310,7 @@ class AssetViewSet(WorkspaceScopedViewSet):
         if path is not None and not isinstance(path, str):
             raise exceptions.ValidationError({"path": ["Where the file goes in the version."]})
         try:
-            version = url_ingest.start(asset, url, path=path or None, user=request.user)
+            version = tasks.start_url_ingest(asset, url, path=path or None, user=request.user)
         except CatalogError as exc:
             raise exceptions.ValidationError({"url": [str(exc)]}) from exc
         return Response(self._started(version), status=status.HTTP_201_CREATED)

@@ -85,3 +85,21 @@ def test_without_a_quota_there_is_no_limit(world: Any, tmp_path: Path) -> None:
     )
     assert version.state == "ready"
     assert storage_used(world.alpha.pk) == 100_000
+
+
+def test_the_workspace_and_usage_pages_show_what_is_kept_against_the_quota(
+    world: Any, tmp_path: Path
+) -> None:
+    wiki = asset_named(world.alpha, "dataset", "wiki")
+    ingest_folder(wiki, folder(tmp_path / "one", {"a.bin": b"a" * 3000}), source="upload")
+    viewer = world.client_for("viewer")
+    for page in ("/w/alpha/", "/w/alpha/usage/"):
+        text = viewer.get(page).content.decode()
+        assert "2.9\xa0KB</strong> kept by datasets and models" in text, page
+        assert "No storage quota" in text, page
+    world.alpha.storage_quota_bytes = 12000
+    world.alpha.save(update_fields=["storage_quota_bytes"])
+    for page in ("/w/alpha/", "/w/alpha/usage/"):
+        text = viewer.get(page).content.decode()
+        assert "2.9\xa0KB</strong> of 11.7\xa0KB kept by datasets and models (25%)" in text, page
+        assert 'value="3000"' in text, page

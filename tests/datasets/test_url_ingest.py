@@ -132,7 +132,7 @@ def test_a_download_without_a_length_and_a_path_given(
 ) -> None:
     from catalog import url_ingest
 
-    version = url_ingest.start(
+    version, _ = url_ingest.start(
         asset_named(world.alpha, "dataset", "reviews"), f"{server}/unsized", path="raw/r.jsonl"
     )
     tasks.ingest_url(version.pk, f"{server}/unsized", "raw/r.jsonl")
@@ -155,7 +155,7 @@ def test_a_download_that_goes_wrong_fails_the_version_saying_why(
 ) -> None:
     from catalog import url_ingest
 
-    version = url_ingest.start(asset_named(world.alpha, "dataset", "reviews"), f"{server}{path}")
+    version, _ = url_ingest.start(asset_named(world.alpha, "dataset", "reviews"), f"{server}{path}")
     tasks.ingest_url(version.pk, f"{server}{path}", "file")
     version.refresh_from_db()
     assert version.state == "failed"
@@ -170,7 +170,7 @@ def test_a_file_over_the_limit_or_the_quota_is_refused_before_it_is_read(
 
     asset = asset_named(world.alpha, "dataset", "reviews")
     on_loopback.TAU_DATA_MAX_FILE_BYTES = 1000
-    version = url_ingest.start(asset, f"{server}/data/reviews.jsonl")
+    version, _ = url_ingest.start(asset, f"{server}/data/reviews.jsonl")
     tasks.ingest_url(version.pk, f"{server}/data/reviews.jsonl", "reviews.jsonl")
     version.refresh_from_db()
     assert version.state == "failed"
@@ -180,7 +180,7 @@ def test_a_file_over_the_limit_or_the_quota_is_refused_before_it_is_read(
     on_loopback.TAU_DATA_MAX_FILE_BYTES = 10**9
     world.alpha.storage_quota_bytes = 100
     world.alpha.save(update_fields=["storage_quota_bytes"])
-    version = url_ingest.start(asset, f"{server}/data/reviews.jsonl")
+    version, _ = url_ingest.start(asset, f"{server}/data/reviews.jsonl")
     tasks.ingest_url(version.pk, f"{server}/data/reviews.jsonl", "reviews.jsonl")
     version.refresh_from_db()
     assert version.state == "failed"

@@ -1,4 +1,4 @@
-"""Where a webhook may point (notifications/addresses.py), attacked the way issue 30's attacker
+"""Where a webhook may point (portal/addresses.py), attacked the way issue 30's attacker
 did: a 6to4 address embedding 127.0.0.1, the cloud metadata address and the portal itself
 with private addresses allowed, and every other IPv6 form that carries an IPv4 address.
 Documentation ranges are called what they are."""
@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 
-from notifications import addresses, services
+from notifications import services
 from notifications.models import Webhook
+from portal import addresses
 from tests.notifications.helpers import SECRET
 
 #: Where the portal is served in these tests (TAU_API_URL / TAU_PUBLIC_URL below).

@@ -1,4 +1,5 @@
-"""Where a webhook may point: http(s) only, never at places only the portal can reach, and
+"""Where the portal may connect to a URL someone gave it — a webhook (notifications), a file
+to ingest (catalog.url_ingest): http(s) only, never at places only the portal can reach, and
 never at the portal itself.
 
 A webhook URL is chosen by a workspace admin, and the portal POSTs to it from inside the
