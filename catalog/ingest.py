@@ -123,9 +123,7 @@ def ingest_files(
     derived_from: Iterable[AssetVersion] = (),
     max_files: int = MAX_FILES,
 ) -> AssetVersion:
-    """The asset's next version, made of the files ``listing()`` names (ManifestError from it
-    fails the version with its message): each copied into the store and hashed as it is
-    read, then the stored copies checked; ``ready``, or ``failed`` naming the file."""
+    """The asset's next version, made of the files ``listing()`` names (:func:`fill_version`)."""
     version = _new_version(
         asset,
         source=source,
@@ -137,6 +135,17 @@ def ingest_files(
     inputs = list(derived_from)
     if inputs:
         version.derived_from.set(inputs)
+    fill_version(version, listing, max_files=max_files)
+    return version
+
+
+def fill_version(
+    version: AssetVersion, listing: Callable[[], Listing], *, max_files: int = MAX_FILES
+) -> None:
+    """Make the ``ingesting`` version of the files ``listing()`` names (ManifestError from it
+    fails the version with its message): each copied into the store and hashed as it is
+    read, then the stored copies checked; ``ready``, or ``failed`` naming the file."""
+    asset = version.asset
     workspace_id = asset.workspace_id
     try:
         listed = listing()
@@ -170,7 +179,6 @@ def ingest_files(
         check_and_make_ready(version, manifest)
     except ManifestError as exc:
         fail(version, str(exc))
-    return version
 
 
 def final_metrics(run: Any) -> dict[str, float]:

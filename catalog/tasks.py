@@ -1,5 +1,5 @@
-"""The catalog's Celery tasks: its periodic work (beat: ``sweep-catalog-versions``) and the
-downloads of versions from URLs."""
+"""The catalog's Celery tasks: its periodic work (beat: ``sweep-catalog-versions``), the
+downloads of versions from URLs and the reading of prefixes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from celery import shared_task
 from django.db import transaction
 
-from catalog import url_ingest
+from catalog import prefixes, url_ingest
 from catalog.models import Asset, AssetVersion
 from catalog.sweep import sweep_versions as sweep
 
@@ -41,4 +41,27 @@ def ingest_url(version_id: int, url: str, name: str) -> str:
     if version is None:
         return "gone"  # deleted, or failed by the sweep meanwhile
     url_ingest.download(version, url, name)
+    return str(version.state)
+
+
+def start_prefix_ingest(asset: Asset, prefix: str, *, user: Any = None) -> AssetVersion:
+    """A new version from the workspace's ``prefix`` (``catalog.prefixes.start``), read by a
+    worker once the version is written."""
+    version = prefixes.start(asset, prefix, user=user)
+    transaction.on_commit(lambda: ingest_prefix.delay(version.pk, prefix))
+    return version
+
+
+@shared_task(ignore_result=True)
+def ingest_prefix(version_id: int, prefix: str) -> str:
+    """Read a version's files from the workspace's prefix (catalog.prefixes); its state."""
+    version = (
+        AssetVersion.objects.unscoped()
+        .select_related("asset__workspace")
+        .filter(pk=version_id, state=AssetVersion.State.INGESTING)
+        .first()
+    )
+    if version is None:
+        return "gone"
+    prefixes.read(version, prefix)
     return str(version.state)

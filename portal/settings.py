@@ -634,6 +634,10 @@ if (TAU_STORAGE_ACCESS_KEY_ID is None) != (TAU_STORAGE_SECRET_ACCESS_KEY is None
 TAU_DATA_MAX_FILES = env_int("TAU_DATA_MAX_FILES", 1_000_000, minimum=1)
 TAU_DATA_MAX_FILE_BYTES = env_int("TAU_DATA_MAX_FILE_BYTES", 100 * 2**30, minimum=1)
 TAU_DATA_UPLOAD_PIECE_BYTES = env_int("TAU_DATA_UPLOAD_PIECE_BYTES", 64 * 2**20, minimum=2**16)
+# Where datasets may be registered from in place (catalog/prefixes.py, `tau data dataset
+# register`): each workspace's folder is <this>/<workspace slug>/, e.g. a PersistentVolumeClaim
+# mounted there in the portal's pods. Empty: VAR_DIR/prefixes.
+TAU_DATA_PREFIX_DIR = env_str("TAU_DATA_PREFIX_DIR", "") or ""
 # A version whose ingest shows no sign of life this long is taken as left by a dead process
 # (catalog.sweep.sweep_versions, every minute); an upload no piece reached for the second
 # is abandoned.

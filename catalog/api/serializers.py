@@ -106,11 +106,13 @@ class DeclaredFileSerializer(serializers.Serializer[Any]):
 
 class VersionStartSerializer(serializers.Serializer[Any]):
     source = serializers.ChoiceField(  # type: ignore[assignment]
-        choices=[("upload", "upload"), ("url", "url"), ("run", "run")],
+        choices=[("upload", "upload"), ("url", "url"), ("prefix", "prefix"), ("run", "run")],
         help_text="`upload`: the files are declared here, then sent with PUT "
         "…/versions/{version}/files/{path}. `url`: the portal downloads the one file at "
         "`url` (http or https; the webhook rules for where it may connect) into the version "
-        "at `path`; the version is `ingesting` until it is kept (`progress`). `run`: the "
+        "at `path`; the version is `ingesting` until it is kept (`progress`). `prefix`: the files "
+        "under `prefix` of the workspace's folder on the portal (TAU_DATA_PREFIX_DIR), read, "
+        "checked and kept by a worker, with progress as for a URL. `run`: the "
         "artifacts a succeeded run kept under `path` become the version.",
     )
     files = DeclaredFileSerializer(
@@ -120,6 +122,12 @@ class VersionStartSerializer(serializers.Serializer[Any]):
         "an upload of them is unfinished answers that version (200), to go on with.",
     )
     run = serializers.CharField(required=False, help_text="A run's full name (source `run`).")
+    prefix = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        help_text="A folder under the workspace's own on the portal (source `prefix`): "
+        "`raw/2026-11`; empty: all of it.",
+    )
     url = serializers.URLField(
         required=False, help_text="The file to download (source `url`): https://…"
     )

@@ -281,13 +281,15 @@ class AssetViewSet(WorkspaceScopedViewSet):
             return self._register_from_run(asset, request)
         if source == "url":
             return self._ingest_url(asset, request)
+        if source == "prefix":
+            return self._ingest_prefix(asset, request)
         if source != "upload":
             raise exceptions.ValidationError(
                 {
                     "source": [
                         f"{source!r} is not a source here: declare the files of an 'upload', "
-                        "give the 'url' of a file, or name a 'run' and the path of its "
-                        "artifacts."
+                        "give the 'url' of a file, name a 'prefix' of the workspace's folder, "
+                        "or name a 'run' and the path of its artifacts."
                     ]
                 }
             )
@@ -313,6 +315,18 @@ class AssetViewSet(WorkspaceScopedViewSet):
             version = tasks.start_url_ingest(asset, url, path=path or None, user=request.user)
         except CatalogError as exc:
             raise exceptions.ValidationError({"url": [str(exc)]}) from exc
+        return Response(self._started(version), status=status.HTTP_201_CREATED)
+
+    def _ingest_prefix(self, asset: Asset, request: Request) -> Response:
+        prefix = request.data.get("prefix")
+        if not isinstance(prefix, str) or len(prefix) > 1024:
+            raise exceptions.ValidationError(
+                {"prefix": ["A folder of the workspace's own, e.g. raw/2026-11 ('' is all of it)."]}
+            )
+        try:
+            version = tasks.start_prefix_ingest(asset, prefix, user=request.user)
+        except CatalogError as exc:
+            raise exceptions.ValidationError({"prefix": [str(exc)]}) from exc
         return Response(self._started(version), status=status.HTTP_201_CREATED)
 
     def _register_from_run(self, asset: Asset, request: Request) -> Response:

@@ -284,15 +284,52 @@ def ingest_url(
 ) -> dict[str, Any]:
     """Have the portal download ``url`` as the next version of ``name`` (made if new); with
     ``wait``, follow its progress until it is ready or failed."""
+    body: dict[str, Any] = {"source": "url", "url": url}
+    if path:
+        body["path"] = path
+    return _made_by_the_portal(
+        api, workspace, kind, name, body, "downloading", description, quiet=quiet, wait=wait
+    )
+
+
+def register_prefix(
+    api: Api,
+    workspace: str,
+    kind: str,
+    name: str,
+    prefix: str,
+    *,
+    description: str,
+    quiet: bool,
+    wait: bool = True,
+) -> dict[str, Any]:
+    """Have the portal read the workspace's ``prefix`` as the next version of ``name``."""
+    body = {"source": "prefix", "prefix": prefix}
+    return _made_by_the_portal(
+        api, workspace, kind, name, body, "reading", description, quiet=quiet, wait=wait
+    )
+
+
+def _made_by_the_portal(
+    api: Api,
+    workspace: str,
+    kind: str,
+    name: str,
+    body: dict[str, Any],
+    doing: str,
+    description: str,
+    *,
+    quiet: bool,
+    wait: bool,
+) -> dict[str, Any]:
+    """A version the portal makes itself from ``body``'s source (the asset made if new),
+    followed with a progress bar until ready or failed when ``wait``."""
     if not _exists(api, asset_path(workspace, kind, name)):
         api.request(
             "POST", asset_path(workspace, kind), json={"name": name, "description": description}
         )
         if not quiet:
             out.print(f"Made the {kind} {name} in {workspace}.", markup=False)
-    body: dict[str, Any] = {"source": "url", "url": url}
-    if path:
-        body["path"] = path
     started = api.json_of(
         api.request("POST", f"{asset_path(workspace, kind, name)}versions/", json=body)
     )
@@ -300,11 +337,11 @@ def ingest_url(
     where = version_path(workspace, kind, name, str(started["number"]))
     found: dict[str, Any] = started
     if not quiet:
-        out.print(f"The portal is downloading {ref}.", markup=False)
+        out.print(f"The portal is {doing} {ref}.", markup=False)
     if not wait:
         return found
     with _bar(quiet) as bar:
-        task = bar.add_task(f"Downloading {ref}", total=None)
+        task = bar.add_task(f"{doing.capitalize()} {ref}", total=None)
         while found["state"] in ("ingesting", "verifying"):
             time.sleep(URL_POLL_SECONDS)
             found = api.get(where)
@@ -618,6 +655,48 @@ def _kind_group(kind: str) -> click.Group:
             print_json(version)
         else:
             out.print(_said_version(version), markup=False)
+        return EXIT_OK if version["state"] == "ready" else EXIT_FAILED
+
+    @group.command("register")
+    @click.argument("name")
+    @click.argument("prefix")
+    @click.option("--description", default="", help=f"Said of the {kind} if it is new.")
+    @click.option("--no-wait", is_flag=True, help="Answer once the portal has it queued.")
+    @workspace_option
+    @json_option
+    @click.pass_context
+    def register_command(
+        ctx: click.Context,
+        name: str,
+        prefix: str,
+        description: str,
+        no_wait: bool,
+        workspace: str | None,
+        as_json: bool,
+    ) -> int:
+        """Register PREFIX, a folder of the workspace's own on the portal (its data volume,
+        mounted by the platform team), as the next version of NAME (made if new).
+
+        The portal reads and checks every file under it and keeps them; '.' is all of the
+        workspace's folder. Exit 0 once ready; 1 if the portal found it failed."""
+        state = state_of(ctx)
+        ws = state.workspace_for(workspace)
+        version = register_prefix(
+            state.api(),
+            ws,
+            kind,
+            name,
+            "" if prefix == "." else prefix,
+            description=description,
+            quiet=as_json,
+            wait=not no_wait,
+        )
+        if as_json:
+            print_json(version)
+        else:
+            out.print(_said_version(version), markup=False)
+        if version["state"] in ("ingesting", "verifying"):
+            return EXIT_OK
         return EXIT_OK if version["state"] == "ready" else EXIT_FAILED
 
     @group.command("status")

@@ -228,11 +228,12 @@ def test_a_bad_declaration_is_refused_and_makes_nothing(
 
 
 def test_sources_and_names_that_are_not_accepted_say_so(world: Any, researcher: Any) -> None:
-    prefix = researcher.post(
-        f"{WIKI}/versions/", {"source": "prefix", "files": []}, "application/json"
-    )
+    ftp = researcher.post(f"{WIKI}/versions/", {"source": "ftp", "files": []}, "application/json")
+    assert ftp.status_code == 400
+    assert "'ftp' is not a source here" in ftp.json()["source"][0]
+    prefix = researcher.post(f"{WIKI}/versions/", {"source": "prefix"}, "application/json")
     assert prefix.status_code == 400
-    assert "'prefix' is not a source here" in prefix.json()["source"][0]
+    assert "A folder of the workspace's own" in prefix.json()["prefix"][0]
     url = researcher.post(f"{WIKI}/versions/", {"source": "url", "files": []}, "application/json")
     assert url.status_code == 400
     assert url.json()["url"] == ["The file's URL, https://…"]

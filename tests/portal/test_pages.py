@@ -100,8 +100,8 @@ def test_page_query_counts_do_not_grow(world: Any, django_user_model: Any, url_n
     assert len(few) == len(many)
     # Session and user; then the workspace list (shared by page and navigation), or: the
     # access check, runs in use and quotas (usage), my runs, active runs, run counts,
-    # members and the navigation's workspace list.
-    expected = {"home": 3, "workspace-home": 10}[url_name]
+    # members, the storage its datasets and models keep, and the navigation's workspace list.
+    expected = {"home": 3, "workspace-home": 11}[url_name]
     assert len(many) == expected, [q["sql"] for q in many.captured_queries]
 
 
