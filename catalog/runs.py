@@ -32,6 +32,7 @@ from catalog.ingest import (
     ingest_folder,
 )
 from catalog.models import Asset, AssetFile, AssetVersion, RunInput
+from catalog.prefixes import workspace_folder
 from runs import artifacts
 from runs.events import append_event
 from runs.models import Artifact, EventKind, Run, RunState
@@ -201,6 +202,13 @@ def read_versions(run: Run) -> list[AssetVersion]:
         .filter(run=run)
         .select_related("version")
     ]
+
+
+def cluster_outputs(run: Run, attempt: int) -> Path:
+    """Where the portal reads a cluster attempt's TAU_OUTPUT_DIR: the workspace's storage
+    claim, mounted in the portal at ``TAU_DATA_PREFIX_DIR/<workspace>/``, holds it at
+    ``runs/<run>/outputs/attempt-<n>`` (executors.kubernetes.render's subPath)."""
+    return workspace_folder(run.workspace) / "runs" / run.name / "outputs" / f"attempt-{attempt}"
 
 
 def keep_outputs(run: Run, spec: Spec, output: Path) -> list[AssetVersion]:

@@ -226,7 +226,7 @@ def _placed(
     machine_fields: set[str] = set()
     runs_on = _backend(backend)
     if runs_on is not None:
-        for path, message in runs_on.submission_problems(spec):
+        for path, message in runs_on.submission_problems(spec, workspace):
             problems.append(_at(source, path, message))
             machine_fields.add(path)
     placement = None

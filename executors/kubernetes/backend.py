@@ -62,6 +62,7 @@ from django.conf import settings
 from django.db import transaction
 
 import kube
+from catalog.prefixes import workspace_folder
 from catalog.runs import staged_totals
 from executors.kubernetes import kueue_usage, labels, render
 from executors.kubernetes import queue as kube_queue
@@ -150,6 +151,37 @@ def data_volume(workspace: Workspace) -> dict[str, Any] | None:
     if not workspace.storage_claim:
         return None
     return {"persistentVolumeClaim": {"claimName": workspace.storage_claim}}
+
+
+def outputs_problems(spec: Spec, workspace: Workspace) -> list[tuple[str, str]]:
+    """``outputs.dataset`` and ``outputs.model`` need the attempt's TAU_OUTPUT_DIR where the
+    portal reads it when the attempt succeeds: on the workspace's storage claim, mounted in
+    the portal at ``TAU_DATA_PREFIX_DIR/<workspace>/`` (``catalog.runs.cluster_outputs``)."""
+    problems: list[tuple[str, str]] = []
+    for kind, declared in (("dataset", spec.outputs.dataset), ("model", spec.outputs.model)):
+        if declared is None:
+            continue
+        if not workspace.storage_claim:
+            problems.append(
+                (
+                    f"outputs.{kind}",
+                    f"{workspace.slug} has no storage claim: a cluster run's TAU_OUTPUT_DIR is "
+                    "a scratch volume gone with the pod, so no version could be made of it. "
+                    "The platform team sets the workspace's PersistentVolumeClaim in the admin "
+                    "(and mounts it for the portal); until then keep the files with "
+                    "outputs.artifacts.",
+                )
+            )
+        elif not workspace_folder(workspace).is_dir():
+            problems.append(
+                (
+                    f"outputs.{kind}",
+                    f"{workspace.slug}'s storage claim is not mounted in the portal at "
+                    f"{workspace_folder(workspace)}, where the {kind} would be read when the "
+                    "run succeeds: the platform team mounts it there (TAU_DATA_PREFIX_DIR).",
+                )
+            )
+    return problems
 
 
 def no_storage_warning(workspace: Workspace) -> str:
@@ -393,13 +425,14 @@ class KubernetesBackend:
 
     # -- submission ----------------------------------------------------------------------
 
-    def submission_problems(self, spec: Spec) -> list[tuple[str, str]]:
+    def submission_problems(self, spec: Spec, workspace: Workspace) -> list[tuple[str, str]]:
         """What the Kubernetes backend cannot run exactly as written
-        (:func:`executors.kubernetes.render.kubernetes_problems`), and a worker no node of the
-        cluster could ever hold (its GPUs, CPUs or memory above every node's allocatable, or a
-        flavor whose labels no node has). The nodes are read at most once a minute; when the
-        cluster does not answer, only the first kind is checked."""
-        problems = list(render.kubernetes_problems(spec))
+        (:func:`executors.kubernetes.render.kubernetes_problems`), output versions the portal
+        could not read back (:func:`outputs_problems`), and a worker no node of the cluster
+        could ever hold (its GPUs, CPUs or memory above every node's allocatable, or a flavor
+        whose labels no node has). The nodes are read at most once a minute; when the cluster
+        does not answer, only the first kinds are checked."""
+        problems = list(render.kubernetes_problems(spec)) + outputs_problems(spec, workspace)
         try:
             client = self.client
         except KubeError as exc:

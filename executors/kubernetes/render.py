@@ -701,17 +701,6 @@ def kubernetes_problems(spec: Spec) -> list[tuple[str, str]]:
                         "and backquotes; write the requirement without them",
                     )
                 )
-    # Output versions are kept by the local executor so far (issue 33): refused here at
-    # submission rather than run without making the version it names.
-    for kind, declared in (("dataset", spec.outputs.dataset), ("model", spec.outputs.model)):
-        if declared is not None:
-            problems.append(
-                (
-                    f"outputs.{kind}",
-                    f"this cluster's runs cannot make {kind} versions yet (the local executor "
-                    "keeps them); keep the files with outputs.artifacts",
-                )
-            )
     return problems
 
 

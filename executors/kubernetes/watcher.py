@@ -55,6 +55,7 @@ What the watcher decides about an attempt, and why, is in ``executors.kubernetes
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import signal
@@ -72,6 +73,7 @@ from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 import kube
+from catalog.runs import OutputsNotKept, cluster_outputs, keep_outputs
 from executors.kubernetes import kueue_sync, labels
 from executors.kubernetes.backend import KubernetesBackend, no_pod_left
 from executors.kubernetes.heartbeat import HeartbeatWriter
@@ -86,10 +88,14 @@ from runs.models import (
     LIVE_STATES,
     Backend,
     Delivery,
+    EventKind,
+    FailureClass,
     Run,
     RunAttempt,
+    RunEvent,
 )
 from runs.observations import Applied, Observation, ObservedState, apply_observation
+from tau.spec import spec_from_dict
 
 logger = logging.getLogger(__name__)
 
@@ -535,6 +541,9 @@ class KubeWatcher:
         self.refresh: dict[AttemptKey, float] = {}
         self.retry_at: dict[AttemptKey, float] = {}
         self.applied: dict[AttemptKey, Observation] = {}
+        #: Succeeded attempts whose outputs were read: None when kept (or none declared), the
+        #: failed observation that replaces the success when they could not be.
+        self.outputs_verdicts: dict[AttemptKey, Observation | None] = {}
         self.namespaces: dict[int, str | None] = {}
         self.swept_at: float | None = None
         self.started_at = 0.0
@@ -776,6 +785,8 @@ class KubeWatcher:
             self.namespaces[key.run_id] = None  # deleted meanwhile
             return None
         object_remains = objects.workload_object is not None
+        if observation.state == ObservedState.SUCCEEDED:
+            observation = self._with_outputs_kept(key, run, observation)
         applied = apply_observation(
             run_id=key.run_id,
             attempt_number=key.attempt,
@@ -827,6 +838,43 @@ class KubeWatcher:
             )
             .exists()
         )
+
+    def _with_outputs_kept(
+        self, key: AttemptKey, run: Run, observation: Observation
+    ) -> Observation:
+        """A succeeded attempt's ``outputs.dataset`` / ``outputs.model``, read from its
+        TAU_OUTPUT_DIR on the workspace's storage claim as the portal mounts it
+        (``catalog.runs.cluster_outputs``), become versions before the success is recorded;
+        one that cannot fails the attempt instead (the run promised it), saying which. Once
+        per attempt: what was decided is kept for the observations that follow."""
+        if key in self.outputs_verdicts:
+            return self.outputs_verdicts[key] or observation
+        verdict: Observation | None = None
+        try:
+            spec = spec_from_dict(run.spec)
+            declared = spec.outputs.dataset is not None or spec.outputs.model is not None
+            if (
+                declared
+                and not RunEvent.objects.unscoped()
+                .filter(run_id=run.pk, kind=EventKind.OUTPUTS_KEPT)
+                .exists()
+            ):
+                made = keep_outputs(run, spec, cluster_outputs(run, key.attempt))
+                logger.info(
+                    "run %s attempt %d: kept %s",
+                    run.name,
+                    key.attempt,
+                    ", ".join(version.ref for version in made),
+                )
+        except OutputsNotKept as exc:
+            verdict = dataclasses.replace(
+                observation,
+                state=ObservedState.FAILED,
+                failure_class=FailureClass.USER_ERROR,
+                reason=str(exc),
+            )
+        self.outputs_verdicts[key] = verdict
+        return verdict or observation
 
     def _keep_log(self, key: AttemptKey) -> None:
         """The ended attempt's log, kept by the portal before Kubernetes deletes its pods; or,

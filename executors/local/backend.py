@@ -157,7 +157,7 @@ class LocalBackend:
     #: point needs a zip that has it (a cluster run may find it in its image instead).
     scripts_need_bundle = True
 
-    def submission_problems(self, spec: Spec) -> list[tuple[str, str]]:
+    def submission_problems(self, spec: Spec, workspace: Workspace) -> list[tuple[str, str]]:
         """(tau.yaml path, message) for what this machine could never give the run, however
         idle it is: such a run is refused up front instead of waiting forever."""
         try:

@@ -91,9 +91,9 @@ class RunBackend(Protocol):
     #: Whether a script entry point must come in the project zip (no image to hold it).
     scripts_need_bundle: bool
 
-    def submission_problems(self, spec: Spec) -> list[tuple[str, str]]:
+    def submission_problems(self, spec: Spec, workspace: Workspace) -> list[tuple[str, str]]:
         """(tau.yaml path, message) for what this backend could never give a run of
-        ``spec``, however idle it is: such a run is refused up front."""
+        ``spec`` in ``workspace``, however idle it is: such a run is refused up front."""
         ...
 
     def pod_sets(self, spec: Spec) -> list[PodSet]:

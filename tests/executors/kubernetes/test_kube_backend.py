@@ -940,7 +940,7 @@ def test_the_backend_works_as_the_serviceaccount_bound_to_the_shipped_role(
     kube_backend.forget_nodes()
     from tau.spec import load_spec
 
-    assert backend.submission_problems(load_spec(spec)) == []
+    assert backend.submission_problems(load_spec(spec), place.workspace) == []
     run = place.submit(spec)
     place.deliver_all(backend)
     name = f"{run.name}-a1"

@@ -31,6 +31,7 @@ import pytest
 
 import kube as adapter
 from catalog.ingest import asset_named, ingest_folder
+from catalog.models import AssetVersion
 from executors.kubernetes import render
 from identity import tokens
 from runs.models import Run, RunAttempt
@@ -580,6 +581,48 @@ def test_a_run_cancelled_while_running_is_sealed_at_once_saying_why_it_has_no_lo
 # -- datasets ------------------------------------------------------------------------------------
 
 
+def bind_claim(kube: Kube, uid: str, namespace: str, claim: str) -> None:
+    """A ReadWriteMany claim bound to a volume (nothing is mounted on a fake node; the
+    binding is what the scheduler waits for)."""
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"e2e-{uid}"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "hostPath": {"path": f"/tmp/taugrid-e2e-{uid}"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        }
+    )
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }
+    )
+    wait_until(
+        "the claim bound",
+        lambda: (
+            (kube.get("v1", "PersistentVolumeClaim", claim, namespace) or {})
+            .get("status", {})
+            .get("phase")
+            == "Bound"
+            or None
+        ),
+        timeout=30,
+    )
+
+
 def test_a_run_reading_a_dataset_has_it_staged_and_checked_before_its_program(
     s3_store: Any,  # first: it makes the var folder the portal's processes share
     portal: Portal,
@@ -595,10 +638,17 @@ def test_a_run_reading_a_dataset_has_it_staged_and_checked_before_its_program(
     container, so the test runs the stager exactly as the Job object the API server keeps says
     (command, arguments, the run token from the attempt's Secret) against the portal's own
     processes: the listing's presigned URLs take it to the S3 server itself. It stages and
-    checks every file, and the run's history, which its evidence seals, says what it staged."""
+    checks every file, and the run's history, which its evidence seals, says what it staged.
+
+    Its ``outputs.dataset`` is written to TAU_OUTPUT_DIR on the workspace's storage claim,
+    which the portal mounts at TAU_DATA_PREFIX_DIR/<workspace>/ (here the test writes there
+    what the pod would have); when the attempt succeeds the watcher makes it the next version,
+    derived from what the run read and produced by it."""
     service = s3_store.service
+    prefixes = tmp_path / "prefixes"
     portal.env.update(
         {
+            "TAU_DATA_PREFIX_DIR": str(prefixes),
             "TAU_API_URL": portal.url,
             "TAU_STORAGE_URL": s3_store.url,
             "TAU_STORAGE_ENDPOINT_URL": service.endpoint,
@@ -609,7 +659,10 @@ def test_a_run_reading_a_dataset_has_it_staged_and_checked_before_its_program(
     )
     portal.start()
     portal._spawn("watcher", [str(BIN / "python"), str(ROOT / "manage.py"), "run_kube_watcher"])
-    place = Team(portal, uid, django_user_model, cpus=2)
+    claim = f"data-{uid}"
+    place = Team(portal, uid, django_user_model, cpus=2, storage_claim=claim)
+    bind_claim(kube, uid, place.workspace.namespace, claim)
+    (prefixes / place.workspace.slug).mkdir(parents=True)
     raw = tmp_path / "raw"
     (raw / "shards").mkdir(parents=True)
     (raw / "shards" / "0.jsonl").write_text('{"text": "a review"}\n' * 50)
@@ -620,7 +673,7 @@ def test_a_run_reading_a_dataset_has_it_staged_and_checked_before_its_program(
 
     spec = example_spec(
         lasts="20s", extra="inputs:\n  datasets:\n    - {name: reviews, path: raw}\n"
-    )
+    ).replace("\noutputs:\n", "\noutputs:\n  dataset: {name: reviews-tokenized, path: tokenized}\n")
     name = place.submit(spec)
     place.wait(name, "running", timeout=90)
     attempt = place.attempt(name, 1)
@@ -666,6 +719,11 @@ def test_a_run_reading_a_dataset_has_it_staged_and_checked_before_its_program(
     ).read_text()
     assert (volume_dir / "raw" / "README.md").stat().st_mode & 0o222 == 0
 
+    # What the program writes to TAU_OUTPUT_DIR/tokenized, on the claim the portal mounts.
+    written = prefixes / place.workspace.slug / "runs" / name / "outputs" / "attempt-1"
+    (written / "tokenized").mkdir(parents=True)
+    (written / "tokenized" / "part-0.jsonl").write_text('{"ids": [1, 2, 3]}\n' * 20)
+
     done = place.wait(name, "succeeded", timeout=90)
     assert done["state"] == "succeeded"
     events = get_json_list(f"{place.base}{name}/events/", place.token)
@@ -677,3 +735,11 @@ def test_a_run_reading_a_dataset_has_it_staged_and_checked_before_its_program(
     )
     submitted = next(event for event in events if event["kind"] == "submitted")
     assert submitted["data"]["datasets"][0]["manifest_digest"] == version.manifest_digest
+    (kept,) = [event for event in events if event["kind"] == "outputs-kept"]
+    assert [item["ref"] for item in kept["data"]["versions"]] == ["reviews-tokenized@1"]
+    tokenized = AssetVersion.objects.for_workspace(place.workspace).get(
+        asset__name="reviews-tokenized"
+    )
+    assert (tokenized.state, tokenized.files_count) == ("ready", 1)
+    assert tokenized.produced_by_id == Run.objects.unscoped().get(name=name).pk
+    assert list(tokenized.derived_from.all()) == [version]
