@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -722,6 +723,31 @@ def keep_part(workspace_id: int, part: Path, sha256: str, size: int) -> None:
     """Make the whole, checked upload ``part`` the workspace's blob ``sha256`` (a rename in a
     folder, an upload to a bucket; dropped if the blob is there already)."""
     store().keep_part(workspace_id, part, sha256, size)
+
+
+def trim_cache(older_than_seconds: float, *, now: float | None = None) -> int:
+    """Remove the cached copies of an S3 store's files (``VAR_DIR/cache/blobs/``) that no
+    staged run links any more (one link: the cache's own) and that were fetched or last
+    staged more than ``older_than_seconds`` ago; how many went. A copy in use has a second
+    link (the run's data folder), so it stays however old it is."""
+    root = Path(settings.VAR_DIR) / "cache" / "blobs"
+    limit = (time.time() if now is None else now) - older_than_seconds
+    removed = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if not _SHA256.fullmatch(name):
+                continue  # a mark, or a copy still being fetched
+            path = Path(folder) / name
+            try:
+                found = path.stat()
+            except FileNotFoundError:
+                continue
+            if found.st_nlink > 1 or max(found.st_mtime, found.st_ctime) > limit:
+                continue
+            path.unlink(missing_ok=True)
+            _mark(path).unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def _mark(blob: Path) -> Path:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
+from django.conf import settings
 from django.db import transaction
 
-from catalog import prefixes, url_ingest
+from catalog import prefixes, storage, url_ingest
 from catalog.models import Asset, AssetVersion
 from catalog.sweep import sweep_versions as sweep
 
@@ -17,6 +18,12 @@ from catalog.sweep import sweep_versions as sweep
 def sweep_versions() -> dict[str, int]:
     """Versions a dead process left ingesting or verifying (catalog.sweep)."""
     return sweep()
+
+
+@shared_task(ignore_result=True)
+def trim_cache() -> int:
+    """Copies of an S3 store's files no staged run links any more (catalog.storage)."""
+    return storage.trim_cache(float(settings.TAU_DATA_CACHE_SECONDS))
 
 
 def start_url_ingest(

@@ -253,6 +253,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     },
     # Dataset and model versions a dead process left on the way (catalog.sweep).
     "sweep-catalog-versions": {"task": "catalog.tasks.sweep_versions", "schedule": 60.0},
+    # Copies of an S3 store's files this machine fetched for its runs, no longer linked by one.
+    "trim-catalog-cache": {"task": "catalog.tasks.trim_cache", "schedule": 3600.0},
 }
 CELERY_TIMEZONE = "UTC"
 
@@ -638,6 +640,10 @@ TAU_DATA_UPLOAD_PIECE_BYTES = env_int("TAU_DATA_UPLOAD_PIECE_BYTES", 64 * 2**20,
 # register`): each workspace's folder is <this>/<workspace slug>/, e.g. a PersistentVolumeClaim
 # mounted there in the portal's pods. Empty: VAR_DIR/prefixes.
 TAU_DATA_PREFIX_DIR = env_str("TAU_DATA_PREFIX_DIR", "") or ""
+# A copy of an S3 store's file that this machine fetched for its runs (VAR_DIR/cache/blobs/)
+# is removed once no staged run links it and it was last fetched or used this long ago
+# (catalog.tasks.trim_cache, hourly).
+TAU_DATA_CACHE_SECONDS = env_int("TAU_DATA_CACHE_SECONDS", 86400, minimum=60)
 # A version whose ingest shows no sign of life this long is taken as left by a dead process
 # (catalog.sweep.sweep_versions, every minute); an upload no piece reached for the second
 # is abandoned.
