@@ -45,6 +45,10 @@ from tau.sweep import (
 TRIAL_KEY = "__tau_trial"
 
 
+#: How long the driver's last report of its trials may wait for a busy portal.
+FINAL_REPORT_SECONDS = 180.0
+
+
 def _numbers(values: Mapping[str, Any]) -> dict[str, float]:
     return {
         key: float(value)
@@ -125,8 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for number, values in enumerate(trials, start=1)
     }
 
-    def tell() -> None:
-        sdk.report_trials([states[number] for number in sorted(states)])
+    def tell(*, patience: float = 0.0) -> None:
+        sdk.report_trials([states[number] for number in sorted(states)], patience=patience)
 
     class Progress(tune.Callback):  # type: ignore[misc]
         """Each Tune trial's start and end, said in the log and to the portal."""
@@ -182,7 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     results = tuner.fit()
     failed = [number for number, state in sorted(states.items()) if state["state"] != "succeeded"]
-    tell()  # the end of every trial once more: a report lost on the way is not the last word
+    # The end of every trial once more, waiting out a busy portal: a report lost on the way
+    # is not the last word.
+    tell(patience=FINAL_REPORT_SECONDS)
     sdk.flush()
     if failed or results.errors:
         print(

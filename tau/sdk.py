@@ -406,14 +406,20 @@ def log_metrics(step: int, **values: float) -> None:
         reporter().add_row(row)
 
 
-def report_trials(trials: list[dict[str, Any]]) -> bool:
+def report_trials(trials: list[dict[str, Any]], *, patience: float = 0.0) -> bool:
     """A sweep driver's account of its trials (``{trial, config, state, exit_code,
-    started_at, finished_at}`` each), sent now with a few tries; False, with a warning, when
-    the portal could not take it. Used by ``tau.ray_tune``; a trial never needs it."""
+    started_at, finished_at}`` each), sent now with a few tries — or, with ``patience``, with
+    tries for up to that many seconds (the last word on the trials, which nothing after it
+    repairs: a busy portal's 429s, which every process of the run shares, are waited out);
+    False, with a warning, when the portal could not take it. Used by ``tau.ray_tune``; a
+    trial never needs it."""
     if _outside_a_run("report_trials"):
         return False
     delay = FIRST_RETRY_SECONDS
-    for attempt in range(4):
+    deadline = time.monotonic() + patience
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             reporter()._post("trials/", {"trials": trials})
             return True
@@ -421,12 +427,12 @@ def report_trials(trials: list[dict[str, Any]]) -> bool:
             _warn(f"report_trials: the portal refused the trials: {error}")
             return False
         except _Unreachable as error:
-            if attempt == 3:
+            wait = error.retry_after or delay
+            if attempt >= 4 and time.monotonic() + wait > deadline:
                 _warn(f"report_trials: the portal cannot be reached: {error}")
                 return False
-            time.sleep(error.retry_after or delay)
+            time.sleep(wait)
             delay = min(delay * 2, MAX_RETRY_SECONDS)
-    return False
 
 
 def trial_config() -> dict[str, Any]:
