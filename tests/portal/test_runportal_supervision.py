@@ -95,7 +95,9 @@ def test_a_process_that_keeps_crashing_is_backed_off_and_said_once(
     # Its own output: on the console for the first two starts, then in the file.
     assert lines.count("agent: boom") == 2, lines
     kept = (tmp_path / "logs" / "agent.log").read_text().splitlines()
-    assert kept.count("agent: boom") == len(watched.starts) - 2
+    # Every later start's line, except that the last start may be stopped (stop_all) before
+    # its interpreter got as far as printing, on a loaded machine.
+    assert len(watched.starts) - 3 <= kept.count("agent: boom") <= len(watched.starts) - 2
 
 
 def test_a_process_that_stays_up_again_is_said_to_run_again(
