@@ -389,45 +389,7 @@ def test_a_preempted_run_comes_back_from_the_checkpoint_it_reported(
         default_priority=low_class.name,
     )
     namespace = place.workspace.namespace
-    # The workspace's storage: a ReadWriteMany claim bound to a volume (nothing is mounted
-    # on a fake node; the binding is what the scheduler waits for).
-    kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": f"e2e-{uid}"},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteMany"],
-                "storageClassName": "",
-                "hostPath": {"path": f"/tmp/taugrid-e2e-{uid}"},
-                "claimRef": {"namespace": namespace, "name": claim},
-            },
-        }
-    )
-    kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": claim, "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "storageClassName": "",
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        }
-    )
-    wait_until(
-        "the claim bound",
-        lambda: (
-            (kube.get("v1", "PersistentVolumeClaim", claim, namespace) or {})
-            .get("status", {})
-            .get("phase")
-            == "Bound"
-            or None
-        ),
-        timeout=30,
-    )
+    bind_claim(kube, uid, namespace, claim)
     retries = "resilience:\n  max_retries: 2\n  backoff: {initial: 1s, max: 1s}\n"
     low = place.submit(example_spec(lasts="10m", extra=retries))
     place.wait(low, "running")
