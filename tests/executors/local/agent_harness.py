@@ -231,3 +231,25 @@ def attempts(run: Run) -> list[RunAttempt]:
 
 def attempt_dir(var_dir: Path, run: Run, number: int) -> Path:
     return var_dir / "runs" / str(run.pk) / f"attempt-{number}"
+
+
+def how_it_ended(run: Run, agent: Agent) -> str:
+    """For a failed assertion on a run's end: its state and reason, then, for each attempt,
+    every worker's outcome record (``stop_signals`` says whether the wrapper too got the
+    signal, that is, whether it came to the whole process group) and the tail of its log,
+    and the agent's log: enough to tell who stopped what without rerunning under load."""
+    run.refresh_from_db()
+    lines = [f"{run.name}: {run.state}: {run.state_reason}"]
+    for number in [attempt.number for attempt in attempts(run)]:
+        folder = attempt_dir(agent.var_dir, run, number)
+        for status in sorted(folder.glob("status*")):
+            record = status / "outcome.json"
+            text = record.read_text() if record.exists() else "(no outcome record)"
+            lines.append(f"--- attempt {number} {status.name}: {text}")
+        for log in sorted(folder.glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            lines.append(f"--- attempt {number} {log.name}:")
+            lines.extend(tail)
+    lines.append("--- agent ---")
+    lines.append(agent.output())
+    return "\n".join(lines)

@@ -23,7 +23,14 @@ from runs.models import (
 )
 from runs.trials import trials_table
 from tests.evidence.helpers import manifest_of, seal_all
-from tests.executors.local.agent_harness import ROOT, attempts, local_quota, submit, wait_for_state
+from tests.executors.local.agent_harness import (
+    ROOT,
+    attempts,
+    how_it_ended,
+    local_quota,
+    submit,
+    wait_for_state,
+)
 from tests.executors.local.test_agent_workers import (
     EXAMPLE_WHEELS_SCRIPT,
     FIRST_INSTALL_SECONDS,
@@ -73,7 +80,7 @@ def test_the_ray_tune_example_picks_the_same_best_trial_with_the_same_numbers_tw
         wait_for_state(
             run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
         )
-        assert run.state == RunState.SUCCEEDED, run.state_reason
+        assert run.state == RunState.SUCCEEDED, how_it_ended(run, agent)
         # The search that succeeded: its attempt's trials (on a loaded machine an earlier
         # attempt may have been stopped and started again, its trials left as they were).
         every = RunTrial.objects.for_workspace(world.alpha).filter(run=run)
@@ -114,7 +121,7 @@ def test_the_lora_example_fine_tunes_and_keeps_its_adapter_as_the_model(
     wait_for_state(
         run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
     )
-    assert run.state == RunState.SUCCEEDED, run.state_reason
+    assert run.state == RunState.SUCCEEDED, how_it_ended(run, agent)
     (attempt,) = attempts(run)
     log = Path(attempt.log_path).read_text()
     assert "LoRA r=8: 8,192 of 36,736 parameters train" in log
@@ -164,7 +171,7 @@ def test_the_ddp_example_started_by_torchrun_from_a_reference_cli_config(
     wait_for_state(
         run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
     )
-    assert run.state == RunState.SUCCEEDED, run.state_reason
+    assert run.state == RunState.SUCCEEDED, how_it_ended(run, agent)
     (attempt,) = attempts(run)
     worker_0 = Path(attempt.log_path)
     worker_1 = worker_0.with_name("worker-1.log")
@@ -198,7 +205,7 @@ def test_torchrun_restarts_a_lost_worker_within_the_attempt_when_the_spec_asks(
     wait_for_state(
         run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
     )
-    assert run.state == RunState.SUCCEEDED, run.state_reason
+    assert run.state == RunState.SUCCEEDED, how_it_ended(run, agent)
     # torchrun's restart happened inside the first attempt. (On loaded clean-clone runs the
     # first attempt was twice stopped by a SIGTERM: a parallel test's agent recovering its own
     # stray with the same run id, fixed since with TAU_AGENT_INSTALLATION. The attempt count

@@ -37,6 +37,7 @@ from tests.executors.local.agent_harness import (
     ROOT,
     attempt_dir,
     attempts,
+    how_it_ended,
     local_quota,
     submit,
     wait_for_state,
@@ -128,7 +129,7 @@ def test_three_workers_meet_over_loopback_with_the_rendezvous_table(
     run = submit(world, workers_spec("meet", 3), {"main.py": MEETING})
     agent = start_agent()
     wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=60, agent=agent)
-    assert run.state == RunState.SUCCEEDED, run.state_reason
+    assert run.state == RunState.SUCCEEDED, how_it_ended(run, agent)
     (attempt,) = attempts(run)
     assert attempt.exit_code == 0
 
@@ -222,7 +223,7 @@ def test_workers_a_dead_agent_left_are_stopped_and_the_attempt_run_again(
     # attempt again (an agent's crash is not the run's failure: no retry is used up).
     second = start_agent()
     wait_for_state(run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=60, agent=second)
-    assert run.state == RunState.SUCCEEDED, run.state_reason
+    assert run.state == RunState.SUCCEEDED, how_it_ended(run, second)
     assert processes.marked_processes(markers) == []
     crashed, again = attempts(run)
     assert crashed.failure_class == FailureClass.INFRASTRUCTURE
@@ -268,7 +269,7 @@ def test_a_distributed_example_trains_on_two_workers_and_resumes_after_one_is_ki
     wait_for_state(
         run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
     )
-    assert run.state == RunState.SUCCEEDED, run.state_reason
+    assert run.state == RunState.SUCCEEDED, how_it_ended(run, agent)
 
     # Worker 1 killed itself at step 120 (SIGKILL, as a lost node): its end is the attempt's,
     # worker 0 (which lost its peer) was stopped or failed with it.
@@ -345,7 +346,7 @@ def test_the_deepspeed_example_trains_with_zero_on_two_workers_and_resumes_from_
     wait_for_state(
         run, {RunState.SUCCEEDED, RunState.FAILED}, timeout=FIRST_INSTALL_SECONDS, agent=agent
     )
-    assert run.state == RunState.SUCCEEDED, run.state_reason
+    assert run.state == RunState.SUCCEEDED, how_it_ended(run, agent)
 
     # Worker 1 killed itself at step 120 (SIGKILL, as a lost node): its end is the attempt's.
     killed, resumed = attempts(run)

@@ -289,7 +289,7 @@ class _Supervisor:
         now = time.monotonic()
         for child in self.children.values():
             process = child.process
-            if process is not None and process.poll() is not None:
+            if process is not None and _ended(process):
                 self._stopped(child, process, now)
             elif child.restart_at is not None and now >= child.restart_at:
                 child.restart_at = None
@@ -304,6 +304,7 @@ class _Supervisor:
         # Whatever it left in its group (a Celery pool child) goes with it; the agent's runs
         # have groups of their own and stay: the next agent takes them over.
         _signal_group(process, signal.SIGKILL)
+        process.wait()  # reaped only now: until then its pid, the group's id, stays ours
         child.process = None
         if now - child.started_at > _STABLE_SECONDS:
             child.stops = 0
@@ -481,6 +482,21 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _ended(process: subprocess.Popen[bytes]) -> bool:
+    """Whether the child has ended, without reaping it: while it is a zombie its pid, and so
+    its process group's id, cannot be given to another process, so what it left in its group
+    can still be signalled without the risk of reaching a stranger's group."""
+    if process.returncode is not None:
+        return True
+    try:
+        ended = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return process.poll() is not None
+    return ended is not None and ended.si_pid != 0
+
+
 def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    if process.returncode is not None:
+        return  # reaped: its number may name another process's group by now
     with contextlib.suppress(ProcessLookupError):  # already gone
         os.killpg(process.pid, signum)
