@@ -14,8 +14,9 @@ one process, every port on 127.0.0.1), built from the Go module proxy by
 ``~/.cache/taugrid/weed-<version>/``; it gets an access key and secret made for this run and
 one bucket, given to the command as ``TAU_TEST_S3_ENDPOINT``, ``TAU_TEST_S3_ACCESS_KEY``,
 ``TAU_TEST_S3_SECRET_KEY`` and ``TAU_TEST_S3_BUCKET`` (or those, set already, are passed on
-as they are). Without the binary nothing is started and ``TAU_TEST_S3_MISSING`` says how to
-build it: the tests that need S3 fail with that message.
+as they are), and its master as ``TAU_TEST_S3_SEAWEEDFS_MASTER`` (the benchmark asks it to
+compact between rounds). Without the binary nothing is started and ``TAU_TEST_S3_MISSING``
+says how to build it: the tests that need S3 fail with that message.
 
 Standard library only: this runs before anything else is known to work.
 """
@@ -340,8 +341,11 @@ class Services:
         # http + 10000, and the Iceberg and Lance ports fixed), no telemetry, and small volumes
         # (the data folder holds only what the tests write; deleted objects' space comes back
         # only when SeaweedFS compacts, so a benchmark's rounds add up).
+        logs = directory / "logs"
+        logs.mkdir()
         command = [
             str(weed),
+            f"-logdir={logs}",  # its log files, else a few more in /tmp at every start
             "server",
             "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1",
@@ -391,6 +395,7 @@ class Services:
             TAU_TEST_S3_ACCESS_KEY=access_key,
             TAU_TEST_S3_SECRET_KEY=secret_key,
             TAU_TEST_S3_BUCKET=bucket,
+            TAU_TEST_S3_SEAWEEDFS_MASTER=f"http://127.0.0.1:{ports['master']}",
         )
         log(
             f"SeaweedFS S3 on {endpoint} (bucket {bucket}), "
