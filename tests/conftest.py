@@ -49,11 +49,14 @@ FIRST_WORKER_DATABASE = 2
 WORKER_DATABASES = 14
 
 
-def worker_database(broker: str, worker: str) -> str:
+def worker_database(broker: str, worker: str, lane: str = LANE) -> str:
     """The Redis URL of pytest-xdist worker ``worker`` (``gw0`` …), for the session's
-    ``broker``: database 2 for gw0, 3 for gw1, … (0 is the session's, 1 the cluster lane's).
-    Any other broker unchanged."""
-    number = FIRST_WORKER_DATABASE + int(worker.removeprefix("gw")) % WORKER_DATABASES
+    ``broker``: database 2 for gw0, 3 for gw1, … (0 is the session's, 1 the cluster lane's);
+    in the fast lane, which may run beside the others (deploy/dev/test_lanes.py), 9 for gw0,
+    10 for gw1, …: each lane has half of them. Any other broker unchanged."""
+    half = WORKER_DATABASES // 2
+    first = FIRST_WORKER_DATABASE + (half if lane == "fast" else 0)
+    number = first + int(worker.removeprefix("gw")) % half
     own: str = lanes.in_database(broker, number)
     return own
 

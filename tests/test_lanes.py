@@ -25,8 +25,7 @@ import json, os, sys, time
 args = sys.argv[1:]
 name = args[0] if args[:1] in (["build"], ["image"]) else os.environ.get("TAU_TEST_LANE", "?")
 started = time.time()
-if name == "build":
-    time.sleep(float(os.environ.get("BUILD_SECONDS", "0")))
+time.sleep(float(os.environ.get(f"{name.upper()}_SECONDS", "0")))
 with open(os.environ["CALLS"], "a") as calls:
     calls.write(json.dumps({"pass": name, "args": args, "started": started, "ended": time.time(),
         "env": {key: os.environ.get(key) for key in ("REDIS_URL", "CELERY_BROKER_URL")}}) + "\\n")
@@ -97,24 +96,49 @@ def test_the_cluster_tier_runs_after_the_build_beside_the_others(
     assert "-n" not in cluster["args"]  # one test after another
     assert selection(others) == "not cluster and not (unit or db)"
     assert others["args"][others["args"].index("-n") + 1] == "2"
-    # The build, then the cluster tier; the fast pass did not wait for the build.
+    # The build, then the cluster tier. The other tests did not wait for the build; what
+    # they need was built before them (no test builds); and the fast tiers, run once, by
+    # the lane free first: this one, the build still going on.
     assert build["ended"] <= cluster["started"]
-    assert fast["started"] < build["ended"]
-    assert fast["ended"] <= others["started"]
-    # What the other tests need is built before them, after the fast pass (no test builds).
-    assert fast["ended"] <= image["started"]
     assert image["ended"] <= others["started"]
+    assert others["started"] < build["ended"]
+    assert others["ended"] <= fast["started"] < build["ended"]
+    shown = capsys.readouterr().out
+    assert "the fast tiers, in this lane" in shown
     # The cluster lane's own Redis database (its test databases: TAU_TEST_LANE, conftest.py).
     assert cluster["env"]["REDIS_URL"] == "redis://default:secret@127.0.0.1:6390/1"
     assert cluster["env"]["CELERY_BROKER_URL"] == "redis://default:secret@127.0.0.1:6390/1"
     assert others["env"]["REDIS_URL"] == "redis://default:secret@127.0.0.1:6390/0"
+    assert fast["env"]["REDIS_URL"] == "redis://default:secret@127.0.0.1:6390/0"
     # The cluster lane's output is kept, and shown after the others' (the build's, which
     # passed, only in its file).
     assert (tmp_path / "lanes" / "cluster.log").read_text() == "cluster says hello\n"
     assert (tmp_path / "lanes" / "cluster-build.log").read_text() == "build says hello\n"
-    shown = capsys.readouterr().out
     assert "cluster says hello" in shown
     assert "build says hello" not in shown
+
+
+@pytest.mark.slow
+def test_warm_the_cluster_lane_runs_the_fast_tiers_once_beside_the_last_of_the_others(
+    fake: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With the control plane built, the cluster tier ends before the others: its lane runs
+    the fast tiers while the others go on, and keeps their output to show it at the end."""
+    monkeypatch.setenv("OTHERS_SECONDS", "3")
+    assert run_lanes(fake) == 0
+    lines = (tmp_path / "calls.jsonl").read_text().splitlines()
+    assert [json.loads(line)["pass"] for line in lines].count("fast") == 1
+    made = calls(tmp_path)
+    cluster, fast, others = made["cluster"], made["fast"], made["others"]
+    assert cluster["ended"] <= fast["started"] < others["ended"]
+    assert (tmp_path / "lanes" / "fast.log").read_text() == "fast says hello\n"
+    shown = capsys.readouterr().out
+    assert "the fast tiers, in this lane" not in shown
+    assert "fast says hello" in shown  # from its log, after the others' output
+    assert "fast (in the cluster lane): exit 0" in shown
 
 
 @pytest.mark.slow
@@ -182,13 +206,18 @@ def test_each_xdist_worker_has_a_redis_database_of_its_own(settings: Any) -> Non
     from tests.conftest import worker_database
 
     broker = "redis://default:pw@127.0.0.1:6390/0"
-    assert worker_database(broker, "gw0") == "redis://default:pw@127.0.0.1:6390/2"
-    assert worker_database(broker, "gw1") == "redis://default:pw@127.0.0.1:6390/3"
-    assert worker_database(broker, "gw14") == "redis://default:pw@127.0.0.1:6390/2"
-    assert worker_database("filesystem://", "gw1") == "filesystem://"
+    assert worker_database(broker, "gw0", "others") == "redis://default:pw@127.0.0.1:6390/2"
+    assert worker_database(broker, "gw1", "others") == "redis://default:pw@127.0.0.1:6390/3"
+    assert worker_database(broker, "gw7", "others") == "redis://default:pw@127.0.0.1:6390/2"
+    # The fast lane may run beside the others: its workers have the other half.
+    assert worker_database(broker, "gw0", "fast") == "redis://default:pw@127.0.0.1:6390/9"
+    assert worker_database(broker, "gw1", "fast") == "redis://default:pw@127.0.0.1:6390/10"
+    assert worker_database(broker, "gw7", "fast") == "redis://default:pw@127.0.0.1:6390/9"
+    assert worker_database("filesystem://", "gw1", "others") == "filesystem://"
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker and settings.CELERY_BROKER_URL.startswith("redis"):  # so under make test
         number = int(settings.CELERY_BROKER_URL.rsplit("/", 1)[1])
-        assert number == 2 + int(worker.removeprefix("gw")) % 14
+        first = 9 if os.environ.get("TAU_TEST_LANE") == "fast" else 2
+        assert number == first + int(worker.removeprefix("gw")) % 7
         assert app.conf.broker_url == settings.CELERY_BROKER_URL
         assert settings.CACHES["default"]["LOCATION"] == settings.CELERY_BROKER_URL

@@ -13,10 +13,15 @@
   (test databases of its own, tests/conftest.py) and Redis database 1 (a cache and Celery
   queues of its own). Its output is kept in var/test-lanes/cluster-build.log and
   var/test-lanes/cluster.log, and printed once the other lane has ended.
-- beside it, printed live: first the ``--fast`` tests over every core (pytest-xdist, a
-  database each), then what ``--others-build`` builds for the tests that follow (the portal's
-  image: seconds when warm), then every other test over ``--workers`` xdist workers, with
-  ``TAU_TEST_LANE=others``. No test builds anything itself.
+- beside it, printed live: what ``--others-build`` builds for the tests that follow (the
+  portal's image: seconds when warm), then every test that is neither a cluster nor a
+  ``--fast`` one over ``--workers`` xdist workers, with ``TAU_TEST_LANE=others``.
+- the ``--fast`` tests over every core (pytest-xdist, a database each, ``TAU_TEST_LANE=fast``:
+  Redis databases of their own, tests/conftest.py), once, in whichever lane is free first.
+  With warm caches that is the cluster lane (its output kept in var/test-lanes/fast.log and
+  printed at the end), where the fast tests, which only compute, fill the cores while the
+  last of the others mostly wait; on a new machine the control plane's build outlasts the
+  others, and their lane runs them. No test builds anything itself.
 
 Most of the tests besides the fast ones wait (for a portal to start, a run to end, Kueue to
 admit), and so does a cold build's download; so on a 2-core machine the lanes together take
@@ -65,13 +70,56 @@ def outcome(code: int) -> int:
     return 0 if code == NOTHING_SELECTED else code
 
 
-class ClusterLane(threading.Thread):
-    """The cluster lane: the build (when there is one), then the cluster tier's pytest."""
+class FastPass:
+    """The fast tiers, run once, by whichever lane is free first (:meth:`claim`): warm, the
+    cluster lane ends first and runs them beside the last of the others; cold, the control
+    plane's build outlasts the others and their lane runs them."""
 
-    def __init__(self, build: list[str], pytest: list[str]) -> None:
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
+        self.code: int | None = None
+        self.took = 0.0
+        self.ran_in = ""
+        self._lock = threading.Lock()
+        self._claimed = False
+
+    def claim(self) -> bool:
+        with self._lock:
+            if self._claimed:
+                return False
+            self._claimed = True
+            return True
+
+    def run(self, lane: str, log: Path | None = None) -> None:
+        """Run it (``log``: its output goes there, to be shown at the end; else live)."""
+        started = time.monotonic()
+        self.ran_in = lane
+        if log is None:
+            self.code = subprocess.run(  # noqa: S603 - the make target's own pytest
+                self.command, cwd=ROOT, env=lane_environment("fast"), check=False
+            ).returncode
+        else:
+            with log.open("wb") as output:
+                self.code = subprocess.run(  # noqa: S603 - the make target's own pytest
+                    self.command,
+                    cwd=ROOT,
+                    env=lane_environment("fast"),
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                ).returncode
+        self.took = time.monotonic() - started
+
+
+class ClusterLane(threading.Thread):
+    """The cluster lane: the build (when there is one), then the cluster tier's pytest, then
+    the fast tiers if the other lane has not taken them yet."""
+
+    def __init__(self, build: list[str], pytest: list[str], fast: FastPass) -> None:
         super().__init__(name="cluster-lane", daemon=True)
         self.build = build
         self.pytest = pytest
+        self.fast = fast
         self.code: int | None = None
         self.failed_in = ""
         self.took = 0.0
@@ -98,10 +146,13 @@ class ClusterLane(threading.Thread):
                     code = self.process.wait()
                 if code if command is self.build else outcome(code):
                     self.code, self.failed_in = code, step
-                    return
-            self.code = 0
+                    break
+            else:
+                self.code = 0
         finally:
             self.took = time.monotonic() - started
+        if not self.stopping.is_set() and self.fast.claim():
+            self.fast.run("cluster", LOGS / "fast.log")
 
     def stop(self) -> None:
         self.stopping.set()
@@ -141,44 +192,50 @@ def main(argv: list[str]) -> int:
     fast = f"({options.fast})"
 
     LOGS.mkdir(parents=True, exist_ok=True)
-    for old in ("cluster-build.log", "cluster.log"):
+    for old in ("cluster-build.log", "cluster.log", "fast.log"):
         (LOGS / old).unlink(missing_ok=True)
     started = time.monotonic()
+    fast_pass = FastPass([*command, "-m", options.fast, "-n", "auto", "--dist", "loadscope"])
     cluster = ClusterLane(
         shlex.split(options.cluster_build),
         [*command, "-m", f"cluster and not {fast}", "-p", "no:cacheprovider"],
+        fast_pass,
     )
     cluster.start()
     building = " after the control plane's build" if options.cluster_build else ""
     print(
         f"[test-lanes] the cluster tier runs beside this{building}; its output: "
-        f"{(LOGS / 'cluster.log').relative_to(ROOT)}",
+        f"{(LOGS / 'cluster.log').relative_to(ROOT)}. The fast tiers run in whichever lane "
+        "is free first.",
         flush=True,
     )
-    passes: dict[str, int] = {}
     built = 0
     try:
-        for name, selection, workers in (
-            ("fast", options.fast, "auto"),
-            ("others", f"not cluster and not {fast}", options.workers),
-        ):
-            if name == "others" and options.others_build:
-                print(
-                    f"[test-lanes] building for the other tests: {options.others_build}",
-                    flush=True,
-                )
-                built = subprocess.run(  # noqa: S603 - the make target's own build
-                    shlex.split(options.others_build), cwd=ROOT, check=False
-                ).returncode
-                if built:
-                    print(f"[test-lanes] that build failed (exit {built})", flush=True)
-            passes[name] = subprocess.run(  # noqa: S603 - the make target's own pytest
-                [*command, "-m", selection, "-n", workers, "--dist", "loadscope"],
-                cwd=ROOT,
-                env=lane_environment(name),
-                check=False,
+        if options.others_build:
+            print(f"[test-lanes] building for the other tests: {options.others_build}", flush=True)
+            built = subprocess.run(  # noqa: S603 - the make target's own build
+                shlex.split(options.others_build), cwd=ROOT, check=False
             ).returncode
+            if built:
+                print(f"[test-lanes] that build failed (exit {built})", flush=True)
+        others = subprocess.run(  # noqa: S603 - the make target's own pytest
+            [
+                *command,
+                "-m",
+                f"not cluster and not {fast}",
+                "-n",
+                options.workers,
+                "--dist",
+                "loadscope",
+            ],
+            cwd=ROOT,
+            env=lane_environment("others"),
+            check=False,
+        ).returncode
         others_took = time.monotonic() - started
+        if fast_pass.claim():
+            print("[test-lanes] the fast tiers, in this lane:", flush=True)
+            fast_pass.run("others")
         cluster.join()
     except KeyboardInterrupt:
         cluster.stop()
@@ -186,18 +243,21 @@ def main(argv: list[str]) -> int:
     if cluster.failed_in.endswith("build"):
         show(LOGS / "cluster-build.log")
     show(LOGS / "cluster.log")
+    if fast_pass.ran_in == "cluster":
+        show(LOGS / "fast.log")
     said = "" if not cluster.failed_in else f" in {cluster.failed_in}"
     build_said = f" (after its build failed: exit {built})" if built else ""
     print(
-        f"\n[test-lanes] fast: exit {passes['fast']}; others: exit {passes['others']}"
-        f"{build_said} after {others_took / 60:.1f} min; cluster: exit {cluster.code}{said} "
-        f"after {cluster.took / 60:.1f} min",
+        f"\n[test-lanes] others: exit {others}{build_said} after {others_took / 60:.1f} min; "
+        f"cluster: exit {cluster.code}{said} after {cluster.took / 60:.1f} min; "
+        f"fast (in the {fast_pass.ran_in} lane): exit {fast_pass.code} in "
+        f"{fast_pass.took / 60:.1f} min; all: {(time.monotonic() - started) / 60:.1f} min",
         flush=True,
     )
     codes = [
-        outcome(passes["fast"]),
+        outcome(fast_pass.code if fast_pass.code is not None else 1),
         built,
-        outcome(passes["others"]),
+        outcome(others),
         outcome(cluster.code or 0),
     ]
     if cluster.code is None:
