@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import Max, QuerySet
 from django.utils import timezone
 
-from catalog import storage
+from catalog import in_place, storage
 from catalog.models import (
     AUTOMATIC_ALIASES,
     Asset,
@@ -155,7 +155,7 @@ def fill_version(
             check_storage_quota(asset.workspace, version.bytes_total, what=version.ref)
         except CatalogError as exc:
             raise ManifestError(str(exc)) from None
-        progress = _Progress(version)
+        progress = Progress(version)
         entries = []
         written = storage.write_blobs(
             workspace_id, ((absolute, path) for path, absolute, _ in listed), progress.add
@@ -211,10 +211,10 @@ def check_and_make_ready(
     exist already (an upload's)."""
     for entry in manifest.files:
         _check_stored(version.asset.workspace_id, entry)
-    _make_ready(version, manifest, files_recorded=files_recorded)
+    make_ready(version, manifest, files_recorded=files_recorded)
 
 
-class _Progress:
+class Progress:
     """Bytes copied so far, written to the version now and then (the pages poll it)."""
 
     def __init__(self, version: AssetVersion) -> None:
@@ -236,7 +236,9 @@ def _check_stored(workspace_id: int, entry: Entry) -> None:
         raise ManifestError(f"{entry.path}: its stored copy is missing or incomplete.")
 
 
-def _make_ready(version: AssetVersion, manifest: Manifest, *, files_recorded: bool) -> None:
+def make_ready(version: AssetVersion, manifest: Manifest, *, files_recorded: bool) -> None:
+    """The version ``ready`` with ``manifest``, its files recorded (``files_recorded``: an
+    upload's are), in one transaction."""
     with transaction.atomic():
         if not files_recorded:
             AssetFile.objects.bulk_create(
@@ -280,12 +282,17 @@ def manifest_of(version: AssetVersion) -> Manifest:
 
 
 def verify(version: AssetVersion) -> list[str]:
-    """Every stored file of the version read again: what is missing or differs, by path
-    (empty: the store holds exactly the manifest's bytes); recorded on the version
-    (``verified_at``, ``verify_problems``)."""
+    """Every stored file of the version read again — or, for a version registered in place,
+    every file at its prefix (catalog.in_place) — : what is missing or differs, by path
+    (empty: exactly the manifest's bytes); recorded on the version (``verified_at``,
+    ``verify_problems``). The version stays as it is either way: reading it refuses what
+    differs, naming the file."""
     workspace_id = version.asset.workspace_id
     problems = []
-    for entry in manifest_of(version).files:
+    if version.in_place:
+        where = in_place.location(version.asset.workspace, version.prefix)
+        problems = in_place.problems(workspace_id, where, manifest_of(version).files)
+    for entry in () if version.in_place else manifest_of(version).files:
         try:
             size, sha256 = storage.hash_blob(workspace_id, entry.sha256)
         except FileNotFoundError:
@@ -404,11 +411,14 @@ _NOT_KEPT = (AssetVersion.State.FAILED, AssetVersion.State.DELETED)
 
 
 def storage_used(workspace_id: int) -> int:
-    """Bytes the workspace's datasets and models keep, each file once (by SHA-256), counting
-    what unfinished uploads have declared (so two uploads cannot both fit in one gap)."""
+    """Bytes the workspace's datasets and models keep in the store, each file once (by
+    SHA-256), counting what unfinished uploads have declared (so two uploads cannot both fit
+    in one gap); not the files of versions registered in place, which stay in the
+    workspace's own folder."""
     rows = (
         AssetFile.objects.for_workspace(workspace_id)
         .exclude(version__state__in=_NOT_KEPT)
+        .exclude(version__in_place=True)
         .order_by()
         .values("sha256")
         .annotate(size=Max("size"))
@@ -432,10 +442,15 @@ def check_storage_quota(workspace: Any, adding: int, *, what: str) -> None:
 
 
 def held_shas(workspace_id: int, shas: Iterable[str]) -> set[str]:
-    """Those of ``shas`` a version of the workspace (not a failed or deleted one) lists,
-    asked 10,000 at a time (SQLite takes at most 32,766 values in one query)."""
+    """Those of ``shas`` the store must keep: a version of the workspace (not a failed or
+    deleted one, nor one registered in place, read where it lives) lists them; asked 10,000
+    at a time (SQLite takes at most 32,766 values in one query)."""
     ordered = sorted(set(shas))
-    files = AssetFile.objects.for_workspace(workspace_id).exclude(version__state__in=_NOT_KEPT)
+    files = (
+        AssetFile.objects.for_workspace(workspace_id)
+        .exclude(version__state__in=_NOT_KEPT)
+        .exclude(version__in_place=True)
+    )
     return {
         sha256
         for first in range(0, len(ordered), 10_000)

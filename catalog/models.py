@@ -91,6 +91,12 @@ class AssetVersion(TenantModel):
     source = models.CharField(max_length=8, choices=Source.choices)
     #: Where the files came from, said for people (a folder, a URL without credentials).
     source_detail = models.CharField(max_length=1024, blank=True)
+    #: A version registered in place (``catalog.prefixes``): its files stay in the
+    #: workspace's folder of prefixes, at ``prefix`` (relative to that folder; empty: all of
+    #: it), and are read there, each checked against its SHA-256, whenever they are read. No
+    #: copy of them is in the store, and they do not count against the storage quota.
+    in_place = models.BooleanField(default=False)
+    prefix = models.CharField(max_length=1024, blank=True)
     #: ``sha256:<hex>`` of the manifest's canonical form (tau.manifest), once ready.
     manifest_digest = models.CharField(max_length=71, blank=True)
     #: An upload's manifest as the uploader declared it before sending a byte: sending the
@@ -138,6 +144,10 @@ class AssetVersion(TenantModel):
                 condition=~models.Q(state="ready") | ~models.Q(manifest_digest=""),
                 name="catalog_ready_has_a_manifest",
             ),
+            models.CheckConstraint(
+                condition=models.Q(in_place=False) | models.Q(source="prefix"),
+                name="catalog_in_place_is_a_prefix",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -150,7 +160,8 @@ class AssetVersion(TenantModel):
 
 class AssetFile(TenantModel):
     """One file of a version, as its manifest lists it; its bytes are the workspace's blob of
-    that SHA-256 (catalog.storage)."""
+    that SHA-256 (catalog.storage), or, for a version registered in place, the file at
+    ``path`` under its prefix (catalog.in_place)."""
 
     tenant_path: ClassVar[str | None] = "version__asset__workspace"
 
@@ -158,7 +169,8 @@ class AssetFile(TenantModel):
     path = models.CharField(max_length=1024)
     size = models.PositiveBigIntegerField()
     sha256 = models.CharField(max_length=64)
-    #: Whether the store holds its bytes. Only an upload's files start without them: the
+    #: Whether its bytes are whole where the version keeps them (the store; the prefix for a
+    #: version registered in place). Only an upload's files start without them: the
     #: uploader declares every file first, then sends them, ``received`` bytes so far.
     stored = models.BooleanField(default=True)
     received = models.PositiveBigIntegerField(default=0)

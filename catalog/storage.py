@@ -207,10 +207,7 @@ class S3Store:
         return self.local / "uploads" / "workspaces" / str(int(workspace_id))
 
     def cache_path(self, workspace_id: int, sha256: str) -> Path:
-        sha256 = _checked_sha256(sha256)
-        return (
-            self.local / "cache" / "blobs" / "workspaces" / str(int(workspace_id)) / sha256[:2]
-        ) / sha256
+        return _cache_path_under(self.local, workspace_id, sha256)
 
     def write_blob(
         self,
@@ -725,12 +722,30 @@ def keep_part(workspace_id: int, part: Path, sha256: str, size: int) -> None:
     store().keep_part(workspace_id, part, sha256, size)
 
 
+def cache_path(workspace_id: int, sha256: str) -> Path:
+    """Where this machine's cache of copies keeps the workspace's file ``sha256``
+    (``VAR_DIR/cache/blobs/``): an S3 store's files, and those of versions registered in
+    place (catalog.in_place), copied there for runs to link."""
+    return _cache_path_under(Path(settings.VAR_DIR), workspace_id, sha256)
+
+
+def _cache_path_under(local: Path, workspace_id: int, sha256: str) -> Path:
+    sha256 = _checked_sha256(sha256)
+    return local / "cache" / "blobs" / "workspaces" / str(int(workspace_id)) / sha256[:2] / sha256
+
+
+def _cache_root() -> Path:
+    return Path(settings.VAR_DIR) / "cache" / "blobs"
+
+
 def trim_cache(older_than_seconds: float, *, now: float | None = None) -> int:
-    """Remove the cached copies of an S3 store's files (``VAR_DIR/cache/blobs/``) that no
-    staged run links any more (one link: the cache's own) and that were fetched or last
-    staged more than ``older_than_seconds`` ago; how many went. A copy in use has a second
-    link (the run's data folder), so it stays however old it is."""
-    root = Path(settings.VAR_DIR) / "cache" / "blobs"
+    """Remove the cached copies (``VAR_DIR/cache/blobs/``: an S3 store's files, and copies of
+    files registered in place) that no staged run links any more (one link: the cache's own)
+    and that were fetched or last staged more than ``older_than_seconds`` ago; how many went.
+    A copy in use has a second link (the run's data folder), so it stays however old it is.
+    Only the cache's own folder is walked: the files of a version registered in place, in
+    the workspace's folder of prefixes, are never touched."""
+    root = _cache_root()
     limit = (time.time() if now is None else now) - older_than_seconds
     removed = 0
     for folder, _, names in os.walk(root):
