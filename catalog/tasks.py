@@ -38,7 +38,8 @@ def start_url_ingest(
 
 @shared_task(ignore_result=True)
 def ingest_url(version_id: int, url: str, name: str) -> str:
-    """Download a version's one file from ``url`` (catalog.url_ingest); its state after."""
+    """Download a version's one file from ``url`` (catalog.url_ingest), or the objects an
+    ``s3://`` URL names (catalog.s3_ingest); its state after."""
     version = (
         AssetVersion.objects.unscoped()
         .select_related("asset__workspace")

@@ -16,6 +16,10 @@ is ``ready`` only once its one file is stored whole, else ``failed`` saying why.
 that dies meanwhile leaves the version ``ingesting`` until the sweep fails it (its progress
 stops). The version's ``source_detail`` keeps the URL without its query (which may be a
 signature) and fragment.
+
+An ``s3://bucket/key`` or ``s3://bucket/prefix/`` URL names objects of a bucket, not a host:
+:func:`start` and :func:`download` hand it to ``catalog.s3_ingest``, which reads it from the
+S3 service the platform team configured (the same task, ``catalog.tasks.ingest_url``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from catalog import storage
+from catalog import s3_ingest, storage
 from catalog.ingest import (
     PROGRESS_SECONDS,
     CatalogError,
@@ -97,8 +101,9 @@ def check(url: str) -> None:
         raise UrlRefused(f"This is not a valid URL ({exc}).") from None
     if parts.scheme not in ("http", "https"):
         raise UrlRefused(
-            "A URL must start with https:// (or http://); to bring files from elsewhere, "
-            "ingest them from a folder (`tau data dataset ingest NAME FOLDER`)."
+            "A URL must start with https:// (or http://), or name a bucket's objects "
+            "(s3://bucket/key, s3://bucket/prefix/); to bring files from elsewhere, ingest them "
+            "from a folder (`tau data dataset ingest NAME FOLDER`)."
         )
     if parts.username or parts.password:
         raise UrlRefused(
@@ -116,8 +121,11 @@ def check(url: str) -> None:
 def start(
     asset: Asset, url: str, *, path: str | None = None, user: Any = None
 ) -> tuple[AssetVersion, str]:
-    """The asset's next version, ``ingesting`` from ``url``, and the file's path in it; the
-    caller queues the download (``catalog.tasks.start_url_ingest``)."""
+    """The asset's next version, ``ingesting`` from ``url``, and the file's path in it (for
+    ``s3://``: where its files go, ``catalog.s3_ingest``); the caller queues the download
+    (``catalog.tasks.start_url_ingest``)."""
+    if s3_ingest.is_s3(url):
+        return s3_ingest.start(asset, url, path=path, user=user)
     name = file_name(url, path)
     check(url)
     with transaction.atomic():
@@ -199,6 +207,9 @@ def _say_progress(version: AssetVersion, done: int) -> None:
 
 def download(version: AssetVersion, url: str, name: str) -> None:
     """Fetch ``url`` into the version as ``name``; ``ready``, or ``failed`` saying why."""
+    if s3_ingest.is_s3(url):
+        s3_ingest.ingest(version, url, name)
+        return
     workspace = version.asset.workspace
     limit = int(settings.TAU_DATA_MAX_FILE_BYTES)
     spool = Path(settings.VAR_DIR) / "uploads" / "url" / f"{version.pk}-{uuid.uuid4().hex}"

@@ -40,6 +40,12 @@ only at save would let a name that resolved to a public address then be pointed 
 internal one (DNS rebinding); resolving once more and connecting to a name would reopen the
 race. The connection is opened to the checked address and the request still names the host
 (``Host`` header, TLS server name and certificate check), so virtual hosts and HTTPS work.
+
+Not checked here: services the platform team configured (the S3 store, ``TAU_STORAGE_…``, and
+the S3 service ``s3://`` sources are read from, ``TAU_DATA_SOURCE_…``). An ``s3://bucket/key``
+a user gives names a bucket and a key, never a host (``catalog.s3_ingest`` checks the bucket's
+name by S3's rules and connects only to the configured endpoint), so there is no address of
+the user's choosing to judge; which buckets a workspace may read is that module's rule.
 """
 
 from __future__ import annotations

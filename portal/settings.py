@@ -640,6 +640,20 @@ TAU_DATA_UPLOAD_PIECE_BYTES = env_int("TAU_DATA_UPLOAD_PIECE_BYTES", 64 * 2**20,
 # register`): each workspace's folder is <this>/<workspace slug>/, e.g. a PersistentVolumeClaim
 # mounted there in the portal's pods. Empty: VAR_DIR/prefixes.
 TAU_DATA_PREFIX_DIR = env_str("TAU_DATA_PREFIX_DIR", "") or ""
+# Versions from s3:// (catalog/s3_ingest.py): the buckets, or bucket/prefix/ areas, any
+# workspace may read ({workspace} stands for its slug); empty: none. The store's own area never.
+TAU_DATA_SOURCE_BUCKETS = env_list("TAU_DATA_SOURCE_BUCKETS", [])
+# The S3 service they are read from: the store's (TAU_STORAGE_ENDPOINT_URL, _REGION and keys)
+# unless one of these is set; then these alone (no endpoint: AWS; no keys: the SDK's chain).
+TAU_DATA_SOURCE_ENDPOINT_URL = env_str("TAU_DATA_SOURCE_ENDPOINT_URL", "") or ""
+TAU_DATA_SOURCE_REGION = env_str("TAU_DATA_SOURCE_REGION", "") or ""
+TAU_DATA_SOURCE_ACCESS_KEY_ID = env_secret("TAU_DATA_SOURCE_ACCESS_KEY_ID")
+TAU_DATA_SOURCE_SECRET_ACCESS_KEY = env_secret("TAU_DATA_SOURCE_SECRET_ACCESS_KEY")
+if (TAU_DATA_SOURCE_ACCESS_KEY_ID is None) != (TAU_DATA_SOURCE_SECRET_ACCESS_KEY is None):
+    raise ImproperlyConfiguredEnv(
+        "TAU_DATA_SOURCE_ACCESS_KEY_ID(_FILE) and TAU_DATA_SOURCE_SECRET_ACCESS_KEY(_FILE) go "
+        "together: set both, or neither"
+    )
 # A copy of an S3 store's file that this machine fetched for its runs (VAR_DIR/cache/blobs/)
 # is removed once no staged run links it and it was last fetched or used this long ago
 # (catalog.tasks.trim_cache, hourly).

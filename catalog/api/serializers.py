@@ -110,7 +110,9 @@ class VersionStartSerializer(serializers.Serializer[Any]):
         help_text="`upload`: the files are declared here, then sent with PUT "
         "…/versions/{version}/files/{path}. `url`: the portal downloads the one file at "
         "`url` (http or https; the webhook rules for where it may connect) into the version "
-        "at `path`; the version is `ingesting` until it is kept (`progress`). `prefix`: the files "
+        "at `path`, or the objects `s3://bucket/key` or `s3://bucket/prefix/` names from the "
+        "S3 service it is set up for (buckets in TAU_DATA_SOURCE_BUCKETS only; under `path`); "
+        "the version is `ingesting` until it is kept (`progress`). `prefix`: the files "
         "under `prefix` of the workspace's folder on the portal (TAU_DATA_PREFIX_DIR), read, "
         "checked and kept by a worker, with progress as for a URL. `run`: the "
         "artifacts a succeeded run kept under `path` become the version.",
@@ -129,12 +131,15 @@ class VersionStartSerializer(serializers.Serializer[Any]):
         "`raw/2026-11`; empty: all of it.",
     )
     url = serializers.URLField(
-        required=False, help_text="The file to download (source `url`): https://…"
+        required=False,
+        help_text="The file to download (source `url`): https://…, or s3://bucket/key (one "
+        "object), s3://bucket/prefix/ (every object under it).",
     )
     path = serializers.CharField(
         required=False,
         help_text="The path of the run's artifacts (`model/`; source `run`), or where the "
-        "downloaded file goes in the version (source `url`; default: the URL's last segment).",
+        "downloaded file goes in the version (source `url`; default: the URL's last segment; "
+        "for an s3:// prefix, the folder its objects go under).",
     )
 
 

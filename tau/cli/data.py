@@ -582,7 +582,8 @@ def _kind_group(kind: str) -> click.Group:
         "file_path",
         default=None,
         metavar="PATH",
-        help="A URL's file: where it goes in the version (default: the URL's last segment).",
+        help="A URL's file: where it goes in the version (default: the URL's last segment); "
+        "an s3:// prefix: the folder its objects go under.",
     )
     @click.option("--no-wait", is_flag=True, help="A URL: answer once the download is queued.")
     @click.option(
@@ -614,10 +615,13 @@ def _kind_group(kind: str) -> click.Group:
         A folder: every file is read once for its SHA-256, declared, then sent in pieces;
         files the workspace holds already are not sent. Interrupted, the same command goes on
         where it stopped. A URL (http or https) names one file, which the portal fetches
-        itself. Exit 0 once the version is ready; 1 if the portal found it failed."""
+        itself; s3://bucket/key is one object and s3://bucket/prefix/ every object under it,
+        read by the portal from the S3 service it is set up for, in the buckets the platform
+        team lets workspaces read. Exit 0 once the version is ready; 1 if the portal found it
+        failed."""
         state = state_of(ctx)
         ws = state.workspace_for(workspace)
-        if source.startswith(("https://", "http://")):
+        if source.startswith(("https://", "http://", "s3://")):
             version = ingest_url(
                 state.api(),
                 ws,
@@ -638,7 +642,9 @@ def _kind_group(kind: str) -> click.Group:
         else:
             folder = Path(source)
             if not folder.is_dir():
-                raise CliError(f"{source} is neither a folder nor an http(s) URL.", EXIT_USAGE)
+                raise CliError(
+                    f"{source} is neither a folder nor an http(s) or s3:// URL.", EXIT_USAGE
+                )
             if file_path is not None or no_wait:
                 raise CliError("--path and --no-wait are for a URL.", EXIT_USAGE)
             version = ingest(
