@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROLPLANE = REPO / "deploy" / "cluster" / "controlplane.py"
+RAY_SUBMITTER = CONTROLPLANE.parent / "ray_submitter.py"
 # A cold build (Go module download + compile on 2 cores) plus start; CI's limit is 90 minutes.
 UP_TIMEOUT_S = float(os.environ.get("TAUGRID_CLUSTER_UP_TIMEOUT", "3600"))
 
@@ -258,7 +259,35 @@ def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
             close: Callable[[], None] = cluster._client.close
             close()
     if started_here and not os.environ.get("TAUGRID_KEEP_CLUSTER"):
-        run_controlplane(request, "down", timeout=120)
+        left = stop_and_check(request, cluster.state_dir)
+        if left:
+            pytest.fail("`controlplane.py down` left behind: " + "; ".join(left), pytrace=False)
+
+
+def stop_and_check(request: pytest.FixtureRequest, state: Path) -> list[str]:
+    """``controlplane.py down`` of the control plane in ``state``, and what it left behind:
+    a process (of the control plane or its Ray head), a port they listened on, the state
+    directory. Nothing, as it should be: an empty list (a failure at the session's end)."""
+    controlplane = load_controlplane()
+    head = load_script(RAY_SUBMITTER, "taugrid_ray_submitter").head_of(state)
+    ray_pids = controlplane.load_ray_head().pids_naming(head.temp_dir) if head else []
+    pids = controlplane.owned_pids(state) + ray_pids
+    sockets = set(controlplane.listening_sockets(pids))
+    stopped = run_controlplane(request, "down", timeout=120)
+    left = []
+    if stopped.returncode != 0:
+        left.append(f"exit {stopped.returncode}: {stopped.stderr_tail}")
+    if alive := [pid for pid in pids if controlplane.pid_alive(pid)]:
+        left.append(f"processes {alive}")
+    if head is not None and (ray := controlplane.load_ray_head().pids_naming(head.temp_dir)):
+        left.append(f"the Ray head's processes {ray}")
+    if owned := controlplane.owned_pids(state):
+        left.append(f"processes it owns {owned}")
+    if listening := sockets & set(controlplane.listening_sockets(None)):
+        left.append(f"listening sockets {sorted(listening)}")
+    if state.exists():
+        left.append(f"its state directory {state}")
+    return left
 
 
 class Kube:
