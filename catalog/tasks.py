@@ -13,6 +13,12 @@ from catalog import prefixes, storage, url_ingest
 from catalog.models import Asset, AssetVersion
 from catalog.sweep import sweep_versions as sweep
 
+#: An ingest reads for as long as its data takes (50 GB from a URL, a prefix of a million
+#: files), past the 5 minutes every other task gets (CELERY_TASK_TIME_LIMIT); one that hangs
+#: is not left to this limit: it writes progress every second, and the sweep fails a version
+#: that has none for TAU_DATA_STALE_SECONDS.
+INGEST_TIME_LIMIT_SECONDS = 24 * 3600
+
 
 @shared_task(ignore_result=True)
 def sweep_versions() -> dict[str, int]:
@@ -36,7 +42,11 @@ def start_url_ingest(
     return version
 
 
-@shared_task(ignore_result=True)
+@shared_task(
+    ignore_result=True,
+    time_limit=INGEST_TIME_LIMIT_SECONDS,
+    soft_time_limit=INGEST_TIME_LIMIT_SECONDS - 60,
+)
 def ingest_url(version_id: int, url: str, name: str) -> str:
     """Download a version's one file from ``url`` (catalog.url_ingest), or the objects an
     ``s3://`` URL names (catalog.s3_ingest); its state after."""
@@ -60,7 +70,11 @@ def start_prefix_ingest(asset: Asset, prefix: str, *, user: Any = None) -> Asset
     return version
 
 
-@shared_task(ignore_result=True)
+@shared_task(
+    ignore_result=True,
+    time_limit=INGEST_TIME_LIMIT_SECONDS,
+    soft_time_limit=INGEST_TIME_LIMIT_SECONDS - 60,
+)
 def ingest_prefix(version_id: int, prefix: str) -> str:
     """Read a version's files from the workspace's prefix (catalog.prefixes); its state."""
     version = (

@@ -135,3 +135,16 @@ def test_an_ingest_killed_halfway_is_failed_by_the_sweep_and_never_ready(
         if blob.is_file() and len(blob.name) == 64:  # not a .checked mark, not incoming
             assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
     assert storage.root() == store
+
+
+def test_an_ingest_has_the_time_its_data_takes_and_the_sweep_watches_it() -> None:
+    """A URL's or a prefix's ingest runs past the 5 minutes every other task gets (a 50 GB
+    download would be killed halfway and failed by the sweep): a day, while a hung one is
+    the sweep's, by its progress (the test above)."""
+    from catalog.tasks import INGEST_TIME_LIMIT_SECONDS, ingest_prefix, ingest_url
+
+    for task in (ingest_url, ingest_prefix):
+        assert task.time_limit == INGEST_TIME_LIMIT_SECONDS >= 24 * 3600
+        assert task.soft_time_limit is not None
+        assert django_settings.CELERY_TASK_TIME_LIMIT < task.soft_time_limit < task.time_limit
+    assert django_settings.TAU_DATA_STALE_SECONDS < 3600
