@@ -6,8 +6,10 @@ was derived from it — keeps its row and its manifest (every file's path, size 
 state ``deleted``, with when and by whom: the run's sealed evidence still proves which bytes
 were used, and the pages say the files are gone. Either way its aliases go (an alias names a
 version whose files can be read), and then every blob no other version of the workspace still
-holds is removed from the store. A version still being ingested or verified is refused: wait
-for it, or for the sweep to fail it.
+holds is removed from the store. A version registered in place has no blob: deleting it
+removes nothing from the store and never touches its files, which stay in the workspace's
+folder where they were (the workspace's own data; only the version goes). A version still
+being ingested or verified is refused: wait for it, or for the sweep to fail it.
 """
 
 from __future__ import annotations
@@ -58,10 +60,15 @@ def delete_version(version: AssetVersion, *, user: Any = None) -> bool:
     version_id = version.pk
     with transaction.atomic():
         lock_asset(asset)
-        shas = set(
-            AssetFile.objects.for_workspace(workspace_id)
-            .filter(version=version)
-            .values_list("sha256", flat=True)
+        # In place: the files are the workspace's own, never deleted; the store has no blob.
+        shas = (
+            set()
+            if version.in_place
+            else set(
+                AssetFile.objects.for_workspace(workspace_id)
+                .filter(version=version)
+                .values_list("sha256", flat=True)
+            )
         )
         AssetAlias.objects.for_workspace(workspace_id).filter(version=version).delete()
         why_kept = named_by(version)

@@ -151,6 +151,23 @@ def identity_now(folder: Path, path: str) -> str | None:
         return None
 
 
+def unreadable(folder: Path, path: str, size: int) -> str | None:
+    """What is plainly wrong with the file now, without reading it (it is missing, not a
+    regular file, or not its manifest's size), or None: a check before a reply starts, so
+    that what can be refused up front is."""
+    try:
+        found = os.lstat(folder / path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    if not stat.S_ISREG(found.st_mode):
+        return "no longer a regular file"
+    if found.st_size != size:
+        return (
+            f"changed since it was registered ({found.st_size:,} bytes, the manifest says {size:,})"
+        )
+    return None
+
+
 def read_checked(
     workspace_id: int,
     folder: Path,

@@ -8,7 +8,8 @@ submitted; what an executor stages for it; the versions its outputs become when 
   manifest digest, path), so the run's sealed evidence names the exact bytes it read.
 - **Staging** (:func:`staging_plan`): what an executor puts under ``TAU_DATA_DIR`` — every
   file of every pinned version and its digest, by which the executor asks the workspace's
-  store for it.
+  store for it, or, for a version registered in place, where it reads it (checked:
+  catalog.in_place).
 - **Outputs** (:func:`keep_outputs`): ``outputs.dataset`` / ``outputs.model``, folders under
   the successful attempt's ``TAU_OUTPUT_DIR``, become the next versions of their names,
   ``produced_by`` the run and ``derived_from`` the versions it read.
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
+from catalog.in_place import Location, location, workspace_folder
 from catalog.ingest import (
     CatalogError,
     Listing,
@@ -32,7 +34,6 @@ from catalog.ingest import (
     ingest_folder,
 )
 from catalog.models import Asset, AssetFile, AssetVersion, RunInput
-from catalog.prefixes import workspace_folder
 from runs import artifacts
 from runs.events import append_event
 from runs.models import Artifact, EventKind, Run, RunState
@@ -131,7 +132,8 @@ DATASET_INPUTS = Extension("datasets", check_inputs, record_inputs)
 @dataclass(frozen=True)
 class StagedFile:
     """One file of a pinned version: an executor asks the store for its bytes by
-    ``sha256`` (``catalog.storage.local_copy``, ``open_blob``)."""
+    ``sha256`` (``catalog.storage.local_copy``, ``open_blob``), or reads it at ``path`` under
+    the version's prefix when it is registered in place (``catalog.in_place.local_copy``)."""
 
     path: str
     size: int
@@ -147,6 +149,8 @@ class StagedDataset:
     path: str
     manifest_digest: str
     files: tuple[StagedFile, ...]
+    #: Where its files live, for a version registered in place; None: the workspace's store.
+    in_place: Location | None = None
 
     @property
     def bytes(self) -> int:
@@ -154,7 +158,7 @@ class StagedDataset:
 
 
 def staging_plan(run: Run) -> tuple[StagedDataset, ...]:
-    """The run's pinned versions and their files, as stored in its workspace."""
+    """The run's pinned versions and their files, as its workspace keeps them."""
     workspace_id = run.workspace_id
     inputs = (
         RunInput.objects.for_workspace(workspace_id)
@@ -177,6 +181,9 @@ def staging_plan(run: Run) -> tuple[StagedDataset, ...]:
                 path=item.path,
                 manifest_digest=item.version.manifest_digest,
                 files=tuple(StagedFile(path, size, sha256) for path, size, sha256 in rows),
+                in_place=(
+                    location(run.workspace, item.version.prefix) if item.version.in_place else None
+                ),
             )
         )
     return tuple(plan)

@@ -37,6 +37,16 @@ class VersionSerializer(serializers.Serializer[Any]):
         choices=AssetVersion.Source.choices
     )
     source_detail = serializers.CharField(help_text="Where the files came from, for people.")
+    in_place = serializers.BooleanField(
+        help_text="Registered in place (source `prefix`): its files stay at `prefix` in the "
+        "workspace's folder, are not copied into the store nor counted against its storage "
+        "quota, and are checked against the manifest whenever they are read."
+    )
+    prefix = serializers.CharField(
+        allow_null=True,
+        help_text="Where the files of a version registered in place live, relative to the "
+        "workspace's folder of prefixes ('' for all of it); null for any other version.",
+    )
     manifest_digest = serializers.CharField(
         help_text="`sha256:` and the digest of the manifest's canonical form (docs); empty "
         "until ready."
@@ -114,7 +124,8 @@ class VersionStartSerializer(serializers.Serializer[Any]):
         "S3 service it is set up for (buckets in TAU_DATA_SOURCE_BUCKETS only; under `path`); "
         "the version is `ingesting` until it is kept (`progress`). `prefix`: the files "
         "under `prefix` of the workspace's folder on the portal (TAU_DATA_PREFIX_DIR), read, "
-        "checked and kept by a worker, with progress as for a URL. `run`: the "
+        "hashed and registered in place by a worker, with progress as for a URL: nothing is "
+        "copied, and every read checks the files against the manifest. `run`: the "
         "artifacts a succeeded run kept under `path` become the version.",
     )
     files = DeclaredFileSerializer(
@@ -160,7 +171,9 @@ class PieceSerializer(serializers.Serializer[Any]):
 class VerifiedSerializer(serializers.Serializer[Any]):
     ok = serializers.BooleanField()
     problems = serializers.ListField(
-        child=serializers.CharField(), help_text="Each file missing or changed in the store."
+        child=serializers.CharField(),
+        help_text="Each file missing or changed in the store (or, for a version registered in "
+        "place, at its prefix), by path.",
     )
     verified_at = serializers.DateTimeField()
 

@@ -10,6 +10,7 @@ import builtins
 import functools
 import io
 import json
+import logging
 import re
 from collections.abc import Iterator, Mapping
 from typing import IO, Any, ClassVar
@@ -25,7 +26,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from catalog import deletion, storage, tasks, uploads
+from catalog import deletion, in_place, storage, tasks, uploads
 from catalog.api.serializers import (
     AliasSerializer,
     AliasSetSerializer,
@@ -55,8 +56,11 @@ from identity.tokens import token_of
 from portal.api import BoundedJSONParser, FileDownloadNegotiation, refusals
 from runs import run_tokens
 from runs.models import Run
+from tau.manifest import CHUNK_BYTES
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import Role
+
+logger = logging.getLogger(__name__)
 
 #: ``Content-Range: bytes <first>-<last>/<size>`` of a piece of a file.
 _CONTENT_RANGE = re.compile(r"bytes (\d{1,19})-(\d{1,19})/(\d{1,19}|\*)")
@@ -104,6 +108,8 @@ def version_fields(version: AssetVersion) -> dict[str, Any]:
         "state": version.state,
         "source": version.source,
         "source_detail": version.source_detail,
+        "in_place": version.in_place,
+        "prefix": version.prefix if version.in_place else None,
         "manifest_digest": version.manifest_digest,
         "files_count": version.files_count,
         "bytes": version.bytes,
@@ -608,10 +614,23 @@ class VersionDownloadViewSet(AssetViewSet):
             .order_by("path")
             .values_list("path", "size", "sha256")
         )
-        members = [
-            Member(path, size, functools.partial(storage.open_blob, self.workspace.pk, sha256))
-            for path, size, sha256 in rows
-        ]
+        if version.in_place:
+            try:
+                members = self._in_place_members(version, list(rows))
+            except in_place.ChangedInPlace as exc:
+                return Response(
+                    {
+                        "detail": f"{version.ref} is registered in place at {version.prefix or '.'}"
+                        f": {exc.strerror}. `tau data dataset verify {version.ref}` says what "
+                        "changed."
+                    },
+                    status=status.HTTP_409_CONFLICT,
+                )
+        else:
+            members = [
+                Member(path, size, functools.partial(storage.open_blob, self.workspace.pk, sha256))
+                for path, size, sha256 in rows
+            ]
         mtime = version.ready_at.timestamp() if version.ready_at else 0
         response = StreamingHttpResponse(
             tar_stream(members, mtime), content_type="application/x-tar"
@@ -622,6 +641,26 @@ class VersionDownloadViewSet(AssetViewSet):
         )
         response["X-Manifest-Digest"] = version.manifest_digest
         return response
+
+    def _in_place_members(
+        self, version: AssetVersion, rows: builtins.list[tuple[str, int, str]]
+    ) -> builtins.list[Member]:
+        """The files read where they live, each checked as it streams; ChangedInPlace
+        (naming the file) when one is plainly not as registered before the first byte."""
+        try:
+            folder = in_place.location(self.workspace, version.prefix).folder()
+        except OSError as exc:
+            raise in_place.ChangedInPlace(str(exc.strerror)) from None
+        members = []
+        for path, size, sha256 in rows:
+            wrong = in_place.unreadable(folder, path, size)
+            if wrong is not None:
+                raise in_place.ChangedInPlace(f"{path} is {wrong}")
+            opener = functools.partial(
+                in_place.read_checked, self.workspace.pk, folder, path, size, sha256
+            )
+            members.append(Member(path, size, opener))
+        return members
 
 
 class DatasetDownloadViewSet(VersionDownloadViewSet):
@@ -701,7 +740,12 @@ class RunDataViewSet(WorkspaceScopedViewSet):
                     .values_list("path", "size", "sha256")
                 )
                 for path, size, sha256 in rows.iterator(chunk_size=2000):
-                    url = storage.blob_url(workspace_id, sha256, seconds=STAGING_URL_SECONDS)
+                    # A file registered in place is the portal's to serve, checked: no URL.
+                    url = (
+                        None
+                        if item.version.in_place
+                        else storage.blob_url(workspace_id, sha256, seconds=STAGING_URL_SECONDS)
+                    )
                     line = {
                         "path": f"{item.path}/{path}",
                         "ref": item.version.ref,
@@ -719,22 +763,43 @@ class RunDataViewSet(WorkspaceScopedViewSet):
     @extend_schema(
         responses={
             (200, "application/octet-stream"): OpenApiResponse(
-                OpenApiTypes.BINARY, description="The file's bytes as the store keeps them."
+                OpenApiTypes.BINARY,
+                description="The file's bytes as the store keeps them, or, for a version "
+                "registered in place, read at its prefix and checked against its SHA-256 as "
+                "they stream (a file that changed since ends the body short).",
             ),
-            **refusals(words={404: "Also: the run reads no such file."}),
+            **refusals(
+                409,
+                words={
+                    404: "Also: the run reads no such file, or it is gone.",
+                    409: "Also: the file of a version registered in place changed since (named).",
+                },
+            ),
         }
     )
     def blob(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
         run = self._run()
         sha256 = kwargs["sha256"]
+        # The store's copy when a version the run reads keeps one; else a file in place.
         row = (
             AssetFile.objects.for_workspace(self.workspace)
             .filter(sha256=sha256, version__readers__run=run)
-            .values_list("size", flat=True)
+            .order_by("version__in_place", "version_id", "path")
+            .values_list(
+                "size",
+                "path",
+                "version__in_place",
+                "version__prefix",
+                "version__asset__name",
+                "version__number",
+            )
             .first()
         )
         if row is None:
             raise exceptions.NotFound("This run reads no file with that SHA-256.")
+        size, path, is_in_place, prefix, name, number = row
+        if is_in_place:
+            return self._in_place_blob(f"{name}@{number}", prefix, path, size, sha256)
         try:
             reader = storage.open_blob(self.workspace.pk, sha256)
         except FileNotFoundError:
@@ -744,6 +809,46 @@ class RunDataViewSet(WorkspaceScopedViewSet):
             ) from None
         # FileResponse closes the reader when the response is done.
         response = FileResponse(reader, content_type="application/octet-stream")
-        response["Content-Length"] = str(row)
+        response["Content-Length"] = str(size)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def _in_place_blob(
+        self, ref: str, prefix: str, path: str, size: int, sha256: str
+    ) -> HttpResponseBase:
+        """A file of a version registered in place, read at its prefix: refused, naming it,
+        when it is gone or known to have changed (a file not known to be unchanged is read
+        whole first), else streamed and checked again as it goes."""
+        where = in_place.location(self.workspace, prefix)
+        said = f"{ref}: {path} (registered in place at {where.said})"
+        try:
+            folder = where.folder()
+        except OSError as exc:
+            return Response(
+                {"detail": f"{said}: {exc.strerror}; the version cannot be read."},
+                status=status.HTTP_409_CONFLICT,
+            )
+        try:
+            reader = in_place.read_checked(
+                self.workspace.pk, folder, path, size, sha256, hash_first=True
+            )
+        except FileNotFoundError:
+            raise exceptions.NotFound(f"{said} is missing.") from None
+        except OSError as exc:
+            return Response(
+                {"detail": f"{said}: {exc.strerror}; the version cannot be read."},
+                status=status.HTTP_409_CONFLICT,
+            )
+
+        def chunks() -> Iterator[bytes]:
+            with reader:
+                try:
+                    while chunk := reader.read(CHUNK_BYTES):
+                        yield chunk
+                except OSError as exc:  # changed while it streamed: the body ends short
+                    logger.warning("%s: %s; its body was cut short", said, exc.strerror)
+
+        response = StreamingHttpResponse(chunks(), content_type="application/octet-stream")
+        response["Content-Length"] = str(size)
         response["Cache-Control"] = "no-store"
         return response

@@ -60,6 +60,8 @@ def test_a_dataset_its_versions_and_files_read_as_documented(world: Any, tmp_pat
         "state": "ready",
         "source": "prefix",
         "source_detail": "raw/",
+        "in_place": False,  # a folder ingested (copied), not registered in place
+        "prefix": None,
         "manifest_digest": one.manifest_digest,
         "files_count": 5,
         "bytes": 10,
