@@ -203,6 +203,34 @@ def fail(version: AssetVersion, reason: str) -> None:
     logger.warning("%s %s failed: %s", version.asset.kind, version.ref, reason)
 
 
+def claim(version: AssetVersion, was: str, becomes: str) -> bool:
+    """Move the version from ``was`` on to ``becomes`` unless something else (the sweep,
+    which fails a version whose worker seems dead) moved it first; whether it moved."""
+    moved = (
+        AssetVersion.objects.for_workspace(version.asset.workspace_id)
+        .filter(pk=version.pk, state=was)
+        .update(state=becomes, touched_at=timezone.now())
+    )
+    if moved:
+        version.state = becomes
+    return bool(moved)
+
+
+def fail_on_the_way(version: AssetVersion, reason: str) -> bool:
+    """Fail the version if it is still on its way (ingesting or verifying): a worker that
+    the sweep took for dead and failed, and that then fails too, changes nothing."""
+    on_the_way = (AssetVersion.State.INGESTING, AssetVersion.State.VERIFYING)
+    failed = (
+        AssetVersion.objects.for_workspace(version.asset.workspace_id)
+        .filter(pk=version.pk, state__in=on_the_way)
+        .update(state=AssetVersion.State.FAILED, error=reason, touched_at=timezone.now())
+    )
+    if failed:
+        version.state, version.error = AssetVersion.State.FAILED, reason
+        logger.warning("%s %s failed: %s", version.asset.kind, version.ref, reason)
+    return bool(failed)
+
+
 def check_and_make_ready(
     version: AssetVersion, manifest: Manifest, *, files_recorded: bool = False
 ) -> None:

@@ -70,8 +70,9 @@ from catalog.ingest import (
     CatalogError,
     check_and_make_ready,
     check_storage_quota,
+    claim,
     create_version,
-    fail,
+    fail_on_the_way,
     lock_asset,
 )
 from catalog.models import Asset, AssetVersion
@@ -548,29 +549,6 @@ def _fetched(
                 future.cancel()
 
 
-def _claim(version: AssetVersion, was: str, becomes: str) -> bool:
-    """Move the version on unless something else (the sweep) moved it first."""
-    moved = (
-        AssetVersion.objects.for_workspace(version.asset.workspace_id)
-        .filter(pk=version.pk, state=was)
-        .update(state=becomes, touched_at=timezone.now())
-    )
-    if moved:
-        version.state = becomes
-    return bool(moved)
-
-
-def _fail(version: AssetVersion, reason: str) -> None:
-    state = (
-        AssetVersion.objects.for_workspace(version.asset.workspace_id)
-        .filter(pk=version.pk)
-        .values_list("state", flat=True)
-        .first()
-    )
-    if state in (AssetVersion.State.INGESTING, AssetVersion.State.VERIFYING):
-        fail(version, reason)
-
-
 def ingest(version: AssetVersion, url: str, destination: str) -> None:
     """Read ``url`` into the ``ingesting`` version: ``ready``, or ``failed`` naming the key."""
     workspace = version.asset.workspace
@@ -606,11 +584,11 @@ def ingest(version: AssetVersion, url: str, destination: str) -> None:
                     )
                 entries.append(Entry(item.path, size, sha256))
         manifest = Manifest.of(entries, max_files=int(settings.TAU_DATA_MAX_FILES))
-        if not _claim(version, AssetVersion.State.INGESTING, AssetVersion.State.VERIFYING):
+        if not claim(version, AssetVersion.State.INGESTING, AssetVersion.State.VERIFYING):
             logger.info("%s: no longer ingesting; its read from %s is dropped", version.ref, url)
             return
         check_and_make_ready(version, manifest)
     except (CatalogError, ManifestError) as exc:
-        _fail(version, str(exc))
+        fail_on_the_way(version, str(exc))
     finally:
         shutil.rmtree(spool_folder, ignore_errors=True)

@@ -46,8 +46,9 @@ from catalog.ingest import (
     CatalogError,
     check_and_make_ready,
     check_storage_quota,
+    claim,
     create_version,
-    fail,
+    fail_on_the_way,
     lock_asset,
 )
 from catalog.models import Asset, AssetVersion
@@ -258,11 +259,11 @@ def download(version: AssetVersion, url: str, name: str) -> None:
         if (kept_size, kept_sha256) != (size, sha256.hexdigest()):
             raise UrlRefused(f"{name} changed on the portal's disk before it was kept.")
         manifest = Manifest.of([Entry(name, size, kept_sha256)])
-        version.state = AssetVersion.State.VERIFYING
-        version.save(update_fields=["state"])
+        if not claim(version, AssetVersion.State.INGESTING, AssetVersion.State.VERIFYING):
+            return  # the sweep failed it meanwhile (taken for dead): its word stands
         check_and_make_ready(version, manifest)
     except (CatalogError, ManifestError) as exc:
-        fail(version, str(exc))
+        fail_on_the_way(version, str(exc))
     finally:
         with contextlib.suppress(FileNotFoundError):
             spool.unlink()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from catalog import storage, tasks
+from catalog import storage, tasks, url_ingest
 from catalog.ingest import asset_named
 from catalog.models import AssetVersion
 from identity import tokens
@@ -240,3 +240,25 @@ def test_tau_ingests_a_url_through_the_portals_own_worker(
     refused = tau("data", "dataset", "ingest", "reviews", "http://169.254.169.254/x")
     assert refused.returncode != 0
     assert "169.254.169.254" in refused.stdout + refused.stderr
+
+
+def test_a_version_the_sweep_failed_meanwhile_keeps_the_sweeps_word(
+    world: Any, server: str, on_loopback: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    """A worker the sweep took for dead (no progress for TAU_DATA_STALE_SECONDS) and that
+    then finishes its download, or fails, changes nothing: the version stays as the sweep
+    left it, neither made ready nor failed a second time with another reason."""
+    response, _ = start(
+        world, {"source": "url", "url": f"{server}/moved"}, django_capture_on_commit_callbacks
+    )
+    version = AssetVersion.objects.for_workspace(world.alpha).get(number=response.json()["number"])
+    swept = "Its ingest stopped (the process making it ended) after 0 bytes."
+    for url in (f"{server}/moved", f"{server}/missing.jsonl"):  # one ends well, one does not
+        AssetVersion.objects.for_workspace(world.alpha).filter(pk=version.pk).update(
+            state="failed", error=swept
+        )
+        url_ingest.download(version, url, "reviews.jsonl")  # it still thinks it is ingesting
+        version.refresh_from_db()
+        assert (version.state, version.error, version.files_count) == ("failed", swept, 0)
+        assert not version.files.exists()
+        version.state = "ingesting"
