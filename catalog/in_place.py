@@ -118,12 +118,12 @@ class Hashed:
     identity: str
 
 
-def hash_file(
-    workspace_id: int, folder: Path, path: str, on_bytes: Callable[[int], None] | None = None
-) -> Hashed:
+def hash_file(folder: Path, path: str, on_bytes: Callable[[int], None] | None = None) -> Hashed:
     """Read the file ``path`` under ``folder`` (a resolved :meth:`Location.folder`) whole:
-    its size, SHA-256 and identity, remembered. FileNotFoundError: it is not there;
-    ChangedInPlace: it is not a regular file below the folder, or it changed while read."""
+    its size, SHA-256 and identity, not remembered (registering does not write a note for
+    every file of a version that may never be read here).
+    FileNotFoundError: it is not there; ChangedInPlace: it is not a regular file below the
+    folder, or it changed while read."""
     descriptor, found = _open(folder, path)
     with os.fdopen(descriptor, "rb", buffering=0) as file:
         digest = hashlib.sha256()
@@ -138,9 +138,7 @@ def hash_file(
         identity = _identity(found)
         if _identity(os.fstat(file.fileno())) != identity:
             raise ChangedInPlace("it changed while it was read")
-    sha256 = digest.hexdigest()
-    _remember(workspace_id, folder, path, identity, sha256)
-    return Hashed(size, sha256, identity)
+    return Hashed(size, digest.hexdigest(), identity)
 
 
 def identity_now(folder: Path, path: str) -> str | None:
@@ -227,7 +225,8 @@ def local_copy(workspace_id: int, folder: Path, path: str, size: int, sha256: st
 
 def problems(workspace_id: int, where: Location, entries: Iterable[Entry]) -> list[str]:
     """Every file of the manifest read again where it lives: what is missing, no longer a
-    regular file, or not its manifest's bytes, by path (empty: all as registered)."""
+    regular file, or not its manifest's bytes, by path (empty: all as registered). What each
+    was found to be is remembered, so that a read after it refuses a changed file at once."""
     try:
         folder = where.folder()
     except OSError as exc:
@@ -235,7 +234,7 @@ def problems(workspace_id: int, where: Location, entries: Iterable[Entry]) -> li
     found: list[str] = []
     for entry in entries:
         try:
-            hashed = hash_file(workspace_id, folder, entry.path)
+            hashed = hash_file(folder, entry.path)
         except FileNotFoundError:
             found.append(f"{entry.path}: missing from {where.said}")
             continue
@@ -245,6 +244,7 @@ def problems(workspace_id: int, where: Location, entries: Iterable[Entry]) -> li
         except OSError as exc:
             found.append(f"{entry.path}: cannot be read ({exc.strerror})")
             continue
+        _remember(workspace_id, folder, entry.path, hashed.identity, hashed.sha256)
         if hashed.size != entry.size:
             found.append(
                 f"{entry.path}: changed since it was registered ({hashed.size:,} bytes, the "
@@ -410,25 +410,24 @@ def _identity(found: os.stat_result) -> str:
 
 
 def _mark(workspace_id: int, folder: Path, path: str) -> Path:
+    """Where what was found of the file is remembered (removed by ``storage.trim_cache`` once
+    unused for a while: the file is then only read again)."""
     key = hashlib.sha256(f"{folder}\0{path}".encode()).hexdigest()
-    return (
-        Path(settings.VAR_DIR)
-        / "cache"
-        / "in-place"
-        / "workspaces"
-        / str(int(workspace_id))
-        / key[:2]
-        / key
-    )
+    return storage.in_place_marks() / "workspaces" / str(int(workspace_id)) / key[:2] / key
 
 
 def _remembered(workspace_id: int, folder: Path, path: str, identity: str) -> str | None:
     """The SHA-256 the file had when last read, if it has not changed since."""
+    mark = _mark(workspace_id, folder, path)
     try:
-        kept, _, sha256 = _mark(workspace_id, folder, path).read_text().rstrip("\n").rpartition(" ")
+        kept, _, sha256 = mark.read_text().rstrip("\n").rpartition(" ")
     except OSError:
         return None
-    return sha256 if kept == identity else None
+    if kept != identity:
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(mark)  # in use: not trimmed
+    return sha256
 
 
 def _remember(workspace_id: int, folder: Path, path: str, identity: str, sha256: str) -> None:

@@ -106,7 +106,7 @@ def read(version: AssetVersion, prefix: str) -> None:
         identities: list[str] = []
         for item in listed:
             try:
-                hashed = in_place.hash_file(workspace.pk, folder, item.path, progress.add)
+                hashed = in_place.hash_file(folder, item.path, progress.add)
             except FileNotFoundError:
                 raise ManifestError(f"{item.path} disappeared while the prefix was read.") from None
             except OSError as exc:

@@ -738,13 +738,21 @@ def _cache_root() -> Path:
     return Path(settings.VAR_DIR) / "cache" / "blobs"
 
 
+def in_place_marks() -> Path:
+    """This machine's notes on files registered in place (``VAR_DIR/cache/in-place/``,
+    catalog.in_place): what each was found to be when last read."""
+    return Path(settings.VAR_DIR) / "cache" / "in-place"
+
+
 def trim_cache(older_than_seconds: float, *, now: float | None = None) -> int:
     """Remove the cached copies (``VAR_DIR/cache/blobs/``: an S3 store's files, and copies of
     files registered in place) that no staged run links any more (one link: the cache's own)
     and that were fetched or last staged more than ``older_than_seconds`` ago; how many went.
     A copy in use has a second link (the run's data folder), so it stays however old it is.
-    Only the cache's own folder is walked: the files of a version registered in place, in
-    the workspace's folder of prefixes, are never touched."""
+    The notes on files registered in place (:func:`in_place_marks`) not used for as long go
+    too (such a file is then read again before it is trusted). Only the cache's own folders
+    are walked: the files of a version registered in place, in the workspace's folder of
+    prefixes, are never touched."""
     root = _cache_root()
     limit = (time.time() if now is None else now) - older_than_seconds
     removed = 0
@@ -762,6 +770,12 @@ def trim_cache(older_than_seconds: float, *, now: float | None = None) -> int:
             path.unlink(missing_ok=True)
             _mark(path).unlink(missing_ok=True)
             removed += 1
+    for folder, _, names in os.walk(in_place_marks()):
+        for name in names:
+            path = Path(folder) / name
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_mtime <= limit:
+                    path.unlink()
     return removed
 
 

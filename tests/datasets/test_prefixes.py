@@ -250,8 +250,10 @@ def test_a_run_on_this_machine_stages_the_files_from_the_prefix_checked(
     # The cache is trimmed as ever, and its trimming never reaches the prefix.
     for attempt in ("attempt-1", "attempt-2", "attempt-3", "attempt-4"):
         shutil.rmtree(tmp_path / attempt, ignore_errors=True)
+    assert files_in(storage.in_place_marks())  # what staging found of each file
     assert storage.trim_cache(0, now=time.time() + 3600) >= 2
     assert not cached.exists()
+    assert files_in(storage.in_place_marks()) == []  # unused as long: read again next time
     assert sorted(str(path.relative_to(raw)) for path in files_in(raw)) == [
         "README",
         "shards/1.jsonl",
