@@ -28,11 +28,18 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from catalog import in_place
 from catalog.in_place import workspace_folder
-from catalog.ingest import CatalogError, Progress, create_version, fail, lock_asset, make_ready
+from catalog.ingest import (
+    CatalogError,
+    Progress,
+    claim,
+    create_version,
+    fail_on_the_way,
+    lock_asset,
+    make_ready,
+)
 from catalog.models import Asset, AssetVersion
 from tau.manifest import Entry, Manifest, ManifestError, check_path, list_files
 
@@ -84,8 +91,9 @@ def start(asset: Asset, prefix: str, *, user: Any = None) -> AssetVersion:
 
 def read(version: AssetVersion, prefix: str) -> None:
     """Hash the files at the version's prefix into its manifest: ``ready``, or ``failed``
-    saying why. (``prefix``: the one asked for, for a version queued before versions kept
-    their prefix.)"""
+    saying why — unless the sweep failed it meanwhile (taken for dead), whose word stands.
+    (``prefix``: the one asked for, for a version queued before versions kept their
+    prefix.)"""
     if not version.in_place:
         version.in_place, version.prefix = True, prefix.strip("/")
         version.save(update_fields=["in_place", "prefix"])
@@ -119,9 +127,8 @@ def read(version: AssetVersion, prefix: str) -> None:
             entries.append(Entry(item.path, hashed.size, hashed.sha256))
             identities.append(hashed.identity)
         manifest = Manifest.of(entries, max_files=max_files)
-        version.state = AssetVersion.State.VERIFYING
-        version.touched_at = timezone.now()
-        version.save(update_fields=["state", "touched_at"])
+        if not claim(version, AssetVersion.State.INGESTING, AssetVersion.State.VERIFYING):
+            return  # the sweep took this worker for dead and failed it: its word stands
         # Each file as it was when hashed: one written meanwhile would make the manifest
         # lie from the start.
         for entry, identity in zip(entries, identities, strict=True):
@@ -132,4 +139,4 @@ def read(version: AssetVersion, prefix: str) -> None:
                 )
         make_ready(version, manifest, files_recorded=False)
     except ManifestError as exc:
-        fail(version, str(exc))
+        fail_on_the_way(version, str(exc))

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from catalog import prefixes as prefixes_module
 from catalog import storage, tasks
 from catalog.ingest import set_alias, storage_used
 from catalog.models import AssetVersion
@@ -384,6 +385,28 @@ def test_another_workspaces_folder_is_not_read_by_a_prefix_changed_after_registr
     # And beta's members see nothing of alpha's version.
     outsider = world.api_client_for("outsider")
     assert outsider.get(f"{API}/reviews/versions/1/").status_code == 404
+
+
+@pytest.mark.parametrize("symlink", [False, True])
+def test_a_registration_the_sweep_failed_meanwhile_keeps_the_sweeps_word(
+    world: Any, prefixes: Path, django_capture_on_commit_callbacks: Any, symlink: bool
+) -> None:
+    """A worker taken for dead (its version failed by the sweep) that then finishes, well or
+    not, changes nothing: never ready after failed, never failed twice."""
+    if symlink:
+        (raw_folder(prefixes) / "leak.txt").symlink_to(prefixes / "beta" / "secret.txt")
+    response, _ = register(
+        world, {"source": "prefix", "prefix": "raw/2026-11"}, django_capture_on_commit_callbacks
+    )
+    assert response.status_code == 201
+    version = AssetVersion.objects.for_workspace(world.alpha).select_related("asset").get()
+    AssetVersion.objects.for_workspace(world.alpha).filter(pk=version.pk).update(
+        state="failed", error="Its ingest stopped (swept)."
+    )
+    prefixes_module.read(version, "raw/2026-11")  # the late worker, with what it had loaded
+    version.refresh_from_db()
+    assert (version.state, version.error) == ("failed", "Its ingest stopped (swept).")
+    assert not version.files.exists()
 
 
 @pytest.mark.parametrize(
