@@ -82,7 +82,9 @@ from benchmarks.harness import (  # noqa: E402
     RESULTS,
     SMOKE,
     django_test_database,
+    load_average,
     machine,
+    memory_gib,
     percentile,
     report,
     sized,
@@ -159,14 +161,6 @@ def with_lost(samples: list[float], lost: int) -> dict[str, Any]:
     }
 
 
-def memory_gib() -> float:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
-    return 0.0
-
-
 def control_planes() -> int:
     """kube-apiservers running on this machine (other sessions' test clusters share it)."""
     count = 0
@@ -183,12 +177,6 @@ def cpu_seconds(pid: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)
     return 0.0
-
-
-def load_average() -> str:
-    with contextlib.suppress(OSError):
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    return "?"
 
 
 # --- the cluster -----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ wants a figure. A smoke run's figures mean nothing and say so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -86,6 +87,20 @@ def machine() -> dict[str, Any]:
         "machine": platform.machine(),
         "system": platform.platform(),
     }
+
+
+def memory_gib() -> float:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    return 0.0
+
+
+def load_average() -> str:
+    with contextlib.suppress(OSError):
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return "?"
 
 
 def report(name: str, results: dict[str, Any]) -> None:
