@@ -316,12 +316,133 @@ def test_the_charts_namespace_guard_is_deploy_rbacs_for_its_service_account(helm
         ("secrets.secretKey.name=", "at '/secrets/secretKey/name'"),
         ("ingress.enabled=true", "at '/ingress/hosts': minItems"),
         ("storage.accessModes[0]=ReadWriteSometimes", "at '/storage/accessModes/0'"),
+        ("portal.dataPrefixes.dir=/var/lib/taugrid/prefixes", "at '/portal/dataPrefixes/dir'"),
+        ("portal.dataPrefixes.dir=prefixes", "at '/portal/dataPrefixes/dir'"),
+        (
+            "portal.dataPrefixes.claims[0].workspace=Vision,portal.dataPrefixes.claims[0].claim=x",
+            "at '/portal/dataPrefixes/claims/0/workspace'",
+        ),
+        (
+            "portal.dataPrefixes.claims[0].workspace=vision",
+            "at '/portal/dataPrefixes/claims/0': missing property 'claim'",
+        ),
     ],
 )
 def test_a_wrong_value_fails_at_install_with_a_message(helm: Helm, setting: str, said: str) -> None:
     done = helm.template(set_values=[setting], check=False)
     assert done.returncode != 0, f"--set {setting} was accepted"
     assert "values don't meet the specifications of the schema" in done.stderr
+    assert said in done.stderr, done.stderr
+
+
+# -- workspaces' data read in place ----------------------------------------------------------
+
+#: The processes that read a workspace's folder of TAU_DATA_PREFIX_DIR: the web (a prefix
+#: checked when it is registered, catalog.prefixes.folder_of, and its files verified and
+#: served, since they stay there, catalog.in_place; a cluster run's outputs checked at submission,
+#: executors.kubernetes.backend.outputs_problems), the workers (a prefix's files hashed,
+#: catalog.tasks.ingest_prefix) and the watcher (a cluster run's outputs when an attempt
+#: succeeds, catalog.runs.cluster_outputs).
+READERS_OF_PREFIXES = {
+    "Deployment/taugrid-web",
+    "Deployment/taugrid-worker",
+    "Deployment/taugrid-watcher",
+}
+
+
+def prefix_mounts(spec: Body) -> dict[str, tuple[str, bool]]:
+    """The pod's claims of portal.dataPrefixes: mount path → (claim, read-only). Each such
+    volume is mounted, read-only in the volume and the mount alike."""
+    volumes = {
+        volume["name"]: volume["persistentVolumeClaim"]
+        for volume in spec.get("volumes") or []
+        if volume["name"].startswith("prefix-")
+    }
+    (container,) = spec["containers"]
+    mounts = [m for m in container.get("volumeMounts") or [] if m["name"] in volumes]
+    assert sorted(m["name"] for m in mounts) == sorted(volumes)
+    found = {}
+    for mount in mounts:
+        claim = volumes[mount["name"]]
+        assert claim["readOnly"] is mount["readOnly"], mount
+        assert mount["name"] == "prefix-" + mount["mountPath"].rsplit("/", 1)[1], mount
+        found[mount["mountPath"]] = (claim["claimName"], mount["readOnly"])
+    return found
+
+
+def test_workspaces_claims_are_mounted_where_the_portal_reads_them(
+    rendered: dict[str, list[Body]],
+) -> None:
+    """portal.dataPrefixes (the production values name two workspaces): each claim at
+    <dir>/<workspace>, read-only, in the web, worker and watcher pods and no other, and
+    TAU_DATA_PREFIX_DIR naming dir for every process (one environment for all). The folder the
+    code reads for a workspace is the mounted claim. The default values mount none and leave
+    the setting to its default."""
+    from django.test import override_settings
+
+    from catalog.prefixes import workspace_folder
+    from workspaces.models import Workspace
+
+    expected = {
+        "/mnt/taugrid/prefixes/vision": ("vision-data", True),
+        "/mnt/taugrid/prefixes/nlp": ("nlp-data", True),
+    }
+    for where, spec in pod_specs(rendered["production"]):
+        env = {item["name"]: item["value"] for item in spec["containers"][0]["env"]}
+        assert env["TAU_DATA_PREFIX_DIR"] == "/mnt/taugrid/prefixes", where
+        assert prefix_mounts(spec) == (expected if where in READERS_OF_PREFIXES else {}), where
+    with override_settings(TAU_DATA_PREFIX_DIR="/mnt/taugrid/prefixes"):
+        for slug in ("vision", "nlp"):
+            assert str(workspace_folder(Workspace(slug=slug))) in expected
+    for where, spec in pod_specs(rendered["default"]):
+        names = {item["name"] for item in spec["containers"][0]["env"]}
+        assert "TAU_DATA_PREFIX_DIR" not in names, where
+        assert prefix_mounts(spec) == {}, where
+
+
+def test_a_workspaces_claim_can_be_mounted_writable_and_at_another_folder(helm: Helm) -> None:
+    """readOnly: false and another dir, for a platform team that asks for them."""
+    claims = "portal.dataPrefixes.claims[0]"
+    objects = helm.objects(
+        set_values=[
+            "portal.dataPrefixes.dir=/data/workspaces",
+            f"{claims}.workspace=vision-team",
+            f"{claims}.claim=vision-team-data",
+            f"{claims}.readOnly=false",
+        ]
+    )
+    for where, spec in pod_specs(objects):
+        expected = {"/data/workspaces/vision-team": ("vision-team-data", False)}
+        assert prefix_mounts(spec) == (expected if where in READERS_OF_PREFIXES else {}), where
+
+
+@pytest.mark.parametrize(
+    ("settings_given", "said"),
+    [
+        (
+            [
+                "portal.dataPrefixes.claims[0].workspace=vision",
+                "portal.dataPrefixes.claims[0].claim=one",
+                "portal.dataPrefixes.claims[1].workspace=vision",
+                "portal.dataPrefixes.claims[1].claim=two",
+            ],
+            "portal.dataPrefixes.claims: the workspace vision is named twice",
+        ),
+        (
+            [
+                "portal.dataPrefixes.claims[0].workspace=vision",
+                "portal.dataPrefixes.claims[0].claim=one",
+                "portal.extraEnv.TAU_DATA_PREFIX_DIR=/elsewhere",
+            ],
+            "portal.extraEnv.TAU_DATA_PREFIX_DIR: set by portal.dataPrefixes.dir",
+        ),
+    ],
+)
+def test_claims_that_cannot_be_mounted_as_asked_fail_the_install(
+    helm: Helm, settings_given: list[str], said: str
+) -> None:
+    done = helm.template(set_values=settings_given, check=False)
+    assert done.returncode != 0, f"{settings_given} were accepted"
     assert said in done.stderr, done.stderr
 
 

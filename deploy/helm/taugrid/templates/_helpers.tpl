@@ -159,6 +159,13 @@ storageSecretAccessKey: TAU_STORAGE_SECRET_ACCESS_KEY
 - name: TAU_STORAGE_REGION
   value: {{ . | quote }}
 {{- end }}
+{{- if $p.dataPrefixes.claims }}
+{{- if hasKey $p.extraEnv "TAU_DATA_PREFIX_DIR" }}
+{{- fail "portal.extraEnv.TAU_DATA_PREFIX_DIR: set by portal.dataPrefixes.dir where claims are mounted; leave it out of extraEnv" }}
+{{- end }}
+- name: TAU_DATA_PREFIX_DIR
+  value: {{ $p.dataPrefixes.dir | quote }}
+{{- end }}
 {{- $secrets := .Values.secrets -}}
 {{- range $key, $variable := include "taugrid.secretFiles" . | fromYaml }}
 {{- $ref := get $secrets $key }}
@@ -177,7 +184,24 @@ storageSecretAccessKey: TAU_STORAGE_SECRET_ACCESS_KEY
 {{- end }}
 {{- end -}}
 
-{{/* Volumes: the secrets as files, /tmp, and (with data=true) the shared storage. */}}
+{{/* Workspaces' claims of portal.dataPrefixes, each with its volume's name and whether it
+is read-only (the default); a workspace named twice fails the install. */}}
+{{- define "taugrid.dataPrefixes" -}}
+{{- $seen := dict -}}
+{{- range .Values.portal.dataPrefixes.claims }}
+{{- if hasKey $seen .workspace }}
+{{- fail (printf "portal.dataPrefixes.claims: the workspace %s is named twice (its folder is one claim)" .workspace) }}
+{{- end }}
+{{- $_ := set $seen .workspace true }}
+- volume: prefix-{{ .workspace }}
+  workspace: {{ .workspace }}
+  claim: {{ .claim }}
+  readOnly: {{ hasKey . "readOnly" | ternary .readOnly true }}
+{{- end }}
+{{- end -}}
+
+{{/* Volumes: the secrets as files, /tmp, with data=true the shared storage, and with
+prefixes=true the workspaces' claims of portal.dataPrefixes. */}}
 {{- define "taugrid.volumes" -}}
 - name: secrets
   projected:
@@ -212,6 +236,14 @@ storageSecretAccessKey: TAU_STORAGE_SECRET_ACCESS_KEY
   persistentVolumeClaim:
     claimName: {{ include "taugrid.claimName" .root }}
 {{- end }}
+{{- if .prefixes }}
+{{- range include "taugrid.dataPrefixes" .root | fromYamlArray }}
+- name: {{ .volume }}
+  persistentVolumeClaim:
+    claimName: {{ .claim }}
+    readOnly: {{ .readOnly }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "taugrid.volumeMounts" -}}
@@ -228,6 +260,14 @@ storageSecretAccessKey: TAU_STORAGE_SECRET_ACCESS_KEY
 {{- if .data }}
 - name: data
   mountPath: /var/lib/taugrid
+{{- end }}
+{{- if .prefixes }}
+{{- $dir := .root.Values.portal.dataPrefixes.dir }}
+{{- range include "taugrid.dataPrefixes" .root | fromYamlArray }}
+- name: {{ .volume }}
+  mountPath: {{ printf "%s/%s" $dir .workspace }}
+  readOnly: {{ .readOnly }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
