@@ -495,11 +495,14 @@ class DcgmReplay:
                     content_type, status = "text/plain; charset=utf-8", 200
                 else:
                     body, content_type, status = b"not found\n", "text/plain", 404
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the scraper gave up waiting (its timeout): nothing to tell anyone
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # a scrape a second would drown everything else
