@@ -21,7 +21,7 @@ class CatalogConfig(AppConfig):
         from django.conf import settings
 
         from catalog.runs import DATASET_INPUTS
-        from catalog.uploads import DECLARATION_BYTES
+        from catalog.uploads import declaration_limit
         from portal.api import BODY_LIMITS
         from runs.submission import EXTENSIONS
 
@@ -29,11 +29,12 @@ class CatalogConfig(AppConfig):
         if DATASET_INPUTS not in EXTENSIONS:
             EXTENSIONS.append(DATASET_INPUTS)
 
-        # Declaring an upload's files takes a larger JSON body than other calls; each piece
-        # of a file is a body of its own.
+        # Declaring an upload's files takes a larger body than other calls (streamed, up to
+        # TAU_DATA_MAX_FILES files; as JSON, the parser's own smaller limit); each piece of a
+        # file is a body of its own.
         for kind in ("dataset", "model"):
             BODY_LIMITS[f"api:{kind}-versions"] = lambda method: (
-                DECLARATION_BYTES if method == "POST" else None
+                declaration_limit() if method == "POST" else None
             )
             BODY_LIMITS[f"api:{kind}-version-file"] = lambda method: (
                 settings.TAU_DATA_UPLOAD_PIECE_BYTES if method == "PUT" else None

@@ -455,12 +455,14 @@ def storage_used(workspace_id: int) -> int:
     return sum(rows)
 
 
-def check_storage_quota(workspace: Any, adding: int, *, what: str) -> None:
-    """CatalogError when ``adding`` more bytes would pass the workspace's storage quota."""
+def check_storage_quota(workspace: Any, adding: int, *, what: str, used: int | None = None) -> None:
+    """CatalogError when ``adding`` more bytes would pass the workspace's storage quota
+    (``used``: what the workspace keeps without them, if the caller measured it already)."""
     quota = workspace.storage_quota_bytes
     if quota is None or adding <= 0:
         return
-    used = storage_used(workspace.pk)
+    if used is None:
+        used = storage_used(workspace.pk)
     if used + adding > quota:
         raise CatalogError(
             f"{what} needs {adding:,} more bytes, and {workspace.slug} keeps {used:,} of its "

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tau.printable import hidden_character_problem
+from tau.printable import hidden_character, hidden_character_problem
 
 FORMAT = 1
 #: The most files one manifest may hold (issue 33).
@@ -51,6 +51,7 @@ CHUNK_BYTES = 1024 * 1024
 #: How often progress is said while one large file is read.
 PROGRESS_EVERY_BYTES = 16 * CHUNK_BYTES
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_ENTRY_KEYS = frozenset({"path", "size", "sha256"})
 
 #: ``progress(bytes_done, bytes_total)``.
 Progress = Callable[[int, int], None]
@@ -86,15 +87,10 @@ class Manifest:
             raise ManifestError(f"{len(files):,} files: a manifest holds at most {max_files:,}.")
         seen: set[str] = set()
         for entry in files:
-            if check_path(entry.path) != entry.path:
-                raise ManifestError(f"{entry.path!r} is not written as a plain relative path.")
+            _check_entry(entry)
             if entry.path in seen:
                 raise ManifestError(f"{entry.path!r} is listed twice.")
             seen.add(entry.path)
-            if type(entry.size) is not int or entry.size < 0:
-                raise ManifestError(f"{entry.path!r}: its size must be a whole number of bytes.")
-            if not isinstance(entry.sha256, str) or not _SHA256.fullmatch(entry.sha256):
-                raise ManifestError(f"{entry.path!r}: its sha256 must be 64 lowercase hex digits.")
         _refuse_file_and_folder_of_one_name(seen)
         return cls(files)
 
@@ -108,15 +104,7 @@ class Manifest:
             raise ManifestError("A manifest's files are a list.")
         if len(files) > max_files:
             raise ManifestError(f"{len(files):,} files: a manifest holds at most {max_files:,}.")
-        entries = []
-        for item in files:
-            if not isinstance(item, dict) or set(item) != {"path", "size", "sha256"}:
-                raise ManifestError("Each file of a manifest has exactly a path, size and sha256.")
-            path = item["path"]
-            if not isinstance(path, str):
-                raise ManifestError("A file's path is text.")
-            entries.append(Entry(path, item["size"], item["sha256"]))
-        return cls.of(entries, max_files=max_files)
+        return cls.of(map(entry_from_dict, files), max_files=max_files)
 
     @property
     def files_count(self) -> int:
@@ -151,6 +139,95 @@ class Manifest:
         return None
 
 
+def entry_from_dict(item: Any) -> Entry:
+    """One file as JSON gives it (``{"path", "size", "sha256"}``, nothing else), not yet
+    checked (:meth:`Manifest.of`, :class:`StreamedManifest`)."""
+    if not isinstance(item, dict) or item.keys() != _ENTRY_KEYS:
+        raise ManifestError("Each file of a manifest has exactly a path, size and sha256.")
+    path = item["path"]
+    if not isinstance(path, str):
+        raise ManifestError("A file's path is text.")
+    return Entry(path, item["size"], item["sha256"])
+
+
+def _check_entry(entry: Entry) -> None:
+    if check_path(entry.path) != entry.path:
+        raise ManifestError(f"{entry.path!r} is not written as a plain relative path.")
+    if type(entry.size) is not int or entry.size < 0:
+        raise ManifestError(f"{entry.path!r}: its size must be a whole number of bytes.")
+    if not isinstance(entry.sha256, str) or not _SHA256.fullmatch(entry.sha256):
+        raise ManifestError(f"{entry.path!r}: its sha256 must be 64 lowercase hex digits.")
+
+
+class StreamedManifest:
+    """A manifest taken one entry at a time, in path order, holding none of them: each entry
+    checked as :meth:`Manifest.of` checks it, counted, and hashed into the digest as it comes.
+
+    Why in path order: the digest is taken of the files sorted by path, and sorting needs
+    them all at once; a sender that lists them sorted (a walk of a folder does, and so do
+    the portal's rows ordered by path) lets a manifest of a million files be checked and
+    hashed in the memory of one. The order also makes the other checks local: a path listed
+    twice is the one just before it, and a file that is also the folder of another (``a``
+    and ``a/b``) is still on a short stack of files that prefix the paths since (every path
+    sorted between ``a`` and ``a/b`` starts with ``a``). :attr:`digest` is always the
+    digest :class:`Manifest` gives the same files (tests/datasets/test_manifest.py).
+    """
+
+    def __init__(self, *, max_files: int = MAX_FILES) -> None:
+        self.max_files = max_files
+        self.files_count = 0
+        self.total_bytes = 0
+        self._hash = hashlib.sha256(b'{"files":[')
+        self._last = ""
+        #: The files listed so far that are prefixes of the last path, shortest first.
+        self._prefixes: list[str] = []
+
+    def add(self, entry: Entry) -> bytes:
+        """Check and count ``entry``; its canonical form (what the digest hashes)."""
+        _check_entry(entry)
+        path = entry.path
+        if self.files_count:
+            if path == self._last:
+                raise ManifestError(f"{path!r} is listed twice.")
+            if path < self._last:
+                raise ManifestError(
+                    f"{path!r} comes after {self._last!r}: list the files sorted by path "
+                    "(by Unicode code point, as Python's sorted() does)."
+                )
+        if self.files_count >= self.max_files:
+            raise ManifestError(
+                f"More than {self.max_files:,} files: a manifest holds at most {self.max_files:,}."
+            )
+        prefixes = self._prefixes
+        while prefixes and not path.startswith(prefixes[-1]):
+            prefixes.pop()
+        for parent in prefixes:
+            if path[len(parent)] == "/":
+                raise ManifestError(f"{parent!r} is a file and also the folder of {path!r}.")
+        prefixes.append(path)
+        canonical = canonical_entry(entry)
+        if self.files_count:
+            self._hash.update(b",")
+        self._hash.update(canonical)
+        self.files_count += 1
+        self.total_bytes += entry.size
+        self._last = path
+        return canonical
+
+    @property
+    def digest(self) -> str:
+        """``sha256:<hex>`` of the files added so far, as :attr:`Manifest.digest`."""
+        whole = self._hash.copy()
+        whole.update(b'],"format":%d}' % FORMAT)
+        return "sha256:" + whole.hexdigest()
+
+
+def canonical_entry(entry: Entry) -> bytes:
+    """One file as the canonical form writes it (keys sorted, no spaces, UTF-8)."""
+    path = json.dumps(entry.path, ensure_ascii=False)
+    return f'{{"path":{path},"sha256":"{entry.sha256}","size":{entry.size}}}'.encode()
+
+
 def check_path(path: str) -> str:
     """``path`` as a manifest path (module docstring), or ManifestError saying why not."""
     if not path or len(path) > MAX_PATH_CHARACTERS:
@@ -161,9 +238,8 @@ def check_path(path: str) -> str:
         raise ManifestError(
             f"{path!r} is not valid UTF-8 (a name written in another encoding); rename it."
         ) from exc
-    hidden = hidden_character_problem(path, f"The path {path!r}")
-    if hidden:
-        raise ManifestError(f"{hidden}.")
+    if hidden_character(path) is not None:
+        raise ManifestError(f"{hidden_character_problem(path, f'The path {path!r}')}.")
     if "\\" in path:
         raise ManifestError(f"{path!r} holds a backslash; paths are separated with '/'.")
     if path.startswith("/"):
@@ -171,7 +247,7 @@ def check_path(path: str) -> str:
     parts = path.split("/")
     if ".." in parts:
         raise ManifestError(f"{path!r} points outside the folder (it holds '..').")
-    if any(part in ("", ".") for part in parts):
+    if "" in parts or "." in parts:
         raise ManifestError(f"{path!r} has an empty or '.' part; write it as a plain path.")
     return path
 
@@ -203,13 +279,8 @@ def list_files(
     """Every regular file under ``root``, sorted by path; refuses anything else, with its
     path, and the limits before any file is read. ``root`` itself may be a symlink to the
     folder (the caller named it); nothing under it may be."""
-    try:
-        if not stat.S_ISDIR(os.stat(root).st_mode):
-            raise ManifestError(f"{root} is not a folder.")
-    except FileNotFoundError as exc:
-        raise ManifestError(f"{root} does not exist.") from exc
     found: list[Listed] = []
-    for listed in _walk(root, ""):
+    for listed in walk_files(root):
         found.append(listed)
         if len(found) > max_files:
             raise ManifestError(f"{root} holds more than {max_files:,} files, the most allowed.")
@@ -222,16 +293,36 @@ def list_files(
     return found
 
 
+def walk_files(root: Path) -> Iterator[Listed]:
+    """Every regular file under ``root``, sorted by path, one at a time: what
+    :func:`list_files` lists, holding no more than the names of one folder at once (a
+    folder of a million files is listed in the memory of its largest folder's names).
+    Refuses anything else as it comes to it, with its path."""
+    try:
+        if not stat.S_ISDIR(os.stat(root).st_mode):
+            raise ManifestError(f"{root} is not a folder.")
+    except FileNotFoundError as exc:
+        raise ManifestError(f"{root} does not exist.") from exc
+    yield from _walk(root, "")
+
+
 def _walk(folder: Path, prefix: str) -> Iterator[Listed]:
+    # A folder sorts as its name and a '/': where its files' paths sort among its siblings
+    # (``a/b`` after ``a!x``), so that the walk yields the files in path order.
     with os.scandir(folder) as entries:
-        children = sorted(entries, key=lambda entry: entry.name)
-    for child in children:
-        path = check_path(f"{prefix}{child.name}")
-        info = child.stat(follow_symlinks=False)
+        keys = sorted(
+            f"{entry.name}/" if entry.is_dir(follow_symlinks=False) else entry.name
+            for entry in entries
+        )
+    for key in keys:
+        name = key.removesuffix("/")
+        path = check_path(f"{prefix}{name}")
+        absolute = folder / name
+        info = os.stat(absolute, follow_symlinks=False)
         if stat.S_ISDIR(info.st_mode):
-            yield from _walk(Path(child.path), f"{path}/")
+            yield from _walk(absolute, f"{path}/")
         elif stat.S_ISREG(info.st_mode):
-            yield Listed(path, Path(child.path), info.st_size, info.st_mtime_ns)
+            yield Listed(path, absolute, info.st_size, info.st_mtime_ns)
         else:
             raise ManifestError(
                 f"{path} is {_kind(info.st_mode)}; only files and folders are kept."
@@ -334,20 +425,27 @@ def scan(
             entry = Entry(item.path, item.size, earlier.sha256)
             tell(item.size)
         else:
-            size, sha256 = hash_file(item.absolute, tell, name=item.path)
-            after = os.stat(item.absolute, follow_symlinks=False)
-            if size != item.size or after.st_size != size or after.st_mtime_ns != item.mtime_ns:
-                raise ManifestError(
-                    f"{item.path} changed while it was read ({item.size:,} bytes listed, "
-                    f"{size:,} read); read the folder again once nothing writes to it."
-                )
-            entry = Entry(item.path, size, sha256)
+            entry = read_listed(item, tell)
         entries.append(entry)
         if on_file is not None:
             on_file(entry, item.mtime_ns)
     if progress is not None:
         progress(done, total)
     return Manifest.of(entries, max_files=max_files)
+
+
+def read_listed(item: Listed, on_bytes: Callable[[int], None] | None = None) -> Entry:
+    """The entry of a file :func:`walk_files` listed, read now (``on_bytes`` as for
+    :func:`hash_file`); refused if its size or modification time changed while it was read:
+    read it again when it is still."""
+    size, sha256 = hash_file(item.absolute, on_bytes, name=item.path)
+    after = os.stat(item.absolute, follow_symlinks=False)
+    if size != item.size or after.st_size != size or after.st_mtime_ns != item.mtime_ns:
+        raise ManifestError(
+            f"{item.path} changed while it was read ({item.size:,} bytes listed, "
+            f"{size:,} read); read the folder again once nothing writes to it."
+        )
+    return Entry(item.path, size, sha256)
 
 
 @dataclass(frozen=True)

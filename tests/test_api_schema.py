@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import secrets
 import string
 from collections.abc import Callable
@@ -1077,6 +1078,7 @@ def catalog_write(
     furnish: str = "version",
     label: str,
     settings_given: dict[str, Any] | None = None,
+    content_type: str = "application/octet-stream",
 ) -> None:
     """Register a write to a catalog route (``path`` under ``{kind}s/``; ``concrete`` with
     its names filled in) on alpha, furnished with :func:`catalog_version` (``version``),
@@ -1095,7 +1097,7 @@ def catalog_write(
         send = getattr(client(world, who), method.lower())
         if isinstance(body, bytes):
             return send(  # type: ignore[no-any-return]
-                url, body, content_type="application/octet-stream", headers=headers or {}
+                url, body, content_type=content_type, headers=headers or {}
             )
         if body is None:
             return send(url)  # type: ignore[no-any-return]
@@ -1169,6 +1171,23 @@ for _kind in ("dataset", "model"):
             concrete="wiki/versions/",
             body={"source": "upload", "files": _files},
             furnish=_furnish,
+            label=_label,
+        )
+    for _status, _lines, _label in (
+        (201, declaration(b"brand new\n"), "declare_streamed"),
+        (400, [{"path": "up/../..", "size": 1, "sha256": "0" * 64}], "declare_streamed_bad"),
+    ):
+        catalog_write(
+            _kind,
+            "POST",
+            "{name}/versions/",
+            _status,
+            concrete="wiki/versions/",
+            body=b"".join(
+                json.dumps(line).encode() + b"\n"
+                for line in [{"source": "upload", "files_count": len(_lines)}, *_lines]
+            ),
+            content_type="application/x-ndjson",
             label=_label,
         )
     for _status, _at, _data, _headers, _label, _given in (
@@ -1424,6 +1443,9 @@ def test_only_submissions_and_artifacts_take_anything_but_json(schema: dict[str,
     assert taken == {
         ("POST", f"{WS}/runs/", "multipart/form-data"),
         ("POST", f"{RUN}/report/artifacts/", "application/octet-stream"),
+        # An upload's files, declared as JSON lines (catalog.uploads).
+        ("POST", f"{WS}/datasets/{{name}}/versions/", "application/x-ndjson"),
+        ("POST", f"{WS}/models/{{name}}/versions/", "application/x-ndjson"),
     }
     # And each says what else it answers.
     for path, item in schema["paths"].items():

@@ -22,6 +22,7 @@ ON_A_CLUSTER = "bench_kube.py"
 #: What each benchmark reports as (var/bench/<name>.json).
 REPORTS = {
     "bench_catalog.py": ["catalog"],
+    "bench_declaration.py": ["declaration"],
     "bench_evidence.py": ["evidence_export"],
     "bench_faults.py": ["faults"],
     "bench_gpus.py": ["gpu_fleet"],

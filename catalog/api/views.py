@@ -7,6 +7,7 @@ here (404)."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 import io
 import json
@@ -69,7 +70,8 @@ _CONTENT_RANGE = re.compile(r"bytes (\d{1,19})-(\d{1,19})/(\d{1,19}|\*)")
 class DeclarationParser(BaseParser):
     """JSON as the API's parser reads it (portal.api.BoundedJSONParser), but from the stream:
     DRF hands its own JSON parser the body through ``request.body``, which Django refuses past
-    ``DATA_UPLOAD_MAX_MEMORY_SIZE``; a declaration has a limit of its own (catalog.apps)."""
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE``; a declaration has a limit of its own
+    (``uploads.DECLARATION_BYTES``: the route's, catalog.apps, is the streamed form's)."""
 
     media_type = "application/json"
 
@@ -79,7 +81,52 @@ class DeclarationParser(BaseParser):
         media_type: str | None = None,
         parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
-        return BoundedJSONParser().parse(stream, media_type, parser_context)
+        limit = uploads.DECLARATION_BYTES
+        request = (parser_context or {}).get("request")
+        if int(getattr(request, "META", {}).get("CONTENT_LENGTH") or 0) > limit:
+            raise DeclarationTooLarge()  # unread
+        body = stream.read(limit + 1)
+        if len(body) > limit:
+            raise DeclarationTooLarge()
+        return BoundedJSONParser().parse(io.BytesIO(body), media_type, parser_context)
+
+
+class DeclarationTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = (
+        f"A declaration sent as one JSON body is at most {uploads.DECLARATION_BYTES // 2**20} "
+        f"MiB (about 400,000 files): stream it as JSON lines ({uploads.STREAMED_DECLARATION}; "
+        "docs/data.md)."
+    )
+
+
+class StreamedDeclarationParser(BaseParser):
+    """A declaration streamed as JSON lines (catalog.uploads): its first line read here, the
+    files' lines left in the stream, read one at a time by ``uploads.start_streamed_upload``
+    (never ``request.body``, which would hold the whole body in memory)."""
+
+    media_type = uploads.STREAMED_DECLARATION
+
+    def parse(
+        self,
+        stream: IO[Any],
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        try:
+            header = uploads.read_declaration_header(stream)
+        except CatalogError as exc:
+            raise exceptions.ParseError(str(exc)) from exc
+        return {
+            "source": header.get("source"),
+            "streamed": StreamedDeclaration(header, uploads.declaration_lines(stream)),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamedDeclaration:
+    header: dict[str, Any]
+    lines: Iterator[bytes]
 
 
 class FilesPagination(LimitOffsetPagination):
@@ -221,7 +268,7 @@ class AssetViewSet(WorkspaceScopedViewSet):
         request = getattr(self, "request", None)  # None while the schema is generated
         method = (getattr(request, "method", None) or "").lower()
         if getattr(self, "action_map", {}).get(method) == "start_version":
-            return [DeclarationParser()]
+            return [DeclarationParser(), StreamedDeclarationParser()]
         return super().get_parsers()
 
     def write_role_for(self, request: Request) -> Role:
@@ -273,15 +320,58 @@ class AssetViewSet(WorkspaceScopedViewSet):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
-        request=VersionStartSerializer,
+        description="Starts a version. An upload declares its files here, as one JSON body "
+        "(`files`, up to 64 MiB) or, for any number up to TAU_DATA_MAX_FILES, streamed as JSON "
+        f"lines (`{uploads.STREAMED_DECLARATION}`, with a Content-Length): a first line "
+        '`{"source": "upload", "files_count": N}`, then one line per file, '
+        '`{"path": …, "size": …, "sha256": …}`, sorted by path (by Unicode code point). '
+        "The stream is read a line at a time; a refused line is named by its number, and "
+        "nothing is kept of a refused declaration. Either form of the same files gives the "
+        "same manifest digest and, while that upload is unfinished, the same version (200).",
+        request={
+            "application/json": VersionStartSerializer,
+            uploads.STREAMED_DECLARATION: OpenApiTypes.BINARY,
+        },
         responses={
             200: StartedSerializer,
             201: StartedSerializer,
-            **refusals(400, 413, words={400: "Also: a declared file is refused (named)."}),
+            **refusals(
+                400,
+                411,
+                413,
+                words={
+                    400: "Also: a declared file is refused (named; by its line when streamed).",
+                    411: "Also: a streamed declaration sent without a Content-Length.",
+                    413: "Also: a declaration as one JSON body over 64 MiB (stream it).",
+                },
+            ),
         },
     )
     def start_version(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         asset = self._asset()
+        streamed = request.data.get("streamed")
+        if isinstance(streamed, StreamedDeclaration):
+            try:
+                version, created = uploads.start_streamed_upload(
+                    asset, streamed.header, streamed.lines, user=request.user
+                )
+            except CatalogError as exc:
+                raise exceptions.ValidationError({"files": [str(exc)]}) from exc
+            return Response(
+                self._started(version),
+                status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+            )
+        if request.content_type.startswith(uploads.STREAMED_DECLARATION):
+            # DRF reads no body without a length: chunked, or empty.
+            if not request.META.get("CONTENT_LENGTH"):
+                return Response(
+                    {"detail": "Send a streamed declaration with its Content-Length."},
+                    status=status.HTTP_411_LENGTH_REQUIRED,
+                )
+            raise exceptions.ParseError(
+                'An empty declaration: line 1 is {"source": "upload", "files_count": N}, then a '
+                "line per file."
+            )
         source = request.data.get("source")
         if source == "run":
             return self._register_from_run(asset, request)

@@ -4,8 +4,11 @@ refuses what is not a plain file or path, and the limits, before reading a byte;
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
+import random
 import re
 import socket
 import subprocess
@@ -322,3 +325,88 @@ def test_a_missing_folder_or_a_file_given_as_the_folder_is_said_plainly(tmp_path
     (tmp_path / "file").write_text("x")
     with pytest.raises(ManifestError, match="is not a folder"):
         scan(tmp_path / "file")
+
+
+def _parents(paths: set[str]) -> set[str]:
+    """Every path, and every folder above one, as a path of its own."""
+    found = set(paths)
+    for path in paths:
+        while "/" in path:
+            path = path.rpartition("/")[0]
+            found.add(path)
+    return found
+
+
+def add_all(streamed: manifest.StreamedManifest, entries: list[Entry]) -> None:
+    for entry in entries:
+        streamed.add(entry)
+
+
+def test_a_streamed_manifest_checks_and_hashes_as_the_manifest_does() -> None:
+    """Entries added one at a time, in path order, give the digest, count and bytes of
+    Manifest.of for the same entries, and are refused where it refuses them: random paths of
+    every kind (characters that sort around '/', non-ASCII, quotes, files that are also
+    folders), each set both ways."""
+    alphabet = ["a", "b", "!", "-", ".", "0", "é", "名", "😀", '"', "~", " "]
+    rng = random.Random(33)
+    refused = 0
+    for _ in range(400):
+        paths = set()
+        for _ in range(rng.randint(1, 30)):
+            parts = [
+                "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 3)))
+                for _ in range(rng.randint(1, 3))
+            ]
+            with contextlib.suppress(ManifestError):
+                paths.add(check_path("/".join(parts)))
+        entries = [Entry(p, rng.randint(0, 10**12), sha256(p.encode())) for p in paths]
+        streamed = manifest.StreamedManifest()
+        paths_of = {entry.path for entry in entries}
+        if any(path.rpartition("/")[0] in paths_of for path in _parents(paths_of)):
+            # Only a file that is also a folder is left to refuse here (which pair is named
+            # first may differ: Manifest.of looks at a set).
+            refused += 1
+            with pytest.raises(ManifestError, match="is a file and also the folder of"):
+                Manifest.of(entries)
+            with pytest.raises(ManifestError, match="is a file and also the folder of"):
+                add_all(streamed, sorted(entries))
+            continue
+        whole = Manifest.of(entries)
+        lines = [streamed.add(entry) for entry in sorted(entries)]
+        assert (streamed.digest, streamed.files_count, streamed.total_bytes) == (
+            whole.digest,
+            whole.files_count,
+            whole.total_bytes,
+        )
+        assert [json.loads(line) for line in lines] == whole.as_dict()["files"]
+    assert 20 < refused < 380  # both kinds of set were tried
+
+
+def test_a_streamed_manifest_refuses_what_is_out_of_order_twice_or_too_many() -> None:
+    streamed = manifest.StreamedManifest(max_files=3)
+    assert streamed.digest == Manifest.of([]).digest
+    streamed.add(Entry("b", 1, "a" * 64))
+    with pytest.raises(ManifestError, match="'b' is listed twice"):
+        streamed.add(Entry("b", 1, "a" * 64))
+    with pytest.raises(ManifestError, match="'a' comes after 'b': list the files sorted by path"):
+        streamed.add(Entry("a", 1, "a" * 64))
+    with pytest.raises(ManifestError, match="'b' is a file and also the folder of 'b/c'"):
+        streamed.add(Entry("b/c", 1, "a" * 64))
+    streamed.add(Entry("b!", 1, "a" * 64))
+    with pytest.raises(ManifestError, match="'b' is a file and also the folder of 'b/c'"):
+        streamed.add(Entry("b/c", 1, "a" * 64))  # 'b!' between them: still found
+    streamed.add(Entry("c", 2, "a" * 64))
+    with pytest.raises(ManifestError, match="More than 3 files"):
+        streamed.add(Entry("d", 1, "a" * 64))
+    assert (streamed.files_count, streamed.total_bytes) == (3, 4)
+
+
+def test_a_folder_is_walked_in_path_order_a_file_at_a_time(tmp_path: Path) -> None:
+    """A folder sorts where its files' paths sort (``a!x`` before ``a/b``, ``a/b`` before
+    ``a0``), so the walk needs no sorting of the whole listing."""
+    names = ["a/b", "a!x", "a0", "ab/c", "z/é/名", "z/e", "a.b/c", "a-b", "a/b!/x", "a/b0"]
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    walked = [item.path for item in manifest.walk_files(tmp_path)]
+    assert walked == sorted(names) == [item.path for item in manifest.list_files(tmp_path)]

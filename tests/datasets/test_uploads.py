@@ -4,16 +4,22 @@ checked, nothing stored of a refused declaration, no piece of another workspace'
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
+import io
 import json
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from catalog import storage
+from catalog.ingest import asset_named, ingest_folder
 from catalog.models import Asset, AssetFile, AssetVersion
-from tau.manifest import scan
+from tau.manifest import Entry, Manifest, scan
 from tests.datasets.test_catalog import folder
 
 pytestmark = pytest.mark.django_db
@@ -348,12 +354,16 @@ def test_a_declaration_and_a_piece_may_be_larger_than_other_json_bodies(
     world: Any, researcher: Any, settings: Any
 ) -> None:
     """Django's limit for JSON (2.5 MiB) would refuse a declaration of 20,000 files; the
-    catalog's routes set their own, in both web servers' guards."""
+    catalog's routes set their own, in both web servers' guards: a streamed declaration's
+    (1 KiB a file on average), and a JSON body's own, smaller one in its parser."""
     from catalog.uploads import DECLARATION_BYTES
     from web.asgi import body_limit
 
     assert body_limit("api:dataset-version-file", "PUT") == settings.TAU_DATA_UPLOAD_PIECE_BYTES
+    assert body_limit("api:model-versions", "POST") == 1_000_001 * 1024
+    settings.TAU_DATA_MAX_FILES = 10
     assert body_limit("api:model-versions", "POST") == DECLARATION_BYTES
+    settings.TAU_DATA_MAX_FILES = 1_000_000
     assert body_limit("api:model-versions", "GET") == settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     assert body_limit("api:run-list", "POST") != DECLARATION_BYTES
     files = [
@@ -387,3 +397,386 @@ def test_options_describes_every_catalog_route(world: Any, researcher: Any) -> N
         assert answer.status_code in (200, 404), (path, answer.content[:300])
     described = researcher.options(f"{API}/datasets/").json()
     assert "name" in described["actions"]["POST"]
+
+
+# --- Streamed declarations (JSON lines) --------------------------------------------------------
+
+NDJSON = "application/x-ndjson"
+
+
+class GeneratedBody(io.RawIOBase):
+    """A request body made as it is read, from an iterator of byte strings: a declaration of
+    a million files that never exists whole in the test either."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.left = b""
+        self.pulled = 0  # chunks taken from the iterator so far
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.left:
+            try:
+                self.left = next(self.chunks)
+            except StopIteration:
+                return 0
+            self.pulled += 1
+        count = min(len(buffer), len(self.left))
+        buffer[:count] = self.left[:count]
+        self.left = self.left[count:]
+        return count
+
+
+def synthetic(count: int, *, size: int = 1) -> Iterator[dict[str, Any]]:
+    """``count`` files sorted by path, fake SHA-256s (a declaration is not checked against
+    bytes until they are sent)."""
+    for n in range(count):
+        yield {
+            "path": f"shards/{n // 1000:04}/part-{n % 1000:03}.bin",
+            "size": size + n % 7,
+            "sha256": f"{n:064x}",
+        }
+
+
+def ndjson(
+    header: dict[str, Any], files: Callable[[], Iterator[dict[str, Any]]]
+) -> Callable[[], Iterator[bytes]]:
+    def lines() -> Iterator[bytes]:
+        yield json.dumps(header).encode() + b"\n"
+        for item in files():
+            yield json.dumps(item).encode() + b"\n"
+
+    return lines
+
+
+def stream(
+    client: Any,
+    lines: Callable[[], Iterator[bytes]],
+    base: str = WIKI,
+    *,
+    length: int | None = None,
+) -> Any:
+    """POST the declaration ``lines()`` makes, generated while it is read; its length from a
+    first pass (as a client's spool file gives it) unless given."""
+    if length is None:
+        length = sum(map(len, lines()))
+    body = io.BufferedReader(GeneratedBody(lines()), buffer_size=64 * 1024)
+    answer = client.generic(
+        "POST",
+        f"{base}/versions/",
+        b"-",  # replaced by the generated body below
+        content_type=NDJSON,
+        **{"wsgi.input": body, "CONTENT_LENGTH": str(length)},
+    )
+    answer.generated = body.raw
+    return answer
+
+
+def files_of(world: Any, version: int, asset: str = "wiki") -> Any:
+    return AssetFile.objects.for_workspace(world.alpha).filter(
+        version__asset__name=asset, version__number=version
+    )
+
+
+def test_a_streamed_declaration_is_the_json_ones_version_with_the_same_digest(
+    world: Any, researcher: Any
+) -> None:
+    """Both forms of the same files: one manifest digest, and while the upload is unfinished,
+    one version, whichever form declares it again. Paths of every kind sort by code point."""
+    paths = ["README", "a!x", "a/b", "a0", "ä/x", "名前 with spaces.json", "z" * 1000, "😀.bin"]
+    files = [
+        {"path": path, "size": n, "sha256": hashlib.sha256(path.encode()).hexdigest()}
+        for n, path in enumerate(paths)
+    ] + list(synthetic(3000))
+    files.sort(key=lambda item: item["path"])
+    expected = Manifest.of(Entry(**item) for item in files)
+
+    started = stream(
+        researcher, ndjson({"source": "upload", "files_count": len(files)}, lambda: iter(files))
+    )
+    assert started.status_code == 201, started.json()
+    body = started.json()
+    assert (body["number"], body["state"], body["files_missing"]) == (1, "ingesting", len(files))
+    assert body["progress"] == {"bytes_done": 0, "bytes_total": expected.total_bytes}
+    version = AssetVersion.objects.for_workspace(world.alpha).get(number=1)
+    assert version.declared_digest == expected.digest
+    assert version.source_detail == f"{len(files):,} files uploaded"
+    recorded = files_of(world, 1).order_by("path").values_list("path", "size", "sha256", "stored")
+    assert [row[:3] for row in recorded] == [(e.path, e.size, e.sha256) for e in expected.files]
+    assert not any(row[3] for row in recorded)
+
+    # The same files again, streamed or as JSON, are that version, to go on with.
+    again = stream(
+        researcher, ndjson({"source": "upload", "files_count": len(files)}, lambda: iter(files))
+    )
+    assert (again.status_code, again.json()["number"]) == (200, 1)
+    as_json = researcher.post(
+        f"{WIKI}/versions/", {"source": "upload", "files": files}, "application/json"
+    )
+    assert (as_json.status_code, as_json.json()["number"]) == (200, 1)
+    assert files_of(world, 1).count() == len(files)
+
+    # The JSON form of the same files, declared first elsewhere, has the same digest.
+    researcher.post(f"{API}/datasets/", {"name": "other"}, "application/json")
+    other = researcher.post(
+        f"{API}/datasets/other/versions/",
+        {"source": "upload", "files": list(reversed(files))},
+        "application/json",
+    )
+    assert other.status_code == 201
+    assert (
+        AssetVersion.objects.for_workspace(world.alpha).get(asset__name="other").declared_digest
+        == expected.digest
+    )
+
+
+def test_a_streamed_upload_is_sent_and_made_ready_and_files_held_count_as_sent(
+    world: Any, researcher: Any, tmp_path: Path
+) -> None:
+    ingest_folder(
+        asset_named(world.alpha, "dataset", "wiki"),
+        folder(tmp_path / "held", {"README": FILES["README"]}),
+        source="upload",
+    )
+    files = sorted(declared(FILES), key=lambda item: item["path"])
+    started = stream(
+        researcher, ndjson({"source": "upload", "files_count": 3}, lambda: iter(files))
+    )
+    assert started.status_code == 201, started.json()
+    body = started.json()
+    assert (body["number"], body["files_missing"]) == (2, 2)  # README is in the store
+    assert body["progress"]["bytes_done"] == len(FILES["README"])
+    for path in ("train/part-0.txt", "train/part-1.txt"):
+        put(researcher, 2, path, FILES[path])
+    version = researcher.get(f"{WIKI}/versions/2/").json()
+    assert (version["state"], version["manifest_digest"]) == (
+        "ready",
+        scan(folder(tmp_path / "local", FILES)).digest,
+    )
+
+
+def peak_growth(action: Callable[[], Any]) -> tuple[int, Any]:
+    """How far this process's resident memory rose above where it started, at its highest,
+    while ``action`` ran (Linux: the high-water mark is reset first, and what the allocators
+    hold free is handed back, so that the action cannot hide in memory freed earlier)."""
+
+    def kib(field: str) -> int:
+        found = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+        assert found is not None
+        return int(found.group(1))
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    before = kib("VmRSS")
+    result = action()
+    return (kib("VmHWM") - before) * 1024, result
+
+
+def test_two_hundred_thousand_files_are_declared_in_the_memory_of_a_few(
+    world: Any, researcher: Any
+) -> None:
+    """The streamed form holds a line and a batch of rows, whatever the count: declaring
+    200,000 files raises the portal's peak memory less than the JSON form raises it for a
+    tenth of them (what the JSON form needs grows with the files: the body, its parse, the
+    manifest), and the version records every one."""
+    count = 200_000
+    lines = ndjson({"source": "upload", "files_count": count}, lambda: synthetic(count))
+    streamed_growth, started = peak_growth(lambda: stream(researcher, lines))
+    assert started.status_code == 201, started.json()
+    assert (started.json()["number"], started.json()["files_missing"]) == (1, count)
+    assert files_of(world, 1).count() == count
+
+    researcher.post(f"{API}/datasets/", {"name": "other"}, "application/json")
+    body = json.dumps({"source": "upload", "files": [*synthetic(count // 10)]})
+    json_growth, as_json = peak_growth(
+        lambda: researcher.post(f"{API}/datasets/other/versions/", body, "application/json")
+    )
+    assert as_json.status_code == 201
+    assert streamed_growth < json_growth, (streamed_growth, json_growth)
+    assert streamed_growth < 24 * 2**20, streamed_growth
+
+
+def test_a_declaration_of_more_files_than_a_version_holds_is_refused_at_its_count(
+    world: Any, researcher: Any
+) -> None:
+    """A million and one files: refused from the first line, which says how many follow,
+    without reading the rest."""
+    too_many = stream(
+        researcher,
+        ndjson({"source": "upload", "files_count": 1_000_001}, lambda: synthetic(1_000_001)),
+        length=1_000_001 * 126,  # about what it is, not generated twice to find out
+    )
+    assert too_many.status_code == 400
+    assert too_many.json()["files"] == [
+        "1,000,001 files: a version holds at most 1,000,000 (TAU_DATA_MAX_FILES)."
+    ]
+    assert too_many.generated.pulled < 1000
+    assert not AssetVersion.objects.for_workspace(world.alpha).exists()
+
+
+def test_more_files_than_the_first_line_said_are_refused_before_any_is_recorded(
+    world: Any, researcher: Any, settings: Any
+) -> None:
+    settings.TAU_DATA_MAX_FILES = 1000
+    lying = stream(
+        researcher, ndjson({"source": "upload", "files_count": 1000}, lambda: synthetic(1001))
+    )
+    assert lying.status_code == 400
+    assert lying.json()["files"] == ["Line 1,002: more files than the 1,000 line 1 declares."]
+    fewer = stream(
+        researcher, ndjson({"source": "upload", "files_count": 1000}, lambda: synthetic(999))
+    )
+    assert fewer.json()["files"] == ["Line 1 declares 1,000 files; 999 followed. Send them all."]
+    assert not AssetVersion.objects.for_workspace(world.alpha).exists()
+    assert not AssetFile.objects.for_workspace(world.alpha).exists()
+
+
+@pytest.mark.slow  # reads a million lines
+def test_a_million_and_one_files_are_refused_and_nothing_is_recorded(
+    world: Any, researcher: Any
+) -> None:
+    lying = stream(
+        researcher,
+        ndjson({"source": "upload", "files_count": 1_000_000}, lambda: synthetic(1_000_001)),
+    )
+    assert lying.status_code == 400
+    assert lying.json()["files"] == [
+        "Line 1,000,002: more files than the 1,000,000 line 1 declares."
+    ]
+    assert not AssetVersion.objects.for_workspace(world.alpha).exists()
+    assert not AssetFile.objects.for_workspace(world.alpha).exists()
+
+
+def entry(path: str, size: Any = 1, sha256: str = "0" * 64) -> bytes:
+    return json.dumps({"path": path, "size": size, "sha256": sha256}).encode() + b"\n"
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        (entry("a/../../etc/passwd"), "Line 2,502: 'a/../../etc/passwd' points outside the folder"),
+        (entry("/etc/passwd"), "Line 2,502: '/etc/passwd' is absolute"),
+        (
+            entry("shards/0002/part-499.bin"),
+            "Line 2,502: 'shards/0002/part-499.bin' is listed twice.",
+        ),
+        (
+            entry("shards/0002/part-500.bin", -1),
+            "Line 2,502: 'shards/0002/part-500.bin': its size must be a whole number of bytes.",
+        ),
+        (
+            entry("shards/0002/part-500.bin", 1, "X" * 64),
+            "its sha256 must be 64 lowercase hex digits",
+        ),
+        (
+            entry("shards/0000/part-000.bin/x"),
+            "Line 2,502: 'shards/0000/part-000.bin/x' comes after 'shards/0002/part-499.bin': "
+            "list the files sorted by path",
+        ),
+        (
+            entry("shards/0002/part-499.bin/x"),
+            "Line 2,502: 'shards/0002/part-499.bin' is a file and also the folder of "
+            "'shards/0002/part-499.bin/x'.",
+        ),
+        (
+            entry("shards/0002/part-500.bin", 10**6),
+            "Line 2,502: shards/0002/part-500.bin is 1,000,000 bytes; one file may be at most "
+            "100,000",
+        ),
+        (
+            b'{"path": "x", "size": 1}\n',
+            "Line 2,502: Each file of a manifest has exactly a path, size and sha256.",
+        ),
+        (b"{not json\n", "Line 2,502: not JSON in UTF-8."),
+        (b'"' + b"x" * 20000 + b'"\n', "Line 2,502 is longer than 16,384 bytes."),
+        (
+            entry("shards/0002/part-500\u202e.bin"),
+            "Line 2,502: The path 'shards/0002/part-500\\u202e.bin' must be printable text",
+        ),
+    ],
+)
+def test_a_bad_line_in_the_middle_of_a_stream_is_named_and_nothing_is_kept(
+    world: Any, researcher: Any, settings: Any, bad: bytes, said: str
+) -> None:
+    settings.TAU_DATA_MAX_FILE_BYTES = 10**5
+
+    def lines() -> Iterator[bytes]:
+        yield json.dumps({"source": "upload", "files_count": 5001}).encode() + b"\n"
+        for number, item in enumerate(synthetic(5000)):
+            if number == 2500:
+                yield bad
+            yield json.dumps(item).encode() + b"\n"
+
+    refused = stream(researcher, lines)
+    assert refused.status_code == 400, refused.json()
+    assert said in refused.json()["files"][0], refused.json()
+    assert not AssetVersion.objects.for_workspace(world.alpha).exists()
+    assert not AssetFile.objects.for_workspace(world.alpha).exists()
+
+
+@pytest.mark.parametrize(
+    ("first", "said"),
+    [
+        (b"[1, 2]\n", 'Line 1 is a JSON object, {"source": "upload", "files_count": N}'),
+        (b'{"source": "url", "files_count": 1}\n', 'Line 1\'s source is "upload"'),
+        (b'{"source": "upload"}\n', "Line 1's files_count is the number of files that follow"),
+        (b'{"source": "upload", "files_count": 1, "files": []}\n', "Line 1 holds 'files'"),
+    ],
+)
+def test_a_first_line_that_is_not_a_declarations_is_refused(
+    world: Any, researcher: Any, first: bytes, said: str
+) -> None:
+    refused = stream(researcher, lambda: iter([first, entry("a")]))
+    assert refused.status_code == 400
+    assert said in [*refused.json().get("files", []), refused.json()["detail"]][0]
+    assert not AssetVersion.objects.for_workspace(world.alpha).exists()
+
+
+def test_a_streamed_upload_past_the_quota_is_refused_with_the_numbers(
+    world: Any, researcher: Any, tmp_path: Path
+) -> None:
+    ingest_folder(
+        asset_named(world.alpha, "dataset", "wiki"),
+        folder(tmp_path / "one", {"a.bin": b"a" * 60}),
+        source="upload",
+    )
+    world.alpha.storage_quota_bytes = 100
+    world.alpha.save()
+    files = declared({"a.bin": b"a" * 60, "b.bin": b"b" * 50})
+    refused = stream(
+        researcher, ndjson({"source": "upload", "files_count": 2}, lambda: iter(files))
+    )
+    assert refused.status_code == 400
+    assert refused.json()["files"] == [
+        "This upload needs 50 more bytes, and alpha keeps 60 of its 100-byte storage quota: "
+        "delete versions it no longer needs, or ask the platform team for more."
+    ]
+    assert AssetVersion.objects.for_workspace(world.alpha).count() == 1
+    assert AssetFile.objects.for_workspace(world.alpha).count() == 1
+
+
+def test_a_json_declaration_past_its_limit_or_a_stream_without_a_length_is_refused_unread(
+    world: Any, researcher: Any
+) -> None:
+    from catalog.uploads import DECLARATION_BYTES
+
+    large = researcher.generic(
+        "POST",
+        f"{WIKI}/versions/",
+        b'{"source": "upload", "files": []}',
+        content_type="application/json",
+        CONTENT_LENGTH=str(DECLARATION_BYTES + 1),
+    )
+    assert large.status_code == 413
+    assert "stream it as JSON lines (application/x-ndjson" in large.json()["detail"]
+    unsized = researcher.generic("POST", f"{WIKI}/versions/", b"", CONTENT_TYPE=NDJSON)
+    assert unsized.status_code == 411
+    empty = researcher.generic(
+        "POST", f"{WIKI}/versions/", b"", CONTENT_TYPE=NDJSON, CONTENT_LENGTH="0"
+    )
+    assert empty.status_code == 400
+    assert "An empty declaration" in empty.json()["detail"]
+    assert not AssetVersion.objects.for_workspace(world.alpha).exists()
