@@ -19,9 +19,10 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO
 from urllib.parse import quote
 
 import click
@@ -31,13 +32,31 @@ from rich.table import Table
 
 from tau.cli.client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Api, CliError, problem_text
 from tau.cli.common import err, json_option, out, print_json, state_of, workspace_option
-from tau.manifest import Entry, Known, Manifest, ManifestError, scan
+from tau.manifest import (
+    CHUNK_BYTES,
+    MAX_FILES,
+    Entry,
+    Known,
+    Manifest,
+    ManifestError,
+    StreamedManifest,
+    read_listed,
+    walk_files,
+)
 from tau.manifest import verify as verify_folder
 
 #: Bytes sent per request (the portal accepts up to TAU_DATA_UPLOAD_PIECE_BYTES, 64 MiB).
 PIECE_BYTES = 8 * 2**20
 #: How often the scan's cache of file digests is written while a folder is read.
 CACHE_SECONDS = 2.0
+#: How often the progress bar's words (files so far) change while a folder is read.
+SAY_SECONDS = 0.2
+#: How long the portal may take to answer a declaration (a million files: about a minute).
+DECLARATION_SECONDS = 1800.0
+#: The media type of a streamed declaration (catalog.uploads).
+STREAMED = "application/x-ndjson"
+#: Files the portal lists per page of those it still lacks.
+MISSING_PAGE = 1000
 
 
 def asset_path(workspace: str, kind: str, name: str | None = None) -> str:
@@ -78,73 +97,282 @@ def _size(count: int) -> str:
     return f"{count:,} bytes"
 
 
-# --- the cache of a folder's digests ---------------------------------------------------------
+# --- reading a folder ------------------------------------------------------------------------
 
 
 def _cache_file(folder: Path) -> Path:
+    """Where the digests of the files of ``folder`` are kept between scans: JSON lines,
+    ``[path, size, mtime_ns, sha256]``, sorted by path."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     key = hashlib.sha256(str(folder.resolve()).encode("utf-8", "surrogateescape")).hexdigest()
-    return Path(base) / "taugrid" / "ingest" / f"{key[:32]}.json"
+    return Path(base) / "taugrid" / "ingest" / f"{key[:32]}.jsonl"
 
 
-def _read_cache(folder: Path) -> dict[str, Known]:
+def _cached(path: Path) -> Generator[tuple[str, Known]]:
+    """The digests kept in ``path``, in its order (nothing, or the lines before a damaged
+    one: the cache is only a speed-up)."""
     try:
-        data = json.loads(_cache_file(folder).read_text())
-        return {path: Known(int(s), int(m), str(h)) for path, (s, m, h) in data.items()}
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                name, size, mtime_ns, sha256 = json.loads(line)
+                yield str(name), Known(int(size), int(mtime_ns), str(sha256))
     except (OSError, ValueError, TypeError):
-        return {}
+        return
 
 
-def _write_cache(folder: Path, known: dict[str, Known]) -> None:
-    target = _cache_file(folder)
+class _KnownInOrder:
+    """An earlier scan's digests, read alongside a walk of the folder: both go in path
+    order, so the cache of a folder of a million files is read, never held."""
+
+    def __init__(self, path: Path) -> None:
+        self.rows = _cached(path)
+        self.row = next(self.rows, None)
+
+    def get(self, path: str) -> Known | None:
+        while self.row is not None and self.row[0] < path:
+            self.row = next(self.rows, None)
+        if self.row is not None and self.row[0] == path:
+            return self.row[1]
+        return None
+
+    def close(self) -> None:
+        self.rows.close()
+
+
+def _fold_cache(folder: Path) -> None:
+    """The digests a scan cut short wrote (``.part``) merged into the cache, newest first:
+    the next scan reuses both."""
+    cache, part = _cache_file(folder), _cache_file(folder).with_suffix(".part")
+    if not part.exists():
+        return
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".part")
-        partial.write_text(
-            json.dumps({path: [k.size, k.mtime_ns, k.sha256] for path, k in known.items()})
-        )
-        partial.replace(target)
+        merged = cache.with_suffix(".merging")
+        with merged.open("w", encoding="utf-8") as out_file:
+            older, newer = _cached(cache), _cached(part)
+            old, new = next(older, None), next(newer, None)
+            while old is not None or new is not None:
+                if new is None or (old is not None and old[0] < new[0]):
+                    row, old = old, next(older, None)
+                else:
+                    if old is not None and old[0] == new[0]:
+                        old = next(older, None)
+                    row, new = new, next(newer, None)
+                assert row is not None
+                out_file.write(_cache_line(row[0], row[1]))
+        merged.replace(cache)
+        part.unlink()
     except OSError:
         pass  # only a speed-up for the next scan
 
 
-def read_folder(folder: Path, *, quiet: bool) -> Manifest:
-    """The folder's manifest, reusing the digests of files unchanged since an earlier scan."""
-    known = _read_cache(folder)
-    written_at = time.monotonic()
+def _cache_line(path: str, known: Known) -> str:
+    return json.dumps([path, known.size, known.mtime_ns, known.sha256], ensure_ascii=False) + "\n"
+
+
+@dataclass
+class FolderDeclaration:
+    """A folder's files, declared as the portal takes a streamed declaration: the line per
+    file (sorted by path) in ``lines``, a temporary file; the count, bytes and digest."""
+
+    lines: BinaryIO
+    files_count: int
+    total_bytes: int
+    digest: str
+
+    def body(self) -> tuple[int, Iterator[bytes]]:
+        """The request's length and its bytes: the first line, then the files'."""
+        first = json.dumps({"source": "upload", "files_count": self.files_count}).encode()
+        length = len(first) + 1 + os.fstat(self.lines.fileno()).st_size
+
+        def chunks() -> Iterator[bytes]:
+            yield first + b"\n"
+            self.lines.seek(0)
+            while chunk := self.lines.read(CHUNK_BYTES):
+                yield chunk
+
+        return length, chunks()
+
+
+def read_folder(folder: Path, lines: BinaryIO, *, quiet: bool) -> FolderDeclaration:
+    """The folder's declaration, written to ``lines``: listed once (the count and the bytes;
+    the limit on files checked before any file is read), then read in path order, each
+    file's SHA-256 reused from an earlier scan while its size and modification time are the
+    same. Nothing grows with the number of files but the temporary file, and the cache's
+    next version, written as the digests come (so that a scan cut short goes on)."""
+    name = folder.name or str(folder)
+    _fold_cache(folder)
+    cache = _cache_file(folder)
+    part = cache.with_suffix(".part")
     with _bar(quiet) as bar:
-        task = bar.add_task(f"Reading {folder.name or folder}", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        def keep(entry: Entry, mtime_ns: int) -> None:
-            nonlocal written_at
-            known[entry.path] = Known(entry.size, mtime_ns, entry.sha256)
-            if time.monotonic() - written_at >= CACHE_SECONDS:
-                written_at = time.monotonic()
-                _write_cache(folder, known)
-
+        task = bar.add_task(f"Listing {name}", total=None)
+        said = _Said()
+        files_count = total = 0
         try:
-            manifest = scan(folder, progress=progress, known=known, on_file=keep)
+            for item in walk_files(folder):
+                files_count += 1
+                total += item.size
+                if files_count > MAX_FILES:
+                    raise ManifestError(
+                        f"{folder} holds more than {MAX_FILES:,} files, the most allowed."
+                    )
+                if said.due():
+                    bar.update(task, description=f"Listing {name}: {files_count:,} files")
         except ManifestError as exc:
             raise CliError(f"{folder}: {exc}", EXIT_USAGE) from None
+        bar.update(task, description=f"Reading {name}", total=total, completed=0)
+        streamed = StreamedManifest()
+        done = 0
+
+        def tell(count: int) -> None:
+            nonlocal done
+            done += count
+            if said.due():
+                bar.update(
+                    task,
+                    completed=done,
+                    description=f"Reading {name}: {streamed.files_count:,} of "
+                    f"{files_count:,} files",
+                )
+
+        known = _KnownInOrder(cache)
+        kept = _CacheWriter(part)
+        try:
+            for item in walk_files(folder):
+                earlier = known.get(item.path)
+                if earlier is not None and (earlier.size, earlier.mtime_ns) == (
+                    item.size,
+                    item.mtime_ns,
+                ):
+                    entry = Entry(item.path, item.size, earlier.sha256)
+                    tell(item.size)
+                else:
+                    entry = read_listed(item, tell)
+                lines.write(streamed.add(entry) + b"\n")
+                kept.add(entry, item.mtime_ns)
+        except ManifestError as exc:
+            kept.close()
+            _fold_cache(folder)  # what was read is not read again
+            raise CliError(f"{folder}: {exc}", EXIT_USAGE) from None
+        except BaseException:
+            kept.close()
+            _fold_cache(folder)
+            raise
         finally:
-            _write_cache(folder, known)
-    return manifest
+            known.close()
+        if kept.close():
+            part.replace(cache)  # exactly the folder as it is now
+    lines.flush()
+    return FolderDeclaration(lines, streamed.files_count, streamed.total_bytes, streamed.digest)
+
+
+class _Said:
+    """Whether it is time to say how far a long task got (a million small files: not a
+    million redraws of the bar)."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self.at < SAY_SECONDS:
+            return False
+        self.at = now
+        return True
+
+
+class _CacheWriter:
+    """The digests of a scan, written to the cache's ``.part`` as they are found, flushed
+    every CACHE_SECONDS (a scan killed loses at most those); none if it cannot be written."""
+
+    def __init__(self, part: Path) -> None:
+        self.written_at = time.monotonic()
+        try:
+            part.parent.mkdir(parents=True, exist_ok=True)
+            self.file: IO[str] | None = part.open("w", encoding="utf-8")
+        except OSError:
+            self.file = None  # no cache: every scan reads every file
+
+    def add(self, entry: Entry, mtime_ns: int) -> None:
+        if self.file is None:
+            return
+        try:
+            self.file.write(_cache_line(entry.path, Known(entry.size, mtime_ns, entry.sha256)))
+            if time.monotonic() - self.written_at >= CACHE_SECONDS:
+                self.written_at = time.monotonic()
+                self.file.flush()
+        except OSError:
+            self.close()
+
+    def close(self) -> bool:
+        """Whether the cache was written whole."""
+        if self.file is None:
+            return False
+        try:
+            self.file.close()
+        except OSError:
+            return False
+        finally:
+            self.file = None
+        return True
 
 
 # --- sending an upload ---------------------------------------------------------------------
 
 
 def _missing_files(api: Api, path: str) -> Iterator[dict[str, Any]]:
-    page: Any = api.get(f"{path}files/", missing="true", limit=1000)
+    """The files the portal still lacks, a page at a time: each page is asked from the
+    first, since those sent drop out (an offset would skip files); a file sent whole that
+    the portal still lacks is not sent again and again."""
+    sent: set[str] = set()
     while True:
-        yield from page.get("results", [])
-        following = page.get("next")
-        if not following:
+        rows = api.get(f"{path}files/", missing="true", limit=MISSING_PAGE).get("results", [])
+        if not rows:
             return
-        page = api.json_of(api.request("GET", following))
+        again = [row["path"] for row in rows if row["path"] in sent]
+        if again:
+            raise CliError(
+                f"{again[0]} was sent whole, but the portal still lacks it; run the same "
+                "command again."
+            )
+        sent = {row["path"] for row in rows}
+        yield from rows
+
+
+def _declare(
+    api: Api, url: str, declaration: FolderDeclaration, *, timeout: float
+) -> dict[str, Any]:
+    """The version the portal makes of (or finds for) ``declaration``, streamed."""
+    length, chunks = declaration.body()
+    try:
+        response = api.http.post(
+            url,
+            content=chunks,
+            headers={"Content-Type": STREAMED, "Content-Length": str(length)},
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+    except httpx.TimeoutException:
+        raise CliError(
+            f"the portal took more than {timeout:.0f} s to answer the declaration of "
+            f"{declaration.files_count:,} files; run the same command again: it finds the "
+            "version if the portal made it."
+        ) from None
+    except httpx.HTTPError as exc:
+        raise CliError(f"declaring the files failed ({exc}); run the same command again.") from None
+    if response.status_code == 413:
+        raise CliError(
+            f"the declaration of {declaration.files_count:,} files ({_size(length)}) was "
+            f"refused as too large: {problem_text(_json(response)) or response.reason_phrase}. "
+            "A proxy in front of the portal must take a body this large (docs/data.md).",
+            EXIT_USAGE,
+        )
+    if response.status_code == 415:
+        raise CliError(
+            f"{api.url} does not take a streamed declaration ({STREAMED}): it is older than "
+            "this tau. Upgrade the portal, or use the tau it serves."
+        )
+    api.check(response)
+    started: dict[str, Any] = api.json_of(response)
+    return started
 
 
 def _send_file(
@@ -217,23 +445,25 @@ def ingest(
     the portal lacks, and answer the version as the portal has it at the end."""
     if not folder.is_dir():
         raise CliError(f"{folder} is not a folder.", EXIT_USAGE)
-    manifest = read_folder(folder, quiet=quiet)
-    if not manifest.files:
-        raise CliError(f"{folder} holds no file to keep.", EXIT_USAGE)
-    created = not _exists(api, asset_path(workspace, kind, name))
-    if created:
-        api.request(
-            "POST", asset_path(workspace, kind), json={"name": name, "description": description}
-        )
-        if not quiet:
-            out.print(f"Made the {kind} {name} in {workspace}.", markup=False)
-    started = api.json_of(
-        api.request(
-            "POST",
+    with tempfile.TemporaryFile(prefix="tau-declaration-") as lines:
+        declaration = read_folder(folder, lines, quiet=quiet)
+        if not declaration.files_count:
+            raise CliError(f"{folder} holds no file to keep.", EXIT_USAGE)
+        created = not _exists(api, asset_path(workspace, kind, name))
+        if created:
+            api.request(
+                "POST",
+                asset_path(workspace, kind),
+                json={"name": name, "description": description},
+            )
+            if not quiet:
+                out.print(f"Made the {kind} {name} in {workspace}.", markup=False)
+        started = _declare(
+            api,
             f"{asset_path(workspace, kind, name)}versions/",
-            json={"source": "upload", "files": manifest.as_dict()["files"]},
+            declaration,
+            timeout=DECLARATION_SECONDS,
         )
-    )
     ref = f"{name}@{started['number']}"
     path = version_path(workspace, kind, name, str(started["number"]))
     progress = started["progress"]
@@ -246,14 +476,15 @@ def ingest(
             )
         elif started.get("state") == "ingesting":
             out.print(
-                f"Sending {ref}: {manifest.files_count:,} files, {_size(manifest.total_bytes)}.",
+                f"Sending {ref}: {declaration.files_count:,} files, "
+                f"{_size(declaration.total_bytes)}.",
                 markup=False,
             )
     if started["state"] == "ingesting":
         with _bar(quiet) as bar:
-            task = bar.add_task(f"Sending {ref}", total=manifest.total_bytes)
+            task = bar.add_task(f"Sending {ref}", total=progress["bytes_total"])
             bar.update(task, completed=progress["bytes_done"])
-            for entry in list(_missing_files(api, path)):
+            for entry in _missing_files(api, path):
                 _send_file(
                     api,
                     f"{path}files/{quote(entry['path'], safe='/')}",
