@@ -282,22 +282,26 @@ def make_ready(version: AssetVersion, manifest: Manifest, *, files_recorded: boo
                 ],
                 batch_size=5000,
             )
-        version.state = AssetVersion.State.READY
-        version.manifest_digest = manifest.digest
-        version.files_count = manifest.files_count
-        version.bytes = manifest.total_bytes
-        version.bytes_done = manifest.total_bytes
-        version.ready_at = timezone.now()
-        version.save(
-            update_fields=[
-                "state",
-                "manifest_digest",
-                "files_count",
-                "bytes",
-                "bytes_done",
-                "ready_at",
-            ]
+        mark_ready(
+            version,
+            digest=manifest.digest,
+            files_count=manifest.files_count,
+            total_bytes=manifest.total_bytes,
         )
+
+
+def mark_ready(version: AssetVersion, *, digest: str, files_count: int, total_bytes: int) -> None:
+    """The version ``ready`` with the manifest of that digest, count and bytes, whose files
+    are recorded already (an upload's: catalog.uploads takes the digest row by row)."""
+    version.state = AssetVersion.State.READY
+    version.manifest_digest = digest
+    version.files_count = files_count
+    version.bytes = total_bytes
+    version.bytes_done = total_bytes
+    version.ready_at = timezone.now()
+    version.save(
+        update_fields=["state", "manifest_digest", "files_count", "bytes", "bytes_done", "ready_at"]
+    )
 
 
 def manifest_of(version: AssetVersion) -> Manifest:

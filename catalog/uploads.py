@@ -36,6 +36,7 @@ import itertools
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,21 +46,24 @@ from typing import IO, Any, BinaryIO
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Sum
+from django.db.models.functions import Collate
 from django.utils import timezone
 
 from catalog import storage
 from catalog.ingest import (
+    PROGRESS_SECONDS,
     CatalogError,
-    check_and_make_ready,
     check_storage_quota,
     create_version,
     fail,
     lock_asset,
+    mark_ready,
     storage_used,
 )
 from catalog.models import Asset, AssetFile, AssetVersion
 from tau.manifest import (
     CHUNK_BYTES,
+    MAX_FILES,
     Entry,
     Manifest,
     ManifestError,
@@ -348,17 +352,16 @@ def _mark_held(version: AssetVersion) -> int:
         mine.filter(sha256__in=stored_elsewhere).update(stored=True, received=F("size"))
     candidates = mine.filter(stored=True).order_by().values_list("sha256", "size").distinct()
 
-    def lacking(some: list[tuple[str, int]]) -> list[str]:
-        return [sha256 for sha256, size in some if not storage.has_blob(workspace_id, sha256, size)]
-
     with tempfile.TemporaryFile("w+", prefix="tau-lacking-") as spool:
         found = iter(candidates.iterator(chunk_size=INSERT_BATCH))
         with ThreadPoolExecutor(LOOKUPS_AT_ONCE) as pool:
             while batch := list(itertools.islice(found, INSERT_BATCH)):
-                share = -(-len(batch) // LOOKUPS_AT_ONCE)
-                slices = [batch[first : first + share] for first in range(0, len(batch), share)]
-                for missing in pool.map(lacking, slices):
-                    spool.writelines(f"{sha256}\n" for sha256 in missing)
+                held = _in_store(pool, workspace_id, batch)
+                spool.writelines(
+                    f"{sha256}\n"
+                    for (sha256, _), whole in zip(batch, held, strict=True)
+                    if not whole
+                )
         spool.seek(0)
         shas = (line.strip() for line in spool)
         while some := list(itertools.islice(shas, INSERT_BATCH)):
@@ -499,27 +502,83 @@ def _write_piece(part: Path, body: BinaryIO, start: int, length: int) -> int:
 
 def finish_if_whole(version: AssetVersion) -> None:
     """Once every declared file is kept: ``verifying``, each checked in the store, ``ready``
-    (or ``failed`` naming the file). Called after every kept file; one caller does it."""
+    (or ``failed`` naming the file). Called after every kept file; one caller does it.
+
+    Whether every file is kept is asked of the version's counters first: until every byte
+    has arrived (``bytes_done``), some file is not whole, and the rows need not be looked
+    through — a million kept files would otherwise each scan the version's rows. The check
+    reads the rows in path order, a batch at a time, taking the manifest's digest as they
+    come (what the declaration promised) and looking each file up in the store, several at
+    a time; it says it is alive (``touched_at``) as it goes, so that the sweep does not take
+    a long one for dead."""
     workspace_id = version.asset.workspace_id
     files = AssetFile.objects.for_workspace(workspace_id).filter(version=version)
     with transaction.atomic():
         locked = (
             AssetVersion.objects.for_workspace(workspace_id).select_for_update().get(pk=version.pk)
         )
-        if locked.state != AssetVersion.State.INGESTING or files.filter(stored=False).exists():
+        if (
+            locked.state != AssetVersion.State.INGESTING
+            or locked.bytes_done < locked.bytes_total
+            or files.filter(stored=False).exists()
+        ):
             return
         locked.state = AssetVersion.State.VERIFYING
         locked.touched_at = timezone.now()
         locked.save(update_fields=["state", "touched_at"])
     version.state = AssetVersion.State.VERIFYING
-    manifest = Manifest.of(
-        Entry(path, size, sha256)
-        for path, size, sha256 in files.values_list("path", "size", "sha256")
-    )
     try:
-        if manifest.digest != version.declared_digest:
+        kept = _kept_manifest(version, files)
+        if kept.digest != version.declared_digest:
             raise ManifestError("the files kept are not the files declared; upload them again.")
-        check_and_make_ready(version, manifest, files_recorded=True)
+        mark_ready(
+            version,
+            digest=kept.digest,
+            files_count=kept.files_count,
+            total_bytes=kept.total_bytes,
+        )
     except ManifestError as exc:
         fail(version, str(exc))
     storage.drop_uploads(workspace_id, version.pk)
+
+
+def _kept_manifest(version: AssetVersion, files: Any) -> StreamedManifest:
+    """The manifest of the version's rows, each file's blob found whole in the store
+    (ManifestError naming the first, by path, that is not)."""
+    workspace_id = version.asset.workspace_id
+    # By code point, as the digest wants: PostgreSQL's own collation may sort otherwise;
+    # SQLite's compares the UTF-8 bytes, which is the same order.
+    by_path = Collate("path", "C") if connection.vendor == "postgresql" else "path"
+    rows = iter(
+        files.order_by(by_path)
+        .values_list("path", "size", "sha256")
+        .iterator(chunk_size=INSERT_BATCH)
+    )
+    kept = StreamedManifest(max_files=max(int(settings.TAU_DATA_MAX_FILES), MAX_FILES))
+    said_at = time.monotonic()
+    with ThreadPoolExecutor(LOOKUPS_AT_ONCE) as pool:
+        while batch := [Entry(*row) for row in itertools.islice(rows, INSERT_BATCH)]:
+            held = _in_store(pool, workspace_id, [(e.sha256, e.size) for e in batch])
+            for entry, whole in zip(batch, held, strict=True):
+                if not whole:
+                    raise ManifestError(f"{entry.path}: its stored copy is missing or incomplete.")
+                kept.add(entry)
+            if time.monotonic() - said_at >= PROGRESS_SECONDS:
+                said_at = time.monotonic()
+                AssetVersion.objects.for_workspace(workspace_id).filter(pk=version.pk).update(
+                    touched_at=timezone.now()
+                )
+    return kept
+
+
+def _in_store(
+    pool: ThreadPoolExecutor, workspace_id: int, blobs: list[tuple[str, int]]
+) -> list[bool]:
+    """Whether the store holds each ``(sha256, size)`` whole, asked in slices on ``pool``."""
+    share = -(-len(blobs) // LOOKUPS_AT_ONCE) or 1
+
+    def look(some: list[tuple[str, int]]) -> list[bool]:
+        return [storage.has_blob(workspace_id, sha256, size) for sha256, size in some]
+
+    slices = [blobs[first : first + share] for first in range(0, len(blobs), share)]
+    return [whole for found in pool.map(look, slices) for whole in found]
