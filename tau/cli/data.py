@@ -604,6 +604,8 @@ def _said_version(version: dict[str, Any]) -> str:
         line += f"\n  manifest {version['manifest_digest']}"
     if version.get("aliases"):
         line += f"\n  aliases: {', '.join(version['aliases'])}"
+    if version.get("in_place"):
+        line += f"\n  in place at the prefix {version.get('prefix') or '.'} (checked on each read)"
     if version.get("derived_from"):
         line += f"\n  made from: {', '.join(version['derived_from'])}"
     if version.get("produced_by"):

@@ -486,6 +486,7 @@ def test_tau_registers_a_prefix_through_the_portals_own_worker(
     assert done.returncode == 0, done.stdout + done.stderr + portal.log("worker")[-2000:]
     assert "The portal is reading reviews@1." in done.stdout
     assert "reviews@1: ready, 3 files," in done.stdout
+    assert "in place at the prefix raw/2026-11 (checked on each read)" in done.stdout
     assert files_in(tmp_path / "store") == []  # registered in place: nothing copied
     refused = tau("data", "dataset", "register", "reviews", "../beta")
     assert refused.returncode != 0
