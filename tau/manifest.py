@@ -298,15 +298,28 @@ def walk_files(root: Path) -> Iterator[Listed]:
     :func:`list_files` lists, holding no more than the names of one folder at once (a
     folder of a million files is listed in the memory of its largest folder's names).
     Refuses anything else as it comes to it, with its path."""
+    for path, absolute, info in _walk_root(root):
+        yield Listed(path, Path(absolute), info.st_size, info.st_mtime_ns)
+
+
+def count_files(root: Path) -> Iterator[int]:
+    """The size of each regular file under ``root``, in :func:`walk_files`' order and with
+    its refusals, and nothing else: counting a folder before reading it costs a walk
+    without the :class:`Listed` of each file."""
+    for _, _, info in _walk_root(root):
+        yield info.st_size
+
+
+def _walk_root(root: Path) -> Iterator[tuple[str, str, os.stat_result]]:
     try:
         if not stat.S_ISDIR(os.stat(root).st_mode):
             raise ManifestError(f"{root} is not a folder.")
     except FileNotFoundError as exc:
         raise ManifestError(f"{root} does not exist.") from exc
-    yield from _walk(root, "")
+    yield from _walk(os.fspath(root), "")
 
 
-def _walk(folder: Path, prefix: str) -> Iterator[Listed]:
+def _walk(folder: str, prefix: str) -> Iterator[tuple[str, str, os.stat_result]]:
     # A folder sorts as its name and a '/': where its files' paths sort among its siblings
     # (``a/b`` after ``a!x``), so that the walk yields the files in path order.
     with os.scandir(folder) as entries:
@@ -317,12 +330,12 @@ def _walk(folder: Path, prefix: str) -> Iterator[Listed]:
     for key in keys:
         name = key.removesuffix("/")
         path = check_path(f"{prefix}{name}")
-        absolute = folder / name
+        absolute = os.path.join(folder, name)
         info = os.stat(absolute, follow_symlinks=False)
         if stat.S_ISDIR(info.st_mode):
             yield from _walk(absolute, f"{path}/")
         elif stat.S_ISREG(info.st_mode):
-            yield Listed(path, absolute, info.st_size, info.st_mtime_ns)
+            yield path, absolute, info
         else:
             raise ManifestError(
                 f"{path} is {_kind(info.st_mode)}; only files and folders are kept."
@@ -361,11 +374,15 @@ def hash_file(
             raise ManifestError(f"{shown} is a symlink; only files and folders are kept.") from exc
         raise ManifestError(f"{shown} cannot be read: {exc.strerror}.") from exc
     with os.fdopen(descriptor, "rb", buffering=0) as file:
-        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+        opened = os.fstat(file.fileno())
+        if not stat.S_ISREG(opened.st_mode):
             raise ManifestError(f"{shown} is no longer a regular file.")
         digest = hashlib.sha256()
         size = 0
-        buffer = bytearray(CHUNK_BYTES)
+        # No larger than the file: a folder of a million small files would otherwise zero a
+        # megabyte for each (most of the time of reading it). A file that grows is read all
+        # the same, in more pieces.
+        buffer = bytearray(max(1, min(CHUNK_BYTES, opened.st_size)))
         view = memoryview(buffer)
         while True:
             count = file.readinto(buffer)

@@ -40,6 +40,7 @@ from tau.manifest import (
     Manifest,
     ManifestError,
     StreamedManifest,
+    count_files,
     read_listed,
     walk_files,
 )
@@ -208,9 +209,9 @@ def read_folder(folder: Path, lines: BinaryIO, *, quiet: bool) -> FolderDeclarat
         said = _Said()
         files_count = total = 0
         try:
-            for item in walk_files(folder):
+            for size in count_files(folder):
                 files_count += 1
-                total += item.size
+                total += size
                 if files_count > MAX_FILES:
                     raise ManifestError(
                         f"{folder} holds more than {MAX_FILES:,} files, the most allowed."
