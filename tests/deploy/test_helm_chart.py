@@ -629,6 +629,8 @@ def test_the_ingress_asks_for_a_buffering_proxy_by_default(
     ingress controller to read requests whole and take responses at once, and its default
     annotations ask ingress-nginx for that, with a body limit a submission fits in. A values
     file that adds its own annotations keeps them (the production file raises the body size)."""
+    from django.conf import settings
+
     from runs.submission import MAX_SUBMISSION_BYTES
 
     enabled = by_kind_and_name(
@@ -639,6 +641,9 @@ def test_the_ingress_asks_for_a_buffering_proxy_by_default(
     size = annotations["nginx.ingress.kubernetes.io/proxy-body-size"]
     assert size.endswith("m")
     assert int(size[:-1]) * 2**20 >= MAX_SUBMISSION_BYTES
+    # An upload's streamed declaration of as many files as a version may hold, with paths
+    # of usual lengths (issue 33: about 120-200 bytes a file).
+    assert int(size[:-1]) * 2**20 >= settings.TAU_DATA_MAX_FILES * 200
     production = by_kind_and_name(rendered["production"])[("Ingress", "taugrid")]
     assert BUFFERING.items() <= production["metadata"]["annotations"].items()
     assert production["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"] == (
