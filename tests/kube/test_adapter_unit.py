@@ -293,7 +293,7 @@ def test_closed_port_is_unavailable_fast(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(kube.Unavailable) as raised:
         client.get("v1", "ConfigMap", "x", "default")
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 6  # refused at once, not retried for long
     error = raised.value
     assert error.status == 0
     assert "cannot reach the Kubernetes API at https://127.0.0.1:" in error.message

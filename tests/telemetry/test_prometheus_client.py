@@ -207,7 +207,7 @@ def test_a_hanging_prometheus_fails_within_the_timeout(fake: FakePrometheus) -> 
     started = time.monotonic()
     with pytest.raises(TelemetryUnavailable, match=r"did not answer within 0.5 s"):
         PrometheusClient(fake.url, timeout=0.5).query("up")
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 2.5  # not the 3 s the answer takes (a loaded machine)
 
 
 def test_nothing_listening_is_unavailable_naming_the_address_without_its_password() -> None:

@@ -121,8 +121,8 @@ def test_a_refusal_is_final_and_a_server_error_is_retried(portal: Portal, tmp_pa
     refused = fetch(portal, tmp_path / "a")
     assert refused.returncode == 1
     assert "answered 403" in refused.stderr
-    assert time.monotonic() - started < 2  # no retry
-    assert len(portal.seen) == 1
+    assert len(portal.seen) == 1  # no retry
+    assert time.monotonic() - started < 10  # nor a wait for one
 
     portal.body = zip_of({"train.py": b"ok\n"})
     portal.statuses = [503]

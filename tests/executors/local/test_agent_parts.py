@@ -314,7 +314,7 @@ def test_the_log_pump_gives_up_on_a_pipe_kept_open(tmp_path: Path) -> None:
     pump.stop(timeout=0.3)  # a writer outside the group still holds the pipe
     os.close(out)
     assert not pump.is_alive()
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # it gave up (a pump that waits would wait forever)
     assert (tmp_path / "run.log").read_bytes() == b"hello\n"
     os.close(write_end)
 
