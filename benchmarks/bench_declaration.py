@@ -31,30 +31,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import django_test_database, report, sized
+from tau.cli.data import ChunkStream
 
 FILES = int(os.environ.get("TAU_BENCH_DECLARATION_FILES") or sized(1_000_000, 2_000))
-
-
-class GeneratedBody(io.RawIOBase):
-    """The request body, made from an iterator of lines as the portal reads it."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self.chunks = chunks
-        self.left = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self.left:
-            try:
-                self.left = next(self.chunks)
-            except StopIteration:
-                return 0
-        count = min(len(buffer), len(self.left))
-        buffer[:count] = self.left[:count]
-        self.left = self.left[count:]
-        return count
 
 
 def lines(count: int) -> Iterator[bytes]:
@@ -89,7 +68,7 @@ def main() -> None:
         length = sum(map(len, lines(FILES)))
 
         def declare() -> tuple[float, Any]:
-            body = io.BufferedReader(GeneratedBody(lines(FILES)), buffer_size=64 * 1024)
+            body = io.BufferedReader(ChunkStream(lines(FILES)), buffer_size=64 * 1024)
             started = time.perf_counter()
             generated: dict[str, Any] = {"wsgi.input": body, "CONTENT_LENGTH": str(length)}
             answer = client.generic(

@@ -268,16 +268,9 @@ def start(
 
 # --- The S3 service -------------------------------------------------------------------------
 
-#: Error codes S3 and its look-alikes give for credentials or rights they refuse.
-_REFUSED = {
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "InvalidToken",
-    "ExpiredToken",
-    "Forbidden",
-    "AllAccessDisabled",
-}
+#: Error codes S3 and its look-alikes give for credentials or rights they refuse: the store's,
+#: and a bucket closed to everyone.
+_REFUSED = storage.REFUSED_CODES | {"AllAccessDisabled"}
 
 _clients: dict[tuple[object, ...], S3Client] = {}
 _clients_lock = threading.Lock()

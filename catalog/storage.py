@@ -438,7 +438,7 @@ class S3Store:
                 raise FileNotFoundError(errno.ENOENT, "no such blob in the store") from None
             if code == "NoSuchBucket":
                 raise StorageError(f"{self._described} has no such bucket") from None
-            if status == 403 or code in _REFUSED:
+            if status == 403 or code in REFUSED_CODES:
                 raise StorageError(
                     f"{self._described} refused the portal's credentials ({code or status}): "
                     "check TAU_STORAGE_ACCESS_KEY_ID_FILE and TAU_STORAGE_SECRET_ACCESS_KEY_FILE "
@@ -456,7 +456,7 @@ class S3Store:
 
 
 #: Error codes S3 and its look-alikes give for credentials they do not accept.
-_REFUSED = {
+REFUSED_CODES = {
     "AccessDenied",
     "InvalidAccessKeyId",
     "SignatureDoesNotMatch",

@@ -633,7 +633,7 @@ def pull(api: Api, url: str, target: Path, manifest: Manifest, *, quiet: bool) -
                 api.check(response)
             with (
                 _bar(quiet) as bar,
-                tarfile.open(fileobj=_Reader(response.iter_bytes()), mode="r|") as archive,
+                tarfile.open(fileobj=ChunkStream(response.iter_bytes()), mode="r|") as archive,
             ):
                 task = bar.add_task(f"Downloading {target.name}", total=manifest.total_bytes)
                 seen: set[str] = set()
@@ -685,8 +685,10 @@ def _write_member(
         )
 
 
-class _Reader(io.RawIOBase):
-    """A file object over an iterator of byte chunks (the response), for tarfile's stream."""
+class ChunkStream(io.RawIOBase):
+    """A file object over an iterator of byte chunks: a response for tarfile's stream, or a
+    request body made as it is read (the benchmark's and the tests' million-file
+    declarations)."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self.chunks = chunks

@@ -21,6 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from catalog import storage
 from catalog.ingest import asset_named, ingest_folder
 from catalog.models import Asset, AssetFile, AssetVersion
+from tau.cli.data import ChunkStream
 from tau.manifest import Entry, Manifest, scan
 from tests.datasets.test_catalog import folder
 
@@ -406,29 +407,18 @@ def test_options_describes_every_catalog_route(world: Any, researcher: Any) -> N
 NDJSON = "application/x-ndjson"
 
 
-class GeneratedBody(io.RawIOBase):
+class GeneratedBody(ChunkStream):
     """A request body made as it is read, from an iterator of byte strings: a declaration of
     a million files that never exists whole in the test either."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
-        self.chunks = chunks
-        self.left = b""
         self.pulled = 0  # chunks taken from the iterator so far
+        super().__init__(self._counted(chunks))
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self.left:
-            try:
-                self.left = next(self.chunks)
-            except StopIteration:
-                return 0
+    def _counted(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
             self.pulled += 1
-        count = min(len(buffer), len(self.left))
-        buffer[:count] = self.left[:count]
-        self.left = self.left[count:]
-        return count
+            yield chunk
 
 
 def synthetic(count: int, *, size: int = 1) -> Iterator[dict[str, Any]]:
