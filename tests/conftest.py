@@ -155,6 +155,12 @@ def make_workspace(slug: str, **extra: Any) -> Workspace:
 
 @pytest.fixture
 def world(django_user_model: Any) -> World:
+    return build_world(django_user_model)
+
+
+def build_world(django_user_model: Any) -> World:
+    """The cast of :class:`World`, made in the database (what the ``world`` fixture gives)."""
+
     def user(username: str, **flags: Any) -> Any:
         created = django_user_model.objects.create_user(
             username=username, password=None, email=f"{username}@example.org", **flags
