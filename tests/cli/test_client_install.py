@@ -90,6 +90,7 @@ def test_installing_writes_nothing_into_the_checkout(client: Client) -> None:
     assert client.written_into_checkout == []
 
 
+@pytest.mark.slow  # builds a venv and installs the client into it (15-17 s), then runs it
 def test_the_client_installs_without_the_server(client: Client, tmp_path: Path) -> None:
     python, tau_command, env = client.python, client.tau, client.env
 

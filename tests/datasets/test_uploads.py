@@ -567,6 +567,7 @@ def peak_growth(action: Callable[[], Any]) -> tuple[int, Any]:
     return (kib("VmHWM") - before) * 1024, result
 
 
+@pytest.mark.slow  # generates, parses and records 200,000 files (10-20 s)
 def test_two_hundred_thousand_files_are_declared_in_the_memory_of_a_few(
     world: Any, researcher: Any
 ) -> None:
