@@ -43,7 +43,10 @@ from runs.models import Delivery, Run, RunState
 from tests.runs.factories import make_run
 from workspaces.models import KueueSync
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Each test in a transaction rolled back at its end, as the database tier's tests are; the
+# test of a row another worker is claiming commits (transaction=True, the tables emptied
+# after it): the worker holding the row is another thread on its own connection.
+pytestmark = pytest.mark.django_db
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,7 @@ def test_a_claim_a_dead_worker_left_is_taken_over_once_it_lapsed(
 
 
 @EVERY
+@pytest.mark.django_db(transaction=True)
 def test_a_row_another_worker_is_claiming_is_skipped_not_waited_for(world: Any, name: str) -> None:
     box = OUTBOXES[name]
     pk = box.make(world)
