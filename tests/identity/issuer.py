@@ -8,6 +8,7 @@ so every refusal rule can be tested with a token crafted to break exactly that r
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -22,11 +23,20 @@ CLIENT_SECRET = "test-client-secret-not-used-for-signing"
 
 
 class Key:
-    def __init__(self, kid: str, alg: str = "RS256") -> None:
+    """A signing key of its own (a new one each time) under ``kid``, or ``private`` under it."""
+
+    def __init__(
+        self,
+        kid: str,
+        alg: str = "RS256",
+        private: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | None = None,
+    ) -> None:
         self.kid = kid
         self.alg = alg
         self.private: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
-        if alg.startswith("RS"):
+        if private is not None:
+            self.private = private
+        elif alg.startswith("RS"):
             self.private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         else:
             self.private = ec.generate_private_key(ec.SECP256R1())
@@ -42,11 +52,19 @@ class Key:
         return jwk
 
 
+@functools.cache
+def _first_key() -> rsa.RSAPrivateKey:
+    """Every issuer's first key, made once per process (an RSA key takes 0.1 s to make, and
+    each test has an issuer of its own); a test's other keys, an impostor's ``key-1`` among
+    them, are each new."""
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
 class Issuer:
     """Serves /.well-known/openid-configuration and /jwks; ``keys`` can change at any time."""
 
     def __init__(self) -> None:
-        self.keys: list[Key] = [Key("key-1")]
+        self.keys: list[Key] = [Key("key-1", private=_first_key())]
         self.jwks_requests = 0
         self.discovery_requests = 0
         #: What the discovery document says its issuer is (None: the server's own URL), its
