@@ -10,6 +10,8 @@ and deployment scripts sit outside the layering and may import anything; nothing
 from __future__ import annotations
 
 import ast
+import functools
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,11 +61,10 @@ def imported_modules(
     import sub`` of a module ``pkg.sub`` is an import of that module only: the package's
     ``__init__`` is loaded before any of its modules whatever they import, so it is no
     dependency of theirs (counting it made every module a package re-exports from a cycle)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = module or module_name(path)
     if path.name != "__init__.py":
         package = package.rpartition(".")[0]
-    for node in ast.walk(tree):
+    for node in import_statements(path.read_text(encoding="utf-8"), str(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
@@ -80,6 +81,17 @@ def imported_modules(
             # ``from runs import delivery`` imports the module runs.delivery.
             for name in named:
                 yield node.lineno, name
+
+
+@functools.cache
+def import_statements(source: str, filename: str) -> tuple[ast.Import | ast.ImportFrom, ...]:
+    """The import statements of ``source`` in the order ``ast.walk`` meets them, found once
+    per source: the checks here read every file of the product several times."""
+    return tuple(
+        node
+        for node in ast.walk(ast.parse(source, filename=filename))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    )
 
 
 def project_packages() -> set[str]:
@@ -263,7 +275,12 @@ FAILURE_CLASS_WRITERS = {
 def failure_class_writes(path: Path) -> Iterator[tuple[int, str]]:
     """Where ``path`` writes a ``failure_class``: an attribute assigned, or a keyword of a
     queryset's update or create."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    source = path.read_text(encoding="utf-8")
+    # Only a file that names the field can write it: the others are not parsed (Python reads
+    # names as NFKC, so a name written in other forms of the letters is found too).
+    if "failure_class" not in unicodedata.normalize("NFKC", source):
+        return
+    tree = ast.parse(source, filename=str(path))
     for node in ast.walk(tree):
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):
