@@ -1,5 +1,9 @@
 """Settings from the environment: the embedded default needs nothing, production needs
-everything that matters and passes Django's deployment checklist."""
+everything that matters and passes Django's deployment checklist.
+
+Settings are read once per process, so most of these tests start Python with exactly the
+environment they check: they are slow tests (tests/tiers.py), run by make test and not by
+make test-fast."""
 
 from __future__ import annotations
 
@@ -75,6 +79,7 @@ def deploy_check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # starts Python with the settings (0.5-1 s a start)
 def test_embedded_default_needs_nothing(tmp_path: Path) -> None:
     result = run_python(SHOW_SETTINGS, clean_env(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -92,6 +97,7 @@ def test_embedded_default_needs_nothing(tmp_path: Path) -> None:
     assert again["secret_len"] == shown["secret_len"]
 
 
+@pytest.mark.slow  # starts Python with the settings (0.5-1 s a start)
 def test_secrets_can_come_from_files(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("s" * 60 + "\n")
@@ -103,6 +109,7 @@ def test_secrets_can_come_from_files(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["secret_len"] == 60
 
 
+@pytest.mark.slow  # starts Python with the settings (0.5-1 s a start)
 def test_setting_a_secret_twice_is_refused(tmp_path: Path) -> None:
     env = clean_env(tmp_path, **PRODUCTION_ENV, TAU_SECRET_KEY_FILE="/dev/null")
     result = run_python(SHOW_SETTINGS, env)
@@ -110,6 +117,7 @@ def test_setting_a_secret_twice_is_refused(tmp_path: Path) -> None:
     assert "set either TAU_SECRET_KEY or TAU_SECRET_KEY_FILE, not both" in result.stderr
 
 
+@pytest.mark.slow  # starts Python with the settings (0.5-1 s a start)
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -153,12 +161,14 @@ def test_production_refuses_unsafe_or_missing_settings(
     assert not (tmp_path / "var" / "secret_key").exists()
 
 
+@pytest.mark.slow  # runs manage.py check --deploy (2-3.5 s)
 def test_production_passes_the_deployment_checklist(tmp_path: Path) -> None:
     result = deploy_check(clean_env(tmp_path, **PRODUCTION_ENV))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout
 
 
+@pytest.mark.slow  # runs manage.py check --deploy (2-3.5 s)
 def test_behind_a_trusted_tls_proxy_passes_the_deployment_checklist(tmp_path: Path) -> None:
     env = clean_env(
         tmp_path,
@@ -181,6 +191,7 @@ def test_behind_a_trusted_tls_proxy_passes_the_deployment_checklist(tmp_path: Pa
     ]
 
 
+@pytest.mark.slow  # runs manage.py check --deploy (2-3.5 s)
 def test_the_deployment_checklist_would_catch_a_weak_setting(tmp_path: Path) -> None:
     """The previous test is meaningful only if the checklist does fail on a bad setting."""
     env = clean_env(tmp_path, **PRODUCTION_ENV, TAU_HSTS_SECONDS="0")
@@ -242,6 +253,7 @@ def test_every_environment_variable_is_documented() -> None:
     assert undocumented == []
 
 
+@pytest.mark.slow  # starts Python with the settings (0.5-1 s a start)
 def test_production_redirects_pages_to_https_but_not_the_api_or_the_probes(
     tmp_path: Path,
 ) -> None:
