@@ -7,7 +7,7 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject
 
-from workspaces.selectors import user_workspaces
+from workspaces.selectors import navigation_workspaces
 
 
 def navigation(request: HttpRequest) -> dict[str, Any]:
@@ -15,4 +15,4 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
     if user is None or not user.is_authenticated:
         return {"nav_workspaces": []}
     # Lazy: pages that never show the switcher (errors, login) never run the query.
-    return {"nav_workspaces": SimpleLazyObject(lambda: user_workspaces(request))}
+    return {"nav_workspaces": SimpleLazyObject(lambda: navigation_workspaces(request))}

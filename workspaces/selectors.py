@@ -47,6 +47,22 @@ def workspaces_for_user(user: User | AnonymousUser) -> WorkspaceQuerySet:
     )
 
 
+def navigation_workspaces(request: HttpRequest) -> list[Any]:
+    """The workspaces the switcher in every page's top bar lists (name and slug, by name):
+    the page's own :func:`user_workspaces` where it read them (the home page), otherwise
+    just those columns. The role, member count and GPU quota that :func:`workspaces_for_user`
+    adds are three subqueries that the switcher never shows; building and running them was
+    a sixth of a page's time, on every page."""
+    cached: list[Any] | None = getattr(request, "_tau_user_workspaces", None)
+    if cached is not None:
+        return cached
+    return list(
+        Workspace.objects.visible_to(request.user)
+        .only("pk", "slug", "name")
+        .order_by("name", "slug")
+    )
+
+
 def user_workspaces(request: HttpRequest) -> list[Any]:
     """The caller's workspaces, read once per request however many parts of a page ask."""
     cached: list[Any] | None = getattr(request, "_tau_user_workspaces", None)

@@ -6,12 +6,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models import Q
+from django.test import RequestFactory
+from django.test.utils import CaptureQueriesContext
 
 from portal.models import AuditEvent
 from portal.tenancy import UnscopedQueryError
 from workspaces.models import Membership, Workspace, WorkspaceQuota
-from workspaces.selectors import workspaces_for_user
+from workspaces.selectors import navigation_workspaces, user_workspaces, workspaces_for_user
 
 pytestmark = pytest.mark.django_db
 
@@ -105,6 +108,23 @@ def test_inactive_workspaces_are_hidden(world: Any) -> None:
     world.alpha.active = False
     world.alpha.save()
     assert list(workspaces_for_user(world.users["researcher"])) == []
+
+
+@pytest.mark.parametrize("who", ["platform_admin", "researcher", "outsider"])
+def test_the_switcher_lists_what_the_home_page_lists(world: Any, who: str) -> None:
+    """The top bar's switcher reads only names and slugs, in one query: the same workspaces
+    in the same order as the annotated list, which it reuses where the page read it."""
+    request = RequestFactory().get("/")
+    request.user = world.users[who]
+    with CaptureQueriesContext(connection) as queries:
+        listed = navigation_workspaces(request)
+    assert len(queries) == 1
+    expected = list(workspaces_for_user(world.users[who]))
+    assert [(w.pk, w.slug, w.name) for w in listed] == [(w.pk, w.slug, w.name) for w in expected]
+    page = user_workspaces(request)
+    with CaptureQueriesContext(connection) as queries:
+        assert navigation_workspaces(request) is page
+    assert len(queries) == 0
 
 
 def test_workspaces_for_user_annotations(world: Any) -> None:
