@@ -25,7 +25,6 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.contrib.contenttypes.models import ContentType
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.db import transaction
 from django.test import override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
@@ -44,7 +43,7 @@ from portal.models import AuditEvent
 from runs.artifacts import store_artifact
 from runs.models import RunState
 from runs.state import transition
-from tests.conftest import CAST, World, build_world
+from tests.conftest import CAST, World
 from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.runs.factories import TINY_FILES, TINY_SPEC, cluster_quota, make_run, zip_bytes
 from workspaces.models import (
@@ -60,28 +59,10 @@ from workspaces.models import (
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(scope="module")
-def world(django_db_setup: None, django_db_blocker: Any) -> Iterator[World]:
-    """The cast, made once for the module's two thousand cases (it was a quarter of their
-    time) inside a transaction of its own: each test runs in a savepoint inside it, rolled
-    back at the test's end as always, so what a test writes (a run, a token, a membership)
-    is gone before the next; the cast itself goes when the module ends. Nothing here keeps
-    state outside the database that a test could leave behind: rate limits count in a window
-    of each test's own (``one_minute_of_rate_limits``), and run names are random."""
-    with django_db_blocker.unblock():
-        cast = transaction.atomic()
-        cast.__enter__()
-        try:
-            made = build_world(get_user_model())
-        except BaseException:
-            cast.__exit__(None, None, None)
-            raise
-    try:
-        yield made
-    finally:
-        with django_db_blocker.unblock():
-            transaction.set_rollback(True)
-            cast.__exit__(None, None, None)
+@pytest.fixture
+def world(module_world: World) -> World:
+    """The cast, made once for the module's cases (tests/conftest.module_world)."""
+    return module_world
 
 
 Kwargs = Callable[[Any], dict[str, Any]]

@@ -16,7 +16,7 @@ import io
 import json
 import secrets
 import string
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.db import transaction
 from django.http import HttpResponseBase
 from django.urls import resolve
 from django.utils import timezone
@@ -40,7 +39,7 @@ from identity import tokens
 from runs.artifacts import store_artifact
 from runs.models import Checkpoint, MetricPoint, RunEvent, RunState
 from runs.state import transition
-from tests.conftest import World, build_world
+from tests.conftest import World
 from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.runs.factories import TINY_SPEC, cluster_quota, make_run
 from tests.runs.test_api import attempt_with_log, bearer, run_token
@@ -69,29 +68,10 @@ def openapi(schema: dict[str, Any]) -> OpenAPI:
     return OpenAPI.from_dict(schema)
 
 
-@pytest.fixture(scope="module")
-def world(django_db_setup: None, django_db_blocker: Any) -> Iterator[World]:
-    """The cast, made once for the module's 230 tests (it was a third of their setup) inside
-    a transaction of its own, as tests/test_access_matrix.py does: each test runs in a
-    savepoint inside it, rolled back at the test's end as always, so what a call writes (a
-    run, a token, a membership, a version) is gone before the next; the cast itself goes when
-    the module ends. No call changes the cast's objects in memory, and what is kept outside
-    the database is each test's own: its folder (VAR_DIR, the store), its window of rate
-    limits, a random address for each bad-token guesser."""
-    with django_db_blocker.unblock():
-        cast = transaction.atomic()
-        cast.__enter__()
-        try:
-            made = build_world(get_user_model())
-        except BaseException:
-            cast.__exit__(None, None, None)
-            raise
-    try:
-        yield made
-    finally:
-        with django_db_blocker.unblock():
-            transaction.set_rollback(True)
-            cast.__exit__(None, None, None)
+@pytest.fixture
+def world(module_world: World) -> World:
+    """The cast, made once for the module's cases (tests/conftest.module_world)."""
+    return module_world
 
 
 def test_the_schema_describes_the_api_tokens(schema: dict[str, Any]) -> None:
