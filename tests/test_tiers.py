@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -75,3 +77,41 @@ def test_each_test_is_in_the_tier_of_the_costliest_thing_it_uses(
         "test_marked_database",
         "test_plain",
     ]
+
+
+COSTS = """
+import subprocess, sys, time
+
+BUSY = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass"
+
+def test_idle(): time.sleep(0.3)
+def test_busy_in_a_child(): subprocess.run([sys.executable, "-c", BUSY], check=True)
+def test_busy_itself():
+    started = time.process_time()
+    while time.process_time() - started < 0.3: pass
+"""
+
+
+@pytest.mark.slow  # starts pytest
+@pytest.mark.parametrize("workers", [[], ["-p", "xdist", "-n", "2"]], ids=["alone", "xdist"])
+def test_each_pass_names_its_costliest_tests_by_cpu_their_programs_included(
+    pytester: pytest.Pytester, workers: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test's own CPU and its programs' count (a child's whole life once it has ended);
+    time spent waiting does not; under pytest-xdist the controller adds up what the workers
+    measured."""
+    pytester.makepyfile(test_costs=COSTS)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))  # tests.tiers
+    result = pytester.runpytest_subprocess("-p", "no:django", "-p", "tests.tiers", *workers)
+    result.assert_outcomes(passed=3)
+    title = next(n for n, line in enumerate(result.outlines) if "costliest 3 tests by CPU" in line)
+    lines = result.outlines[title + 1 : title + 4]
+    named = [line.split()[1].split("::")[1] for line in lines]
+    seconds = [float(line.split()[0].rstrip("s")) for line in lines]
+    assert named == ["test_busy_in_a_child", "test_busy_itself", "test_idle"], lines
+    assert seconds[0] >= 0.6, lines
+    assert seconds[1] >= 0.3, lines
+    assert seconds[2] < 0.2, lines
+    (unit,) = [line for line in result.outlines if line.startswith("unit ")]
+    assert unit.split()[:2] == ["unit", "3"], unit
+    assert "(CPU 0.0 min)" in unit, unit  # 1 s in all, in minutes
