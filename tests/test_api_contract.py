@@ -13,9 +13,11 @@ role that may call it), and replays every successful read of one workspace's obj
 other workspace's token (``peers``). Path parameters come from the objects that exist (both
 workspaces' slugs, runs and members, most of the time) so that operations reach their data.
 
-Bounded in time: ``MAX_EXAMPLES`` per operation and phase, one worker; about three minutes
-on two cores. ``test_a_token_never_reads_another_workspaces_objects`` walks every read
-operation with the other workspace's token and ids itself, as a floor under the fuzzer.
+Bounded in time: ``MAX_EXAMPLES`` per operation and phase, one worker; about two minutes
+on two cores, most of it schemathesis' own generating of the fuzzing phase's cases (the
+portal answers in a few milliseconds once it keeps its database connection).
+``test_a_token_never_reads_another_workspaces_objects`` walks every read operation with the
+other workspace's token and ids itself, as a floor under the fuzzer.
 """
 
 from __future__ import annotations
@@ -177,7 +179,12 @@ def contract(world: Any, tmp_path: Path, settings: Any) -> Iterator[Contract]:
     # 429 instead of 401, as it should (tests/identity/test_api_tokens.py), and the check
     # that bad credentials get nothing would see the limiter instead.
     unlimited = {"TAU_AUTH_FAILURES_PER_ADDRESS": "1000000", "TAU_AUTH_FAILURES_PER_KEY": "1000000"}
-    for portal in portal_processes(tmp_path, "filesystem://", extra_env=unlimited):
+    # Production's web server and its database connections (the Helm chart's gunicorn, which
+    # keeps a connection for TAU_DB_CONN_MAX_AGE): make run's uvicorn opens a PostgreSQL
+    # connection for every request (a SCRAM handshake and a new backend with cold caches,
+    # about 15 ms of the 20 ms an API request took), which was half of this test's time.
+    production = {**unlimited, "TAU_DB_CONN_MAX_AGE": "60"}
+    for portal in portal_processes(tmp_path, "filesystem://", extra_env=production, gunicorn=True):
         portal.start(worker=False, beat=False)
         status, body = _get(f"{portal.url}/api/v1/schema/?format=json", issued["viewer"])
         assert status == 200, body[:500]
@@ -267,6 +274,10 @@ def _schemathesis_config(contract: Contract, directory: Path) -> Path:
         "continue-on-failure = true",
         "[generation]",
         f"max-examples = {MAX_EXAMPLES}",
+        # No example database: each run starts in an empty folder, so there is nothing to
+        # replay, and keeping one made Hypothesis keep a Pareto front of every fuzzed case's
+        # targets, about a sixth of the fuzzing phase's CPU, for a run that follows.
+        'database = "none"',
         # Text with NUL is refused by every route (no database column stores it). The schema
         # says so for every string value (pattern); the keys of free-form objects (an event's
         # data, a trial's config) cannot say it in OpenAPI 3.0 (no propertyNames).
@@ -324,7 +335,12 @@ def test_schemathesis_finds_nothing(contract: Contract, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_SECONDS,
-        env={**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}},
+        env={
+            **{k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")},
+            # Hypothesis' caches (its Unicode tables, 4 s of CPU to make) kept beside the venv,
+            # not made again in each run's empty folder; there is no example database to keep.
+            "HYPOTHESIS_STORAGE_DIRECTORY": str(executable.parent.parent / "hypothesis"),
+        },
         check=False,
     )
     took = time.monotonic() - started
