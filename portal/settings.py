@@ -180,7 +180,9 @@ if _database_url is None:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     _database_url = f"sqlite:///{VAR_DIR / 'taugrid.sqlite3'}"
 _database = parse_database_url(
-    _database_url, conn_max_age=env_int("TAU_DB_CONN_MAX_AGE", 60 if PRODUCTION else 0, minimum=0)
+    _database_url,
+    conn_max_age=env_int("TAU_DB_CONN_MAX_AGE", 60 if PRODUCTION else 0, minimum=0),
+    pool_size=env_int("TAU_DB_POOL_SIZE", 0, minimum=0),
 )
 if PRODUCTION and _database.vendor != "postgresql":
     raise ImproperlyConfiguredEnv("DATABASE_URL must be PostgreSQL when TAU_ENV=production")

@@ -218,6 +218,24 @@ def test_database_urls(url: str, vendor: str, name: str) -> None:
         assert parsed.settings["OPTIONS"] == {"sslmode": "require"}
 
 
+def test_a_pool_replaces_kept_connections_on_postgresql_only() -> None:
+    pooled = parse_database_url(
+        "postgres://u:p@db/tau?sslmode=require", conn_max_age=60, pool_size=4
+    ).settings
+    assert pooled["OPTIONS"] == {
+        "sslmode": "require",
+        "pool": {"min_size": 1, "max_size": 4, "timeout": 30},
+    }
+    assert pooled["CONN_MAX_AGE"] == 0  # Django refuses a pool with kept connections
+    assert pooled["CONN_HEALTH_CHECKS"] is False
+    kept = parse_database_url("postgres://u:p@db/tau", conn_max_age=60).settings
+    assert kept["OPTIONS"] == {}
+    assert kept["CONN_MAX_AGE"] == 60
+    sqlite = parse_database_url("sqlite:////a.sqlite3", pool_size=4).settings
+    assert isinstance(sqlite["OPTIONS"], dict)
+    assert "pool" not in sqlite["OPTIONS"]
+
+
 @pytest.mark.parametrize("url", ["mysql://x/y", "postgres://host/", "sqlite://"])
 def test_bad_database_urls_say_what_is_wrong(url: str) -> None:
     with pytest.raises(ImproperlyConfiguredEnv):

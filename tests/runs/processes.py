@@ -132,12 +132,12 @@ class Portal:
         self.logs = var_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
 
-    def _spawn(self, name: str, command: list[str]) -> None:
+    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         self.processes[name] = subprocess.Popen(
             command,
             cwd=ROOT,
-            env=self.env,
+            env=self.env if env is None else env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -155,7 +155,7 @@ class Portal:
         follows ``worker`` unless given, and is started only if it is not running already (a
         test that restarts a killed main worker keeps the notifier it has)."""
         if web:
-            self._spawn("web", self.web_command())
+            self._spawn("web", self.web_command(), self.web_env())
             wait_for(self._healthy, timeout=60, what="the web server's start")
         if worker:
             self._spawn(
@@ -226,6 +226,15 @@ class Portal:
             "--forwarded-allow-ips=",
             "--no-control-socket",
         ]
+
+    def web_env(self) -> dict[str, str]:
+        """The web server's environment: make run's (a pool of database connections) for its
+        server, the chart's for gunicorn (the portal's ``extra_env`` sets its own)."""
+        if self.gunicorn:
+            return self.env
+        from web.management.commands.runportal import web_environment
+
+        return web_environment(self.env)
 
     def running(self, name: str) -> bool:
         """Whether the process ``name`` was started and has not ended."""

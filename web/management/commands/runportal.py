@@ -206,9 +206,21 @@ class Command(BaseCommand):
 
 
 def web_command(host: str, port: int) -> list[str]:
-    """The web server as ``make run`` starts it (tests start the same)."""
+    """The web server as ``make run`` starts it (tests start the same, with
+    :func:`web_environment`)."""
     manage = os.path.join(settings.BASE_DIR, "manage.py")
     return [sys.executable, manage, "serve_web", "--host", host, "--port", str(port)]
+
+
+#: A pool of database connections for the web server (on PostgreSQL; SQLite ignores it): it
+#: answers each request in a thread of its own, so a kept connection would be one per thread
+#: (``portal.env.parse_database_url``).
+WEB_POOL_SIZE = "4"
+
+
+def web_environment(environment: dict[str, str]) -> dict[str, str]:
+    """``environment`` for the web server: with a pool of connections unless it names one."""
+    return {"TAU_DB_POOL_SIZE": WEB_POOL_SIZE, **environment}
 
 
 def _environments(commands: dict[str, list[str]]) -> dict[str, dict[str, str]]:
@@ -218,6 +230,8 @@ def _environments(commands: dict[str, list[str]]) -> dict[str, dict[str, str]]:
         name: (
             {**environment, "PYTHONWARNINGS": celery_quiet}
             if name in ("worker", "notifier")
+            else web_environment(environment)
+            if name == "web"
             else environment
         )
         for name in commands
