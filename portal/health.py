@@ -13,6 +13,7 @@ limits each run's memory, processes and disk.
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,11 @@ def _check_broker() -> None:
             folder = Path(str(options[key]))
             if not folder.is_dir():
                 raise OSError(f"broker folder {folder} is missing")
-            probe = folder / ".readyz"
-            probe.write_text("ok", encoding="utf-8")
-            probe.unlink()
+            # A probe of its own: requests answered at once in threads (make run's server)
+            # each removed the one shared name, and all but the first failed (503).
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".readyz-") as probe:
+                probe.write(b"ok")
+                probe.flush()
         return
     with celery_app.connection_for_read(url) as conn:
         conn.ensure_connection(max_retries=1, interval_start=0, timeout=_TIMEOUT_SECONDS)
