@@ -95,7 +95,7 @@ def test_the_cluster_tier_runs_after_the_build_beside_the_others(
     assert selection(cluster) == "cluster and not (unit or db)"
     assert "-n" not in cluster["args"]  # one test after another
     assert selection(others) == "not cluster and not (unit or db)"
-    assert others["args"][others["args"].index("-n") + 1] == "3"
+    assert others["args"][others["args"].index("-n") + 1] == "2"
     # The build, then the cluster tier. The other tests did not wait for the build; what
     # they need was built before them (no test builds); and the fast tiers, run once, by
     # the lane free first: this one, the build still going on.
