@@ -113,7 +113,7 @@ docs: install-docs
 # The whole suite in two lanes at once (deploy/dev/test_lanes.py): the control plane's build
 # (cached) and then the cluster tier one test at a time; beside them, the fast tiers spread over
 # every core, the portal's image build (cached layers: seconds when warm), then the tiers that
-# start processes or Chromium and the slow tests over three workers. No test builds anything.
+# start processes or Chromium and the slow tests over two workers. No test builds anything.
 # A pass that PYTEST_ARGS leaves empty (pytest's exit 5) is fine.
 # Each pass ends with its 15 slowest tests.
 pytest: install-dev

@@ -183,10 +183,7 @@ def main(argv: list[str]) -> int:
         default="",
         help="the command that builds what the other tests need, run after the fast pass",
     )
-    # Three on two cores: those tests wait for most of their time (a portal to start, a run
-    # to end: 11.6 CPU-minutes in 32.7 minutes of tests, the pass's own count), so a third
-    # fills the cores while the other two wait.
-    parser.add_argument("--workers", default="3", help="pytest-xdist workers of the other lane")
+    parser.add_argument("--workers", default="2", help="pytest-xdist workers of the other lane")
     parser.add_argument("pytest", nargs=argparse.REMAINDER, help="-- PYTEST [ARGS...]")
     options = parser.parse_args(argv)
     command = options.pytest[1:] if options.pytest[:1] == ["--"] else options.pytest
