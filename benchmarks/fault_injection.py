@@ -476,7 +476,7 @@ def slow_webhooks_experiment(
 
     quiet_bundle = _bundle()
     try:
-        portal.start()
+        portal.start(notifier=True)
         agent.start()
         say("portal (web, worker, notifier, beat), agent and receivers started")
         # A first run while the agent and the workers warm up (the agent's first pass comes

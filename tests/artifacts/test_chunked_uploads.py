@@ -55,7 +55,7 @@ def portal(request: Any, tmp_path: Path, settings: Any) -> Iterator[Portal]:
     for started in portal_processes(
         tmp_path, settings.CELERY_BROKER_URL, gunicorn=request.param == "gunicorn"
     ):
-        started.start(worker=False, beat=False, notifier=False)
+        started.start(worker=False, beat=False)
         yield started
 
 

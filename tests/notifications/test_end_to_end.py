@@ -59,7 +59,7 @@ def test_a_finished_example_run_is_posted_and_e_mailed_by_the_worker(
     agent = Agent(tmp_path / "var", {"TAU_API_URL": portal.url, **notification_env(smtp)})
     agent.start()
     try:
-        portal.start()
+        portal.start(notifier=True)
         admin_token = tokens.issue_token(user=world.users["workspace_admin"], name="e2e").plaintext
         request = urllib.request.Request(
             f"{portal.url}/api/v1/workspaces/alpha/webhooks/",

@@ -99,8 +99,9 @@ class PrivateRedis:
 
 
 class Portal:
-    """The web server + Celery worker + the notifications worker + Celery beat, as ``make run``
-    starts them (``gunicorn=True``: the web server is production's instead)."""
+    """The web server + Celery worker + Celery beat, as ``make run`` starts them, and the
+    notifications worker where a test sends notifications (``gunicorn=True``: the web server
+    is production's instead)."""
 
     def __init__(
         self,
@@ -149,11 +150,13 @@ class Portal:
         web: bool = True,
         worker: bool = True,
         beat: bool = True,
-        notifier: bool | None = None,
+        notifier: bool = False,
     ) -> None:
         """Start the parts asked for. ``notifier`` (the worker of the ``notifications`` queue)
-        follows ``worker`` unless given, and is started only if it is not running already (a
-        test that restarts a killed main worker keeps the notifier it has)."""
+        only where the test sends notifications: each Celery worker costs ~2 s of CPU to start,
+        and the suite starts some thirty portals. It is started only if it is not running
+        already (a test that restarts a killed main worker keeps the notifier it has), on an
+        empty queue: without a notifier, beat's reconcile tasks for it pile up there."""
         if web:
             self._spawn("web", self.web_command(), self.web_env())
             wait_for(self._healthy, timeout=60, what="the web server's start")
@@ -178,7 +181,8 @@ class Portal:
         # Notifications have a queue and a worker of their own (CELERY_TASK_ROUTES), as under
         # make run and in the chart: more slots than one workspace's share of them
         # (TAU_NOTIFY_WORKSPACE_CONCURRENCY, 2).
-        if (worker if notifier is None else notifier) and not self.running("notifier"):
+        if notifier and not self.running("notifier"):
+            self.purge_queue("notifications")
             self._spawn(
                 "notifier",
                 [
@@ -210,6 +214,15 @@ class Portal:
                     str(self.logs / "beat-schedule"),
                 ],
             )
+
+    def purge_queue(self, queue: str) -> None:
+        """Drop what waits in ``queue`` on this portal's broker (earlier tests' portals left
+        it there)."""
+        from kombu import Connection
+
+        with Connection(self.env["CELERY_BROKER_URL"]) as broker:
+            channel: Any = broker.default_channel  # kombu's StdChannel type lacks queue_purge
+            channel.queue_purge(queue)
 
     def web_command(self) -> list[str]:
         if not self.gunicorn:
