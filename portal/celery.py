@@ -13,8 +13,9 @@ from celery import Celery
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 # Celery's Django fix-up runs Django's system checks when a worker starts, which imports every
 # URLconf and view (REST framework, the schema generator) into a process that serves none of
-# them: ~0.3 s of CPU at each start of each worker. The web server and `manage.py migrate`
-# run them for the same settings; CELERY_SKIP_CHECKS= (empty) runs them here too.
+# them: ~0.3 s of CPU at each start of each worker. `manage.py migrate` runs them for the same
+# settings (make run and the chart's migration job), and so does make run's web server;
+# CELERY_SKIP_CHECKS= (empty) runs them here too.
 os.environ.setdefault("CELERY_SKIP_CHECKS", "true")
 
 app = Celery("taugrid")

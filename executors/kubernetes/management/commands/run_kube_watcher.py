@@ -22,7 +22,8 @@ from executors.kubernetes.watcher import serve
 class Command(BaseCommand):
     help = "Follow the runs on Kubernetes and record what happens to them (foreground)."
     # A daemon that serves no pages: Django's system checks would import every URLconf and
-    # view into it (~0.3 s of CPU at each start). The web server and `migrate` run them.
+    # view into it (~0.3 s of CPU at each start). `migrate` runs them (make run and the
+    # chart's migration job), and so does make run's web server.
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: Any) -> None:

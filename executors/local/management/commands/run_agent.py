@@ -23,7 +23,8 @@ from tau.quantity import QuantityError
 class Command(BaseCommand):
     help = "Execute queued local runs on this machine (foreground; Ctrl-C stops it)."
     # A daemon that serves no pages: Django's system checks would import every URLconf and
-    # view into it (~0.3 s of CPU at each start). The web server and `migrate` run them.
+    # view into it (~0.3 s of CPU at each start). `migrate` runs them (make run and the
+    # chart's migration job), and so does make run's web server.
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: Any) -> None:
