@@ -134,6 +134,10 @@ class LeaderElection:
                 return False
         moment = _micro_time(self.wall_clock())
         ours = holder == self.identity
+        # Not acting until now although the Lease names this replica: an earlier write of ours
+        # landed but its answer was lost (a timeout under load), or this replica stopped
+        # renewing in time. Either way it starts acting now, and says so like any take-over.
+        resumed = ours and not self.leading
         body = {
             "apiVersion": COORDINATION,
             "kind": "Lease",
@@ -158,13 +162,14 @@ class LeaderElection:
             logger.warning("cannot renew the Lease %s/%s: %s", self.namespace, self.name, error)
             return False
         self._held(stored, now)
-        if not ours:
-            logger.info(
-                "took the Lease %s/%s (%s)",
-                self.namespace,
-                self.name,
-                f"from {holder}, whose lease ran out" if holder else "it was free",
-            )
+        if not ours or resumed:
+            if resumed:
+                why = "it named this replica already: an earlier write of ours went unanswered"
+            elif holder:
+                why = f"from {holder}, whose lease ran out"
+            else:
+                why = "it was free"
+            logger.info("took the Lease %s/%s (%s)", self.namespace, self.name, why)
         return True
 
     def _lapses(self, spec: Mapping[str, Any], duration: float, now: float) -> float:
@@ -267,7 +272,10 @@ class LeaderElection:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            leading = self.try_acquire_or_renew()
+            self.try_acquire_or_renew()
+            # Whether it acts, not whether this round's call was answered: one unanswered
+            # renewal within the renew deadline loses nothing.
+            leading = self.leading
             if leading != self._was_leading:
                 self._was_leading = leading
                 if not leading:

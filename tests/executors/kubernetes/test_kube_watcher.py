@@ -1466,6 +1466,66 @@ def test_a_lease_renewed_long_ago_is_taken_as_soon_as_it_is_seen(
         client.delete("v1", "Namespace", namespace, missing_ok=True)
 
 
+@cluster
+def test_a_take_over_whose_answer_was_lost_is_still_said(
+    client: adapter.KubeClient, kube: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under load a standby's write to the Lease can land while its answer times out: the next
+    round finds the Lease naming it already. It starts acting then, and says it took the Lease
+    (the log line operators and the kill -9 test below look for), once."""
+    namespace = kube.unique("lease")
+
+    class AnswerLost:
+        """The real client, but the next update's answer is lost after the write landed."""
+
+        lose = False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(client, name)
+
+        def update(self, body: dict[str, Any], **options: Any) -> dict[str, Any]:
+            stored: dict[str, Any] = client.update(body, **options)
+            if self.lose:
+                self.lose = False
+                raise adapter.Unavailable("read timed out")
+            return stored
+
+    try:
+        now = [1000.0]
+        flaky = AnswerLost()
+        a, b = (
+            LeaderElection(
+                elector_client,  # type: ignore[arg-type]
+                namespace=namespace,
+                name=LEASE,
+                lease_seconds=6,
+                identity=identity,
+                clock=lambda: now[0],
+            )
+            for identity, elector_client in (("a", client), ("b", flaky))
+        )
+        assert a.try_acquire_or_renew()
+        assert not b.try_acquire_or_renew()
+        now[0] += 6.1  # a died: a whole lease without a change
+        flaky.lose = True
+        with caplog.at_level("INFO", logger="kube.leader"):
+            assert not b.try_acquire_or_renew()  # written, but b does not know it
+            assert not b.leading
+            assert lease_holder(client, namespace) == "b"
+            now[0] += 0.5
+            assert b.try_acquire_or_renew()
+            assert b.leading
+            now[0] += 1
+            assert b.try_acquire_or_renew()  # an ordinary renewal: nothing to say
+        took = [r.getMessage() for r in caplog.records if "took the Lease" in r.getMessage()]
+        assert took == [
+            f"took the Lease {namespace}/{LEASE} (it named this replica already: an earlier "
+            "write of ours went unanswered)"
+        ]
+    finally:
+        client.delete("v1", "Namespace", namespace, missing_ok=True)
+
+
 # -- processes: leader election and kill -9 --------------------------------------------------
 
 
@@ -1594,7 +1654,7 @@ def test_one_watcher_acts_and_a_killed_one_is_replaced_without_losing_or_doublin
         )
         assert killed_at < 50
         assert lease_holder(client, lease_namespace) == "watcher-b"
-        assert standby.says("took the Lease")
+        assert standby.says("took the Lease"), standby.output()[-3000:]
         assert standby.actions()
         assert restarted.actions() == []  # it waits: the Lease is watcher-b's
     finally:
