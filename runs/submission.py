@@ -4,7 +4,8 @@ The spec is validated with the same code the CLI uses offline; then the backend 
 its machines could never give the run, workspace policy fills its defaults and applies its
 limits, and the code bundle is checked against the spec (the entry point must be in it).
 Nothing is written unless all of that passes: a problem that can be seen at submission is
-never accepted and left to fail at run time.
+never accepted and left to fail at run time. A spec that describes an endpoint
+(``workload_kind: rayservice``) is refused as a whole: endpoints are deployed, not run.
 
 The submit page's live check runs the same functions (``check_spec``, ``check_bundle``)
 on every edit, with the listing of the chosen zip that the browser reads.
@@ -48,6 +49,8 @@ FORM_OVERHEAD_BYTES = 2 * 2**20
 MAX_SUBMISSION_BYTES = bundles.MAX_BUNDLE_BYTES + MAX_SPEC_BYTES + FORM_OVERHEAD_BYTES
 #: The same for the submit page's live check, which never sends the zip itself.
 MAX_CHECK_BYTES = 2 * MAX_SPEC_BYTES + FORM_OVERHEAD_BYTES
+#: Why a valid ``workload_kind: rayservice`` spec is refused here (at ``run.workload_kind``).
+ENDPOINT_IS_NOT_A_RUN = "this tau.yaml describes an endpoint; deploy it with `tau serve deploy`"
 
 
 class Extension:
@@ -209,6 +212,10 @@ def check_spec(
                 if problem.path.startswith("compute.") and problem.path not in said
             ]
         raise SubmissionRefused(problems)
+    if reading.spec.is_endpoint:
+        # Endpoints are not runs: no backend, policy or bundle check of runs is asked about
+        # one, and nothing would ever start it as a run.
+        raise SubmissionRefused([_at(source, "run.workload_kind", ENDPOINT_IS_NOT_A_RUN)])
     problems, placement = _placed(source, reading.spec, workspace=workspace, backend=backend)
     problems += check_extensions(source, reading.spec, workspace)[0]
     if problems or placement is None:

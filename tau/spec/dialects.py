@@ -44,7 +44,7 @@ from decimal import Decimal
 from typing import Any, Literal, TypeAlias
 
 from tau.spec.fields import IntegerKind, Invalid, QuantityKind, StringKind, describe
-from tau.spec.model import FailureClass, Spec
+from tau.spec.model import FailureClass, Serve, Spec
 from tau.spec.nodes import MappingNode, Node, ScalarNode, SequenceNode, from_python
 from tau.spec.problems import (
     DOCUMENT_PATH,
@@ -126,6 +126,8 @@ def _plural(count: int, word: str) -> str:
 def describe_shape(spec: Spec) -> str:
     """``1 head + 2 workers, 1 GPU per worker (2 GPUs)``, and what else shapes the run."""
     compute = spec.compute
+    if spec.serve is not None:
+        return _describe_endpoint(spec, spec.serve)
     if spec.run.workload_kind == "rayjob":
         shape = f"1 head + {_plural(compute.workers, 'worker')}"
     else:
@@ -148,6 +150,31 @@ def describe_shape(spec: Spec) -> str:
             f"({spec.execution.max_concurrent_trials} at a time) by "
             f"{spec.execution.metric} ({spec.execution.mode})"
         )
+    return shape
+
+
+def _describe_endpoint(spec: Spec, serve: Serve) -> str:
+    """``an endpoint of app:deployment at /: 2 replicas, 1 GPU each (2 GPUs), model tiny-gpt@3``."""
+    compute = spec.compute
+    shape = f"an endpoint of {serve.import_path} at {serve.route_prefix}: "
+    if serve.autoscaling is not None:
+        scaling = serve.autoscaling
+        shape += f"{scaling.min_replicas} to {_plural(scaling.max_replicas, 'replica')}"
+        most = scaling.max_replicas
+    else:
+        replicas = serve.replicas or 1
+        shape += _plural(replicas, "replica")
+        most = replicas
+    if compute.gpus:
+        shape += f", {_plural(compute.gpus, 'GPU')} each"
+        if most > 1:
+            shape += f" ({'at most ' if serve.autoscaling else ''}{compute.gpus * most} GPUs)"
+    else:
+        shape += ", 0 GPUs"
+    if compute.gpu_type:
+        shape += f" of type {compute.gpu_type}"
+    if serve.model is not None:
+        shape += f", model {serve.model.name}@{serve.model.version}"
     return shape
 
 

@@ -36,15 +36,21 @@ from hypothesis import strategies as st
 
 from tau.spec import Spec, SpecError, canonical_json, load_spec, spec_hash, validate
 from tau.spec.fields import Kind, ListKind, ObjectKind
-from tau.spec.samples import ARTICLE_EXAMPLE, FULL_EXAMPLE
+from tau.spec.samples import (
+    ARTICLE_EXAMPLE,
+    FULL_EXAMPLE,
+    SERVE_EXAMPLE,
+    SERVE_FULL_EXAMPLE,
+)
 from tau.spec.schema import ROOT, json_schema, read_source, spec_from_dict
 
 _EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 
 
 def seed_texts() -> list[str]:
-    """Valid specs to start mutating from: the samples and the repository's examples."""
-    texts = [ARTICLE_EXAMPLE, FULL_EXAMPLE]
+    """Valid specs to start mutating from: the samples (runs and endpoints) and the
+    repository's examples."""
+    texts = [ARTICLE_EXAMPLE, FULL_EXAMPLE, SERVE_EXAMPLE, SERVE_FULL_EXAMPLE]
     if _EXAMPLES_DIR.is_dir():
         texts.extend(path.read_text("utf-8") for path in sorted(_EXAMPLES_DIR.glob("*/tau.yaml")))
     return texts
@@ -103,6 +109,10 @@ INTERESTING_STRINGS = (
     "a" * 38,
     "rayjob",
     "job",
+    "rayservice",
+    "app:deployment",
+    "app.deployment",
+    "/v1/",
     "preempted",
     "torch>=2.4.0",
     "torch=2.4",

@@ -33,8 +33,10 @@ from tau.quantity import parse_quantity
 
 SCHEMA_VERSION = 1
 
-WorkloadKind: TypeAlias = Literal["rayjob", "job"]
-WORKLOAD_KINDS: tuple[WorkloadKind, ...] = ("rayjob", "job")
+WorkloadKind: TypeAlias = Literal["rayjob", "job", "rayservice"]
+#: ``rayservice`` is an endpoint (a long-running Ray Serve application), not a run: its spec
+#: has a ``serve`` block and no entry point.
+WORKLOAD_KINDS: tuple[WorkloadKind, ...] = ("rayjob", "job", "rayservice")
 
 FailureClass: TypeAlias = Literal[
     "user_error",
@@ -75,7 +77,8 @@ class Run:
 
     #: A script in the project directory (``train.py``, ``scripts/train.py --lr 0.1``) or a
     #: command line (``torchrun --nproc-per-node 8 train.py``, ``python -m pkg.train``).
-    entrypoint: str
+    #: None only for a ``rayservice``, which starts ``serve.import_path`` instead.
+    entrypoint: str | None
     workload_kind: WorkloadKind
     args: tuple[str, ...]
     project_dir: str
@@ -85,14 +88,23 @@ class Run:
 
     @property
     def script(self) -> str | None:
-        """The script the entry point starts (its first word, when that is a .py/.sh file)."""
+        """The script the entry point starts (its first word, when that is a .py/.sh file);
+        None for a command line and for an endpoint, which has no entry point."""
+        if self.entrypoint is None:
+            return None
         first = shlex.split(self.entrypoint)[0]
         return first if script_interpreter(first) else None
 
     def command(self) -> tuple[str, ...]:
         """The full argument vector: ``("python", "train.py", *args)`` or the command line's
         words followed by ``args``. Renderers join it with ``shlex.join`` where a shell
-        string is needed (a RayJob ``entrypoint``)."""
+        string is needed (a RayJob ``entrypoint``). An endpoint has no command: it raises
+        :class:`NoEntrypoint`."""
+        if self.entrypoint is None:
+            raise NoEntrypoint(
+                f"a {self.workload_kind} has no run.entrypoint to start: an endpoint starts "
+                "its serve.import_path"
+            )
         words = shlex.split(self.entrypoint)
         interpreter = script_interpreter(words[0])
         prefix = (interpreter,) if interpreter else ()
@@ -107,6 +119,10 @@ class Run:
             "exclude": list(self.exclude),
             "max_runtime": self.max_runtime,
         }
+
+
+class NoEntrypoint(ValueError):
+    """``Run.command()`` of a spec without an entry point (a ``rayservice``)."""
 
 
 def script_interpreter(word: str) -> str | None:
@@ -131,7 +147,8 @@ class Compute:
     gpu_type: str | None
     #: Each worker's limits where they differ from its requests (``cpus``/``memory``).
     limits: Limits
-    #: The Ray head's size; None = the platform's (``HEAD_DEFAULT``). RayJobs only.
+    #: The Ray head's size; None = the platform's (``HEAD_DEFAULT``). RayJobs and endpoints (a
+    #: RayService has a Ray head too); not Jobs.
     head: Head | None
 
     @property
@@ -503,6 +520,62 @@ class Execution:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelRef:
+    """The model version an endpoint serves, staged read-only at ``TAU_MODEL_DIR``."""
+
+    #: A model's name in the workspace (``tiny-gpt``).
+    name: str
+    #: A version number (``"3"``) or an alias (``"production"``, ``"latest"``), as written;
+    #: the server resolves it when the endpoint is deployed.
+    version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version}
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscaling:
+    """Ray Serve's autoscaling: between ``min_replicas`` (0: scale to zero) and
+    ``max_replicas``, aiming at ``target_ongoing_requests`` requests in flight per replica."""
+
+    min_replicas: int
+    max_replicas: int
+    target_ongoing_requests: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """An endpoint (``run.workload_kind: rayservice``): a Ray Serve application of the
+    project, its replicas each sized by ``compute``."""
+
+    #: ``module:attribute`` (``app:deployment``, ``pkg.serve:app``) in the project directory.
+    import_path: str
+    #: None = the application loads no model version of the workspace.
+    model: ModelRef | None
+    #: A fixed number of replicas; None exactly when ``autoscaling`` is set.
+    replicas: int | None
+    autoscaling: Autoscaling | None
+    #: Where requests are routed: ``/`` or ``/a/b`` (never a trailing ``/`` after the root).
+    route_prefix: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "import_path": self.import_path,
+            "model": None if self.model is None else self.model.to_dict(),
+            "replicas": self.replicas,
+            "autoscaling": None if self.autoscaling is None else self.autoscaling.to_dict(),
+            "route_prefix": self.route_prefix,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Spec:
     """A validated, normalised tau.yaml (schema version 1)."""
 
@@ -518,6 +591,14 @@ class Spec:
     experiment: Experiment
     storage: Storage
     execution: Execution
+    #: The endpoint a ``rayservice`` is; None for runs (``rayjob``, ``job``).
+    serve: Serve | None
+
+    @property
+    def is_endpoint(self) -> bool:
+        """Whether this spec describes an endpoint (deployed with ``tau serve deploy``)
+        rather than a run."""
+        return self.run.workload_kind == "rayservice"
 
     def to_dict(self) -> dict[str, Any]:
         """The normal form as JSON-ready data; ``tau.spec.spec_from_dict`` reads it back
@@ -531,6 +612,8 @@ class Spec:
             data["execution"] = self.execution.to_dict()
         if self.inputs != NO_INPUTS:
             data["inputs"] = self.inputs.to_dict()
+        if self.serve is not None:
+            data["serve"] = self.serve.to_dict()
         return data
 
     def _base_dict(self) -> dict[str, Any]:

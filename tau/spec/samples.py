@@ -1,4 +1,5 @@
-"""Specs every part of the package agrees on: the article's example and one using every field.
+"""Specs every part of the package agrees on: the article's example, one using every field of
+a run, and endpoints (``rayservice``) with a fixed number of replicas and with autoscaling.
 
 The benchmark times them, the fuzzer mutates them, the tests and docs quote them. The
 article's example is the contract's first promise: it must validate exactly as written.
@@ -88,4 +89,66 @@ experiment:
   project: vision
   group: lr-sweep
   tags: [baseline, resnet50]
+"""
+
+#: An endpoint as issue 34 writes it: a Ray Serve application of the project serving a model
+#: version of the workspace, on two replicas of one GPU each.
+SERVE_EXAMPLE = """\
+schema_version: 1
+name: tiny-endpoint
+run:
+  workload_kind: rayservice
+serve:
+  import_path: app:deployment     # a Ray Serve application in the project: module:attribute
+  model: {name: tiny-gpt, version: production}
+  replicas: 2
+  route_prefix: /
+compute: {gpus: 1, cpus: 8, memory: 32Gi}   # per replica
+"""
+
+#: Every field an endpoint may have, set to something other than its default.
+SERVE_FULL_EXAMPLE = """\
+schema_version: 1
+name: chat-endpoint
+
+run:
+  workload_kind: rayservice
+  project_dir: serving
+  exclude: [notebooks/**]
+
+serve:
+  import_path: chat.serve:app
+  model:
+    name: tiny-gpt
+    version: 3
+  autoscaling:
+    min_replicas: 0
+    max_replicas: 4
+    target_ongoing_requests: 8
+  route_prefix: /v1/chat/
+
+compute:
+  gpus: 1
+  cpus: 8
+  memory: 32Gi
+  gpu_type: h100
+  head: {cpus: 1, memory: 4Gi}
+
+runtime:
+  image: ghcr.io/example/serve:2.1
+  pip: [vllm==0.8.*]
+  env: {MAX_TOKENS: 512}
+  secrets:
+    - {env: HF_TOKEN, secret: huggingface, key: token}
+
+queue:
+  priority: high
+
+inputs:
+  datasets:
+    - {name: prompts, version: eval}
+
+experiment:
+  project: chat
+  tags: [serving]
 """

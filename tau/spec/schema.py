@@ -8,6 +8,7 @@ unbounded work, not to second-guess a workspace's policy, which is checked at su
 
 from __future__ import annotations
 
+import keyword
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -50,6 +51,7 @@ from tau.spec.model import (
     HEAD_DEFAULT,
     SCHEMA_VERSION,
     WORKLOAD_KINDS,
+    Autoscaling,
     Backoff,
     Compute,
     DatasetInput,
@@ -59,6 +61,7 @@ from tau.spec.model import (
     Head,
     Inputs,
     Limits,
+    ModelRef,
     OutputAsset,
     Outputs,
     Queue,
@@ -66,6 +69,7 @@ from tau.spec.model import (
     Run,
     Runtime,
     SecretRef,
+    Serve,
     Spec,
     Storage,
     SweepParameter,
@@ -110,6 +114,12 @@ ASSET_NAME_MAX_LENGTH = 63
 ASSET_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 #: Version numbers count from 1 and have at most this many digits.
 MAX_VERSION_DIGITS = 9
+#: Replicas of an endpoint (``serve.replicas``, ``serve.autoscaling.max_replicas``).
+MAX_REPLICAS = 64
+#: Requests in flight per replica that Ray Serve's autoscaler aims at, at most.
+MAX_TARGET_ONGOING_REQUESTS = 1000
+MAX_IMPORT_PATH_LENGTH = 256
+MAX_ROUTE_PREFIX_LENGTH = 256
 
 # ---------------------------------------------------------------------------- value rules
 
@@ -333,13 +343,13 @@ def _version_problem(text: str) -> str | None:
     return f"{quote(text)} is neither a version number nor an alias"
 
 
-def _version_hint(text: str) -> str:
+def _version_hint(text: str, what: str = "dataset") -> str:
     if _DIGITS.fullmatch(text) and 0 < int(text) < 10**MAX_VERSION_DIGITS:
         return f"write `{int(text)}`"
     if _DIGITS.fullmatch(text):
-        return "name a version the dataset has, or leave `version` out for the newest one"
+        return f"name a version the {what} has, or leave `version` out for the newest one"
     if "@" in text:
-        return "write only what follows `@` here, and the dataset's name in `name`"
+        return f"write only what follows `@` here, and the {what}'s name in `name`"
     if _ASSET_NAME.fullmatch(text.lower()):
         return f"aliases are lower-case: `{text.lower()}`"
     return f"write a number such as `3`, or an alias such as `train` ({_ASSET_NAME_RULES})"
@@ -575,31 +585,83 @@ NAME_KIND = StringKind(
     expected="a name",
 )
 
+ENTRYPOINT_KIND = StringKind(
+    max_length=4096,
+    rule=_entrypoint_problem,
+    rule_hint=lambda _text: (
+        "name a script inside the project directory, "
+        "e.g. `train.py`, or a command such as `python -m mypackage.train`"
+    ),
+    normalise=_normalise_entrypoint,
+    strip=True,
+    expected="a script or a command line",
+)
+_ENTRYPOINT_EXAMPLE = "train.py"
+
+
+def _check_run(block: BlockValues, problems: ProblemCollector) -> None:
+    """``entrypoint`` is required by runs and refused by endpoints, which start
+    ``serve.import_path``; so are the keys that only make sense with an entry point."""
+    if not block.valid("workload_kind"):
+        return
+    if block.values["workload_kind"] != "rayservice":
+        if block.valid("entrypoint") and block.values["entrypoint"] is None:
+            path = block.path_of("entrypoint")
+            # The words a required key has always had, absent or null.
+            written = block.nodes.get("entrypoint")
+            if written is None:
+                problems.add(
+                    path,
+                    block.node,
+                    "missing required key `entrypoint`",
+                    f"add `entrypoint: {_ENTRYPOINT_EXAMPLE}`",
+                )
+            else:
+                ENTRYPOINT_KIND.type_problem(
+                    written, path, problems, f"give a value, e.g. {_ENTRYPOINT_EXAMPLE}"
+                )
+            block.values["entrypoint"] = INVALID
+        return
+    refused = (
+        (
+            "entrypoint",
+            "an endpoint has no entry point: it starts the application in `serve.import_path`",
+            "remove `run.entrypoint`",
+        ),
+        (
+            "args",
+            "an endpoint has no entry point to pass `args` to",
+            "remove `run.args`; configure the application with `runtime.env`",
+        ),
+        (
+            "max_runtime",
+            "an endpoint runs until it is stopped; it has no `max_runtime`",
+            "remove `run.max_runtime`",
+        ),
+    )
+    for name, message, hint in refused:
+        if block.valid(name) and block.values[name]:
+            problems.add(block.path_of(name), block.where(name), message, hint)
+
+
 RUN = ObjectKind(
     (
         Field(
             "entrypoint",
-            StringKind(
-                max_length=4096,
-                rule=_entrypoint_problem,
-                rule_hint=lambda _text: (
-                    "name a script inside the project directory, "
-                    "e.g. `train.py`, or a command such as `python -m mypackage.train`"
-                ),
-                normalise=_normalise_entrypoint,
-                strip=True,
-                expected="a script or a command line",
-            ),
+            ENTRYPOINT_KIND,
             "What to start. A first word ending in `.py` (or `.sh`) is a script in the project "
-            "directory, started with `python` (or `bash`); anything else is a command line.",
-            required=True,
-            example="train.py",
+            "directory, started with `python` (or `bash`); anything else is a command line. "
+            "Required for `rayjob` and `job`; an endpoint (`rayservice`) has none.",
+            default=None,
+            example=_ENTRYPOINT_EXAMPLE,
         ),
         Field(
             "workload_kind",
             EnumKind(WORKLOAD_KINDS),
             "`rayjob`: a Ray cluster (KubeRay RayJob) with one worker group; "
-            "`job`: plain pods (a Kubernetes Job; several workers get torchrun rendezvous).",
+            "`job`: plain pods (a Kubernetes Job; several workers get torchrun rendezvous); "
+            "`rayservice`: an endpoint (a KubeRay RayService) serving the Ray Serve "
+            "application of the `serve` block, deployed with `tau serve deploy`.",
             default="rayjob",
             example="rayjob",
         ),
@@ -649,6 +711,7 @@ RUN = ObjectKind(
     ),
     lambda values: Run(**values),
     description="What to run.",
+    checks=(_check_run,),
     aliases={
         "command": "entrypoint",
         "script": "entrypoint",
@@ -805,7 +868,7 @@ COMPUTE = ObjectKind(
         Field(
             "head",
             HEAD,
-            "The Ray head's size (RayJobs only). Unset: "
+            "The Ray head's size (RayJobs and endpoints; a Job has none). Unset: "
             f"{HEAD_DEFAULT.cpus} CPUs and {HEAD_DEFAULT.memory}.",
             default=None,
             example="{cpus: 1, memory: 4Gi}",
@@ -1010,17 +1073,18 @@ RESILIENCE = ObjectKind(
 
 
 class VersionKind(StringKind):
-    """A dataset's version: a number (``3``, quoted or not) or an alias (``train``), kept as
-    text; numbers are written in plain decimal digits."""
+    """A dataset's or a model's version: a number (``3``, quoted or not) or an alias
+    (``train``), kept as text; numbers are written in plain decimal digits."""
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = "dataset") -> None:
         super().__init__(
             max_length=ASSET_NAME_MAX_LENGTH,
             rule=_version_problem,
-            rule_hint=_version_hint,
+            rule_hint=lambda text: _version_hint(text, what),
             pattern=_VERSION_PATTERN,
             expected="a version number or an alias",
         )
+        self.what = what
 
     def check_node(self, node: Node, path: str, problems: ProblemCollector) -> str | Invalid:
         if not isinstance(node, ScalarNode) or node.kind != "int":
@@ -1032,7 +1096,7 @@ class VersionKind(StringKind):
                 path,
                 node,
                 f"there is no version {node.text}: versions are numbered from 1",
-                "name a version the dataset has, or leave `version` out for the newest one",
+                f"name a version the {self.what} has, or leave `version` out for the newest one",
             )
         else:
             problems.add(
@@ -1660,12 +1724,295 @@ EXECUTION = ObjectKind(
 )
 
 
+# ------------------------------------------------------------------------------- endpoints
+
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_IMPORT_PATH = re.compile(rf"({_IDENTIFIER}(?:\.{_IDENTIFIER})*):({_IDENTIFIER})")
+#: Spaces around it are allowed (and stripped), as the checker strips them.
+_IMPORT_PATH_PATTERN = rf"^ *{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER} *$"
+_IMPORT_PATH_EXAMPLE = "app:deployment"
+
+
+def _import_path_problem(text: str) -> str | None:
+    path = text.strip(" ")
+    if not path:
+        return "must not be empty"
+    match = _IMPORT_PATH.fullmatch(path)
+    if match is None:
+        return (
+            f"{quote(path)} is not an import path: write the module, `:` and the "
+            "application's name in it"
+        )
+    for part in (*match.group(1).split("."), match.group(2)):
+        if keyword.iskeyword(part):
+            return f"{quote(path)} is not an import path: `{part}` is a Python keyword"
+    return None
+
+
+def _import_path_hint(text: str) -> str:
+    path = text.strip(" ")
+    module, colon, attribute = path.rpartition(":")
+    if not colon:
+        module, _dot, attribute = path.rpartition(".")
+    module = module.removesuffix(".py").replace("/", ".")
+    candidate = f"{module}:{attribute}"
+    if candidate != path and _IMPORT_PATH.fullmatch(candidate):
+        return f"write `{candidate}`"
+    return (
+        f"e.g. `{_IMPORT_PATH_EXAMPLE}` for the application `deployment` in `app.py`, "
+        "or `pkg.serve:app` in a package"
+    )
+
+
+def _normalise_import_path(text: str) -> str:
+    return text.strip(" ")
+
+
+_WHITESPACE = re.compile(r"\s")
+
+
+def _route_prefix_problem(text: str) -> str | None:
+    if not text.startswith("/"):
+        return f"the route prefix {quote(text)} does not start with `/`"
+    if _WHITESPACE.search(text):
+        return f"the route prefix {quote(text)} contains whitespace"
+    for character, what in (("?", "a query"), ("#", "a fragment")):
+        if character in text:
+            return (
+                f"the route prefix {quote(text)} contains `{character}`: it is a path, "
+                f"without {what}"
+            )
+    if "{" in text or "}" in text:
+        return f"the route prefix {quote(text)} contains `{{` or `}}`: Ray Serve has no wildcards"
+    return hidden_character_problem(text, f"the route prefix {quote(text)}")
+
+
+def _route_prefix_hint(text: str) -> str:
+    if not text.startswith("/") and not _WHITESPACE.search(text):
+        return f"write `/{text}`"
+    return "write a path such as `/` or `/v1/chat`"
+
+
+def _normalise_route_prefix(text: str) -> str:
+    """``/v1/`` → ``/v1``: Ray Serve takes a trailing ``/`` only on the root."""
+    return text.rstrip("/") or "/"
+
+
+IMPORT_PATH_KIND = StringKind(
+    max_length=MAX_IMPORT_PATH_LENGTH,
+    rule=_import_path_problem,
+    rule_hint=_import_path_hint,
+    normalise=_normalise_import_path,
+    pattern=_IMPORT_PATH_PATTERN,
+    expected="an import path (module:attribute)",
+)
+
+ROUTE_PREFIX_KIND = StringKind(
+    max_length=MAX_ROUTE_PREFIX_LENGTH,
+    rule=_route_prefix_problem,
+    rule_hint=_route_prefix_hint,
+    normalise=_normalise_route_prefix,
+    pattern=r"^/[^\s?#{}]*$",
+    expected="a route prefix such as /",
+)
+
+
+def _model_ref_hint(text: str) -> str:
+    """For a model written as text (``tiny-gpt@production``): the mapping it should be."""
+    name, at, version = text.partition("@")
+    if _ASSET_NAME.fullmatch(name) and not at:
+        return f"write `{{name: {name}}}`"
+    if _ASSET_NAME.fullmatch(name) and _version_problem(version) is None:
+        return f"write `{{name: {name}, version: {version}}}`"
+    return "write `{name: tiny-gpt, version: production}`"
+
+
+class ModelRefKind(ObjectKind[ModelRef]):
+    """``serve.model``: a mapping; text such as ``tiny-gpt@production`` gets the mapping it
+    means as a hint."""
+
+    def check_node(self, node: Node, path: str, problems: ProblemCollector) -> ModelRef | Invalid:
+        if isinstance(node, ScalarNode) and node.kind == "str":
+            return self.type_problem(node, path, problems, _model_ref_hint(node.text))
+        return super().check_node(node, path, problems)
+
+
+MODEL_REF = ModelRefKind(
+    (
+        Field(
+            "name",
+            _asset_name_kind("model", "tiny-gpt"),
+            "A model of your workspace (`tau data model list`); the same rules as a dataset's "
+            "name.",
+            required=True,
+            example="tiny-gpt",
+        ),
+        Field(
+            "version",
+            VersionKind("model"),
+            "A version number (`3`) or an alias (`production`), resolved when the endpoint is "
+            "deployed. Default: `latest`, the newest ready version.",
+            default="latest",
+            example="production",
+        ),
+    ),
+    lambda values: ModelRef(**values),
+    description="A model version of the workspace the endpoint serves, staged read-only at "
+    "`TAU_MODEL_DIR`.",
+    aliases={"model": "name", "alias": "version", "tag": "version"},
+    expected="a model version ({name, version})",
+)
+
+
+def _check_autoscaling(block: BlockValues, problems: ProblemCollector) -> None:
+    if not block.valid("min_replicas", "max_replicas"):
+        return
+    low, high = block.values["min_replicas"], block.values["max_replicas"]
+    if low > high:
+        problems.add(
+            block.path_of("min_replicas"),
+            block.where("min_replicas"),
+            f"`min_replicas` ({low}) is more than `max_replicas` ({high})",
+            "the autoscaler keeps between `min_replicas` and `max_replicas` replicas",
+        )
+
+
+AUTOSCALING = ObjectKind(
+    (
+        Field(
+            "min_replicas",
+            IntegerKind(0, MAX_REPLICAS),
+            "The fewest replicas; `0` lets an idle endpoint scale to zero (its first request "
+            "then waits for a replica to start).",
+            default=1,
+            example="1",
+        ),
+        Field(
+            "max_replicas",
+            IntegerKind(1, MAX_REPLICAS),
+            "The most replicas, at least `min_replicas`; the quota counts what is running.",
+            required=True,
+            example="4",
+        ),
+        Field(
+            "target_ongoing_requests",
+            IntegerKind(1, MAX_TARGET_ONGOING_REQUESTS),
+            "The requests in flight per replica the autoscaler aims at: more add replicas, "
+            "fewer remove them.",
+            default=2,
+            example="2",
+        ),
+    ),
+    lambda values: Autoscaling(**values),
+    description="Ray Serve's autoscaling: the number of replicas follows the requests.",
+    checks=(_check_autoscaling,),
+    aliases={
+        "min": "min_replicas",
+        "minimum": "min_replicas",
+        "max": "max_replicas",
+        "maximum": "max_replicas",
+        "target": "target_ongoing_requests",
+        "target_num_ongoing_requests_per_replica": "target_ongoing_requests",
+    },
+)
+
+
+def _check_serve(block: BlockValues, problems: ProblemCollector) -> None:
+    if not block.valid("replicas", "autoscaling"):
+        return
+    if block.values["replicas"] is not None and block.values["autoscaling"] is not None:
+        problems.add(
+            block.path_of("autoscaling"),
+            block.where("autoscaling"),
+            "`replicas` and `autoscaling` exclude each other",
+            "give a fixed number in `replicas`, or a range in `autoscaling`, not both",
+        )
+
+
+def _build_serve(values: dict[str, Any]) -> Serve:
+    replicas = values["replicas"]
+    if replicas is None and values["autoscaling"] is None:
+        replicas = 1
+    return Serve(**{**values, "replicas": replicas})
+
+
+SERVE = ObjectKind(
+    (
+        Field(
+            "import_path",
+            IMPORT_PATH_KIND,
+            "The Ray Serve application in the project directory, as `module:attribute` "
+            "(`app:deployment` for `deployment` in `app.py`; dots for packages, "
+            "`pkg.serve:app`).",
+            required=True,
+            example=_IMPORT_PATH_EXAMPLE,
+        ),
+        Field(
+            "model",
+            MODEL_REF,
+            "A model version of your workspace, staged read-only at `TAU_MODEL_DIR` in every "
+            "replica. Unset: none.",
+            default=None,
+            example="{name: tiny-gpt, version: production}",
+        ),
+        Field(
+            "replicas",
+            IntegerKind(
+                1,
+                MAX_REPLICAS,
+                too_big_hint="or let `autoscaling` add replicas as requests come",
+            ),
+            "A fixed number of replicas, each sized by `compute`. Unset: 1, or what "
+            "`autoscaling` says.",
+            default=None,
+            example="2",
+        ),
+        Field(
+            "autoscaling",
+            AUTOSCALING,
+            "Replicas that follow the requests, instead of a fixed number. Unset: a fixed "
+            "number (`replicas`).",
+            default=None,
+            example="{min_replicas: 1, max_replicas: 4}",
+        ),
+        Field(
+            "route_prefix",
+            ROUTE_PREFIX_KIND,
+            "The path the application answers under: `/`, or `/v1` and the like (a trailing "
+            "`/` is dropped).",
+            default="/",
+            example="/",
+        ),
+    ),
+    _build_serve,
+    description="An endpoint (`run.workload_kind: rayservice`): the Ray Serve application "
+    "it runs and how many replicas, each sized by `compute`.",
+    checks=(_check_serve,),
+    aliases={
+        "app": "import_path",
+        "application": "import_path",
+        "num_replicas": "replicas",
+        "autoscaling_config": "autoscaling",
+        "route": "route_prefix",
+        "prefix": "route_prefix",
+        "model_version": "model",
+    },
+)
+
+
 def _check_root(block: BlockValues, problems: ProblemCollector) -> None:
+    _check_serve_kind(block, problems)
     if not block.valid("run"):
         return
     kind = block.values["run"].workload_kind
-    if kind != "job":
-        return
+    if kind == "rayservice":
+        _check_endpoint(block, problems)
+    elif kind == "job":
+        _check_job(block, problems)
+
+
+def _check_job(block: BlockValues, problems: ProblemCollector) -> None:
+    """What a plain Job cannot have: a Ray head, or a sweep (which needs Ray)."""
     compute = block.values.get("compute")
     if isinstance(compute, Compute) and compute.head is not None:
         compute_node = block.nodes.get("compute")
@@ -1686,6 +2033,71 @@ def _check_root(block: BlockValues, problems: ProblemCollector) -> None:
             "a sweep runs Ray Tune, which needs a Ray cluster",
             "set `run.workload_kind: rayjob`",
         )
+
+
+def _check_serve_kind(block: BlockValues, problems: ProblemCollector) -> None:
+    """A ``serve`` block and ``workload_kind: rayservice`` come together."""
+    kind_node = _entry(block.nodes.get("run"), "workload_kind")
+    if not block.valid("run"):
+        # Still said when the run block has problems of its own, if its kind can be read.
+        if not (isinstance(kind_node, ScalarNode) and kind_node.text in WORKLOAD_KINDS):
+            return
+        kind = kind_node.text
+    else:
+        kind = block.values["run"].workload_kind
+    serve_node = block.nodes.get("serve")
+    written = serve_node is not None and not is_null(serve_node)
+    if kind == "rayservice" and not written:
+        problems.add(
+            "serve",
+            serve_node or block.node,
+            "an endpoint (`workload_kind: rayservice`) needs a `serve` block",
+            f"add `serve:` with the `import_path` of your Ray Serve application, e.g. "
+            f"`{_IMPORT_PATH_EXAMPLE}`",
+        )
+    elif kind != "rayservice" and written and serve_node is not None:
+        problems.add(
+            "serve",
+            serve_node,
+            f"`serve` describes an endpoint, but `run.workload_kind` is `{kind}`",
+            "set `run.workload_kind: rayservice`, or remove `serve`",
+        )
+
+
+def _check_endpoint(block: BlockValues, problems: ProblemCollector) -> None:
+    """What a ``rayservice`` spec cannot have: it serves requests until it is stopped, with
+    ``serve`` replicas each sized by ``compute``, and makes no versions."""
+    compute = block.values.get("compute")
+    if isinstance(compute, Compute) and compute.workers != 1:
+        problems.add(
+            "compute.workers",
+            _entry(block.nodes.get("compute"), "workers") or block.where("compute"),
+            f"an endpoint's `compute` sizes each replica; `workers` must be 1 "
+            f"(got {compute.workers})",
+            f"use `serve.replicas: {compute.workers}` for {compute.workers} replicas, "
+            "or `serve.autoscaling`",
+        )
+    execution = block.values.get("execution")
+    if isinstance(execution, Execution) and execution.is_sweep:
+        problems.add(
+            "execution.launcher",
+            _entry(block.nodes.get("execution"), "launcher") or block.where("execution"),
+            "an endpoint serves requests; it runs no sweep",
+            "remove `execution`, or set `run.workload_kind: rayjob` to run the sweep",
+        )
+    outputs = block.values.get("outputs")
+    if isinstance(outputs, Outputs):
+        for name, asset, hint in (
+            ("dataset", outputs.dataset, "a run (`rayjob` or `job`) makes dataset versions"),
+            ("model", outputs.model, "`serve.model` names the model version it serves"),
+        ):
+            if asset is not None:
+                problems.add(
+                    f"outputs.{name}",
+                    _entry(block.nodes.get("outputs"), name) or block.where("outputs"),
+                    f"an endpoint makes no {name} versions",
+                    f"remove `outputs.{name}`; {hint}",
+                )
 
 
 def _entry(node: Node | None, name: str) -> Node | None:
@@ -1724,6 +2136,14 @@ ROOT = ObjectKind(
         Field("experiment", EXPERIMENT, "Labels for comparing runs."),
         Field("storage", STORAGE, "A data volume mounted into the run."),
         Field("execution", EXECUTION, "How the entry point is launched: once, or as a sweep."),
+        Field(
+            "serve",
+            SERVE,
+            "The endpoint a `rayservice` is: its Ray Serve application, model version and "
+            "replicas. Only with `run.workload_kind: rayservice`.",
+            default=None,
+            example="{import_path: app:deployment}",
+        ),
     ),
     lambda values: Spec(**values),
     description="A TauGrid workload (tau.yaml, schema version 1).",
@@ -1874,7 +2294,49 @@ def json_schema() -> JsonSchema:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "tau.yaml (TauGrid workload, schema version 1)",
         **schema,
+        "allOf": [_ENDPOINT_OR_RUN],
     }
+
+
+#: The rules that hang on ``run.workload_kind`` and that JSON Schema can state: an endpoint
+#: (``rayservice``) has a ``serve`` block, and none of the keys that need an entry point or
+#: make versions; a run has an entry point and no ``serve`` block.
+_ENDPOINT_OR_RUN: JsonSchema = {
+    "if": {
+        "properties": {
+            "run": {
+                "properties": {"workload_kind": {"const": "rayservice"}},
+                "required": ["workload_kind"],
+            }
+        },
+        "required": ["run"],
+    },
+    "then": {
+        "required": ["serve"],
+        "properties": {
+            "serve": {"type": "object"},
+            "run": {
+                "properties": {
+                    "entrypoint": {"type": "null"},
+                    "args": {"maxItems": 0},
+                    "max_runtime": {"type": "null"},
+                }
+            },
+            "compute": {"properties": {"workers": {"const": 1}}},
+            "execution": {"properties": {"launcher": {"type": "null"}}},
+            "outputs": {"properties": {"dataset": {"type": "null"}, "model": {"type": "null"}}},
+        },
+    },
+    "else": {
+        "properties": {
+            "serve": {"type": "null"},
+            "run": {
+                "required": ["entrypoint"],
+                "properties": {"entrypoint": {"type": "string"}},
+            },
+        },
+    },
+}
 
 
 def field_paths() -> Sequence[str]:

@@ -17,8 +17,9 @@ from django.urls import reverse
 from executors.kubernetes import render
 from runs import bundles
 from runs.models import CodeBundle, Run, RunEvent, RunState
-from runs.submission import SubmissionRefused, check_bundle, check_spec
+from runs.submission import ENDPOINT_IS_NOT_A_RUN, SubmissionRefused, check_bundle, check_spec
 from tau.spec import load_spec, locate
+from tau.spec.samples import SERVE_EXAMPLE
 from tests.executors.local.agent_harness import local_quota
 from tests.runs.factories import ROOT, TINY_SPEC, cluster_quota, zip_bytes, zip_directory
 
@@ -441,3 +442,45 @@ def test_the_live_check_says_how_the_file_was_read_and_what_it_ignores(world: An
     html = validate(world, TINY_SPEC, bundle_status="read", bundle_files="main.py")
     assert 'id="spec-reading">TauGrid tau.yaml v1: Job, 1 pod, 0 GPUs' in html
     assert 'id="spec-warnings"' not in html
+
+
+# ---------------------------------------------------------------------------------------------
+# Endpoints are not runs
+# ---------------------------------------------------------------------------------------------
+
+ENDPOINT_SPEC = SERVE_EXAMPLE.encode()
+
+
+def test_an_endpoint_spec_is_refused_as_a_run_with_where_to_deploy_it(
+    world: Any, tmp_path: Path
+) -> None:
+    local_quota(world.alpha)
+    response = post(world, ENDPOINT_SPEC, zip_bytes({"app.py": "app = None\n"}))
+    problems = by_path(response)
+    assert set(problems) == {"run.workload_kind"}
+    problem = problems["run.workload_kind"]
+    assert problem["message"] == ENDPOINT_IS_NOT_A_RUN
+    assert problem["message"] == (
+        "this tau.yaml describes an endpoint; deploy it with `tau serve deploy`"
+    )
+    assert (problem["line"], problem["column"]) == (4, 3)  # the `workload_kind:` key
+    assert Run.objects.for_workspace(world.alpha).count() == 0
+    assert stored_bundles(tmp_path) == []
+
+
+@pytest.mark.parametrize("backend", ["local", "kubernetes"])
+def test_no_backend_takes_an_endpoint_as_a_run(world: Any, backend: str) -> None:
+    cluster_quota(world.alpha)
+    local_quota(world.alpha)
+    with pytest.raises(SubmissionRefused) as refused:
+        check_spec(ENDPOINT_SPEC, workspace=world.alpha, backend=backend)
+    assert [(p.path, p.message) for p in refused.value.problems] == [
+        ("run.workload_kind", ENDPOINT_IS_NOT_A_RUN)
+    ]
+
+
+def test_the_live_check_says_an_endpoint_is_deployed(world: Any) -> None:
+    html = validate(world, ENDPOINT_SPEC, bundle_status="read", bundle_files="app.py")
+    assert "this tau.yaml describes an endpoint" in html
+    assert "tau serve deploy" in html
+    assert "Looks good" not in html

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tau.spec import json_schema
-from tau.spec.samples import ARTICLE_EXAMPLE, FULL_EXAMPLE
+from tau.spec.samples import ARTICLE_EXAMPLE, FULL_EXAMPLE, SERVE_EXAMPLE, SERVE_FULL_EXAMPLE
 from tau.spec.schema import field_paths
 
 from .support import EXAMPLES
@@ -25,6 +25,7 @@ BLOCKS = (
     "experiment",
     "storage",
     "execution",
+    "serve",
 )
 
 
@@ -70,6 +71,8 @@ def test_the_schema_covers_every_top_level_block_and_closes_every_object() -> No
         "compute.head.limits",
         "outputs.dataset",
         "outputs.model",
+        "serve.model",
+        "serve.autoscaling",
     }
     for path, object_schema in objects:
         assert object_schema["additionalProperties"] is False, path
@@ -109,7 +112,13 @@ def _validator() -> Any:
 
 @pytest.mark.parametrize(
     "text",
-    [ARTICLE_EXAMPLE, FULL_EXAMPLE, *(path.read_text("utf-8") for path in EXAMPLES)],
+    [
+        ARTICLE_EXAMPLE,
+        FULL_EXAMPLE,
+        SERVE_EXAMPLE,
+        SERVE_FULL_EXAMPLE,
+        *(path.read_text("utf-8") for path in EXAMPLES),
+    ],
 )
 def test_the_examples_validate_against_the_schema(text: str) -> None:
     errors = [error.message for error in _validator().iter_errors(yaml.safe_load(text))]

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tau.spec import SpecError, canonical_json, load_spec, spec_from_dict, spec_hash
-from tau.spec.samples import ARTICLE_EXAMPLE, FULL_EXAMPLE
+from tau.spec.samples import ARTICLE_EXAMPLE, FULL_EXAMPLE, SERVE_EXAMPLE, SERVE_FULL_EXAMPLE
 
 from .support import EXAMPLES, spec
 
@@ -156,7 +156,13 @@ def test_setting_a_default_explicitly_keeps_the_hash_but_unset_policy_fields_do_
 
 @pytest.mark.parametrize(
     "text",
-    [ARTICLE_EXAMPLE, FULL_EXAMPLE, *(path.read_text("utf-8") for path in EXAMPLES)],
+    [
+        ARTICLE_EXAMPLE,
+        FULL_EXAMPLE,
+        SERVE_EXAMPLE,
+        SERVE_FULL_EXAMPLE,
+        *(path.read_text("utf-8") for path in EXAMPLES),
+    ],
 )
 def test_to_dict_from_dict_round_trip_is_exact(text: str) -> None:
     original = load_spec(text)

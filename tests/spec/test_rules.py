@@ -231,9 +231,11 @@ def test_entrypoint_problems(entrypoint: str, message: str) -> None:
     assert (problem.path, problem.message) == ("run.entrypoint", message)
 
 
-def test_workload_kind_is_rayjob_or_job() -> None:
+def test_workload_kind_is_rayjob_job_or_rayservice() -> None:
     problem = only_problem(spec(run="workload_kind: rayjobs\n"))
-    assert problem.message == "`rayjobs` is not allowed here; expected one of: `rayjob`, `job`"
+    assert problem.message == (
+        "`rayjobs` is not allowed here; expected one of: `rayjob`, `job`, `rayservice`"
+    )
     assert problem.hint == "did you mean `rayjob`?"
 
 

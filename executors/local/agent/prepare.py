@@ -413,6 +413,11 @@ def wrapped_command(
 def entrypoint_command(spec: Spec, work: Path) -> list[str]:
     """``python <script.py> <args…>`` (the run's Python), ``bash <script.sh> <args…>``, or the
     entry point's words as a command line (no shell) followed by ``run.args``."""
+    if spec.run.entrypoint is None:
+        # An endpoint (rayservice) has none; submission never makes a run of one.
+        raise PreparationFailed(
+            "user_error", "run.entrypoint is unset: this tau.yaml describes an endpoint, not a run"
+        )
     try:
         words = shlex.split(spec.run.entrypoint)
     except ValueError as exc:
