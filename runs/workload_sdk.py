@@ -44,6 +44,7 @@ FILES: Final = (
     "tau/sweep.py",
     "tau/ray_tune.py",
     "tau/ray_cluster.py",
+    "tau/serving.py",
 )
 _SOURCE_ROOT = Path(tau.__file__).resolve().parent.parent
 

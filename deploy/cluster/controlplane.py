@@ -1130,7 +1130,9 @@ def kueue_config(state: Path, ports: Mapping[str, int]) -> dict[str, Any]:
         "internalCertManagement": {"enable": False},
         "clientConnection": {"qps": 50, "burst": 100},
         "visibilityServer": {"bindAddress": LOOPBACK, "bindPort": ports["kueue_visibility"]},
-        "integrations": {"frameworks": ["batch/job", "ray.io/rayjob"]},
+        # ray.io/raycluster: an endpoint's RayService is admitted through the Ray cluster KubeRay
+        # makes for it (Kueue skips the Ray clusters of RayJobs: those are admitted with the job).
+        "integrations": {"frameworks": ["batch/job", "ray.io/rayjob", "ray.io/raycluster"]},
     }
 
 

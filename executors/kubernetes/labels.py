@@ -28,6 +28,13 @@ RUN_ID: Final = f"{PREFIX}/run-id"
 ATTEMPT: Final = f"{PREFIX}/attempt"
 #: Label: the ``name`` field of the tau.yaml the run came from (``aks-gpu-quickstart``).
 SPEC_NAME: Final = f"{PREFIX}/spec-name"
+#: Label: the endpoint's name (``tiny-gpt``): its RayService is named after it.
+ENDPOINT: Final = f"{PREFIX}/endpoint"
+#: Label: the endpoint's primary key in the portal's database.
+ENDPOINT_ID: Final = f"{PREFIX}/endpoint-id"
+#: Label on a RayService: which deployment of the endpoint it is (1, then one more at every
+#: update or scale).
+GENERATION: Final = f"{PREFIX}/generation"
 #: Label on pods: which part of the workload a pod is (values below).
 COMPONENT: Final = f"{PREFIX}/component"
 
@@ -63,5 +70,15 @@ KUEUE_MAX_EXEC_TIME_SECONDS: Final = "kueue.x-k8s.io/max-exec-time-seconds"
 KUEUE_JOB_UID: Final = "kueue.x-k8s.io/job-uid"
 
 #: The TauGrid keys, for tests and for code that copies TauGrid's labels between objects.
-TAUGRID_LABELS: Final = (WORKSPACE, RUN, RUN_ID, ATTEMPT, SPEC_NAME, COMPONENT)
+TAUGRID_LABELS: Final = (
+    WORKSPACE,
+    RUN,
+    RUN_ID,
+    ATTEMPT,
+    SPEC_NAME,
+    COMPONENT,
+    ENDPOINT,
+    ENDPOINT_ID,
+    GENERATION,
+)
 TAUGRID_ANNOTATIONS: Final = (SPEC_HASH, BUNDLE_SHA256)

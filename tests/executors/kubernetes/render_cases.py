@@ -22,7 +22,13 @@ from executors.kubernetes.render import (
     render_workload,
     run_token_secret_name,
 )
-from tau.spec import Spec, load_spec
+from executors.kubernetes.render_endpoint import (
+    EndpointTarget,
+    endpoint_secret_name,
+    render_endpoint_secret,
+    render_rayservice,
+)
+from tau.spec import Autoscaling, Spec, load_spec
 from tests.cluster.kueue_objects import H100_LABELS
 
 REPO = Path(__file__).resolve().parents[3]
@@ -94,6 +100,7 @@ def cases() -> list[Case]:
         )
         for path in sorted(EXAMPLES.glob("*/tau.yaml"))
         for spec in [load_spec(path.read_bytes())]
+        if not spec.is_endpoint  # endpoints: endpoint_cases()
     ]
     for name in gpu_forms():
         spec = example_spec(name, GPU_FORM)
@@ -172,3 +179,89 @@ def dump(objects: list[Manifest]) -> str:
 
 def load(text: str) -> list[Manifest]:
     return [document for document in yaml.safe_load_all(text) if document is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Endpoints (executors.kubernetes.render_endpoint)
+# ---------------------------------------------------------------------------------------------
+
+ENDPOINT_ID = 7
+ENDPOINT_TOKEN = "tau_ep_golden.not-a-real-token"
+
+
+@dataclass(frozen=True)
+class EndpointCase:
+    name: str
+    spec: Spec
+    target: EndpointTarget
+
+
+def endpoint_target_for(spec: Spec, **changes: Any) -> EndpointTarget:
+    name = changes.pop("name", spec.name)
+    target = EndpointTarget(
+        endpoint_id=ENDPOINT_ID,
+        name=name,
+        workspace="alpha",
+        namespace="tau-alpha",
+        local_queue="alpha",
+        generation=1,
+        portal_url=PORTAL_URL,
+        token_secret=endpoint_secret_name(name),
+        bundle_sha256=BUNDLE_SHA256,
+        staged_model=(2, 5_000) if spec.serve is not None and spec.serve.model else None,
+    )
+    return dataclasses.replace(target, **changes)
+
+
+def serve_block(spec: Spec, **fields: Any) -> Spec:
+    assert spec.serve is not None
+    return dataclasses.replace(spec, serve=dataclasses.replace(spec.serve, **fields))
+
+
+def endpoint_cases() -> list[EndpointCase]:
+    """Every endpoint example as written, and the variants it leaves out: on GPUs of a flavor
+    with a priority and autoscaling, a later generation with two replicas, no model."""
+    found = [
+        EndpointCase(path.parent.name, spec, endpoint_target_for(spec))
+        for path in sorted(EXAMPLES.glob("*/tau.yaml"))
+        for spec in [load_spec(path.read_bytes())]
+        if spec.is_endpoint
+    ]
+    cpu = example_spec("serve-cpu")
+    gpu = serve_block(
+        with_changes(
+            cpu,
+            compute={"gpus": 1, "cpus": "8", "memory": "32Gi", "gpu_type": "h100"},
+            queue={"priority": "high"},
+        ),
+        replicas=None,
+        autoscaling=Autoscaling(min_replicas=1, max_replicas=3, target_ongoing_requests=4),
+    )
+    found.append(
+        EndpointCase(
+            "serve-gpu-autoscaling",
+            gpu,
+            endpoint_target_for(gpu, flavor=Flavor("h100", H100_LABELS)),
+        )
+    )
+    scaled = serve_block(cpu, replicas=2)
+    found.append(
+        EndpointCase("serve-cpu-scaled", scaled, endpoint_target_for(scaled, generation=3))
+    )
+    bare = serve_block(cpu, model=None)
+    found.append(EndpointCase("serve-cpu-no-model", bare, endpoint_target_for(bare)))
+    return found
+
+
+def render_endpoint_case(
+    spec: Spec, target: EndpointTarget, *, uid: str = OWNER_UID
+) -> list[Manifest]:
+    """The RayService and its Secret, as the backend would create them."""
+    service = render_rayservice(spec, target)
+    owner = Owner(
+        api_version=service["apiVersion"],
+        kind=service["kind"],
+        name=service["metadata"]["name"],
+        uid=uid,
+    )
+    return [service, render_endpoint_secret(spec, target, token=ENDPOINT_TOKEN, owner=owner)]
