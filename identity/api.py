@@ -29,9 +29,15 @@ TOKEN_SCHEMA = {
             "description": "The one workspace it reaches; null: every one of its user's.",
         },
         "read_only": {"type": "boolean", "description": "It may only read."},
+        "scopes": {
+            "type": "array",
+            "items": {"type": "string", "enum": ["endpoints:invoke"]},
+            "description": "What it may do beyond what every token may: `endpoints:invoke`, "
+            "send requests to endpoints (`…/endpoints/{name}/invoke/{path}`).",
+        },
         "expires_at": {"type": "string", "format": "date-time"},
     },
-    "required": ["name", "workspace", "read_only", "expires_at"],
+    "required": ["name", "workspace", "read_only", "scopes", "expires_at"],
 }
 
 
@@ -68,6 +74,7 @@ class MeView(APIView):
                 "name": token.name,
                 "workspace": token.workspace.slug if token.workspace is not None else None,
                 "read_only": token.read_only,
+                "scopes": list(token.scopes or []),
                 "expires_at": token.expires_at.isoformat().replace("+00:00", "Z"),
             },
         }

@@ -45,11 +45,21 @@ class ApiToken(models.Model):
     at the moment it is used. ``kind`` says what it is: a person's token, or a machine token
     such as a run token (which the attempt it was issued for holds: ``runs.RunAttempt.token``,
     so it may only report on that run).
+
+    ``scopes`` are what a token may do beyond what every token may: each names one kind of
+    request that no token makes without it (:class:`Scope`). A token without scopes (every
+    token made before there were any) does exactly what it did before; a route that needs a
+    scope says so (``token_scope`` on its view, checked by ``TokenScopePermission``).
     """
 
     class Kind(models.TextChoices):
         USER = "user", "User token"
         RUN = "run", "Run token"
+
+    class Scope(models.TextChoices):
+        #: Send requests to the workspace's endpoints through the portal's proxy route
+        #: (``…/endpoints/{name}/invoke/{path}``); also with a read-only token.
+        ENDPOINTS_INVOKE = "endpoints:invoke", "Invoke endpoints"
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
@@ -68,6 +78,11 @@ class ApiToken(models.Model):
         help_text="Empty: every workspace the user belongs to.",
     )
     read_only = models.BooleanField(default=False)
+    scopes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="What it may do beyond what every token may, e.g. ['endpoints:invoke'].",
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     expires_at = models.DateTimeField()
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -87,6 +102,9 @@ class ApiToken(models.Model):
 
     def is_expired(self, now: datetime | None = None) -> bool:
         return self.expires_at <= (now or timezone.now())
+
+    def has_scope(self, scope: str) -> bool:
+        return isinstance(self.scopes, list) and scope in self.scopes
 
     @property
     def is_active(self) -> bool:

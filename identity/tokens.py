@@ -22,6 +22,7 @@ import logging
 import re
 import secrets
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -103,14 +104,22 @@ def issue_token(
     expires_in_days: int | None = None,
     kind: str = ApiToken.Kind.USER,
     details: dict[str, Any] | None = None,
+    scopes: Iterable[str] = (),
 ) -> IssuedToken:
     """Create a token and return it with its one-time plaintext. Audited; ``details`` (what
     a machine token is for: the run and attempt of a run token, say) go into the audit
-    event with the rest."""
+    event with the rest. ``scopes``: what it may do beyond what every token may
+    (``ApiToken.Scope``)."""
     days = settings.TAU_TOKEN_DEFAULT_DAYS if expires_in_days is None else expires_in_days
     if days < 1 or days > settings.TAU_TOKEN_MAX_DAYS:
         raise TokenPolicyError(
             f"A token can last between 1 and {settings.TAU_TOKEN_MAX_DAYS} days."
+        )
+    granted = sorted(set(scopes))
+    unknown = [scope for scope in granted if scope not in ApiToken.Scope.values]
+    if unknown:
+        raise TokenPolicyError(
+            f"No such scope: {', '.join(unknown)}; scopes: {', '.join(ApiToken.Scope.values)}."
         )
     peppers = _peppers()
     pepper_id = max(peppers)
@@ -126,6 +135,7 @@ def issue_token(
             pepper_id=pepper_id,
             workspace=workspace,
             read_only=read_only,
+            scopes=granted,
             expires_at=timezone.now() + timedelta(days=days),
         )
         audit.record(
@@ -139,6 +149,7 @@ def issue_token(
                 "key": key,
                 "workspace": workspace.slug if workspace else None,
                 "read_only": read_only,
+                **({"scopes": granted} if granted else {}),
                 "expires_at": token.expires_at.isoformat(),
                 **({"kind": kind, **details} if details else {}),
             },
@@ -400,8 +411,11 @@ def token_of(request: Request) -> ApiToken | None:
 
 
 class TokenScopePermission(permissions.BasePermission):
-    """What a token may do beyond what its user may: read-only tokens only read, and run
-    tokens only reach the views that say they accept them."""
+    """What a token may do beyond what its user may: read-only tokens only read, run tokens
+    only reach the views that say they accept them, and a view that names a scope
+    (``token_scope``, one of ``ApiToken.Scope``) is reached by the tokens that have it only:
+    for a token that has it, that scope is what the token is for, so a read-only one may make
+    that request too. Sessions are not tokens: they get what their user may."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
         token = token_of(request)
@@ -410,6 +424,15 @@ class TokenScopePermission(permissions.BasePermission):
         if token.kind != ApiToken.Kind.USER and not getattr(view, "accepts_run_tokens", False):
             self.message = "This token can only report on its run."
             return False
+        needed: str | None = getattr(view, "token_scope", None)
+        if needed is not None:
+            if not token.has_scope(needed):
+                self.message = (
+                    f"This token does not have the {needed} scope; make a token with it (the "
+                    f"API tokens page, or manage.py create_token --scope {needed})."
+                )
+                return False
+            return True
         if token.read_only and request.method not in permissions.SAFE_METHODS:
             self.message = "This token is read-only."
             return False

@@ -157,6 +157,12 @@ class TokenForm(forms.Form):
     read_only = forms.BooleanField(
         required=False, help_text="Can read, cannot submit or change anything."
     )
+    invoke_endpoints = forms.BooleanField(
+        required=False,
+        label="Invoke endpoints",
+        help_text="Scope endpoints:invoke: may send requests to the workspace's endpoints "
+        "(also when read-only). Without it a token cannot.",
+    )
     expires_in_days = forms.IntegerField(min_value=1, label="Expires in (days)")
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -222,6 +228,9 @@ class TokensView(LoginRequiredMixin, View):
             workspace=form.cleaned_data["workspace"],
             read_only=form.cleaned_data["read_only"],
             expires_in_days=form.cleaned_data["expires_in_days"],
+            scopes=[ApiToken.Scope.ENDPOINTS_INVOKE]
+            if form.cleaned_data["invoke_endpoints"]
+            else [],
         )
         return self._render(
             request, TokenForm(user=request.user), issued=issued.plaintext, status=201

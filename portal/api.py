@@ -382,6 +382,8 @@ REFUSAL_WORDS = {
     415: "The body is not of a media type this route reads (the request body says which).",
     429: "Too many failed token checks from this address or for this token key within the "
     "window; `Retry-After` says when to try again. A token that verifies is never refused.",
+    502: "A service the answer comes from (a backend, an endpoint) did not answer; the "
+    "message says which.",
     503: "A service the portal needs (its data store) did not answer or refused it; the "
     "message says which. Nothing was lost: send the same request again later.",
 }

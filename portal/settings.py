@@ -117,6 +117,7 @@ INSTALLED_APPS = [
     "identity",
     "runs",
     "catalog",
+    "serving",
     "executors.kubernetes",
     "executors.local",
     "evidence",
@@ -246,6 +247,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # The outbox relay: anything a lost task or a broker outage left undelivered.
     "reconcile-deliveries": {
         "task": "runs.tasks.reconcile_deliveries",
+        "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
+    },
+    # The same for endpoints: their backends' instructions (serving.delivery).
+    "reconcile-endpoint-deliveries": {
+        "task": "serving.tasks.reconcile_deliveries",
         "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
     },
     # The same for evidence: seals a lost task, a broker outage or a crash left unsealed.
@@ -606,6 +612,11 @@ TAU_DELIVERY_MAX_TRIES = env_int("TAU_DELIVERY_MAX_TRIES", 10, minimum=1)
 TAU_SUBMISSIONS_PER_MINUTE = env_int("TAU_SUBMISSIONS_PER_MINUTE", 30, minimum=1)
 TAU_SUBMISSIONS_PER_MINUTE_PER_USER = env_int("TAU_SUBMISSIONS_PER_MINUTE_PER_USER", 60, minimum=1)
 TAU_SUBMIT_CHECKS_PER_MINUTE = env_int("TAU_SUBMIT_CHECKS_PER_MINUTE", 120, minimum=1)
+# Endpoints (serving/): the largest request body the portal's proxy route forwards to an
+# endpoint (a larger one is a 413, refused from its Content-Length or as it arrives), and how
+# long it waits for the endpoint to answer (then a 502).
+TAU_ENDPOINT_MAX_BODY_BYTES = env_int("TAU_ENDPOINT_MAX_BODY_BYTES", 10 * 2**20, minimum=1)
+TAU_ENDPOINT_INVOKE_TIMEOUT_SECONDS = env_int("TAU_ENDPOINT_INVOKE_TIMEOUT_SECONDS", 300, minimum=1)
 # Every outbox (portal/outbox.py: deliveries, evidence seals and checks, Kueue syncs): a
 # worker's claim on a row holds this long unless renewed (its worker renews it every third of
 # this while it works), so a killed worker's row is taken over within this plus

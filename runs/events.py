@@ -8,30 +8,16 @@ takes it), so two writers never give two events the same place.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
+from portal.event_chain import chain_is_whole, json_data, link
 from runs.models import WORKLOAD_EVENT_PREFIX, EventKind, Run, RunEvent
-from tau.evidence.chain import GENESIS_HASH, event_hash
 
-# The hash is tau.evidence.chain's so that the offline verifier recomputes it with the same
-# code; _event_content holds JSON types only (data has been through the JSON encoder).
-
-
-def _event_content(event: RunEvent) -> dict[str, Any]:
-    return {
-        "run": event.run_id,
-        "seq": event.seq,
-        "time": event.time.isoformat(),
-        "kind": event.kind,
-        "old_state": event.old_state,
-        "new_state": event.new_state,
-        "message": event.message,
-        "data": event.data,
-    }
+# Linked and checked by portal.event_chain, whose hashes are tau.evidence.chain's: the offline
+# verifier recomputes them with the same code. A run's events name it as ``run``.
+SUBJECT = "run"
 
 
 def _append(
@@ -54,16 +40,14 @@ def _append(
     )
     event = RunEvent(
         run=run,
-        seq=(last.seq + 1) if last else 1,
         time=timezone.now(),
         kind=kind,
         old_state=old_state,
         new_state=new_state,
         message=message,
-        data=json.loads(json.dumps(data or {}, cls=DjangoJSONEncoder)),
-        prev_hash=last.hash if last else GENESIS_HASH,
+        data=json_data(data),
     )
-    event.hash = event_hash(event.prev_hash, _event_content(event))
+    link(event, last=last, subject=SUBJECT, subject_id=run.pk)
     event.save()
     return event
 
@@ -109,13 +93,5 @@ def append_workload_event(
 
 def verify_event_chain(run: Run) -> bool:
     """Whether the run's events form an unbroken chain from the first one."""
-    prev = GENESIS_HASH
-    expected_seq = 1
-    for event in RunEvent.objects.for_workspace(run.workspace_id).filter(run=run).order_by("seq"):
-        if event.seq != expected_seq or event.prev_hash != prev:
-            return False
-        if event.hash != event_hash(prev, _event_content(event)):
-            return False
-        prev = event.hash
-        expected_seq += 1
-    return True
+    events = RunEvent.objects.for_workspace(run.workspace_id).filter(run=run).order_by("seq")
+    return chain_is_whole(events, subject=SUBJECT, subject_id=run.pk)

@@ -43,9 +43,12 @@ from portal.models import AuditEvent
 from runs.artifacts import store_artifact
 from runs.models import RunState
 from runs.state import transition
+from serving.models import Endpoint, EndpointDelivery
 from tests.conftest import CAST, World
 from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.runs.factories import TINY_FILES, TINY_SPEC, cluster_quota, make_run, zip_bytes
+from tests.serving import fakes
+from tests.serving.factories import ENDPOINT_FILES, ENDPOINT_SPEC, make_endpoint
 from workspaces.models import (
     Cohort,
     Membership,
@@ -63,6 +66,13 @@ pytestmark = pytest.mark.django_db
 def world(module_world: World) -> World:
     """The cast, made once for the module's cases (tests/conftest.module_world)."""
     return module_world
+
+
+@pytest.fixture(autouse=True)
+def endpoints_run_here(settings: Any) -> None:
+    """This machine's backend runs endpoints (the serving tests' fake: no executor does
+    yet), so that a deployment gets as far as its answer."""
+    settings.TAU_BACKEND_CLASSES = fakes.backend_classes(settings)
 
 
 Kwargs = Callable[[Any], dict[str, Any]]
@@ -83,6 +93,9 @@ class Route:
     data: dict[str, Any] | Callable[[], dict[str, Any]] = field(default_factory=dict)
     api: bool = False
     multipart: bool = False
+    #: What callers get with a token (of their own, with no scopes; ``foreign_token`` too),
+    #: by method, where that is not what a session gets.
+    with_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def payload(self) -> dict[str, Any]:
         return self.data() if callable(self.data) else self.data
@@ -235,6 +248,21 @@ def DECLARATION() -> dict[str, Any]:
         "source": "upload",
         "files": [{"path": "a.txt", "size": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}],
     }
+
+
+def the_endpoint(world: Any) -> Endpoint:
+    """alpha's endpoint ``chat``, deployed by the researcher (being deployed: it answers
+    nothing); made once where several routes' objects are made together."""
+    found = Endpoint.objects.for_workspace(world.alpha).filter(name="chat").first()
+    return found if found is not None else make_endpoint(world)
+
+
+def ENDPOINT(world: Any) -> dict[str, Any]:
+    return {"workspace_slug": "alpha", "name": the_endpoint(world).name}
+
+
+def ENDPOINT_INVOKED(world: Any) -> dict[str, Any]:
+    return {**ENDPOINT(world), "path": "generate"}
 
 
 def SEALED_RUN(world: Any) -> dict[str, Any]:
@@ -436,6 +464,37 @@ MATRIX: dict[str, Route] = {
     "api:evidence-keys": Route({"GET": same(200)}, api=True),
     "api:gpu-nodes": Route({"GET": STAFF_API(200)}, api=True),
     "api:run-gpus": Route({"GET": API_READ}, GPU_RUN, api=True),
+    # Endpoints: read by whoever reads the workspace; deployed by researchers; scaled, updated
+    # and deleted by the one who deployed it (the researcher here) and workspace admins.
+    "api:endpoint-list": Route(
+        {"GET": API_READ, "POST": RESEARCHER_WRITE(201)},
+        ALPHA,
+        data=lambda: {
+            "spec": SimpleUploadedFile("tau.yaml", ENDPOINT_SPEC),
+            "bundle": SimpleUploadedFile("project.zip", zip_bytes(ENDPOINT_FILES)),
+        },
+        api=True,
+        multipart=True,
+    ),
+    "api:endpoint-detail": Route(
+        {"GET": API_READ, "PATCH": RESEARCHER_WRITE(200), "DELETE": RESEARCHER_WRITE(204)},
+        ENDPOINT,
+        data={"replicas": 2},
+        api=True,
+    ),
+    "api:endpoint-evidence": Route({"GET": API_READ}, ENDPOINT, api=True),
+    "api:endpoint-metrics": Route({"GET": API_READ}, ENDPOINT, api=True),
+    "api:endpoint-logs": Route({"GET": API_READ}, ENDPOINT, api=True),
+    # Any member may invoke (the endpoint is still being deployed here: 409); staff who are
+    # not members may not; a token only with the endpoints:invoke scope (these have none,
+    # and are refused before their workspace is looked at).
+    "api:endpoint-invoke": Route(
+        {"POST": codes(403, 409, 409, 409, 404, 401)},
+        ENDPOINT_INVOKED,
+        data={"prompt": "hello"},
+        api=True,
+        with_tokens={"POST": {**codes(403, 403, 403, 403, 403, 401), "foreign_token": 403}},
+    ),
     # Usage: a workspace's for whoever reads it; every workspace's for the platform team.
     "api:workspace-usage": Route({"GET": API_READ}, ALPHA, api=True),
     # Datasets and models: read by whoever reads the workspace; made, uploaded, verified and
@@ -622,10 +681,17 @@ ADMIN_OBJECTS: dict[type, Callable[[Any], Any]] = {
     SealRequest: lambda world: SealRequest.objects.unscoped().get(
         run__name=SEALED_RUN(world)["run_name"]
     ),
+    Endpoint: the_endpoint,
+    EndpointDelivery: lambda world: (
+        EndpointDelivery.objects.for_workspace(world.alpha)
+        .filter(endpoint=the_endpoint(world))
+        .first()
+    ),
 }
 # The audit log is view-only even for superusers; so is usage (what runs used) and the
 # budget warnings sent.
 # Webhooks too (their workspace's admins manage them, on their page), and their delivery log.
+# Endpoints and their outbox rows: changed through the API (their services) alone.
 READ_ONLY_ADMIN_MODELS = {
     AuditEvent,
     WorkspaceUsage,
@@ -633,6 +699,8 @@ READ_ONLY_ADMIN_MODELS = {
     Webhook,
     NotificationDelivery,
     SealRequest,
+    Endpoint,
+    EndpointDelivery,
 }
 
 
@@ -828,6 +896,8 @@ def test_access_with_tokens(world: Any, key: str, method: str, who: str) -> None
     else:
         issued = tokens.issue_token(user=world.users[who], name="matrix")
         expected = route.methods[method][who]
+    if method in route.with_tokens:
+        expected = route.with_tokens[method][who]
     client = world.api_client_for("anonymous")
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.plaintext}")
     url = _url(key, kwargs)

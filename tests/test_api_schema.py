@@ -39,10 +39,20 @@ from identity import tokens
 from runs.artifacts import store_artifact
 from runs.models import Checkpoint, MetricPoint, RunEvent, RunState
 from runs.state import transition
+from serving.models import EndpointState
 from tests.conftest import World
 from tests.evidence.helpers import TEST_SIGNING_KEY
-from tests.runs.factories import TINY_SPEC, cluster_quota, make_run
+from tests.runs.factories import TINY_SPEC, cluster_quota, make_run, zip_bytes
 from tests.runs.test_api import attempt_with_log, bearer, run_token
+from tests.serving import fakes
+from tests.serving.factories import (
+    AUTOSCALING_SPEC,
+    ENDPOINT_FILES,
+    ENDPOINT_SPEC,
+    RUN_SPEC,
+    make_endpoint,
+)
+from tests.serving.upstream import upstream_server
 from workspaces.models import Membership, Workspace
 
 pytestmark = pytest.mark.django_db
@@ -894,6 +904,199 @@ def sealed_run(world: Any, settings: Any) -> Any:
     return ran
 
 
+# --- Endpoints (issue 34) ---------------------------------------------------------------------
+
+ENDPOINTS = f"{API}/alpha/endpoints"
+EP = f"{WS}/endpoints/{{name}}"
+
+
+def endpoints_here(settings: Any) -> None:
+    """This machine's backend runs endpoints (the serving tests' fake; no executor does yet)."""
+    settings.TAU_BACKEND_CLASSES = fakes.backend_classes(settings)
+    fakes.reset()
+
+
+def endpoint(world: Any, settings: Any, **kwargs: Any) -> Any:
+    endpoints_here(settings)
+    return make_endpoint(world, **kwargs)
+
+
+def deployment_form(spec: bytes = ENDPOINT_SPEC) -> dict[str, Any]:
+    return {
+        "spec": SimpleUploadedFile("tau.yaml", spec),
+        "bundle": SimpleUploadedFile("project.zip", zip_bytes(ENDPOINT_FILES)),
+    }
+
+
+@call("GET", f"{WS}/endpoints/", 200)
+def endpoint_list(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    endpoint(world, settings)
+    return client(world, "viewer").get(f"{ENDPOINTS}/")
+
+
+@call("POST", f"{WS}/endpoints/", 201)
+def endpoint_deploy(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    endpoints_here(settings)
+    return client(world).post(f"{ENDPOINTS}/", deployment_form(), format="multipart")
+
+
+@call("POST", f"{WS}/endpoints/", 201)
+def endpoint_deploy_as_json(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    endpoints_here(settings)
+    return client(world).post(
+        f"{ENDPOINTS}/", {"config": ENDPOINT_SPEC.decode(), "name": "from-json"}, format="json"
+    )
+
+
+@call("POST", f"{WS}/endpoints/", 400)
+def endpoint_deploy_of_a_run(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    endpoints_here(settings)
+    return client(world).post(f"{ENDPOINTS}/", deployment_form(RUN_SPEC), format="multipart")
+
+
+@call("POST", f"{WS}/endpoints/", 409)
+def endpoint_deploy_without_a_backend(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(f"{ENDPOINTS}/", deployment_form(), format="multipart")
+
+
+@call("POST", f"{WS}/endpoints/", 403)
+def endpoint_deploy_as_a_viewer(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").post(f"{ENDPOINTS}/", deployment_form(), format="multipart")
+
+
+@call("GET", f"{EP}/", 200)
+def endpoint_detail(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{ENDPOINTS}/{endpoint(world, settings).name}/")
+
+
+@call("GET", f"{EP}/", 404)
+def endpoint_detail_missing(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{ENDPOINTS}/nothing-here/")
+
+
+@call("PATCH", f"{EP}/", 200)
+def endpoint_scale(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    return client(world).patch(f"{ENDPOINTS}/{name}/", {"replicas": 2}, format="json")
+
+
+@call("PATCH", f"{EP}/", 400)
+def endpoint_update_with_a_missing_model(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings).name
+    return client(world).patch(
+        f"{ENDPOINTS}/{name}/", {"model": {"name": "nope", "version": "1"}}, format="json"
+    )
+
+
+@call("PATCH", f"{EP}/", 409)
+def endpoint_scale_that_autoscales(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, spec=AUTOSCALING_SPEC).name
+    return client(world).patch(f"{ENDPOINTS}/{name}/", {"replicas": 2}, format="json")
+
+
+@call("PATCH", f"{EP}/", 403)
+def endpoint_scale_as_a_viewer(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings).name
+    return client(world, "viewer").patch(f"{ENDPOINTS}/{name}/", {"replicas": 2}, format="json")
+
+
+@call("DELETE", f"{EP}/", 204)
+def endpoint_delete(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).delete(f"{ENDPOINTS}/{endpoint(world, settings).name}/")
+
+
+@call("GET", f"{EP}/evidence/", 200)
+def endpoint_evidence(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings).name
+    return client(world, "viewer").get(f"{ENDPOINTS}/{name}/evidence/")
+
+
+@call("GET", f"{EP}/logs/", 200)
+def endpoint_logs(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    return client(world, "viewer").get(f"{ENDPOINTS}/{name}/logs/", {"tail": 10})
+
+
+@call("GET", f"{EP}/logs/", 409)
+def endpoint_logs_when_stopped(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.STOPPED).name
+    return client(world, "viewer").get(f"{ENDPOINTS}/{name}/logs/")
+
+
+@call("GET", f"{EP}/logs/", 400)
+def endpoint_logs_of_an_odd_replica(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    return client(world, "viewer").get(f"{ENDPOINTS}/{name}/logs/", {"replica": "../x"})
+
+
+@call("GET", f"{EP}/metrics/", 200)
+def endpoint_metrics(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    return client(world, "viewer").get(f"{ENDPOINTS}/{name}/metrics/")
+
+
+@call("GET", f"{EP}/metrics/", 409)
+def endpoint_metrics_when_failed(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.FAILED).name
+    return client(world, "viewer").get(f"{ENDPOINTS}/{name}/metrics/")
+
+
+@call("GET", f"{EP}/metrics/", 502)
+def endpoint_metrics_unanswered(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    fakes.BEHAVIOUR.metrics_error = ConnectionError("no answer")
+    return client(world, "viewer").get(f"{ENDPOINTS}/{name}/metrics/")
+
+
+def invoker(world: Any) -> APIClient:
+    issued = tokens.issue_token(
+        user=world.users["viewer"], name="invoker", scopes=["endpoints:invoke"]
+    )
+    return bearer(issued.plaintext)
+
+
+@call("POST", f"{EP}/invoke/{{path}}", 200)
+def endpoint_invoke(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    with upstream_server() as upstream:
+        fakes.BEHAVIOUR.address = upstream.address
+        response = invoker(world).post(
+            f"{ENDPOINTS}/{name}/invoke/echo", {"prompt": "hi"}, format="json"
+        )
+        # Read while the endpoint is there; the check below reads it again.
+        content = b"".join(response.streaming_content)  # type: ignore[attr-defined]
+    response.streaming_content = [content]  # type: ignore[attr-defined]
+    return response
+
+
+@call("POST", f"{EP}/invoke/{{path}}", 409)
+def endpoint_invoke_while_deploying(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings).name
+    return invoker(world).post(f"{ENDPOINTS}/{name}/invoke/echo", {}, format="json")
+
+
+@call("POST", f"{EP}/invoke/{{path}}", 403)
+def endpoint_invoke_without_the_scope(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    plain = tokens.issue_token(user=world.users["viewer"], name="plain")
+    return bearer(plain.plaintext).post(f"{ENDPOINTS}/{name}/invoke/echo", {}, format="json")
+
+
+@call("POST", f"{EP}/invoke/{{path}}", 413)
+def endpoint_invoke_too_large(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    settings.TAU_ENDPOINT_MAX_BODY_BYTES = 10
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    return invoker(world).post(
+        f"{ENDPOINTS}/{name}/invoke/echo", b"x" * 11, content_type="application/octet-stream"
+    )
+
+
+@call("POST", f"{EP}/invoke/{{path}}", 502)
+def endpoint_invoke_without_an_address(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    return invoker(world).post(f"{ENDPOINTS}/{name}/invoke/echo", {}, format="json")
+
+
 @call("GET", f"{RUN}/evidence/", 200)
 def evidence_export(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     return client(world, "viewer").get(run_path(sealed_run(world, settings).name, "evidence/"))
@@ -1450,6 +1653,9 @@ def test_only_submissions_and_artifacts_take_anything_but_json(schema: dict[str,
     assert taken == {
         ("POST", f"{WS}/runs/", "multipart/form-data"),
         ("POST", f"{RUN}/report/artifacts/", "application/octet-stream"),
+        # A deployment takes the same form as a submission; the proxy passes any body on.
+        ("POST", f"{WS}/endpoints/", "multipart/form-data"),
+        ("POST", f"{WS}/endpoints/{{name}}/invoke/{{path}}", "*/*"),
         # An upload's files, declared as JSON lines (catalog.uploads).
         ("POST", f"{WS}/datasets/{{name}}/versions/", "application/x-ndjson"),
         ("POST", f"{WS}/models/{{name}}/versions/", "application/x-ndjson"),

@@ -29,12 +29,13 @@ LAYERS: dict[str, int] = {
     "identity": 4,  # OpenID Connect, login, API tokens
     "runs": 5,  # the run core: models, states, submission, delivery, pages and API
     "catalog": 6,  # datasets and models: versions, their files and aliases, lineage
-    "executors": 7,  # where runs execute: executors.kubernetes, executors.local
-    "evidence": 8,  # sealed records of runs
-    "gpus": 8,  # the GPU fleet, telemetry, GPU efficiency of runs
-    "accounting": 8,  # GPU-hours used, usage pages and API, budget warnings
-    "notifications": 8,  # e-mail and webhooks about runs and budgets
-    "web": 9,  # the UI shell: root URLconf, home pages, commands that start everything
+    "serving": 7,  # endpoints: records, histories, deployment, the backend interface, API
+    "executors": 8,  # where runs and endpoints execute: executors.kubernetes, executors.local
+    "evidence": 9,  # sealed records of runs
+    "gpus": 9,  # the GPU fleet, telemetry, GPU efficiency of runs
+    "accounting": 9,  # GPU-hours used, usage pages and API, budget warnings
+    "notifications": 9,  # e-mail and webhooks about runs and budgets
+    "web": 10,  # the UI shell: root URLconf, home pages, commands that start everything
 }
 #: Not part of the product's layering: they may import any package, and none imports them.
 OUTSIDE = {"tests", "benchmarks", "deploy", "examples", "docs", "var", "static", "templates"}
@@ -204,8 +205,9 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
 #: The executors, each a package of its own above the run core: no executor imports another.
 EXECUTORS = ("executors.kubernetes", "executors.local")
 #: The packages of the core: they ask an executor through ``runs.backends.RunBackend``
-#: (found by ``runs.backends.registry``), never import one.
-CORE = ("runs", "workspaces", "evidence", "identity")
+#: (found by ``runs.backends.registry``; an endpoint's through ``serving.backends``), never
+#: import one.
+CORE = ("runs", "workspaces", "evidence", "identity", "serving")
 
 
 def module_of(target: str) -> str:

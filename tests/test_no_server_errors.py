@@ -290,7 +290,7 @@ def parameters_of(key: str, url: str) -> list[str]:
     names: set[str] = {"format"}
     if module.__name__.startswith("django.contrib.admin"):
         names |= ADMIN_PARAMETERS | {"next"}
-    elif module.__name__.startswith(("portal", "workspaces", "runs", "evidence")):
+    elif module.__name__.startswith(("portal", "workspaces", "runs", "evidence", "serving")):
         names |= _read_by(view, module)
     if key.startswith("oidc-"):
         names |= OIDC_PARAMETERS

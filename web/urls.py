@@ -28,6 +28,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("workspaces.api.urls")),
     path("", include("runs.api.urls")),
     path("", include("catalog.api.urls")),
+    path("", include("serving.api.urls")),
     path("", include("evidence.api.urls")),
     path("", include("gpus.api.urls")),
     path("", include("accounting.api.urls")),

@@ -1,8 +1,12 @@
-"""A run's event chain: each event's hash covers the hash before it and its own content, so
-editing, dropping, inserting or reordering any event breaks every hash after it.
+"""An event chain (a run's history, an endpoint's): each event's hash covers the hash before it
+and its own content, so editing, dropping, inserting or reordering any event breaks every
+hash after it.
 
-The portal computes the hashes when it appends events (``runs.events``) and the verifier
-recomputes them from ``events.jsonl``; both call ``event_hash`` here. The serialisation is
+The portal computes the hashes when it appends events (``portal.event_chain``, for
+``runs.events`` and ``serving.events``) and the verifier recomputes them from the export
+(a run's ``events.jsonl``, an endpoint's history); both call ``event_hash`` here. An event's
+content names what it is the history of by its first field: ``run`` (the run's id) or
+``endpoint`` (the endpoint's id), its *subject*. The serialisation is
 Python's ``json.dumps`` with sorted keys, not RFC 8785: it is what the portal has hashed
 since its first event, and changing it would break every chain already stored.
 """
@@ -17,8 +21,10 @@ from typing import Any
 __all__ = [
     "CONTENT_FIELDS",
     "GENESIS_HASH",
+    "SUBJECTS",
     "ChainChecker",
     "check_chain",
+    "content_fields",
     "event_hash",
     "event_line",
 ]
@@ -26,8 +32,19 @@ __all__ = [
 # The prev_hash of a run's first event.
 GENESIS_HASH = "0" * 64
 
-# What an event's hash covers (besides the hash before it).
+# What a run's event's hash covers (besides the hash before it).
 CONTENT_FIELDS = ("run", "seq", "time", "kind", "old_state", "new_state", "message", "data")
+
+#: What a chain can be the history of: the first field of its events' content.
+SUBJECTS = ("run", "endpoint")
+
+
+def content_fields(subject: str = "run") -> tuple[str, ...]:
+    """What the hash of an event of ``subject``'s history covers: the subject's id, then the
+    same fields as a run's."""
+    if subject not in SUBJECTS:
+        raise ValueError(f"no chain of {subject!r}: one of {', '.join(SUBJECTS)}")
+    return (subject, *CONTENT_FIELDS[1:])
 
 
 def _dumps(value: Any) -> str:
@@ -51,9 +68,11 @@ def event_line(event: Mapping[str, Any]) -> bytes:
 class ChainChecker:
     """Checks events one at a time, in the order given, so a long history need not be held
     in memory. ``problems`` names each break by the event's ``seq``; ``count`` and ``head``
-    (the last event's hash, ``GENESIS_HASH`` before any) are what the manifest should say."""
+    (the last event's hash, ``GENESIS_HASH`` before any) are what the manifest should say.
+    ``subject``: what the chain is the history of (``run``, ``endpoint``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, subject: str = "run") -> None:
+        self.fields = content_fields(subject)
         self.problems: list[str] = []
         self.count = 0
         self.head = GENESIS_HASH
@@ -61,7 +80,7 @@ class ChainChecker:
     def add(self, event: Mapping[str, Any]) -> None:
         position = self.count + 1
         self.count = position
-        missing = [field for field in (*CONTENT_FIELDS, "prev_hash", "hash") if field not in event]
+        missing = [field for field in (*self.fields, "prev_hash", "hash") if field not in event]
         if missing:
             self.problems.append(f"event #{position}: missing {', '.join(missing)}")
             self.head = str(event.get("hash", ""))
@@ -71,7 +90,7 @@ class ChainChecker:
             self.problems.append(f"{label}: expected seq {position} at line {position}")
         if event["prev_hash"] != self.head:
             self.problems.append(f"{label}: prev_hash is not the hash of the event before it")
-        content = {field: event[field] for field in CONTENT_FIELDS}
+        content = {field: event[field] for field in self.fields}
         try:
             recomputed = event_hash(str(event["prev_hash"]), content)
         except (TypeError, ValueError) as error:
@@ -82,10 +101,10 @@ class ChainChecker:
         self.head = str(event["hash"])
 
 
-def check_chain(events: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Every break in a run's chain (wrong ``seq``, a ``prev_hash`` that is not the hash
-    before, a ``hash`` that does not match the content); empty when the chain is whole."""
-    checker = ChainChecker()
+def check_chain(events: Iterable[Mapping[str, Any]], subject: str = "run") -> list[str]:
+    """Every break in a chain of ``subject`` (wrong ``seq``, a ``prev_hash`` that is not the
+    hash before, a ``hash`` that does not match the content); empty when the chain is whole."""
+    checker = ChainChecker(subject)
     for event in events:
         checker.add(event)
     return checker.problems

@@ -1,7 +1,7 @@
 """Create an API token for a user from the command line (first setup, automation).
 
     manage.py create_token USERNAME [--workspace SLUG] [--read-only] [--expires-days N]
-                                    [--name NAME]
+                                    [--name NAME] [--scope endpoints:invoke]
 
 Prints only the token on standard output, so it can be captured:
 TOKEN=$(manage.py create_token ...).
@@ -16,6 +16,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from identity import tokens
+from identity.models import ApiToken
 from portal import audit
 from workspaces.access import resolve_workspace_access
 
@@ -35,6 +36,14 @@ class Command(BaseCommand):
             f"at most {settings.TAU_TOKEN_MAX_DAYS})",
         )
         parser.add_argument("--name", default="created with manage.py create_token")
+        parser.add_argument(
+            "--scope",
+            action="append",
+            default=[],
+            choices=ApiToken.Scope.values,
+            help="what it may do beyond what every token may (repeat for several): "
+            + "; ".join(f"{scope.value}: {scope.label.lower()}" for scope in ApiToken.Scope),
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         user_model = get_user_model()
@@ -58,13 +67,15 @@ class Command(BaseCommand):
                     workspace=workspace,
                     read_only=options["read_only"],
                     expires_in_days=options["expires_days"],
+                    scopes=options["scope"],
                 )
             except tokens.TokenPolicyError as exc:
                 raise CommandError(str(exc)) from None
         self.stderr.write(
             f"Token for {user.get_username()}"
             f"{' in ' + workspace.slug if workspace else ' (all workspaces)'}"
-            f"{', read-only' if options['read_only'] else ''}, expires "
+            f"{', read-only' if options['read_only'] else ''}"
+            f"{''.join(', ' + scope for scope in issued.token.scopes)}, expires "
             f"{issued.token.expires_at:%Y-%m-%d}. It is shown only now:"
         )
         self.stdout.write(issued.plaintext)

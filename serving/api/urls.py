@@ -1,0 +1,38 @@
+"""The endpoints API, under /api/v1/ (issue 34: the names are a contract)."""
+
+from django.urls import path, re_path
+
+from serving.api import views
+
+BASE = "workspaces/<slug:workspace_slug>/endpoints/"
+ENDPOINT = f"{BASE}<str:name>/"
+
+urlpatterns = [
+    path(
+        BASE, views.EndpointViewSet.as_view({"get": "list", "post": "create"}), name="endpoint-list"
+    ),
+    path(
+        ENDPOINT,
+        views.EndpointViewSet.as_view(
+            {"get": "retrieve", "patch": "partial_update", "delete": "destroy"}
+        ),
+        name="endpoint-detail",
+    ),
+    path(
+        f"{ENDPOINT}evidence/",
+        views.EndpointEvidenceViewSet.as_view({"get": "retrieve"}),
+        name="endpoint-evidence",
+    ),
+    path(
+        f"{ENDPOINT}metrics/",
+        views.EndpointViewSet.as_view({"get": "metrics"}),
+        name="endpoint-metrics",
+    ),
+    path(f"{ENDPOINT}logs/", views.EndpointViewSet.as_view({"get": "logs"}), name="endpoint-logs"),
+    # {path} may be empty (the endpoint's route prefix itself) and hold slashes.
+    re_path(
+        r"^workspaces/(?P<workspace_slug>[-a-zA-Z0-9_]+)/endpoints/(?P<name>[^/]+)/invoke/(?P<path>.*)$",
+        views.EndpointInvokeViewSet.as_view({"post": "invoke"}),
+        name="endpoint-invoke",
+    ),
+]

@@ -1,0 +1,17 @@
+from django.apps import AppConfig
+
+
+class ServingConfig(AppConfig):
+    name = "serving"
+    verbose_name = "Endpoints"
+
+    def ready(self) -> None:
+        from django.conf import settings
+
+        from portal.api import BODY_LIMITS
+
+        # A request invoked through the proxy may be larger than Django's limit for JSON
+        # bodies (TAU_ENDPOINT_MAX_BODY_BYTES; the view streams it, never holding it whole).
+        BODY_LIMITS["api:endpoint-invoke"] = lambda method: (
+            int(settings.TAU_ENDPOINT_MAX_BODY_BYTES) if method == "POST" else None
+        )
