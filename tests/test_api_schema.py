@@ -956,6 +956,7 @@ def endpoint_deploy_of_a_run(world: Any, tmp: Path, settings: Any) -> HttpRespon
 
 @call("POST", f"{WS}/endpoints/", 409)
 def endpoint_deploy_without_a_backend(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    settings.TAU_BACKEND_CLASSES = fakes.without_endpoints(settings)
     return client(world).post(f"{ENDPOINTS}/", deployment_form(), format="multipart")
 
 

@@ -91,9 +91,20 @@ class LocalWithEndpoints(LocalBackend):
     endpoints = FakeEndpoints()
 
 
+class LocalWithoutEndpoints(LocalBackend):
+    """This machine's run backend as one that runs no endpoints (yet)."""
+
+    endpoints = None
+
+
 PATH = "tests.serving.fakes.LocalWithEndpoints"
 
 
 def backend_classes(settings: Any) -> dict[str, str]:
     """``TAU_BACKEND_CLASSES`` with the local backend running endpoints (the fake)."""
     return {**settings.TAU_BACKEND_CLASSES, "local": PATH}
+
+
+def without_endpoints(settings: Any) -> dict[str, str]:
+    """``TAU_BACKEND_CLASSES`` with a local backend that runs no endpoints."""
+    return {**settings.TAU_BACKEND_CLASSES, "local": "tests.serving.fakes.LocalWithoutEndpoints"}

@@ -135,10 +135,7 @@ def test_a_refused_deployment_lists_its_problems(world: Any) -> None:
 def test_a_backend_without_endpoints_is_a_409_and_creates_nothing(
     world: Any, settings: Any
 ) -> None:
-    settings.TAU_BACKEND_CLASSES = {
-        **settings.TAU_BACKEND_CLASSES,
-        "local": "executors.local.backend.LocalBackend",
-    }
+    settings.TAU_BACKEND_CLASSES = fakes.without_endpoints(settings)
     response = deploy_form(world.api_client_for("researcher"))
     assert response.status_code == 409
     assert response.json() == {

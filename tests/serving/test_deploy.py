@@ -211,10 +211,7 @@ def test_a_name_must_be_a_dns_label(world: Any, name: str) -> None:
 
 
 def test_a_backend_without_endpoints_refuses_up_front(world: Any, settings: Any) -> None:
-    settings.TAU_BACKEND_CLASSES = {
-        **settings.TAU_BACKEND_CLASSES,
-        "local": "executors.local.backend.LocalBackend",
-    }
+    settings.TAU_BACKEND_CLASSES = fakes.without_endpoints(settings)
     with pytest.raises(services.EndpointsUnavailable) as caught:
         deploy(world, ENDPOINT_SPEC)
     assert str(caught.value) == (
