@@ -9,9 +9,15 @@ class ServingConfig(AppConfig):
         from django.conf import settings
 
         from portal.api import BODY_LIMITS
+        from runs.submission import MAX_SUBMISSION_BYTES
 
         # A request invoked through the proxy may be larger than Django's limit for JSON
         # bodies (TAU_ENDPOINT_MAX_BODY_BYTES; the view streams it, never holding it whole).
         BODY_LIMITS["api:endpoint-invoke"] = lambda method: (
             int(settings.TAU_ENDPOINT_MAX_BODY_BYTES) if method == "POST" else None
+        )
+        # A deployment is a submission's form: a project zip and a tau.yaml (a JSON one is
+        # held to Django's limit by the view itself).
+        BODY_LIMITS["api:endpoint-list"] = lambda method: (
+            MAX_SUBMISSION_BYTES if method == "POST" else None
         )

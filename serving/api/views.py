@@ -66,14 +66,6 @@ UNAVAILABLE_409 = (
 MAX_DEPLOY_BYTES = submission.MAX_SUBMISSION_BYTES
 
 
-def _scoped(workspace: Any) -> QuerySet[Endpoint]:
-    return (
-        Endpoint.objects.for_workspace(workspace)
-        .filter(deleted_at__isnull=True)
-        .select_related("model_version__asset")
-    )
-
-
 class EndpointCursorPagination(RunCursorPagination):
     """The endpoints list's pages, newest first: ``limit`` (1 to 200) each, ``cursor`` one
     this API gave out (any other is a 404)."""
@@ -149,8 +141,15 @@ class EndpointViewSet(EndpointScopedViewSet):
                 declared = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:
                 declared = 0
-            if declared > MAX_DEPLOY_BYTES:
-                raise DeploymentTooLarge(declared)
+            # A form may carry a project zip; JSON carries the tau.yaml alone, and is held to
+            # Django's limit for JSON, as the API's other JSON bodies are.
+            limit = (
+                int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+                if request.content_type.startswith("application/json")
+                else MAX_DEPLOY_BYTES
+            )
+            if declared > limit:
+                raise DeploymentTooLarge(declared, limit)
         super().initial(request, *args, **kwargs)
 
     def _check_may_act(self, endpoint: Endpoint) -> None:
@@ -425,11 +424,11 @@ class EndpointViewSet(EndpointScopedViewSet):
 class DeploymentTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
 
-    def __init__(self, declared: int) -> None:
+    def __init__(self, declared: int, limit: int) -> None:
         super().__init__(
             f"The upload is {declared / 2**20:.1f} MiB; a deployment may be at most "
-            f"{MAX_DEPLOY_BYTES / 2**20:.1f} MiB (a project zip and a tau.yaml). "
-            "Nothing was read or kept."
+            f"{limit / 2**20:.1f} MiB (as a form: a project zip and a tau.yaml; as JSON: the "
+            "tau.yaml). Nothing was read or kept."
         )
 
 

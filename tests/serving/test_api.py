@@ -288,3 +288,22 @@ def test_the_list_costs_the_same_queries_for_one_or_many(world: Any, tmp_path: P
     paged = client.get(ENDPOINTS, {"limit": 3}).json()
     assert len(paged["results"]) == 3
     assert paged["next"]
+
+
+def test_a_json_deployment_is_held_to_the_json_limit(world: Any, settings: Any) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    response = world.api_client_for("researcher").post(
+        ENDPOINTS, {"config": "x" * 2000}, format="json"
+    )
+    assert response.status_code == 413
+    assert "as JSON: the tau.yaml" in response.json()["detail"]
+
+
+def test_make_runs_server_takes_a_deployments_zip(settings: Any) -> None:
+    """Under ASGI the body is refused past its route's limit before the view: a deployment's
+    is a submission's, not Django's 2.5 MiB for forms and JSON."""
+    from runs.submission import MAX_SUBMISSION_BYTES
+    from web.asgi import body_limit
+
+    assert body_limit("api:endpoint-list", "POST") == MAX_SUBMISSION_BYTES
+    assert body_limit("api:endpoint-invoke", "POST") == settings.TAU_ENDPOINT_MAX_BODY_BYTES
