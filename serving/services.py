@@ -375,6 +375,11 @@ def deploy_endpoint(
     ``EndpointsUnavailable`` when the backend does not run endpoints, ``DeployRefused`` with
     every problem, ``NameTaken`` when the name is in use: in each case nothing is written."""
     backend = settings.TAU_BACKEND
+    endpoint_backend(backend)  # EndpointsUnavailable before anything else
+    # A name in use is said before the project zip is read and kept.
+    early = name if name is not None else _endpoint_name_in(spec_source)
+    if early is not None and _name_in_use(workspace, early):
+        raise NameTaken(f"This workspace has an endpoint named {early!r} already.")
     extra: list[SubmissionProblem] = []
     if name is not None and (problem := _name_problem(name)) is not None:
         extra.append(problem)
@@ -442,6 +447,15 @@ def deploy_endpoint(
             ) from None
         raise
     return endpoint
+
+
+def _endpoint_name_in(source: bytes) -> str | None:
+    """The ``name`` of an endpoint's tau.yaml, when it reads as one (the reading is kept for
+    the checks that follow)."""
+    if len(source) > MAX_SPEC_BYTES:
+        return None
+    spec = reading_of(source).spec
+    return spec.name if spec is not None and spec.is_endpoint else None
 
 
 def _name_in_use(workspace: Workspace, name: str) -> bool:

@@ -245,3 +245,10 @@ def test_an_endpoint_made_on_another_backend_keeps_it(world: Any) -> None:
     with override_settings(TAU_BACKEND="local"):
         endpoint = make_endpoint(world)
     assert endpoint.backend == "local"
+
+
+def test_a_name_in_use_keeps_no_bundle(world: Any) -> None:
+    deploy(world, ENDPOINT_SPEC, files=None)
+    with pytest.raises(services.NameTaken):
+        deploy(world, ENDPOINT_SPEC)
+    assert CodeBundle.objects.for_workspace(world.alpha).count() == 0
