@@ -159,34 +159,34 @@ class StagedDataset:
 
 def staging_plan(run: Run) -> tuple[StagedDataset, ...]:
     """The run's pinned versions and their files, as its workspace keeps them."""
-    workspace_id = run.workspace_id
     inputs = (
-        RunInput.objects.for_workspace(workspace_id)
+        RunInput.objects.for_workspace(run.workspace_id)
         .filter(run=run)
-        .select_related("version__asset")
+        .select_related("version__asset", "version__asset__workspace")
         .order_by("path")
     )
-    plan = []
-    for item in inputs:
-        rows = (
-            AssetFile.objects.for_workspace(workspace_id)
-            .filter(version=item.version)
-            .order_by("path")
-            .values_list("path", "size", "sha256")
-        )
-        plan.append(
-            StagedDataset(
-                workspace_id=workspace_id,
-                ref=item.version.ref,
-                path=item.path,
-                manifest_digest=item.version.manifest_digest,
-                files=tuple(StagedFile(path, size, sha256) for path, size, sha256 in rows),
-                in_place=(
-                    location(run.workspace, item.version.prefix) if item.version.in_place else None
-                ),
-            )
-        )
-    return tuple(plan)
+    return tuple(staged_version(item.version, path=item.path) for item in inputs)
+
+
+def staged_version(version: AssetVersion, *, path: str) -> StagedDataset:
+    """One version and its files, to be staged at ``<staging folder>/<path>``: a run's pinned
+    dataset, or the model version an endpoint serves (a model version is a catalog version
+    too, staged the same way at ``TAU_MODEL_DIR``)."""
+    workspace = version.asset.workspace
+    rows = (
+        AssetFile.objects.for_workspace(workspace.pk)
+        .filter(version=version)
+        .order_by("path")
+        .values_list("path", "size", "sha256")
+    )
+    return StagedDataset(
+        workspace_id=workspace.pk,
+        ref=version.ref,
+        path=path,
+        manifest_digest=version.manifest_digest,
+        files=tuple(StagedFile(name, size, sha256) for name, size, sha256 in rows),
+        in_place=location(workspace, version.prefix) if version.in_place else None,
+    )
 
 
 def staged_totals(run: Run) -> tuple[int, int] | None:

@@ -1,10 +1,11 @@
 """The embedded backend: runs execute as processes on this machine, supervised by the local
-agent (``manage.py run_agent``), which admits queued runs within the machine's resources.
+agent (``manage.py run_agent``), which admits queued runs within the machine's resources;
+endpoints run here too (``endpoints``: ``executors.local.endpoints``).
 
 Everything the core knows about this machine's files goes through here: the attempts' logs
 (``var/runs/<run id>/attempt-<n>/run.log``), the run's checkpoint folder
-(``var/runs/<run id>/checkpoints/``) and what the runs executing here hold of each
-workspace's quota on the ``TAU_LOCAL_FLAVOR`` flavor.
+(``var/runs/<run id>/checkpoints/``) and what the runs and endpoints executing here hold of
+each workspace's quota on the ``TAU_LOCAL_FLAVOR`` flavor.
 """
 
 from __future__ import annotations
@@ -21,45 +22,24 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import IntegerField, Value
 
 from executors.local.agent import admission, environments
+from executors.local.agent.admission import FIELD_OF, unsupported_here
 from executors.local.agent.health import local_executor_note
 from executors.local.agent.prepare import AttemptLayout, runs_root, venvs_root
+from executors.local.endpoints import LocalEndpoints
 from runs.backends import PodSet, QueuedRun, QueueReading, QuotaUse
 from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
 from runs.logs import LogChunk, WholeLog, open_log_file, read_log_file
 from runs.models import RUNNING_STATES, Backend, Checkpoint, Run, RunAttempt, RunState
 from runs.policy import requested_totals, worker_pod_set
 from runs.state import lock_run, transition
-from tau.k8s_names import GPU_RESOURCE
+from serving.backends import EndpointBackend
+from serving.models import LIVE_STATES, Endpoint
 from tau.quantity import QuantityError
 from tau.spec import Spec, spec_from_dict
 from workspaces.models import Workspace
-
-
-#: The tau.yaml field each resource of the machine is asked for in.
-def unsupported_here(spec: Spec) -> list[tuple[str, str]]:
-    """What a spec asks for that runs on a cluster only. (A sweep runs here: its trials are
-    sub-processes of the attempt, within its resources; see ``tau.sweep``.)"""
-    problems: list[tuple[str, str]] = []
-    if spec.storage.data_pvc is not None:
-        problems.append(
-            (
-                "storage.data_pvc",
-                f"the data volume {spec.storage.data_pvc} is a Kubernetes PersistentVolumeClaim, "
-                "and this installation runs on one machine: remove `storage.data_pvc` and "
-                "keep the data in the project folder (or read it from a path the program is "
-                "given), or submit it to a cluster",
-            )
-        )
-    return problems
-
-
-FIELD_OF = {
-    admission.CPU: "compute.cpus",
-    admission.MEMORY: "compute.memory",
-    GPU_RESOURCE: "compute.gpus",
-}
 
 
 def checkpoint_dir(run: Run) -> Path:
@@ -156,6 +136,8 @@ class LocalBackend:
     #: A run starts in a folder holding its project zip and nothing else: a script entry
     #: point needs a zip that has it (a cluster run may find it in its image instead).
     scripts_need_bundle = True
+    #: Endpoints run here too, as real Ray Serve applications (``executors.local.endpoints``).
+    endpoints: EndpointBackend | None = LocalEndpoints()
 
     def submission_problems(self, spec: Spec, workspace: Workspace) -> list[tuple[str, str]]:
         """(tau.yaml path, message) for what this machine could never give the run, however
@@ -238,16 +220,31 @@ class LocalBackend:
             return False
 
     def quota_in_use(self, workspace_ids: Collection[int] | None) -> dict[int, QuotaUse]:
-        """Local runs use the machine's flavor (``TAU_LOCAL_FLAVOR``): what the admitted,
-        running and stopping ones asked for, per workspace."""
+        """Local runs and endpoints use the machine's flavor (``TAU_LOCAL_FLAVOR``): what the
+        admitted, running and stopping runs asked for, and what the live endpoints hold
+        (replicas times ``compute``; an update's two generations counted once), per
+        workspace, in one query."""
         runs = Run.objects.unscoped().filter(backend=Backend.LOCAL, state__in=RUNNING_STATES)
+        endpoints = Endpoint.objects.unscoped().filter(
+            backend=Backend.LOCAL, state__in=LIVE_STATES, deleted_at__isnull=True
+        )
         if workspace_ids is not None:
             runs = runs.filter(workspace_id__in=list(workspace_ids))
+            endpoints = endpoints.filter(workspace_id__in=list(workspace_ids))
+        # A run's row says 0 replicas; an endpoint's, the replicas it was scaled to.
+        rows = runs.values_list(
+            "workspace_id", "spec", Value(0, output_field=IntegerField())
+        ).union(endpoints.values_list("workspace_id", "spec", "replicas_desired"), all=True)
         used: dict[int, QuotaUse] = {}
         flavor = settings.TAU_LOCAL_FLAVOR
-        for workspace_id, spec in runs.values_list("workspace_id", "spec"):
+        for workspace_id, data, replicas in rows:
+            amounts = (
+                admission.endpoint_demand(admission.endpoint_spec(data, replicas))
+                if replicas
+                else requested_totals(spec_from_dict(data))
+            )
             line = used.setdefault(workspace_id, {})
-            for resource, amount in requested_totals(spec_from_dict(spec)).items():
+            for resource, amount in amounts.items():
                 key = (flavor, resource)
                 line[key] = line.get(key, Decimal(0)) + amount
         return used

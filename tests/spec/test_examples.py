@@ -127,11 +127,12 @@ def test_the_resume_example_retries_and_keeps_checkpoints() -> None:
 def test_the_examples_that_run_here_pin_what_make_test_downloads() -> None:
     """An example trained by the test suite on the local executor installs its
     ``runtime.pip`` from the wheels deploy/dev/example_wheels.py downloads: the pins of
-    requirements/examples.txt, exactly (the GPU-only examples run only on a cluster)."""
+    requirements/examples.txt, exactly (the GPU-only examples run only on a cluster). The
+    CPU endpoint is served on the local executor the same way (its Ray Serve)."""
     lines = (REPO / "requirements" / "examples.txt").read_text("utf-8").splitlines()
     pinned = {line for line in lines if line and not line.startswith("#")}
     asked: set[str] = set()
-    for name in ("ddp", "fsdp", "deepspeed", "ray-train", "ray-tune", "lora"):
+    for name in ("ddp", "fsdp", "deepspeed", "ray-train", "ray-tune", "lora", "serve-cpu"):
         spec = load_spec((REPO / "examples" / name / "tau.yaml").read_bytes())
         assert set(spec.runtime.pip) <= pinned, name
         asked |= set(spec.runtime.pip)

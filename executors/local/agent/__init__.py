@@ -1,5 +1,5 @@
 """The local executor: a supervising process (``manage.py run_agent``) that runs this
-machine's queued local runs as process groups.
+machine's queued local runs, and its endpoints, as process groups.
 
 It runs arbitrary submitted code on this machine, each attempt in a bubblewrap sandbox
 (with a uid of its own when the portal runs as root) and within per-run limits, so it is
@@ -18,7 +18,11 @@ on in the embedded default and off in production unless ``TAU_LOCAL_EXECUTOR=tru
   ``outcomes`` reads that back (also after a crash of the agent).
 - ``collect``: metric rows and checkpoints.
 - ``processes``: process groups and their identity, from ``/proc``.
+- ``endpoints``: the endpoints' generations, each a Ray Serve application on loopback
+  (``tau.serving``), supervised beside the runs; ``endpoint_files``: their folders, the
+  instructions the backend hands over and what each generation's runner reports.
 
 Nothing is imported here: the web process reads ``admission`` (what this machine could ever
-run, for submission) without loading the supervisor.
+run, for submission) and ``endpoint_files`` (an endpoint's logs and metrics) without loading
+the supervisor.
 """

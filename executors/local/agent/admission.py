@@ -24,15 +24,18 @@ on its own; only ``machine_capacity`` reads what this machine offers. The rule:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import format_quantity, parse_quantity
+from tau.spec import Spec, spec_from_dict
 
 CPU = "cpu"
 MEMORY = "memory"
@@ -116,13 +119,70 @@ def number_text(resource: str, amount: Decimal) -> str:
     return format(amount.normalize(), "f")
 
 
+def endpoint_replicas(spec: Spec) -> int:
+    """The replicas an endpoint holds room for: ``serve.replicas``, or the most its
+    autoscaling may reach (a cluster holds a worker for each, whatever Ray Serve runs)."""
+    serve = spec.serve
+    assert serve is not None
+    if serve.autoscaling is not None:
+        return serve.autoscaling.max_replicas
+    return serve.replicas or 1
+
+
+def endpoint_spec(data: dict[str, Any], replicas_desired: int) -> Spec:
+    """The spec an endpoint's generation runs: the stored one (``Endpoint.spec``) with the
+    replicas it was scaled to (a scale changes ``Endpoint.replicas_desired``, not the
+    tau.yaml it was deployed with)."""
+    spec = spec_from_dict(data)
+    serve = spec.serve
+    if serve is None or serve.autoscaling is not None or serve.replicas == replicas_desired:
+        return spec
+    return dataclasses.replace(spec, serve=dataclasses.replace(serve, replicas=replicas_desired))
+
+
+def endpoint_demand(spec: Spec) -> dict[str, Decimal]:
+    """What an endpoint's generation holds of this machine while it runs: ``compute`` per
+    replica times its replicas (Ray's own processes, a cluster's head pod, are not counted,
+    as a RayJob's head is not: ``LocalBackend.pod_sets``). Runs and endpoints share the
+    machine, and each workspace's quota on it, by these amounts."""
+    replicas = endpoint_replicas(spec)
+    return {
+        CPU: parse_quantity(spec.compute.cpus) * replicas,
+        MEMORY: parse_quantity(spec.compute.memory) * replicas,
+        GPU_RESOURCE: Decimal(spec.compute.gpus * replicas),
+    }
+
+
+def unsupported_here(spec: Spec) -> list[tuple[str, str]]:
+    """What a spec asks for that runs on a cluster only. (A sweep runs here: its trials are
+    sub-processes of the attempt, within its resources; see ``tau.sweep``.)"""
+    problems: list[tuple[str, str]] = []
+    if spec.storage.data_pvc is not None:
+        problems.append(
+            (
+                "storage.data_pvc",
+                f"the data volume {spec.storage.data_pvc} is a Kubernetes PersistentVolumeClaim, "
+                "and this installation runs on one machine: remove `storage.data_pvc` and "
+                "keep the data in the project folder (or read it from a path the program is "
+                "given), or submit it to a cluster",
+            )
+        )
+    return problems
+
+
+#: The tau.yaml field each resource of the machine is asked for in.
+FIELD_OF = {CPU: "compute.cpus", MEMORY: "compute.memory", GPU_RESOURCE: "compute.gpus"}
+
 _SETTING_FOR = {CPU: "TAU_LOCAL_CPUS", MEMORY: "TAU_LOCAL_MEMORY", GPU_RESOURCE: "TAU_LOCAL_GPUS"}
 
 
-def never_fits(demand: Amounts, capacity: Amounts) -> dict[str, str]:
+def never_fits(
+    demand: Amounts, capacity: Amounts, *, subject: str = "The run", kind: str = "runs"
+) -> dict[str, str]:
     """resource -> why this machine could never run the demand, however idle it is: the
     rule submission applies up front, and the agent applies to runs already queued (the
-    machine's settings may have changed since)."""
+    machine's settings may have changed since). An endpoint's replicas are judged the same
+    way (``subject``/``kind`` name it: "The endpoint (2 replicas)", "endpoints")."""
     problems: dict[str, str] = {}
     for resource in (GPU_RESOURCE, CPU, MEMORY):  # the scarcest first: it is the real reason
         wanted = demand.get(resource, ZERO)
@@ -132,12 +192,12 @@ def never_fits(demand: Amounts, capacity: Amounts) -> dict[str, str]:
         setting = _SETTING_FOR[resource]
         if resource == GPU_RESOURCE and have == 0:
             problems[resource] = (
-                f"The run needs {amount_text(resource, wanted)}, but this machine has 0 GPUs "
-                f"({setting}); runs that need GPUs must go to a cluster."
+                f"{subject} needs {amount_text(resource, wanted)}, but this machine has 0 GPUs "
+                f"({setting}); {kind} that need GPUs must go to a cluster."
             )
         else:
             problems[resource] = (
-                f"The run needs {amount_text(resource, wanted)} at once, but this machine has "
+                f"{subject} needs {amount_text(resource, wanted)} at once, but this machine has "
                 f"{number_text(resource, have)} ({setting}); ask for at most "
                 f"{number_text(resource, have)} in total."
             )

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -109,6 +109,14 @@ def environment_path(root: Path, requirements: Sequence[str]) -> Path:
 
 def is_ready(path: Path) -> bool:
     return (path / READY_MARKER).exists()
+
+
+def launcher_environment(markers: Mapping[str, str]) -> dict[str, str]:
+    """The environment of what the agent starts (the sandbox, and the wrapper in it): fixed
+    by the agent, nothing of the workload's (bwrap runs as root outside the sandbox), but for
+    the ``markers`` (``supervisor.attempt_markers``, an endpoint generation's) by which a
+    crashed agent's processes are found again."""
+    return {"PATH": BASE_PATH, "LANG": "C.UTF-8", **markers}
 
 
 def pip_environment(source: dict[str, str] | None = None) -> dict[str, str]:

@@ -18,6 +18,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from executors.local.agent.wrapper import truncation_marker
+
 MAX_OUTCOME_BYTES = 64 * 1024
 
 
@@ -105,3 +107,22 @@ def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def last_log_line(path: Path, limit: int = 300) -> str:
+    """The last line a workload wrote to its log (not the platform's ``[taugrid]`` notes nor
+    the log's truncation marker), for the reason of an end: "Its last output: …"."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 4096))
+            tail = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    marker = truncation_marker(0).decode().strip().split(" at ")[0]
+    for line in reversed(tail.splitlines()):
+        line = line.strip()
+        if line and not line.startswith("[taugrid]") and not line.startswith(marker):
+            return line[:limit]
+    return ""

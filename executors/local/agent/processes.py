@@ -26,6 +26,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 PROC = "/proc"
+#: The marker naming the installation (its ``VAR_DIR``) that started an attempt or an
+#: endpoint's generation. A run's id and attempt number alone repeat across installations on
+#: one machine (two portals; the test databases of parallel test processes), and one agent's
+#: recovery, looking for a stray attempt's processes by them, once stopped another
+#: installation's running attempt.
+INSTALLATION_MARKER = "TAU_AGENT_INSTALLATION"
 
 
 @dataclass(frozen=True)
@@ -157,6 +163,21 @@ def stop_group(group: int, *, grace: float, poll: float = 0.05) -> bool:
     while group_members(group) and time.monotonic() < deadline:
         time.sleep(poll)
     return killed
+
+
+def child_exit_status(pid: int) -> tuple[int | None, int | None] | None:
+    """(exit code, signal) of our child ``pid`` once it has exited, without reaping it (the
+    zombie keeps the pid, and so the process group id, from being reused); None while it
+    runs."""
+    try:
+        result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return (None, None)
+    if result is None or result.si_pid == 0:
+        return None
+    if result.si_code == os.CLD_EXITED:
+        return (result.si_status, None)
+    return (None, result.si_status)  # CLD_KILLED or CLD_DUMPED
 
 
 def signal_name(signum: int) -> str:

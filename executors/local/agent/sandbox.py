@@ -82,6 +82,10 @@ from executors.local.agent import processes, seccomp
 RUN_UID_BASE = 2_000_000_000
 RUN_UID_SPAN = 100_000_000
 BUILD_UID = RUN_UID_BASE - 1
+# Endpoints' uids, below the runs' (and below BUILD_UID): an endpoint never shares a uid
+# with a run, whatever their ids.
+ENDPOINT_UID_BASE = 1_900_000_000
+ENDPOINT_UID_SPAN = 99_000_000
 WRAPPER = Path(__file__).resolve().with_name("wrapper.py")
 WRAPPER_IN_SANDBOX = "/run/taugrid/wrapper.py"
 PROBE_TIMEOUT_SECONDS = 20
@@ -187,6 +191,12 @@ class Sandbox:
         if not self.privileged:
             return None
         return RUN_UID_BASE + run_id % RUN_UID_SPAN
+
+    def endpoint_uid(self, endpoint_id: int) -> int | None:
+        """An endpoint's own uid (every generation of it shares it), as a run has one."""
+        if not self.privileged:
+            return None
+        return ENDPOINT_UID_BASE + endpoint_id % ENDPOINT_UID_SPAN
 
     def command(self, layout: Layout, *, python: str) -> list[str]:
         """The bwrap command line that runs ``layout.command`` through the wrapper."""

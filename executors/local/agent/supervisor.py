@@ -1,5 +1,5 @@
 """The local agent's main loop: admit queued local runs, start them, watch them, stop them,
-and record how they ended.
+and record how they ended; and, beside them, run this machine's endpoints (``endpoints``).
 
 One process, one loop (every ``interval`` seconds), one database connection. Threads do only
 what would block the loop: building an attempt's environment (``prepare``). Every state
@@ -54,7 +54,7 @@ import subprocess
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -84,6 +84,9 @@ from executors.local.agent.collect import (
     MetricsReader,
     read_bounded,
 )
+from executors.local.agent.endpoints import EndpointSupervisor
+from executors.local.agent.environments import launcher_environment
+from executors.local.agent.outcomes import last_log_line as _last_log_line
 from executors.local.agent.prepare import (
     AttemptLayout,
     PreparationFailed,
@@ -95,7 +98,8 @@ from executors.local.agent.prepare import (
     runs_root,
     venvs_root,
 )
-from executors.local.agent.wrapper import truncation_marker
+from executors.local.agent.processes import INSTALLATION_MARKER
+from executors.local.agent.processes import child_exit_status as _exit_status
 from runs import (
     attempts,
     checkpoints,
@@ -153,6 +157,7 @@ AGENT_RESTARTED = "agent restarted"
 
 
 _Row = TypeVar("_Row", bound=Mapping[str, Any])
+_Result = TypeVar("_Result")
 
 
 class AgentConflict(RuntimeError):
@@ -280,6 +285,8 @@ class Agent:
         self.sandbox: sandboxing.Sandbox | None = None
         self.unsandboxed_allowed = bool(settings.TAU_LOCAL_EXECUTOR_UNSANDBOXED)
         self._single_workspace: int | None = None
+        #: The endpoints of this machine, supervised beside the runs (``endpoints``).
+        self.endpoints = EndpointSupervisor(self)
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -299,6 +306,7 @@ class Agent:
                 self._loop()
             finally:
                 self._kill_everything()
+                self.endpoints.close()  # what serves keeps serving: the next agent follows it
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._meter.shutdown(wait=False, cancel_futures=True)
                 self.cgroups.close()
@@ -489,6 +497,10 @@ class Agent:
                 self._advance(execution, now)
             except DatabaseError as exc:
                 errors.append(exc)
+        try:
+            self.endpoints.tick(now)
+        except DatabaseError as exc:
+            errors.append(exc)
         if errors:
             raise errors[0]
         if not self.stopping:
@@ -695,7 +707,7 @@ class Agent:
         if not candidates:
             return
         decisions = admission.plan_admission(
-            candidates, capacity=self.capacity, usage=self._usage(), shares=self._quota_shares()
+            candidates, capacity=self.capacity, usage=self.usage(), shares=self.quota_shares()
         )
         by_id = {row["pk"]: row for row in ready}
         for decision in decisions:
@@ -707,17 +719,27 @@ class Agent:
 
     def _only_one_workspace_unsandboxed(self, ready: list[_Row]) -> list[_Row]:
         """Without a sandbox (and without TAU_LOCAL_EXECUTOR_UNSANDBOXED=true), the runs of
-        one workspace only: the first one whose run this agent took, remembered across
-        restarts. The others wait, saying why (without naming the other workspace)."""
-        if self.sandbox is not None or self.unsandboxed_allowed or not ready:
-            return ready
-        if self._single_workspace is None:
-            self._choose_single_workspace(ready[0]["workspace_id"])
-        allowed = [row for row in ready if row["workspace_id"] == self._single_workspace]
+        one workspace only (:meth:`may_run`). The others wait, saying why (without naming the
+        other workspace)."""
+        allowed = [row for row in ready if self.may_run(row["workspace_id"])]
         for row in ready:
-            if row["workspace_id"] != self._single_workspace:
+            if row not in allowed:
                 self._note_waiting(row, None, UNSANDBOXED_REFUSAL)
         return allowed
+
+    def may_run(self, workspace_id: int) -> bool:
+        """Whether this agent runs the workspace's code (runs and endpoints alike): any, in a
+        sandbox or when TAU_LOCAL_EXECUTOR_UNSANDBOXED=true says so; else only the first
+        workspace whose code it took, remembered across restarts."""
+        if self.sandbox is not None or self.unsandboxed_allowed:
+            return True
+        if self._single_workspace is None:
+            self._choose_single_workspace(workspace_id)
+        return workspace_id == self._single_workspace
+
+    def in_background(self, function: Callable[..., _Result], *args: Any) -> Future[_Result]:
+        """``function(*args)`` in a preparation thread (building environments, unpacking)."""
+        return self._pool.submit(function, *args)
 
     def _note_waiting(self, row: Mapping[str, Any], position: int | None, reason: str) -> None:
         if row["queue_position"] == position and row["state_reason"] == reason:
@@ -748,13 +770,16 @@ class Agent:
                         failure_class=FailureClass.INFRASTRUCTURE,
                     )
 
-    def _usage(self) -> admission.Usage:
+    def usage(self) -> admission.Usage:
+        """What this machine's attempts and endpoints hold: runs and endpoints share the
+        machine, and each workspace's quota on it, as on a cluster."""
         usage = admission.Usage()
         for execution in self.executions.values():
             usage.add(execution.run.workspace_id, execution.demand)
+        self.endpoints.add_usage(usage)
         return usage
 
-    def _quota_shares(self) -> dict[int, admission.WorkspaceShare]:
+    def quota_shares(self) -> dict[int, admission.WorkspaceShare]:
         if time.monotonic() - self._shares_loaded_at < QUOTA_CACHE_SECONDS:
             return self._shares
         quotas: dict[int, dict[str, admission.Quota]] = {}
@@ -1661,13 +1686,6 @@ def _of_worker(outcome: AttemptOutcome, *, rank: int, workers: int) -> AttemptOu
     return dataclasses.replace(outcome, message=f"Worker {rank} of {workers}: {outcome.message}")
 
 
-#: The marker naming the installation (its ``VAR_DIR``) that started an attempt. A run's id
-#: and attempt number alone repeat across installations on one machine (two portals; the
-#: test databases of parallel test processes), and one agent's recovery, looking for a stray
-#: attempt's processes by them, once stopped another installation's running attempt.
-INSTALLATION_MARKER = "TAU_AGENT_INSTALLATION"
-
-
 def attempt_ids(run_id: int, attempt: int) -> dict[str, str]:
     """The run's and the attempt's marker variables (every process of an attempt, the
     workload's included, carries them)."""
@@ -1683,14 +1701,6 @@ def attempt_markers(run_id: int, attempt: int, var_dir: Path | None = None) -> d
             Path(settings.VAR_DIR) if var_dir is None else var_dir
         ),
     }
-
-
-def launcher_environment(markers: Mapping[str, str]) -> dict[str, str]:
-    """The environment of what the agent starts (the sandbox, and the wrapper in it): fixed
-    by the agent, nothing of the run's (bwrap runs as root outside the sandbox), but for
-    the ``markers`` (:func:`attempt_markers`) by which a crashed agent's attempts are found
-    again."""
-    return {"PATH": environments.BASE_PATH, "LANG": "C.UTF-8", **markers}
 
 
 def _cgroup_name(execution: Execution) -> str:
@@ -1725,21 +1735,6 @@ def _over_memory(limit: int, *, log: Path) -> AttemptOutcome:
         message=f"Used more than its {run_limits.bytes_text(limit)} of memory (its /tmp "
         "included), so the kernel stopped it; ask for more compute.memory." + tail,
     )
-
-
-def _exit_status(pid: int) -> tuple[int | None, int | None] | None:
-    """(exit code, signal) of our child ``pid`` once it has exited, without reaping it (the
-    zombie keeps the pid, and so the process group id, from being reused); None while it
-    runs."""
-    try:
-        result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return (None, None)
-    if result is None or result.si_pid == 0:
-        return None
-    if result.si_code == os.CLD_EXITED:
-        return (result.si_status, None)
-    return (None, result.si_status)  # CLD_KILLED or CLD_DUMPED
 
 
 def _container_exit_code(code: int | None, signum: int | None) -> int | None:
@@ -1813,23 +1808,6 @@ def _file_size(path: Path, *, default: int) -> int:
         return path.stat().st_size
     except OSError:
         return default
-
-
-def _last_log_line(path: Path, limit: int = 300) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 4096))
-            tail = handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    marker = truncation_marker(0).decode().strip().split(" at ")[0]
-    for line in reversed(tail.splitlines()):
-        line = line.strip()
-        if line and not line.startswith("[taugrid]") and not line.startswith(marker):
-            return line[:limit]
-    return ""
 
 
 def _duration(seconds: int) -> str:

@@ -16,11 +16,8 @@ from typing import Any
 
 from django.conf import settings
 
-from executors.local.agent.supervisor import (
-    INSTALLATION_MARKER,
-    attempt_ids,
-    attempt_markers,
-)
+from executors.local.agent.processes import INSTALLATION_MARKER
+from executors.local.agent.supervisor import attempt_ids, attempt_markers
 from identity.models import ApiToken
 from runs import delivery, submission
 from runs.models import Delivery, Run, RunAttempt, RunState

@@ -21,11 +21,8 @@ from django.db import transaction
 from django.test import Client
 
 from executors.local.agent import environments, processes
-from executors.local.agent.supervisor import (
-    UNSANDBOXED_REFUSAL,
-    attempt_markers,
-    launcher_environment,
-)
+from executors.local.agent.environments import launcher_environment
+from executors.local.agent.supervisor import UNSANDBOXED_REFUSAL, attempt_markers
 from executors.local.agent.wrapper import truncation_marker
 from identity.models import ApiToken
 from portal.models import AuditEvent
