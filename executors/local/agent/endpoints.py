@@ -124,6 +124,9 @@ STOP_GRACE_SECONDS = 5.0
 RAY_PROCESSES_MEMORY = 1536 * 2**20
 #: How often the traffic the runners measured is written to the endpoints' rows.
 METRICS_RECORD_SECONDS = 15.0
+#: How often a generation's folders are measured against its disk allowance (an endpoint
+#: writes little: its log, Ray's session files), and the first time after it starts.
+DISK_CHECK_SECONDS = 30.0
 #: Words the state reason carries when a generation had to be started again.
 RESTARTED = "restarted by the agent after its process ended"
 #: The application's address on this machine.
@@ -214,6 +217,10 @@ class Generation:
     stop_reason: str | None = None
     term_sent_at: float | None = None
     kill_sent: bool = False
+    #: Its disk allowance (TAU_LOCAL_RUN_DISK, as a run's), and the measurement under way.
+    disk_allowance: int | None = None
+    disk_measurement: Future[run_limits.DiskUsage] | None = None
+    next_disk_check: float = 0.0
 
     @property
     def key(self) -> tuple[int, int]:
@@ -342,6 +349,8 @@ class Host(Protocol):
     def in_background(
         self, function: Callable[..., Preparation], *args: Any
     ) -> Future[Preparation]: ...
+
+    def measure_disk(self, folders: Mapping[str, Path]) -> Future[run_limits.DiskUsage]: ...
 
 
 class EndpointSupervisor:
@@ -815,6 +824,8 @@ class EndpointSupervisor:
         generation.pid = process.pid
         generation.start_ticks = processes.start_ticks(process.pid)
         generation.phase = Phase.RUNNING
+        generation.disk_allowance = limits.disk
+        generation.next_disk_check = time.monotonic() + DISK_CHECK_SECONDS
         self._write_process_record(generation)
         logger.info(
             "started endpoint %s generation %d as pid %d on port %d",
@@ -844,7 +855,7 @@ class EndpointSupervisor:
             if generation.phase == Phase.PREPARING:
                 self._advance_preparing(generation, wanted)
             elif generation.phase == Phase.RUNNING:
-                self._advance_running(generation, wanted)
+                self._advance_running(generation, now, wanted)
             if generation.phase == Phase.STOPPING:
                 self._advance_stopping(generation, now)
         except Exception:
@@ -887,10 +898,13 @@ class EndpointSupervisor:
             return
         self._say_progress(generation, row)
 
-    def _advance_running(self, generation: Generation, wanted: dict[int, Wanted]) -> None:
+    def _advance_running(
+        self, generation: Generation, now: float, wanted: dict[int, Wanted]
+    ) -> None:
         if self._process_ended(generation):
             self._after_end(generation, wanted)
             return
+        self._check_disk(generation, now, wanted)
         if not self._read_status(generation):
             return
         row = wanted.get(generation.endpoint_id)
@@ -900,6 +914,45 @@ class EndpointSupervisor:
             generation.served = True
             self._write_process_record(generation)
         self._say_progress(generation, row)
+
+    def _check_disk(self, generation: Generation, now: float, wanted: dict[int, Wanted]) -> None:
+        """Its folders against its disk allowance, as a run's (``run_limits``): over it, the
+        endpoint fails, saying how much it used where, and its processes are stopped."""
+        if generation.stop_reason is not None:
+            return
+        measured = generation.disk_measurement
+        if measured is not None:
+            if not measured.done():
+                return
+            generation.disk_measurement = None
+            try:
+                why = run_limits.overrun(measured.result(), self._allowance(generation))
+            except Exception:
+                logger.exception("measuring the disk use of endpoint %s failed", generation.name)
+                why = None
+            if why is not None:
+                self._note(generation, why)
+                self._stop(generation, "over its disk allowance", now)
+                row = wanted.get(generation.endpoint_id)
+                if row is not None:
+                    self._fail(row, why)
+                return
+        if now >= generation.next_disk_check:
+            layout = generation.layout
+            generation.disk_measurement = self.agent.measure_disk(
+                {
+                    "work/": layout.work,
+                    "output/": layout.output,
+                    "tmp/": layout.tmp,
+                    "shm/": layout.shm,
+                }
+            )
+            generation.next_disk_check = now + DISK_CHECK_SECONDS
+
+    def _allowance(self, generation: Generation) -> int:
+        if generation.disk_allowance is None:  # adopted from an agent before
+            generation.disk_allowance = self.agent.enforcement.allowances.disk
+        return generation.disk_allowance
 
     def _read_status(self, generation: Generation) -> bool:
         """Take in the runner's newest status line; True when there was one."""

@@ -741,6 +741,10 @@ class Agent:
         """``function(*args)`` in a preparation thread (building environments, unpacking)."""
         return self._pool.submit(function, *args)
 
+    def measure_disk(self, folders: Mapping[str, Path]) -> Future[run_limits.DiskUsage]:
+        """What ``folders`` hold on disk, measured in the disk thread (never in the loop)."""
+        return self._meter.submit(run_limits.measure, folders)
+
     def _note_waiting(self, row: Mapping[str, Any], position: int | None, reason: str) -> None:
         if row["queue_position"] == position and row["state_reason"] == reason:
             return

@@ -301,7 +301,7 @@ def test_the_serve_cpu_example_is_served_scaled_updated_followed_and_stopped(
     assert ask(third_url + "/").json() == {"positive": 0.047426, "label": 0, "words": 2}
     assert fresh(endpoint).model_version == dislikes_good
 
-    # The agent dies: the endpoint serves on; the next agent follows it as it is.
+    # The agent dies (kill -9): the endpoint serves on; the next agent follows it as it is.
     pid = generation_pid(endpoint, 3)
     agent.kill()
     assert ask(third_url + "/").status_code == 200
@@ -316,6 +316,18 @@ def test_the_serve_cpu_example_is_served_scaled_updated_followed_and_stopped(
     assert (fresh(endpoint).state, endpoint.url) == (EndpointState.READY, third_url)
     assert generation_pid(endpoint, 3) == pid
     assert ask(third_url + "/").status_code == 200
+
+    # The agent stopped as a portal's restart stops it (SIGTERM): the same.
+    assert agent.stop() == 0
+    assert ask(third_url + "/").status_code == 200
+    agent = serving_agent(start_agent)
+    wait_until(
+        lambda: "following endpoint serve-cpu generation 3 again" in agent.output(),
+        timeout=60,
+        what="the next agent follows generation 3",
+        agent=agent,
+    )
+    assert generation_pid(endpoint, 3) == pid
 
     # It dies while no agent watches: the next agent starts it again, and it says so.
     agent.kill()
