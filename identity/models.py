@@ -43,8 +43,11 @@ class ApiToken(models.Model):
     the secret itself is shown once. A token is limited to one workspace or all of its user's
     workspaces, may be read-only, always expires, and can never do more than its user can do
     at the moment it is used. ``kind`` says what it is: a person's token, or a machine token
-    such as a run token (which the attempt it was issued for holds: ``runs.RunAttempt.token``,
-    so it may only report on that run).
+    that reaches only the routes of what holds it: a run token (held by the attempt it was
+    issued for, ``runs.RunAttempt.token``: that run's reports, bundle and data) or an endpoint
+    token (held by its endpoint, ``serving.Endpoint.token``: that endpoint's project zip,
+    model files and staging report). A view says which machine tokens it accepts
+    (``accepts_run_tokens``, ``accepts_endpoint_tokens``); every other view refuses them.
 
     ``scopes`` are what a token may do beyond what every token may: each names one kind of
     request that no token makes without it (:class:`Scope`). A token without scopes (every
@@ -55,6 +58,7 @@ class ApiToken(models.Model):
     class Kind(models.TextChoices):
         USER = "user", "User token"
         RUN = "run", "Run token"
+        ENDPOINT = "endpoint", "Endpoint token"
 
     class Scope(models.TextChoices):
         #: Send requests to the workspace's endpoints through the portal's proxy route

@@ -410,20 +410,37 @@ def token_of(request: Request) -> ApiToken | None:
     return auth if isinstance(auth, ApiToken) else None
 
 
+#: Each kind of machine token: the view attribute that says a view accepts it, and what a
+#: view that does not says to it. A kind not named here reaches no view at all.
+MACHINE_TOKEN_VIEWS: dict[str, tuple[str, str]] = {
+    ApiToken.Kind.RUN: ("accepts_run_tokens", "This token can only report on its run."),
+    ApiToken.Kind.ENDPOINT: (
+        "accepts_endpoint_tokens",
+        "This token only fetches its endpoint's project zip and model and reports their staging.",
+    ),
+}
+
+
 class TokenScopePermission(permissions.BasePermission):
-    """What a token may do beyond what its user may: read-only tokens only read, run tokens
-    only reach the views that say they accept them, and a view that names a scope
-    (``token_scope``, one of ``ApiToken.Scope``) is reached by the tokens that have it only:
-    for a token that has it, that scope is what the token is for, so a read-only one may make
-    that request too. Sessions are not tokens: they get what their user may."""
+    """What a token may do beyond what its user may: read-only tokens only read, machine
+    tokens (run and endpoint tokens) only reach the views that say they accept their kind
+    (``MACHINE_TOKEN_VIEWS``; such a view then holds the token to what holds it: its own run,
+    its own endpoint), and a view that names a scope (``token_scope``, one of
+    ``ApiToken.Scope``) is reached by the tokens that have it only: for a token that has it,
+    that scope is what the token is for, so a read-only one may make that request too.
+    Sessions are not tokens: they get what their user may."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
         token = token_of(request)
         if token is None:
             return True
-        if token.kind != ApiToken.Kind.USER and not getattr(view, "accepts_run_tokens", False):
-            self.message = "This token can only report on its run."
-            return False
+        if token.kind != ApiToken.Kind.USER:
+            accepts, refusal = MACHINE_TOKEN_VIEWS.get(
+                token.kind, ("", "This token reaches no route.")
+            )
+            if not accepts or not getattr(view, accepts, False):
+                self.message = refusal
+                return False
         needed: str | None = getattr(view, "token_scope", None)
         if needed is not None:
             if not token.has_scope(needed):

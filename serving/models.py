@@ -86,6 +86,7 @@ class EndpointEventKind(enum.StrEnum):
     STATE = "state"  # a plain change of state (from → to, and why)
     STOPPED = "stopped"  # someone stopped it
     DELETED = "deleted"  # someone deleted it (its record stays)
+    MODEL_STAGED = "model_staged"  # a pod's stager put the model in place: files, bytes, seconds
 
 
 class Endpoint(TenantModel):
@@ -137,6 +138,13 @@ class Endpoint(TenantModel):
     latency_p95_ms = models.FloatField(null=True, blank=True)
     error_rate = models.FloatField(null=True, blank=True)
     metrics_at = models.DateTimeField(null=True, blank=True)
+
+    # The token its pods fetch its project zip and model with (``TAU_RUN_TOKEN`` in their
+    # init containers): it reaches this endpoint's workload routes only, one live at a time,
+    # and is revoked when the endpoint is stopped or deleted (serving.workload_tokens).
+    token = models.OneToOneField(
+        "identity.ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
 
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"

@@ -34,10 +34,12 @@ from serving.models import (
     TRANSITIONS,
     Endpoint,
     EndpointDelivery,
+    EndpointEvent,
     EndpointEventKind,
     EndpointState,
 )
 from serving.state import EndpointActionRefused, lock_endpoint, transition
+from serving.workload_tokens import revoke_endpoint_tokens
 from tau.k8s_names import dns1035_label_problem
 from tau.spec import locate, spec_hash
 from tau.spec.model import ModelRef
@@ -76,6 +78,7 @@ __all__ = [
     "deploy_endpoint",
     "observe",
     "record_metrics",
+    "record_model_staged",
     "scale_endpoint",
     "stop_endpoint",
     "update_endpoint",
@@ -635,6 +638,9 @@ def stop_endpoint(*, endpoint: Endpoint, user: User | None) -> Endpoint:
 
 
 def _stop(locked: Endpoint, user: User | None) -> Endpoint:
+    # Its pods fetch nothing more: the token they fetch with ends with it (under the lock
+    # that issuing one takes too, so none is issued after).
+    revoke_endpoint_tokens(locked)
     return transition(
         locked,
         EndpointState.STOPPED,
@@ -655,6 +661,7 @@ def delete_endpoint(*, endpoint: Endpoint, user: User | None) -> Endpoint:
             return locked
         if locked.state != EndpointState.STOPPED:
             locked = _stop(locked, user)
+        revoke_endpoint_tokens(locked)
         locked.deleted_at = timezone.now()
         locked.save(update_fields=["deleted_at", "updated_at"])
         append_event(
@@ -709,6 +716,8 @@ def observe(
                     current,
                 )
                 return False
+            if wanted == EndpointState.STOPPED:
+                revoke_endpoint_tokens(locked)
             transition(
                 locked,
                 wanted,
@@ -728,6 +737,32 @@ def observe(
             **changes, updated_at=timezone.now()
         )
         return True
+
+
+def record_model_staged(
+    endpoint: Endpoint, *, files: int, bytes: int, seconds: float
+) -> EndpointEvent:
+    """One of the endpoint's pods has its model in place (a cluster's stager says so: how
+    many files and bytes, how long it took); recorded in its history, as a run's staged
+    datasets are in the run's (``runs.state.record_data_staged``)."""
+    with transaction.atomic():
+        locked = lock_endpoint(endpoint.pk)
+        version = locked.model_version
+        ref = version.ref if version is not None else None
+        return append_event(
+            locked,
+            EndpointEventKind.MODEL_STAGED,
+            message=f"Generation {locked.generation} staged its model"
+            + (f" {ref}" if ref else "")
+            + f": {files:,} files, {bytes:,} bytes in {seconds:.1f} s.",
+            data={
+                "generation": locked.generation,
+                "model": ref,
+                "files": files,
+                "bytes": bytes,
+                "seconds": round(seconds, 3),
+            },
+        )
 
 
 def record_metrics(

@@ -27,6 +27,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from rest_framework.test import APIClient
 
 from accounting.models import BudgetAlert, WorkspaceUsage
 from catalog import storage
@@ -41,9 +42,11 @@ from notifications.unsubscribe import make_token
 from portal import audit
 from portal.models import AuditEvent
 from runs.artifacts import store_artifact
-from runs.models import RunState
+from runs.models import RunAttempt, RunState
+from runs.run_tokens import issue_run_token
 from runs.state import transition
 from serving.models import Endpoint, EndpointDelivery
+from serving.workload_tokens import issue_endpoint_token
 from tests.conftest import CAST, World
 from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.runs.factories import TINY_FILES, TINY_SPEC, cluster_quota, make_run, zip_bytes
@@ -263,6 +266,33 @@ def ENDPOINT(world: Any) -> dict[str, Any]:
 
 def ENDPOINT_INVOKED(world: Any) -> dict[str, Any]:
     return {**ENDPOINT(world), "path": "generate"}
+
+
+#: The one file of the model alpha's endpoint ``served`` serves: bytes no other route's
+#: objects hold, so that no deletion the matrix makes (a dataset's, a model's) removes them.
+SERVED_MODEL_FILE = b"served weights\n"
+
+
+def ENDPOINT_SERVING_A_MODEL(world: Any) -> dict[str, Any]:
+    """alpha's endpoint ``served``, serving its model ``served-model@1`` (one file)."""
+    found = Endpoint.objects.for_workspace(world.alpha).filter(name="served").first()
+    if found is None:
+        source = Path(tempfile.mkdtemp(prefix="tau-matrix-"))
+        (source / "weights.bin").write_bytes(SERVED_MODEL_FILE)
+        ingest_folder(asset_named(world.alpha, "model", "served-model"), source, source="prefix")
+        spec = ENDPOINT_SPEC.replace(
+            b"  replicas: 1\n", b"  replicas: 1\n  model: {name: served-model, version: 1}\n"
+        )
+        found = make_endpoint(world, spec=spec, name="served")
+    return {"workspace_slug": "alpha", "name": found.name}
+
+
+def ENDPOINT_MODEL_BLOB(world: Any) -> dict[str, Any]:
+    """The one file of the model ``served`` serves, by its SHA-256."""
+    return {
+        **ENDPOINT_SERVING_A_MODEL(world),
+        "sha256": hashlib.sha256(SERVED_MODEL_FILE).hexdigest(),
+    }
 
 
 def SEALED_RUN(world: Any) -> dict[str, Any]:
@@ -494,6 +524,18 @@ MATRIX: dict[str, Route] = {
         data={"prompt": "hello"},
         api=True,
         with_tokens={"POST": {**codes(403, 403, 403, 403, 403, 401), "foreign_token": 403}},
+    ),
+    # What an endpoint's pods fetch: its project zip and its model's listing and files, for
+    # its own token (tests/serving/test_workload_routes.py, and the machine-token walk below)
+    # and whoever reads the workspace; the stager's report for its token only.
+    "api:endpoint-bundle": Route({"GET": API_READ}, ENDPOINT, api=True),
+    "api:endpoint-model": Route({"GET": API_READ}, ENDPOINT_SERVING_A_MODEL, api=True),
+    "api:endpoint-model-blob": Route({"GET": API_READ}, ENDPOINT_MODEL_BLOB, api=True),
+    "api:endpoint-report-model-staged": Route(
+        {"POST": codes(403, 403, 403, 403, 404, 401)},
+        ENDPOINT,
+        data={"files": 1, "bytes": 1, "seconds": 1},
+        api=True,
     ),
     # Usage: a workspace's for whoever reads it; every workspace's for the platform team.
     "api:workspace-usage": Route({"GET": API_READ}, ALPHA, api=True),
@@ -909,3 +951,79 @@ def test_access_with_tokens(world: Any, key: str, method: str, who: str) -> None
     assert response.status_code == expected, (
         f"{method} {url} with {who}'s token: expected {expected}, got {response.status_code}"
     )
+
+
+# --- Machine tokens: a run's or an endpoint's token reaches only what holds it ---------------
+
+#: The routes a run token takes: of its own run (another run's are not there to it: 404).
+RUN_TOKEN_ROUTES = {
+    "api:run-bundle",
+    "api:run-data",
+    "api:run-data-blob",
+    *(key for key in MATRIX if key.startswith("api:run-report-")),
+}
+#: The routes an endpoint token takes: of its own endpoint (another's: 404).
+ENDPOINT_TOKEN_ROUTES = {
+    "api:endpoint-bundle",
+    "api:endpoint-model",
+    "api:endpoint-model-blob",
+    "api:endpoint-report-model-staged",
+}
+#: Routes that authenticate no one: a token sent there is not looked at.
+UNAUTHENTICATED_ROUTES = {"api:evidence-keys"}
+
+MACHINE_TOKEN_CASES = [
+    pytest.param(key, method, kind, id=f"{kind}-token-{key}-{method}")
+    for key, route in MATRIX.items()
+    if route.api
+    for method in route.methods
+    for kind in ("run", "endpoint")
+]
+
+
+def _send_with_token(key: str, method: str, kwargs: dict[str, Any], plaintext: str) -> Any:
+    route = MATRIX[key]
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    send = getattr(client, method.lower())
+    url = _url(key, kwargs)
+    if method in {"POST", "PATCH", "PUT"}:
+        return send(url, route.payload(), format="multipart" if route.multipart else "json")
+    return send(url)
+
+
+@pytest.mark.parametrize(("key", "method", "kind"), MACHINE_TOKEN_CASES)
+def test_a_machine_token_reaches_only_the_routes_of_what_holds_it(
+    world: Any, key: str, method: str, kind: str
+) -> None:
+    """A run token (of a run of alpha that is not the route's) and an endpoint token (of an
+    endpoint of alpha that is not the route's), on every API route: refused (403) wherever
+    its kind is not taken, not found (404) on the routes of its kind, which are another's;
+    its user, alpha's researcher, could read or change most of them."""
+    kwargs = MATRIX[key].kwargs(world)
+    if kind == "run":
+        run = make_run(world)
+        attempt = RunAttempt.objects.for_workspace(world.alpha).get(run=run, number=1)
+        plaintext = issue_run_token(run=run, attempt=attempt, max_runtime_seconds=None)
+        own = RUN_TOKEN_ROUTES
+    else:
+        plaintext = issue_endpoint_token(make_endpoint(world, name="holder"))
+        own = ENDPOINT_TOKEN_ROUTES
+    assert plaintext is not None
+    response = _send_with_token(key, method, kwargs, plaintext)
+    expected = 200 if key in UNAUTHENTICATED_ROUTES else 404 if key in own else 403
+    assert response.status_code == expected, (
+        f"{method} {key} with another {kind}'s {kind} token: expected {expected}, got "
+        f"{response.status_code}"
+    )
+
+
+@pytest.mark.parametrize("key", sorted(ENDPOINT_TOKEN_ROUTES))
+def test_an_endpoint_token_reaches_its_own_endpoints_routes(world: Any, key: str) -> None:
+    kwargs = MATRIX[key].kwargs(world)
+    endpoint = Endpoint.objects.for_workspace(world.alpha).get(name=kwargs["name"])
+    plaintext = issue_endpoint_token(endpoint)
+    assert plaintext is not None
+    (method,) = MATRIX[key].methods
+    response = _send_with_token(key, method, kwargs, plaintext)
+    assert response.status_code == (201 if method == "POST" else 200), response

@@ -40,6 +40,7 @@ from runs.artifacts import store_artifact
 from runs.models import Checkpoint, MetricPoint, RunEvent, RunState
 from runs.state import transition
 from serving.models import EndpointState
+from serving.workload_tokens import issue_endpoint_token
 from tests.conftest import World
 from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.runs.factories import TINY_SPEC, cluster_quota, make_run, zip_bytes
@@ -49,8 +50,10 @@ from tests.serving.factories import (
     AUTOSCALING_SPEC,
     ENDPOINT_FILES,
     ENDPOINT_SPEC,
+    MODEL_SPEC,
     RUN_SPEC,
     make_endpoint,
+    model_version,
 )
 from tests.serving.upstream import upstream_server
 from workspaces.models import Membership, Workspace
@@ -1096,6 +1099,118 @@ def endpoint_invoke_too_large(world: Any, tmp: Path, settings: Any) -> HttpRespo
 def endpoint_invoke_without_an_address(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     name = endpoint(world, settings, state=EndpointState.READY).name
     return invoker(world).post(f"{ENDPOINTS}/{name}/invoke/echo", {}, format="json")
+
+
+def endpoint_pod(world: Any, tmp: Path, settings: Any, **kwargs: Any) -> tuple[Any, APIClient]:
+    """An endpoint and its own pods' client (its endpoint token)."""
+    made = endpoint(world, settings, **kwargs)
+    token = issue_endpoint_token(made)
+    assert token is not None
+    return made, bearer(token)
+
+
+def endpoint_serving_a_model(world: Any, tmp: Path, settings: Any) -> tuple[Any, APIClient]:
+    """alpha's tiny-gpt@production (one file, ``0123456789``) served by an endpoint."""
+    settings.TAU_STORAGE_URL = f"file://{tmp / 'store'}"
+    model_version(world, tmp)
+    return endpoint_pod(world, tmp, settings, spec=MODEL_SPEC)
+
+
+@call("GET", f"{EP}/bundle/", 200)
+def endpoint_bundle(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    made, pod = endpoint_pod(world, tmp, settings)
+    return pod.get(f"{ENDPOINTS}/{made.name}/bundle/")
+
+
+@call("GET", f"{EP}/bundle/", 404)
+def endpoint_bundle_without_a_zip(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    made = endpoint(world, settings, files=None)
+    return client(world, "viewer").get(f"{ENDPOINTS}/{made.name}/bundle/")
+
+
+@call("GET", f"{EP}/bundle/", 403)
+def endpoint_bundle_with_a_run_token(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    made = endpoint(world, settings)
+    _, caller = reporter(world, tmp)
+    return caller.get(f"{ENDPOINTS}/{made.name}/bundle/")
+
+
+@call("GET", f"{EP}/model/", 200)
+def endpoint_model_listing(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    made, pod = endpoint_serving_a_model(world, tmp, settings)
+    return pod.get(f"{ENDPOINTS}/{made.name}/model/")
+
+
+@call("GET", f"{EP}/model/", 404)
+def endpoint_model_listing_of_another(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    made, _ = endpoint_serving_a_model(world, tmp, settings)
+    _, other = endpoint_pod(world, tmp, settings, name="other")
+    return other.get(f"{ENDPOINTS}/{made.name}/model/")
+
+
+@call("GET", f"{EP}/model/blobs/{{sha256}}/", 200)
+def endpoint_model_blob(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    made, pod = endpoint_serving_a_model(world, tmp, settings)
+    sha = hashlib.sha256(b"0123456789").hexdigest()
+    return pod.get(f"{ENDPOINTS}/{made.name}/model/blobs/{sha}/")
+
+
+@call("GET", f"{EP}/model/blobs/{{sha256}}/", 404)
+def endpoint_model_blob_not_its(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    made, pod = endpoint_serving_a_model(world, tmp, settings)
+    return pod.get(f"{ENDPOINTS}/{made.name}/model/blobs/{'0' * 64}/")
+
+
+MODEL_STAGED = {"files": 1, "bytes": 10, "seconds": 0.5}
+
+
+@call("POST", f"{EP}/report/model-staged/", 201)
+def endpoint_report_model_staged(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    made, pod = endpoint_serving_a_model(world, tmp, settings)
+    return pod.post(f"{ENDPOINTS}/{made.name}/report/model-staged/", MODEL_STAGED, format="json")
+
+
+@call("POST", f"{EP}/report/model-staged/", 400)
+def endpoint_report_model_staged_refused(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    made, pod = endpoint_pod(world, tmp, settings)
+    body = {**MODEL_STAGED, "seconds": -1}
+    return pod.post(f"{ENDPOINTS}/{made.name}/report/model-staged/", body, format="json")
+
+
+@call("POST", f"{EP}/report/model-staged/", 403)
+def endpoint_report_model_staged_by_a_member(
+    world: Any, tmp: Path, settings: Any
+) -> HttpResponseBase:
+    made = endpoint(world, settings)
+    return client(world).post(
+        f"{ENDPOINTS}/{made.name}/report/model-staged/", MODEL_STAGED, format="json"
+    )
+
+
+@call("POST", f"{EP}/report/model-staged/", 404)
+def endpoint_report_model_staged_for_another(
+    world: Any, tmp: Path, settings: Any
+) -> HttpResponseBase:
+    made = endpoint(world, settings)
+    _, other = endpoint_pod(world, tmp, settings, name="other")
+    return other.post(f"{ENDPOINTS}/{made.name}/report/model-staged/", MODEL_STAGED, format="json")
+
+
+@call("POST", f"{EP}/report/model-staged/", 429)
+def endpoint_report_model_staged_too_often(
+    world: Any, tmp: Path, settings: Any
+) -> HttpResponseBase:
+    from serving.api import workload
+
+    made, pod = endpoint_pod(world, tmp, settings)
+    limit = workload.REPORTS_PER_MINUTE
+    workload.REPORTS_PER_MINUTE = 0
+    try:
+        return pod.post(
+            f"{ENDPOINTS}/{made.name}/report/model-staged/", MODEL_STAGED, format="json"
+        )
+    finally:
+        workload.REPORTS_PER_MINUTE = limit
 
 
 @call("GET", f"{RUN}/evidence/", 200)

@@ -4,8 +4,9 @@ First the inputs that were 500s, one test each. Then a property test: hostile va
 numbers, bad dates, deep JSON, odd Unicode, very long strings) for every query parameter
 the project reads, on every page and API route (the URL resolver's routes, as the access
 matrix walks them), and hostile JSON bodies for every API route that takes one, as a
-signed-in member and, for the report routes, with the run's own token. The Django test
-client raises whatever a view raises, so a server error fails the test with its traceback.
+signed-in member and, for the report routes, with the run's or the endpoint's own token. The
+Django test client raises whatever a view raises, so a server error fails the test with its
+traceback.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from rest_framework.test import APIClient
 
 from runs.api import views as api_views
 from runs.models import Run
+from serving.api import workload
+from serving.models import Endpoint
+from serving.workload_tokens import issue_endpoint_token
 from tests.runs.factories import make_run
 from tests.runs.test_api import bearer, run_token, run_url
 from tests.test_access_matrix import MATRIX, _url
@@ -545,9 +549,18 @@ def test_no_json_body_causes_a_server_error(
     data: st.DataObject,
 ) -> None:
     monkeypatch.setattr(api_views, "REPORTS_PER_MINUTE", 10**9)
+    monkeypatch.setattr(workload, "REPORTS_PER_MINUTE", 10**9)
     key, method = data.draw(st.sampled_from(json_routes()), label="route")
     url = urls[key]
-    if "report" in key:
+    if "report" in key and key.startswith("api:endpoint-"):
+        if url not in run_clients:  # the endpoint's own token, once per endpoint
+            name = url.split("/endpoints/")[1].split("/")[0]
+            endpoint = Endpoint.objects.for_workspace(world.alpha).get(name=name)
+            token = issue_endpoint_token(endpoint)
+            assert token is not None
+            run_clients[url] = bearer(token)
+        client = run_clients[url]
+    elif "report" in key:
         if url not in run_clients:  # the run's own token, once per run
             run_name = url.split("/runs/")[1].split("/")[0]
             run = Run.objects.for_workspace(world.alpha).get(name=run_name)

@@ -10,7 +10,6 @@ import builtins
 import dataclasses
 import functools
 import io
-import json
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -18,7 +17,7 @@ from typing import IO, Any, ClassVar
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Q, QuerySet
-from django.http import FileResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpResponseBase, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiRequest, OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
@@ -28,6 +27,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from catalog import deletion, in_place, storage, tasks, uploads
+from catalog.api import staging
 from catalog.api.serializers import (
     AliasSerializer,
     AliasSetSerializer,
@@ -57,7 +57,6 @@ from identity.tokens import token_of
 from portal.api import BoundedJSONParser, FileDownloadNegotiation, refusals
 from runs import run_tokens
 from runs.models import Run
-from tau.manifest import CHUNK_BYTES
 from workspaces.access import WorkspaceScopedViewSet
 from workspaces.models import Role
 
@@ -761,14 +760,11 @@ class ModelDownloadViewSet(VersionDownloadViewSet):
     kind = Asset.Kind.MODEL
 
 
-#: How long a presigned URL in a run's data listing stays valid (a large dataset takes a while).
-STAGING_URL_SECONDS = 6 * 3600
-
-
 class RunDataViewSet(WorkspaceScopedViewSet):
     """The files a run was pinned to read, for a cluster's stager (its run token) and the
-    workspace's members: ``data/`` lists them, ``data/blobs/{sha256}/`` answers one's bytes.
-    A run token reaches its own run only; a blob only if the run reads it."""
+    workspace's members: ``data/`` lists them, ``data/blobs/{sha256}/`` answers one's bytes
+    (``catalog.api.staging``, which lists an endpoint's model the same way). A run token
+    reaches its own run only; a blob only if the run reads it."""
 
     accepts_run_tokens = True
     base_queryset = Run.objects.all()
@@ -795,9 +791,8 @@ class RunDataViewSet(WorkspaceScopedViewSet):
             (200, "application/x-ndjson"): OpenApiResponse(
                 OpenApiTypes.BINARY,
                 description="JSON lines: first `{files, bytes, datasets: [{ref, path, "
-                "manifest_digest}]}`, then one line per file `{path, ref, file, size, sha256, "
-                "url}`: `path` under TAU_DATA_DIR, `url` relative to this listing (the "
-                "portal's bytes, with the same token) or a presigned URL of the store.",
+                "manifest_digest}]}`, " + staging.LISTING_LINES + " `path` is under "
+                "TAU_DATA_DIR: the dataset's folder, then the file's path in its version.",
             ),
             **refusals(),
         }
@@ -806,58 +801,23 @@ class RunDataViewSet(WorkspaceScopedViewSet):
         run = self._run()
         plan = RunInput.objects.for_workspace(self.workspace).filter(run=run).order_by("path")
         inputs = list(plan.select_related("version__asset"))
-        head = {
-            "files": sum(item.version.files_count for item in inputs),
-            "bytes": sum(item.version.bytes for item in inputs),
-            "datasets": [
-                {
-                    "ref": item.version.ref,
-                    "path": item.path,
-                    "manifest_digest": item.version.manifest_digest,
-                }
-                for item in inputs
-            ],
-        }
-        workspace_id = self.workspace.pk
-
-        def lines() -> Iterator[bytes]:
-            yield json.dumps(head).encode() + b"\n"
-            for item in inputs:
-                rows = (
-                    AssetFile.objects.for_workspace(workspace_id)
-                    .filter(version_id=item.version_id)
-                    .order_by("path")
-                    .values_list("path", "size", "sha256")
-                )
-                for path, size, sha256 in rows.iterator(chunk_size=2000):
-                    # A file registered in place is the portal's to serve, checked: no URL.
-                    url = (
-                        None
-                        if item.version.in_place
-                        else storage.blob_url(workspace_id, sha256, seconds=STAGING_URL_SECONDS)
-                    )
-                    line = {
-                        "path": f"{item.path}/{path}",
-                        "ref": item.version.ref,
-                        "file": path,
-                        "size": size,
-                        "sha256": sha256,
-                        "url": url or f"blobs/{sha256}/",
-                    }
-                    yield json.dumps(line).encode() + b"\n"
-
-        response = StreamingHttpResponse(lines(), content_type="application/x-ndjson")
-        response["Cache-Control"] = "no-store"
-        return response
+        datasets = [
+            {
+                "ref": item.version.ref,
+                "path": item.path,
+                "manifest_digest": item.version.manifest_digest,
+            }
+            for item in inputs
+        ]
+        return staging.listing_response(
+            self.workspace.pk,
+            [staging.Staged(item.version, item.path) for item in inputs],
+            {"datasets": datasets},
+        )
 
     @extend_schema(
         responses={
-            (200, "application/octet-stream"): OpenApiResponse(
-                OpenApiTypes.BINARY,
-                description="The file's bytes as the store keeps them, or, for a version "
-                "registered in place, read at its prefix and checked against its SHA-256 as "
-                "they stream (a file that changed since ends the body short).",
-            ),
+            (200, "application/octet-stream"): staging.BLOB_RESPONSE,
             **refusals(
                 409,
                 words={
@@ -869,76 +829,9 @@ class RunDataViewSet(WorkspaceScopedViewSet):
     )
     def blob(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
         run = self._run()
-        sha256 = kwargs["sha256"]
-        # The store's copy when a version the run reads keeps one; else a file in place.
-        row = (
-            AssetFile.objects.for_workspace(self.workspace)
-            .filter(sha256=sha256, version__readers__run=run)
-            .order_by("version__in_place", "version_id", "path")
-            .values_list(
-                "size",
-                "path",
-                "version__in_place",
-                "version__prefix",
-                "version__asset__name",
-                "version__number",
-            )
-            .first()
+        return staging.blob_response(
+            self.workspace,
+            AssetFile.objects.for_workspace(self.workspace).filter(version__readers__run=run),
+            kwargs["sha256"],
+            not_listed="This run reads no file with that SHA-256.",
         )
-        if row is None:
-            raise exceptions.NotFound("This run reads no file with that SHA-256.")
-        size, path, is_in_place, prefix, name, number = row
-        if is_in_place:
-            return self._in_place_blob(f"{name}@{number}", prefix, path, size, sha256)
-        try:
-            reader = storage.open_blob(self.workspace.pk, sha256)
-        except FileNotFoundError:
-            raise exceptions.NotFound(
-                "The store no longer holds this file: `tau data dataset verify` says which "
-                "version lost it."
-            ) from None
-        # FileResponse closes the reader when the response is done.
-        response = FileResponse(reader, content_type="application/octet-stream")
-        response["Content-Length"] = str(size)
-        response["Cache-Control"] = "no-store"
-        return response
-
-    def _in_place_blob(
-        self, ref: str, prefix: str, path: str, size: int, sha256: str
-    ) -> HttpResponseBase:
-        """A file of a version registered in place, read at its prefix: refused, naming it,
-        when it is gone or known to have changed (a file not known to be unchanged is read
-        whole first), else streamed and checked again as it goes."""
-        where = in_place.location(self.workspace, prefix)
-        said = f"{ref}: {path} (registered in place at {where.said})"
-        try:
-            folder = where.folder()
-        except OSError as exc:
-            return Response(
-                {"detail": f"{said}: {exc.strerror}; the version cannot be read."},
-                status=status.HTTP_409_CONFLICT,
-            )
-        try:
-            reader = in_place.read_checked(
-                self.workspace.pk, folder, path, size, sha256, hash_first=True
-            )
-        except FileNotFoundError:
-            raise exceptions.NotFound(f"{said} is missing.") from None
-        except OSError as exc:
-            return Response(
-                {"detail": f"{said}: {exc.strerror}; the version cannot be read."},
-                status=status.HTTP_409_CONFLICT,
-            )
-
-        def chunks() -> Iterator[bytes]:
-            with reader:
-                try:
-                    while chunk := reader.read(CHUNK_BYTES):
-                        yield chunk
-                except OSError as exc:  # changed while it streamed: the body ends short
-                    logger.warning("%s: %s; its body was cut short", said, exc.strerror)
-
-        response = StreamingHttpResponse(chunks(), content_type="application/octet-stream")
-        response["Content-Length"] = str(size)
-        response["Cache-Control"] = "no-store"
-        return response

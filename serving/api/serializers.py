@@ -9,8 +9,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from catalog.models import NAME as MODEL_NAME
-from runs.api.serializers import UploadField
-from serving.models import NAME_MAX_LENGTH, Endpoint, EndpointState
+from runs.api.serializers import ReportDataStagedSerializer, UploadField
+from serving.models import NAME_MAX_LENGTH, Endpoint, EndpointEvent, EndpointState
 from serving.services import MAX_REPLICAS
 
 METRICS_NOTE = (
@@ -249,3 +249,17 @@ class EndpointMetricsSerializer(serializers.Serializer[Any]):
     )
     window_seconds = serializers.IntegerField(help_text="The window the rates are over.")
     note = serializers.CharField()
+
+
+class ReportModelStagedSerializer(ReportDataStagedSerializer):
+    """What a cluster's stager says when one of the endpoint's pods has its model in place
+    (the same report a run's stager makes of its datasets)."""
+
+
+class EndpointEventSerializer(serializers.ModelSerializer[EndpointEvent]):
+    """One event of an endpoint's history."""
+
+    class Meta:
+        model = EndpointEvent
+        fields = ["seq", "time", "kind", "old_state", "new_state", "message", "data", "hash"]
+        read_only_fields = fields

@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from serving.api import views
+from serving.api import views, workload
 
 BASE = "workspaces/<slug:workspace_slug>/endpoints/"
 ENDPOINT = f"{BASE}<str:name>/"
@@ -29,6 +29,27 @@ urlpatterns = [
         name="endpoint-metrics",
     ),
     path(f"{ENDPOINT}logs/", views.EndpointViewSet.as_view({"get": "logs"}), name="endpoint-logs"),
+    # What the endpoint's own pods fetch and report, with its token (serving.api.workload).
+    path(
+        f"{ENDPOINT}bundle/",
+        workload.EndpointBundleViewSet.as_view({"get": "retrieve"}),
+        name="endpoint-bundle",
+    ),
+    path(
+        f"{ENDPOINT}model/",
+        workload.EndpointModelViewSet.as_view({"get": "listing"}),
+        name="endpoint-model",
+    ),
+    path(
+        f"{ENDPOINT}model/blobs/<str:sha256>/",
+        workload.EndpointModelViewSet.as_view({"get": "blob"}),
+        name="endpoint-model-blob",
+    ),
+    path(
+        f"{ENDPOINT}report/model-staged/",
+        workload.EndpointReportViewSet.as_view({"post": "model_staged"}),
+        name="endpoint-report-model-staged",
+    ),
     # {path} may be empty (the endpoint's route prefix itself) and hold slashes.
     re_path(
         r"^workspaces/(?P<workspace_slug>[-a-zA-Z0-9_]+)/endpoints/(?P<name>[^/]+)/invoke/(?P<path>.*)$",
