@@ -1301,14 +1301,21 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def names_folder(cmdline: str, folder: Path) -> bool:
+    """Whether a command line names ``folder`` or a path inside it: the folder's path as a
+    whole, never as the start of a longer name (``~/.cache/taugrid/run`` is not in
+    ``~/.cache/taugrid/run-venvs/…``, the local executor's environments in the tests, whose
+    sandboxes a `down` once stopped)."""
+    return re.search(re.escape(str(folder)) + r"(?![\w.-])", cmdline) is not None
+
+
 def owned_pids(state: Path) -> list[int]:
     """Processes whose command line names this state directory: ours, even without pidfiles."""
-    marker = str(state)
     found: list[int] = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             pid = int(entry.name)
-            if marker in _cmdline(pid) and pid_alive(pid):
+            if names_folder(_cmdline(pid), state) and pid_alive(pid):
                 found.append(pid)
     return found
 

@@ -31,3 +31,20 @@ def test_a_reader_never_sees_the_record_half_written(tmp_path: Path) -> None:
         writer.join()
     assert all(state is not None and state["nodes"] == record["nodes"] for state in seen)
     assert [path.name for path in tmp_path.iterdir()] == ["state.json"]  # no staging left
+
+
+def test_only_what_names_the_state_folder_is_the_control_planes() -> None:
+    """A local run's sandbox names ``~/.cache/taugrid/run-venvs/…`` (its environment): not the
+    control plane's ``~/.cache/taugrid/run``, which `down` stops everything naming."""
+    controlplane = load_controlplane()
+    state = Path("/root/.cache/taugrid/run")
+    assert controlplane.names_folder(
+        "kine --endpoint=sqlite:///root/.cache/taugrid/run/kine.db", state
+    )
+    assert controlplane.names_folder("ray start --temp-dir /root/.cache/taugrid/run", state)
+    assert controlplane.names_folder("x --dir=/root/.cache/taugrid/run:y", state)
+    assert not controlplane.names_folder(
+        "bwrap --ro-bind /root/.cache/taugrid/run-venvs/0c15 /root/.cache/taugrid/run-venvs/0c15",
+        state,
+    )
+    assert not controlplane.names_folder("x /root/.cache/taugrid/run.old/y", state)
