@@ -316,6 +316,11 @@ def start_head(work_dir: Path, version: str = RAY_VERSION) -> RayHead:
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # keep 127.0.0.1 as the node address
         RAY_USAGE_STATS_ENABLED="0",
         RAY_DISABLE_DOCKER_CPU_WARNING="1",
+        # Ray turns token authentication on by itself when ~/.ray/auth_token exists (any
+        # `ray.init` on this machine writes one), and KubeRay's operator, which stands for a
+        # cluster's pods here, calls the dashboard without a token: off, whatever the home
+        # folder holds (the dashboard listens on a loopback address of its own).
+        RAY_AUTH_MODE="disabled",
     )
     command = [
         str(ray),

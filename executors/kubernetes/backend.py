@@ -66,6 +66,8 @@ from catalog.prefixes import workspace_folder
 from catalog.runs import staged_totals
 from executors.kubernetes import kueue_usage, labels, render
 from executors.kubernetes import queue as kube_queue
+from executors.kubernetes.endpoints import KubernetesEndpoints
+from executors.kubernetes.render_endpoint import worker_count
 from kube import Conflict, KubeClient, KubeError, NotFound
 from kube.pod_logs import read_pod_log
 from runs import run_tokens
@@ -418,6 +420,8 @@ class KubernetesBackend:
 
     def __init__(self, client: KubeClient | None = None) -> None:
         self._client = client
+        #: What it does for endpoints (serving.backends.EndpointBackend).
+        self.endpoints = KubernetesEndpoints(self)
 
     @property
     def client(self) -> KubeClient:
@@ -446,6 +450,21 @@ class KubernetesBackend:
     def pod_sets(self, spec: Spec) -> list[PodSet]:
         """The workers, and for a RayJob the Ray head and KubeRay's submitter pod (their size
         is fixed by :mod:`executors.kubernetes.render`): Kueue admits each as a pod set."""
+        if spec.is_endpoint:
+            # A RayService: its Ray cluster's workers (one per replica, or the most replicas
+            # autoscaling may reach: executors.kubernetes.render_endpoint) and its head.
+            replicas = worker_count(spec)
+            each = worker_pod_set(spec).requests
+            return [
+                PodSet(
+                    f"the {replicas} replica(s) need",
+                    {resource: amount * replicas for resource, amount in each.items()},
+                ),
+                PodSet(
+                    "the Ray head needs",
+                    {r: parse_quantity(a) for r, a in render.head_requests(spec).items()},
+                ),
+            ]
         pod_sets = [worker_pod_set(spec)]
         if spec.run.workload_kind == "rayjob":
             for who, fixed in (

@@ -50,7 +50,12 @@ A loop over small steps, each tested on its own:
    its informers until another replica holds the Lease: renewed, it acts again at once on
    what it read meanwhile, with a sweep.
 
-What the watcher decides about an attempt, and why, is in ``executors.kubernetes.status``.
+7. **Endpoints**: every ``ENDPOINT_FOLLOW_SECONDS`` the active watcher reads each live
+   endpoint's RayService (and, until it serves, the Kueue Workload of its Ray cluster) and
+   reports its state through ``serving.services.observe`` (``executors.kubernetes.endpoints``).
+
+What the watcher decides about an attempt, and why, is in ``executors.kubernetes.status``;
+about an endpoint, in ``executors.kubernetes.endpoint_status``.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ import kube
 from catalog.runs import OutputsNotKept, cluster_outputs, keep_outputs
 from executors.kubernetes import kueue_sync, labels
 from executors.kubernetes.backend import KubernetesBackend, no_pod_left
+from executors.kubernetes.endpoints import follow as follow_endpoints
 from executors.kubernetes.heartbeat import HeartbeatWriter
 from executors.kubernetes.rbac import LEADER_LEASE
 from executors.kubernetes.status import AttemptObjects, node_facts, observe
@@ -122,6 +128,9 @@ RECHECK_SECONDS: Final = 10.0
 #: With a thousand waiting runs an admission is not held up behind a thousand rewritten
 #: reasons, and however often the queue moves meanwhile, a marked run is refreshed once.
 QUEUE_SETTLE_SECONDS: Final = 2.0
+#: How often the active watcher reads the live endpoints' RayServices (executors.kubernetes
+#: .endpoints.follow): their states reach the portal within this.
+ENDPOINT_FOLLOW_SECONDS: Final = 2.0
 QUEUE_REFRESH_BATCH: Final = 50
 #: The most warning Events kept (the oldest are dropped first).
 MAX_EVENTS: Final = 10_000
@@ -988,6 +997,7 @@ def serve(
         election.name,
     )
     acting = False
+    endpoints_due = 0.0
     try:
         while not stop.is_set():
             if not election.leading:
@@ -1016,6 +1026,9 @@ def serve(
             acting = True
             try:
                 watcher.step(timeout=0.5)
+                if time.monotonic() >= endpoints_due:
+                    endpoints_due = time.monotonic() + ENDPOINT_FOLLOW_SECONDS
+                    follow_endpoints(watcher.client)
                 # How far behind it is, for /metrics (executors.kubernetes.heartbeat).
                 backlog = watcher.messages.qsize() + len(watcher.dirty)
                 heartbeat.beat(

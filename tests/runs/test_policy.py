@@ -294,6 +294,27 @@ def test_a_rayjob_on_kubernetes_also_needs_room_for_its_head_and_submitter(world
     assert render.HEAD_RESOURCES["cpu"] == "2"
 
 
+def test_an_endpoint_on_kubernetes_counts_every_replica_and_its_ray_head(world: Any) -> None:
+    """A RayService's Ray cluster is admitted whole: one worker per replica (the most
+    replicas autoscaling may reach) and the head, as executors.kubernetes.render_endpoint
+    renders them."""
+    spec = load_spec(
+        b"""schema_version: 1
+name: chat
+run: {workload_kind: rayservice}
+serve:
+  import_path: app:app
+  autoscaling: {min_replicas: 1, max_replicas: 3}
+compute: {gpus: 1, cpus: 8, memory: 32Gi}
+runtime: {image: ray:2}
+"""
+    )
+    totals = run_totals(spec, "kubernetes")
+    assert totals["nvidia.com/gpu"] == Decimal(3)
+    assert totals["cpu"] == Decimal(3 * 8 + 2)  # three replicas and the head
+    assert totals["memory"] == Decimal(3 * 32 * 2**30 + 8 * 2**30)
+
+
 # ---------------------------------------------------------------------------------------------
 # Backend limits
 # ---------------------------------------------------------------------------------------------

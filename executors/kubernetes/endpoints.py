@@ -1,0 +1,418 @@
+"""Endpoints on a cluster: the Kubernetes backend's :class:`serving.backends.EndpointBackend`.
+
+``deploy`` makes the endpoint's RayService (``render_endpoint``) say its current generation:
+created the first time, replaced when the endpoint has a newer generation than the object
+(KubeRay's upgrade then brings the new Ray cluster up beside the old one), left alone when the
+object is already that generation or a newer one (a late delivery). Then its token Secret,
+owned by the RayService, with a token issued for this deployment (the pods fetch the project
+zip and stage the model with it). ``stop`` deletes the RayService (its Ray clusters, pods and
+Secret go with it, and Kueue frees the quota) and revokes the token.
+
+What happens then comes back through the watcher (:func:`follow`, called from its loop): it
+reads each endpoint's RayService and the Kueue Workload of its Ray cluster and reports the
+state :mod:`executors.kubernetes.endpoint_status` reads from them through
+``serving.services.observe``. An endpoint's address is KubeRay's serve Service,
+``http://<endpoint>-serve-svc.<namespace>.svc:8000`` (reachable from inside the cluster, where
+the portal runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from django.conf import settings
+
+from catalog.models import AssetVersion
+from executors.kubernetes import labels
+from executors.kubernetes.endpoint_status import observe_endpoint
+from executors.kubernetes.render import Flavor, Owner
+from executors.kubernetes.render_endpoint import (
+    EndpointTarget,
+    endpoint_secret_name,
+    render_endpoint_secret,
+    render_rayservice,
+)
+from kube import Conflict, KubeClient, KubeError, NotFound
+from kube.pod_logs import read_pod_log
+from serving.backends import EndpointLog, EndpointMetrics
+from serving.models import LIVE_STATES, Endpoint, EndpointState
+from tau.spec import Spec, spec_from_dict
+from workspaces.models import ResourceFlavor
+
+if TYPE_CHECKING:
+    from workspaces.models import Workspace
+
+logger = logging.getLogger(__name__)
+
+RAY: Final = "ray.io/v1"
+KUEUE: Final = "kueue.x-k8s.io/v1beta2"
+#: KubeRay's serve Service: ``<RayService>-serve-svc``, port 8000 (Ray Serve's proxy).
+SERVE_SERVICE_SUFFIX: Final = "-serve-svc"
+SERVE_PORT: Final = 8000
+#: The label KubeRay puts on the Ray clusters of a RayService.
+ORIGINATED_FROM: Final = "ray.io/originated-from-cr-name"
+#: The most of a pod's log read at once.
+LOG_LIMIT_BYTES: Final = 4 * 2**20
+#: The serving container of each kind of Ray pod (the init containers have logs of their own).
+_CONTAINERS: Final = {labels.COMPONENT_HEAD: "ray-head", labels.COMPONENT_WORKER: "ray-worker"}
+
+
+class EndpointDeliveryError(RuntimeError):
+    """The endpoint's objects cannot be made as asked; the message says why, for people."""
+
+
+def endpoint_target(endpoint: Endpoint) -> tuple[Spec, EndpointTarget]:
+    """The spec and the render target of the endpoint's current generation: its tau.yaml,
+    with the replicas a scale asked for since (``Endpoint.replicas_desired``)."""
+    spec = spec_from_dict(endpoint.spec)
+    if spec.serve is not None and spec.serve.autoscaling is None:
+        serve = dataclasses.replace(spec.serve, replicas=endpoint.replicas_desired)
+        spec = dataclasses.replace(spec, serve=serve)
+    workspace = endpoint.workspace
+    flavor = None
+    gpu_type = spec.compute.gpu_type
+    if gpu_type is not None:
+        node_labels = (
+            ResourceFlavor.objects.filter(name=gpu_type)
+            .values_list("node_labels", flat=True)
+            .first()
+        )
+        if node_labels is None:
+            raise EndpointDeliveryError(
+                f"compute.gpu_type names the flavor {gpu_type!r}, which no longer exists"
+            )
+        flavor = Flavor(gpu_type, dict(node_labels))
+    bundle = endpoint.bundle
+    if bundle is None:
+        raise EndpointDeliveryError("an endpoint needs its project zip (its Ray Serve application)")
+    staged = None
+    if endpoint.model_version_id is not None:
+        version = AssetVersion.objects.unscoped().get(pk=endpoint.model_version_id)
+        staged = (version.files_count, version.bytes)
+    target = EndpointTarget(
+        endpoint_id=endpoint.pk,
+        name=endpoint.name,
+        workspace=workspace.slug,
+        namespace=workspace.namespace,
+        local_queue=workspace.local_queue,
+        generation=endpoint.generation,
+        portal_url=settings.TAU_API_URL,
+        token_secret=endpoint_secret_name(endpoint.name),
+        bundle_sha256=bundle.sha256,
+        flavor=flavor,
+        staged_model=staged,
+    )
+    return spec, target
+
+
+def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
+    found: Mapping[str, str] = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    return found
+
+
+def _is_ours(obj: Mapping[str, Any], endpoint: Endpoint) -> bool:
+    found = _labels(obj)
+    return found.get(labels.MANAGED_BY) == labels.MANAGED_BY_TAUGRID and found.get(
+        labels.ENDPOINT_ID
+    ) == str(endpoint.pk)
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    try:
+        return int(_labels(obj).get(labels.GENERATION) or 0)
+    except ValueError:
+        return 0
+
+
+class _RunBackend(Protocol):
+    """What the endpoints ask of the Kubernetes run backend they belong to (typed here:
+    the backend imports this module)."""
+
+    @property
+    def client(self) -> KubeClient: ...
+
+    def submission_problems(self, spec: Spec, workspace: Workspace) -> list[tuple[str, str]]: ...
+
+
+class KubernetesEndpoints:
+    """The Kubernetes backend's endpoints (module docstring)."""
+
+    def __init__(self, backend: _RunBackend) -> None:
+        self._backend = backend
+
+    @property
+    def client(self) -> KubeClient:
+        return self._backend.client
+
+    # -- instructions ------------------------------------------------------------------------
+
+    def deploy_problems(self, spec: Spec, workspace: Workspace) -> list[tuple[str, str]]:
+        """What the cluster could never run, as for a run: a replica no node could hold (its
+        GPUs, CPUs or memory above every node's), or what the renderer cannot carry."""
+        return self._backend.submission_problems(spec, workspace)
+
+    def deploy(self, endpoint: Endpoint) -> None:
+        current = Endpoint.objects.unscoped().filter(pk=endpoint.pk).first()
+        if current is None or current.deleted_at is not None or current.state not in LIVE_STATES:
+            logger.info("endpoint %s is not wanted running any more; nothing made", endpoint.name)
+            return
+        if current.generation > endpoint.generation:
+            endpoint = current  # a newer generation was asked for meanwhile: deploy that one
+        spec, target = endpoint_target(endpoint)
+        body = render_rayservice(spec, target)
+        try:
+            existing: dict[str, Any] | None = self.client.get(
+                RAY, "RayService", target.name, target.namespace
+            )
+        except NotFound:
+            existing = None
+        made = False
+        if existing is None:
+            try:
+                service = self.client.create(body)
+                made = True
+            except Conflict:
+                service = self.client.get(RAY, "RayService", target.name, target.namespace)
+        else:
+            service = existing
+        if not _is_ours(service, endpoint):
+            raise EndpointDeliveryError(
+                f"a RayService {target.name} already exists in {target.namespace} and is not "
+                "this endpoint's; it is left as it is"
+            )
+        if (service.get("metadata") or {}).get("deletionTimestamp"):
+            raise EndpointDeliveryError(
+                f"the RayService {target.name} of an earlier deployment is still being deleted; "
+                "the endpoint is deployed again once it is gone"
+            )
+        if _generation(service) > target.generation:
+            return  # an older generation's delivery, after a newer one: changes nothing
+        if _generation(service) < target.generation:
+            body["metadata"]["resourceVersion"] = service["metadata"]["resourceVersion"]
+            service = self.client.update(body)
+            made = True
+        self._ensure_secret(endpoint, spec, target, service, new_generation=made)
+
+    def _ensure_secret(
+        self,
+        endpoint: Endpoint,
+        spec: Spec,
+        target: EndpointTarget,
+        service: Mapping[str, Any],
+        *,
+        new_generation: bool,
+    ) -> None:
+        """The token Secret, owned by the RayService, with a token issued for this generation;
+        a delivery made again for the same generation leaves the token as it is."""
+        from serving.workload_tokens import issue_endpoint_token
+
+        owner = Owner.of(service)
+        try:
+            found: dict[str, Any] | None = self.client.get(
+                "v1", "Secret", target.token_secret, target.namespace
+            )
+        except NotFound:
+            found = None
+        if found is not None and not _is_ours(found, endpoint):
+            raise EndpointDeliveryError(
+                f"a Secret {target.token_secret} already exists in {target.namespace} and is "
+                "not this endpoint's; it is left as it is"
+            )
+        owners = ((found or {}).get("metadata") or {}).get("ownerReferences") or []
+        if (
+            found is not None
+            and not new_generation
+            and any(reference.get("uid") == owner.uid for reference in owners)
+        ):
+            return
+        token = issue_endpoint_token(endpoint)
+        if token is None:
+            raise EndpointDeliveryError(
+                f"no token can be issued: {endpoint.created_by_username} can no longer act, "
+                "or the endpoint was stopped meanwhile"
+            )
+        secret = render_endpoint_secret(spec, target, token=token, owner=owner)
+        if found is None:
+            self.client.create(secret)
+        else:
+            secret["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
+            self.client.update(secret)
+
+    def stop(self, endpoint: Endpoint) -> None:
+        from serving.workload_tokens import revoke_endpoint_tokens
+
+        namespace = endpoint.workspace.namespace
+        try:
+            existing: dict[str, Any] | None = self.client.get(
+                RAY, "RayService", endpoint.name, namespace
+            )
+        except NotFound:
+            existing = None
+        if existing is not None and _is_ours(existing, endpoint):
+            self.client.delete(
+                RAY,
+                "RayService",
+                endpoint.name,
+                namespace,
+                propagation="Foreground",
+                missing_ok=True,
+            )
+        revoke_endpoint_tokens(endpoint)
+
+    # -- what pages and the API ask ----------------------------------------------------------
+
+    def invoke_address(self, endpoint: Endpoint) -> str | None:
+        if endpoint.state not in {EndpointState.READY, EndpointState.UPDATING}:
+            return None
+        spec = spec_from_dict(endpoint.spec)
+        prefix = spec.serve.route_prefix if spec.serve is not None else "/"
+        host = f"{endpoint.name}{SERVE_SERVICE_SUFFIX}.{endpoint.workspace.namespace}.svc"
+        return f"http://{host}:{SERVE_PORT}{prefix.rstrip('/')}"
+
+    def _pods(self, endpoint: Endpoint) -> list[dict[str, Any]]:
+        namespace = endpoint.workspace.namespace
+        pods: list[dict[str, Any]] = []
+        for cluster in self.client.list(
+            RAY, "RayCluster", namespace, label_selector=f"{ORIGINATED_FROM}={endpoint.name}"
+        ):
+            name = cluster["metadata"]["name"]
+            pods += self.client.list(
+                "v1", "Pod", namespace, label_selector=f"ray.io/cluster={name}"
+            )
+        return sorted(pods, key=lambda pod: str(pod["metadata"]["name"]))
+
+    def read_log(
+        self,
+        endpoint: Endpoint,
+        *,
+        offset: int | None,
+        tail_lines: int | None,
+        replica: str | None = None,
+    ) -> EndpointLog:
+        """A Ray pod's log (``replica`` names the pod; by default the first worker, where a
+        replica runs), its last lines or from ``offset``."""
+        pods = self._pods(endpoint)
+        names = tuple(str(pod["metadata"]["name"]) for pod in pods)
+        if not pods:
+            return EndpointLog("", 0, 0, 0, replicas=names, note="No Ray pod of it exists now.")
+        workers = [
+            pod for pod in pods if _labels(pod).get(labels.COMPONENT) == labels.COMPONENT_WORKER
+        ]
+        chosen = next((pod for pod in pods if pod["metadata"]["name"] == replica), None)
+        pod = chosen or (workers or pods)[0]
+        name = str(pod["metadata"]["name"])
+        try:
+            data = read_pod_log(
+                self.client,
+                endpoint.workspace.namespace,
+                name,
+                container=_CONTAINERS.get(_labels(pod).get(labels.COMPONENT, ""), None),
+                limit_bytes=LOG_LIMIT_BYTES if tail_lines is None else None,
+                tail_lines=tail_lines,
+            )
+        except KubeError as exc:
+            return EndpointLog("", 0, 0, 0, replica=name, replicas=names, note=str(exc))
+        start = min(offset or 0, len(data))
+        piece = data[start:].decode("utf-8", errors="replace")
+        return EndpointLog(piece, start, len(data), len(data), replica=name, replicas=names)
+
+    def metrics(self, endpoint: Endpoint) -> EndpointMetrics:
+        return EndpointMetrics(
+            requests_per_second=None,
+            latency_p50_ms=None,
+            latency_p95_ms=None,
+            error_rate=None,
+            replicas_ready=endpoint.replicas_ready,
+            replicas_desired=endpoint.replicas_desired,
+            note="Ray Serve's request metrics are not read on a cluster yet.",
+        )
+
+
+def _workload_of(client: KubeClient, service: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The Kueue Workload of the Ray cluster the RayService is bringing up (its pending one
+    during an upgrade, else its active one)."""
+    status = service.get("status") or {}
+    namespace = str((service.get("metadata") or {}).get("namespace") or "")
+    for which in ("pendingServiceStatus", "activeServiceStatus"):
+        name = (status.get(which) or {}).get("rayClusterName")
+        if not name:
+            continue
+        try:
+            cluster = client.get(RAY, "RayCluster", name, namespace)
+        except NotFound:
+            continue
+        uid = cluster["metadata"]["uid"]
+        found = client.list(
+            KUEUE, "Workload", namespace, label_selector=f"{labels.KUEUE_JOB_UID}={uid}"
+        )
+        if found:
+            return dict(found[0])
+    # KubeRay made the cluster before recording its name: find it by its label.
+    name = str((service.get("metadata") or {}).get("name") or "")
+    for cluster in client.list(
+        RAY, "RayCluster", namespace, label_selector=f"{ORIGINATED_FROM}={name}"
+    ):
+        uid = cluster["metadata"]["uid"]
+        found = client.list(
+            KUEUE, "Workload", namespace, label_selector=f"{labels.KUEUE_JOB_UID}={uid}"
+        )
+        if found:
+            return dict(found[0])
+    return None
+
+
+def follow(client: KubeClient) -> int:
+    """One pass over the live endpoints of this backend: read each one's RayService (and its
+    Ray cluster's Workload while it is not serving) and report what they say. How many
+    endpoints changed."""
+    from serving.services import observe
+
+    changed = 0
+    live = (
+        Endpoint.objects.unscoped()
+        .filter(backend="kubernetes", deleted_at__isnull=True, state__in=LIVE_STATES)
+        .select_related("workspace")
+    )
+    for endpoint in live:
+        namespace = endpoint.workspace.namespace
+        try:
+            service: dict[str, Any] | None = client.get(RAY, "RayService", endpoint.name, namespace)
+        except NotFound:
+            service = None
+        except KubeError as exc:
+            logger.warning("endpoint %s not read: %s", endpoint.name, exc)
+            continue
+        if service is None or not _is_ours(service, endpoint):
+            continue  # not made yet (its delivery is on its way) or not ours: nothing to say
+        if _generation(service) < endpoint.generation:
+            continue  # the new generation's delivery is on its way
+        workload = None
+        ready = any(
+            entry.get("type") == "Ready" and entry.get("status") == "True"
+            for entry in (service.get("status") or {}).get("conditions") or []
+        )
+        if not ready:
+            try:
+                workload = _workload_of(client, service)
+            except KubeError as exc:
+                logger.warning("endpoint %s: its Workload not read: %s", endpoint.name, exc)
+        seen = observe_endpoint(service, application=endpoint.name, workload=workload)
+        if seen is None:
+            continue
+        url = ""
+        if seen.state in {"ready", "updating"}:
+            host = f"{endpoint.name}{SERVE_SERVICE_SUFFIX}.{namespace}.svc"
+            url = f"http://{host}:{SERVE_PORT}"
+        if observe(
+            endpoint,
+            state=seen.state,
+            reason=seen.reason,
+            replicas_ready=seen.replicas_ready,
+            url=url or None,
+            generation=_generation(service),
+        ):
+            changed += 1
+    return changed
