@@ -44,6 +44,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import deque
@@ -142,6 +143,8 @@ STATUS_FILE = "serve-status.jsonl"
 METRICS_FILE = "serve-metrics.json"
 #: The longest message of Ray Serve's written in a status line (a traceback can be long).
 MESSAGE_LIMIT = 4000
+#: The longest each step of a stop may take (Ray Serve, Ray, the node's processes).
+STOP_STEP_SECONDS = 3.0
 #: Ray Serve's own Prometheus metrics read for the endpoint's traffic (its HTTP proxy's view).
 REQUESTS_METRIC = "ray_serve_num_http_requests_total"
 ERRORS_METRIC = "ray_serve_num_http_error_requests_total"
@@ -150,6 +153,24 @@ LATENCY_METRIC = "ray_serve_http_request_latency_ms_bucket"
 
 def say(message: str) -> None:
     print(f"[serving] {message}", flush=True)
+
+
+#: SIGTERM or SIGINT came: set by :func:`_stop_on_signal`, which also raises
+#: ``tau.ray_cluster.Stopped`` where the runner is. The flag outlives an exception that Ray's
+#: code, running when the signal came, caught as its own.
+STOP_REQUESTED = threading.Event()
+
+
+def _stop_on_signal(signum: int, frame: Any) -> None:
+    from tau.ray_cluster import Stopped
+
+    STOP_REQUESTED.set()
+    raise Stopped(signal.Signals(signum).name)
+
+
+def stop_on_signals() -> None:
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    signal.signal(signal.SIGINT, _stop_on_signal)
 
 
 def parse_runner_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -342,7 +363,7 @@ def serve_one(arguments: argparse.Namespace, writer: StatusWriter) -> int:
     from ray.serve.context import _get_global_client  # type: ignore[import-not-found]
     from ray.serve.schema import ServeDeploySchema  # type: ignore[import-not-found]
 
-    from tau.ray_cluster import OBJECT_STORE_BYTES, node_ports, stop_on_signals
+    from tau.ray_cluster import OBJECT_STORE_BYTES, node_ports
 
     started = time.monotonic()
     writer.status("starting", said="starting Ray")
@@ -380,55 +401,99 @@ def serve_one(arguments: argparse.Namespace, writer: StatusWriter) -> int:
             ServeDeploySchema.model_validate({"http_options": http, "applications": [application]})
         )
         say(f"deploying {application['args'].get('import_path')} at {application['route_prefix']}")
-        routes_url = f"http://127.0.0.1:{arguments.port}/-/routes"
-        metrics_url = f"http://127.0.0.1:{ports['metrics_export_port']}/metrics"
-        samples: deque[TrafficSample] = deque()
-        next_metrics = time.monotonic() + METRICS_SECONDS
-        failed_reads = 0
-        while True:
-            try:
-                summary = summarise_status(client.get_serve_details(), arguments.name)
-                failed_reads = 0
-            except Exception as exc:  # Ray going away: the node's processes died
-                failed_reads += 1
-                if failed_reads >= 20:
-                    say(f"Ray Serve does not answer any more: {type(exc).__name__}: {exc}")
-                    return 1
-                time.sleep(STATUS_SECONDS)
-                continue
-            phase = {
-                "RUNNING": "running",
-                "UNHEALTHY": "unhealthy",
-                "DEPLOY_FAILED": "deploy_failed",
-            }.get(summary["application"], "deploying")
-            if phase == "running" and not _routes_ready(routes_url, application):
-                phase = "deploying"  # deployed, but the proxy does not route to it yet
-            writer.status(phase, **summary)
-            if phase == "deploy_failed":
-                say(f"Ray Serve could not deploy the application: {summary['message']}")
-            now = time.monotonic()
-            if now >= next_metrics:
-                next_metrics = now + METRICS_SECONDS
-                try:
-                    with urllib.request.urlopen(metrics_url, timeout=5) as answer:
-                        text = answer.read().decode("utf-8", errors="replace")
-                    samples.append(read_sample(text, arguments.name, now))
-                    while samples and now - samples[0].time > METRICS_WINDOW_SECONDS:
-                        samples.popleft()
-                    writer.metrics(traffic(list(samples)))
-                except OSError:
-                    pass  # Ray's metrics agent starts late; the next read may answer
-            time.sleep(STATUS_SECONDS)
+        # The reports come from a thread: calls to Ray block in C, where a signal waits for
+        # them to return; the main thread only waits, and answers SIGTERM at once.
+        ended: list[int] = []
+        reporter = threading.Thread(
+            target=lambda: ended.append(
+                report(client, arguments, application, ports["metrics_export_port"], writer)
+            ),
+            name="serve-status",
+            daemon=True,
+        )
+        reporter.start()
+        while reporter.is_alive():
+            reporter.join(STATUS_SECONDS)
+        return ended[0] if ended else 1
     finally:
         # A second SIGTERM must not cut the stop short; the agent's SIGKILL ends a stop that hangs.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        writer.status("stopping", said="stopping Ray Serve")
+        if not STOP_REQUESTED.is_set():
+            # Ray answers still (the runner ends for another reason): Serve, then Ray, then
+            # the node, each given its time.
+            _within(STOP_STEP_SECONDS, serve.shutdown)
+            _within(STOP_STEP_SECONDS, ray.shutdown)
+            _within(STOP_STEP_SECONDS, cluster.shutdown)
+        # After a SIGTERM to the generation's process group (the agent's stop), Ray's own
+        # processes got it too and are ending by themselves: a call to them would wait.
+
+
+def report(
+    client: Any,
+    arguments: argparse.Namespace,
+    application: dict[str, Any],
+    metrics_port: int,
+    writer: StatusWriter,
+) -> int:
+    """Ray Serve's status of the application, written when it changes, and its traffic every
+    ``METRICS_SECONDS``, until a stop is asked for (0) or Ray Serve stops answering (1)."""
+    routes_url = f"http://127.0.0.1:{arguments.port}/-/routes"
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    samples: deque[TrafficSample] = deque()
+    next_metrics = time.monotonic() + METRICS_SECONDS
+    failed_reads = 0
+    while not STOP_REQUESTED.is_set():
         try:
-            writer.status("stopping", said="stopping Ray Serve")
-            serve.shutdown()
+            summary = summarise_status(client.get_serve_details(), arguments.name)
+            failed_reads = 0
+        except Exception as exc:  # Ray going away: the node's processes died
+            failed_reads += 1
+            if failed_reads >= 20:
+                say(f"Ray Serve does not answer any more: {type(exc).__name__}: {exc}")
+                return 1
+            time.sleep(STATUS_SECONDS)
+            continue
+        if STOP_REQUESTED.is_set():
+            break
+        phase = {
+            "RUNNING": "running",
+            "UNHEALTHY": "unhealthy",
+            "DEPLOY_FAILED": "deploy_failed",
+        }.get(summary["application"], "deploying")
+        if phase == "running" and not _routes_ready(routes_url, application):
+            phase = "deploying"  # deployed, but the proxy does not route to it yet
+        if phase == "deploy_failed" and writer.last and writer.last.get("phase") != phase:
+            say(f"Ray Serve could not deploy the application: {summary['message']}")
+        writer.status(phase, **summary)
+        now = time.monotonic()
+        if now >= next_metrics:
+            next_metrics = now + METRICS_SECONDS
+            try:
+                with urllib.request.urlopen(metrics_url, timeout=5) as answer:
+                    text = answer.read().decode("utf-8", errors="replace")
+                samples.append(read_sample(text, arguments.name, now))
+                while samples and now - samples[0].time > METRICS_WINDOW_SECONDS:
+                    samples.popleft()
+                writer.metrics(traffic(list(samples)))
+            except OSError:
+                pass  # Ray's metrics agent starts late; the next read may answer
+        time.sleep(STATUS_SECONDS)
+    return 0
+
+
+def _within(seconds: float, step: Any) -> None:
+    """``step()`` in a thread of its own, given at most ``seconds``; what it raises is said."""
+
+    def run() -> None:
+        try:
+            step()
         except Exception as exc:
-            say(f"stopping Ray Serve: {type(exc).__name__}: {exc}")
-        ray.shutdown()
-        cluster.shutdown()
+            say(f"stopping: {getattr(step, '__name__', step)}: {type(exc).__name__}: {exc}")
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
 
 
 def _routes_ready(url: str, application: dict[str, Any]) -> bool:
@@ -449,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     --application JSON``: one generation of an endpoint on this machine, as the local
     executor starts it (docs/one-machine.md, *Endpoints*). Exit code 0 after SIGTERM, 1 when
     Ray Serve or Ray went away, 2 without Ray Serve in the environment."""
-    from tau.ray_cluster import LOOPBACK_SETTING, Stopped, short_temp_root, stop_on_signals
+    from tau.ray_cluster import LOOPBACK_SETTING, Stopped, short_temp_root
 
     arguments = parse_runner_args(sys.argv[1:] if argv is None else argv)
     writer = StatusWriter(arguments.status_dir, arguments.port)
@@ -488,4 +553,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not the interpreter's exit: threads Ray left behind (talking to processes that are gone)
+    # would hold it up until the agent's SIGKILL.
+    os._exit(code)

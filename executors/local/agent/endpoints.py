@@ -105,7 +105,7 @@ from executors.local.agent.prepare import (
 from runs import bundles, workload_sdk
 from runs.models import Backend
 from serving.models import LIVE_STATES, Endpoint, EndpointState
-from serving.services import observe, record_metrics
+from serving.services import observe, record_metrics, record_model_staged
 from tau.k8s_names import GPU_RESOURCE
 from tau.quantity import parse_quantity
 from tau.ray_cluster import free_ports
@@ -889,6 +889,14 @@ class EndpointSupervisor:
         if generation.stop_reason is not None or row is None:
             self._forget(generation)
             return
+        if prepared.staged is not None and row.generation == generation.number:
+            # In its history, as a cluster's stager reports it (and a run's datasets are).
+            record_model_staged(
+                Endpoint(pk=row.pk),
+                files=prepared.staged.files,
+                bytes=prepared.staged.bytes,
+                seconds=prepared.staged.seconds,
+            )
         try:
             self._spawn(generation, prepared)
         except (OSError, cgroups.CgroupFailed) as exc:

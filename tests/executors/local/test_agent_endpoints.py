@@ -29,7 +29,13 @@ from executors.local.agent.endpoint_files import EndpointFolder, process_record,
 from identity import tokens
 from runs.models import RunState
 from serving import delivery, services
-from serving.models import Endpoint, EndpointDelivery, EndpointState
+from serving.models import (
+    Endpoint,
+    EndpointDelivery,
+    EndpointEvent,
+    EndpointEventKind,
+    EndpointState,
+)
 from tests.executors.local.agent_harness import (
     Agent,
     spec,
@@ -390,6 +396,16 @@ def test_the_serve_cpu_example_is_served_scaled_updated_followed_and_stopped(
     wait_for_state(run, RunState.SUCCEEDED, timeout=120, agent=agent)
     assert fresh(endpoint).state == EndpointState.STOPPED
     assert not process_record(EndpointFolder.of(endpoint.pk).generation(3)).exists()
+    # Each generation's model, staged and checked, in the endpoint's history (a restart
+    # reuses what its generation staged).
+    staged = EndpointEvent.objects.for_workspace(world.alpha).filter(
+        endpoint=endpoint, kind=EndpointEventKind.MODEL_STAGED
+    )
+    assert [(e.data["generation"], e.data["model"], e.data["files"]) for e in staged] == [
+        (1, "reviews-classifier@1", 2),
+        (2, "reviews-classifier@1", 2),
+        (3, "reviews-classifier@2", 2),
+    ]
     print("timings (s):", {name: round(seconds, 1) for name, seconds in timings.items()})
 
 
