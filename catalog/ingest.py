@@ -19,7 +19,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Max, QuerySet
+from django.db.models import Max, Model, ProtectedError, QuerySet
 from django.utils import timezone
 
 from catalog import in_place, storage
@@ -404,6 +404,13 @@ def set_alias(version: AssetVersion, alias: str, *, user: Any = None) -> AssetAl
     return kept
 
 
+def kept_by(rows: Iterable[Model]) -> str:
+    """The records that keep what was to be deleted, said for people: rows of other apps that
+    name a version through a protected key (an endpoint's names the model version it serves,
+    in its record for good), which the catalog knows only as Django's deletion reports them."""
+    return ", ".join(sorted({f"the {row._meta.verbose_name} {row}" for row in rows}))
+
+
 def delete_asset(asset: Asset) -> None:
     """The asset gone with every version, file row and alias; then the blobs no other version
     of the workspace holds, and any unfinished upload's pieces."""
@@ -420,16 +427,20 @@ def delete_asset(asset: Asset) -> None:
             f"{read.version.ref} was read by the run {read.run.name}, whose record names it: "
             f"{asset.name} is kept."
         )
-    with transaction.atomic():
-        lock_asset(asset)
-        shas = set(files.filter(version__asset=asset).values_list("sha256", flat=True))
-        version_ids = list(
-            AssetVersion.objects.for_workspace(workspace_id)
-            .filter(asset=asset)
-            .values_list("pk", flat=True)
-        )
-        asset.delete()
-        still_held = held_shas(workspace_id, shas)
+    try:
+        with transaction.atomic():
+            lock_asset(asset)
+            shas = set(files.filter(version__asset=asset).values_list("sha256", flat=True))
+            version_ids = list(
+                AssetVersion.objects.for_workspace(workspace_id)
+                .filter(asset=asset)
+                .values_list("pk", flat=True)
+            )
+            asset.delete()
+            still_held = held_shas(workspace_id, shas)
+    except ProtectedError as exc:
+        held = kept_by(exc.protected_objects)
+        raise CatalogError(f"A version of {asset.name} is named by {held}: it is kept.") from None
     for sha256 in shas - still_held:
         storage.forget_blob(workspace_id, sha256)
     for version_id in version_ids:

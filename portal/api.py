@@ -12,22 +12,27 @@ it (``JSONBodySizeMiddleware``: DRF reads the whole body before any parser sees 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import Resolver404, resolve
 from django.views import defaults
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions
+from rest_framework.metadata import SimpleMetadata
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.renderers import BaseRenderer
+from rest_framework.request import clone_request
 
 if TYPE_CHECKING:
+    from rest_framework.generics import GenericAPIView
     from rest_framework.request import Request
     from rest_framework.response import Response
+    from rest_framework.views import APIView
 
 #: JSON bodies nested deeper than this are refused (the API's own shapes need 3 levels).
 MAX_JSON_DEPTH = 32
@@ -130,6 +135,58 @@ class BoundedJSONParser(JSONParser):
         if problem is not None:
             raise exceptions.ParseError(f"JSON parse error - {problem}")
         return data
+
+
+class ApiMetadata(SimpleMetadata):
+    """What OPTIONS answers on every API route (``REST_FRAMEWORK["DEFAULT_METADATA_CLASS"]``):
+    DRF's description, each write (POST, PUT) the caller may make described by the serializer
+    the view names for that write's action.
+
+    DRF asks the view with ``view.action`` set to ``"metadata"``, so a view that names its
+    serializers by action (``get_serializer_class``) described every write with its default
+    one; here the view is asked as for the write itself. A view names a serializer for each of
+    its writes, or, where a write's body is no serializer's (a file's bytes, a request passed
+    on to an endpoint), answers with :class:`RawBodyMetadata`: DRF's answer for a view that
+    names none is a 500 (``tests/test_no_server_errors.py`` asks every route)."""
+
+    def determine_actions(self, request: Request, view: APIView) -> dict[str, Any]:
+        actions: dict[str, Any] = {}
+        action_map: dict[str, str] = getattr(view, "action_map", {})
+        asked_as = getattr(view, "action", None)
+        for method in sorted({"PUT", "POST"} & set(view.allowed_methods)):
+            view.request = clone_request(request, method)
+            if hasattr(view, "action"):
+                view.action = action_map.get(method.lower(), asked_as)
+            try:
+                if _may_write(view, method):
+                    serializer = cast("GenericAPIView[Any]", view).get_serializer()
+                    actions[method] = self.get_serializer_info(serializer)
+            finally:
+                view.request = request
+                if hasattr(view, "action"):
+                    view.action = asked_as
+        return actions
+
+
+def _may_write(view: APIView, method: str) -> bool:
+    """What DRF asks before it describes a write: the view's permissions, and for a PUT the
+    object it would change."""
+    try:
+        view.check_permissions(view.request)
+        if method == "PUT" and hasattr(view, "get_object"):
+            view.get_object()
+    except (exceptions.APIException, PermissionDenied, Http404):
+        return False
+    return True
+
+
+class RawBodyMetadata(ApiMetadata):
+    """OPTIONS for a route whose write takes raw bytes, which no serializer describes (an
+    artifact's file, a request passed on to an endpoint): the description without
+    ``actions`` (``parses`` names what it reads)."""
+
+    def determine_actions(self, request: Request, view: APIView) -> dict[str, Any]:
+        return {}
 
 
 class FileDownloadNegotiation(BaseContentNegotiation):

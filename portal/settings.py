@@ -497,6 +497,8 @@ REST_FRAMEWORK = {
     # sent that way would be dropped or changed, and a write that claims success must store
     # or refuse. Routes that take files say so themselves (a submission, an artifact).
     "DEFAULT_PARSER_CLASSES": ["portal.api.BoundedJSONParser"],
+    # OPTIONS describes each write by the serializer its view names for that write.
+    "DEFAULT_METADATA_CLASS": "portal.api.ApiMetadata",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # Every refusal in one shape, {"detail": "…"} (and the fields at fault on a 400).
     "EXCEPTION_HANDLER": "portal.api.exception_handler",

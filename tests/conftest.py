@@ -91,6 +91,30 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ[variable] = own
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_var_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This test process's ``VAR_DIR`` (the catalog's store, bundles, artifacts, endpoints'
+    folders: where a test that names no folder of its own keeps files), its own: not the
+    checkout's ``var/`` (``make run``'s), nor another pytest-xdist worker's or lane's. Each
+    of those has a database of its own, where a workspace has the id another's has, and the
+    store is kept by workspace id: one worker's dataset DELETE removed the blob another's run
+    was reading (``test_access[api:run-data-blob-*]`` answered 404 under ``-n 2``).
+
+    Under the session's temporary folder (``popen-gw0/var`` …, kept with the last few
+    sessions'). Settings made at import from the checkout's ``var/`` stay (the secrets, the
+    evidence key's path); the metrics token is copied where ``/metrics`` says it is."""
+    from django.conf import settings as django_settings
+
+    own = tmp_path_factory.mktemp("var", numbered=False)
+    before = Path(django_settings.VAR_DIR)
+    if (before / "metrics-token").exists():
+        (own / "metrics-token").write_bytes((before / "metrics-token").read_bytes())
+        (own / "metrics-token").chmod(0o600)
+    django_settings.VAR_DIR = own
+    yield own
+    django_settings.VAR_DIR = before
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
     """pytest-django's names (``test_taugrid``, ``_gw0`` under xdist), with the lane's name."""

@@ -11,7 +11,8 @@ run token of a run in ``alpha``. schemathesis tries them in that order per opera
 the first that an operation does not refuse (so each operation is exercised by the lowest
 role that may call it), and replays every successful read of one workspace's object with the
 other workspace's token (``peers``). Path parameters come from the objects that exist (both
-workspaces' slugs, runs and members, most of the time) so that operations reach their data.
+workspaces' slugs, runs, members, datasets, models and endpoints, most of the time) so that
+operations reach their data.
 
 Bounded in time: ``MAX_EXAMPLES`` per operation and phase, one worker; about two minutes
 on two cores, most of it schemathesis' own generating of the fuzzing phase's cases (the
@@ -51,6 +52,7 @@ from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from tests.runs.processes import Portal, portal_processes
 from tests.scripts import load_script
+from tests.serving.factories import ENDPOINT_SPEC, make_endpoint
 from workspaces.models import Membership, Role
 
 
@@ -85,7 +87,8 @@ class Contract:
 ARTIFACT = "model.json"
 
 
-#: The one file of each workspace's dataset (``<slug>-wiki``), which the second run reads.
+#: The one file of each workspace's dataset (``<slug>-wiki``), which the second run reads,
+#: and of its model of that name, which its endpoint (``<slug>-wiki`` too) serves.
 DATA_FILE = b"some text\n"
 
 
@@ -103,8 +106,9 @@ def _submit(world: Any, workspace: Any, who: str, name: str, *, reads: bool = Fa
 
 
 def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
-    """Runs in both workspaces, one finished with metrics, events and checkpoints; members
-    that may be changed and removed without taking a token's access away."""
+    """Runs in both workspaces, one finished with metrics, events and checkpoints; a dataset,
+    a model and an endpoint in each; members that may be changed and removed without taking a
+    token's access away."""
     users = type(world.users["researcher"])._default_manager
     for username, role in (("mia", Role.RESEARCHER), ("max", Role.VIEWER)):
         Membership.objects.create(
@@ -124,6 +128,15 @@ def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
             # What ``best`` compares (a run's final metrics, kept with the version).
             version.metrics = {"val_loss": 0.5}
             version.save(update_fields=["metrics"])
+    # An endpoint in each (``<slug>-wiki``: the names the object routes are filled with),
+    # with a project zip, serving its workspace's model ``<slug>-wiki@train``: its bundle,
+    # its model's listing and file are there to read. Deployed on the serving tests' backend
+    # (nothing runs it: it stays ``deploying``); the portal reads it with its own.
+    for workspace, who in ((world.alpha, "researcher"), (world.beta, "outsider")):
+        name = f"{workspace.slug}-wiki"
+        serves = f"  replicas: 1\n  model: {{name: {name}, version: train}}\n"
+        spec = ENDPOINT_SPEC.replace(b"  replicas: 1\n", serves.encode())
+        make_endpoint(world, who=who, workspace=workspace, spec=spec, name=name)
     # The second run of each reads its workspace's dataset (its staging listing and file).
     alpha = [
         _submit(world, world.alpha, "researcher", name, reads=name == "sweep")
@@ -194,14 +207,21 @@ def contract(world: Any, tmp_path: Path, settings: Any) -> Iterator[Contract]:
 #: Operations whose refusal of a well-formed request turns on what exists or on content the
 #: schema cannot carry, where a 400 that says which is the right answer to a schema-valid
 #: request (each refusal names the field): the tau.yaml inside the submitted file (checked
-#: by the server's own checker), a checkpoint path inside this run's folder, an artifact's
-#: name among the run's declared outputs.artifacts, a sweep trial's values (their size),
-#: metric rows (names, values and the number of series per run), a username someone may add,
-#: and the platform team's objects (names taken, flavors and cohorts that must exist, node
-#: labels and tolerations by Kubernetes' rules, quantities). Everything else answers a
-#: schema-valid request with no 400 at all.
+#: by the server's own checker; an endpoint's too), a checkpoint path inside this run's
+#: folder, an artifact's name among the run's declared outputs.artifacts, a sweep trial's
+#: values (their size), metric rows (names, values and the number of series per run), a
+#: username someone may add, and the platform team's objects (names taken, flavors and
+#: cohorts that must exist, node labels and tolerations by Kubernetes' rules, quantities).
+#: Everything else answers a schema-valid request with no 400 at all.
 STATE_DEPENDENT_400 = (
     "POST /api/v1/workspaces/{workspace_slug}/runs/",
+    # An endpoint's tau.yaml, as a run's (the server's checker, ``run.workload_kind:
+    # rayservice``, a ``serve`` block), the model version it names among those that exist,
+    # the workspace's policy and what the backend could ever give it; a change's the same
+    # (a new tau.yaml, another model version; that it names one change at all, the schema
+    # says).
+    "POST /api/v1/workspaces/{workspace_slug}/endpoints/",
+    "PATCH /api/v1/workspaces/{workspace_slug}/endpoints/{name}/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/checkpoints/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/metrics/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/artifacts/",
@@ -264,6 +284,7 @@ def _schemathesis_config(contract: Contract, directory: Path) -> Path:
         "runs": run_names + [run.spec_name for run in contract.alpha_runs],
         # Members whose change or removal takes no token's access away.
         "members": ["mia", "max", "bea"],
+        # Each workspace's dataset, model and endpoint: ``<slug>-wiki``.
         "assets": ["alpha-wiki", "beta-wiki"],
         "versions": ["1", "train", "latest"],
     }

@@ -35,6 +35,7 @@ from runs.models import Run
 from serving.api import workload
 from serving.models import Endpoint
 from serving.workload_tokens import issue_endpoint_token
+from tests.conftest import CAST
 from tests.runs.factories import make_run
 from tests.runs.test_api import bearer, run_token, run_url
 from tests.test_access_matrix import MATRIX, _url
@@ -506,6 +507,29 @@ def run_clients() -> dict[str, APIClient]:
     return {}
 
 
+def holder_client(world: Any, url: str, clients: dict[str, APIClient]) -> APIClient | None:
+    """A client with the own token of the run or the endpoint of alpha that ``url`` names
+    (the token its report and workload routes take), made once per run or endpoint in
+    ``clients``; None where the URL names neither."""
+    path = urlsplit(url).path
+    for kind in ("runs", "endpoints"):
+        name = path.partition(f"/{kind}/")[2].split("/")[0]
+        if name:
+            break
+    else:
+        return None
+    if f"{kind}/{name}" not in clients:
+        token: str | None
+        if kind == "runs":
+            token = run_token(world, Run.objects.for_workspace(world.alpha).get(name=name))
+        else:
+            endpoint = Endpoint.objects.for_workspace(world.alpha).get(name=name)
+            token = issue_endpoint_token(endpoint)  # one live per endpoint: issued once
+        assert token is not None
+        clients[f"{kind}/{name}"] = bearer(token)
+    return clients[f"{kind}/{name}"]
+
+
 FUZZ = settings(
     max_examples=200,
     deadline=None,
@@ -552,28 +576,46 @@ def test_no_json_body_causes_a_server_error(
     monkeypatch.setattr(workload, "REPORTS_PER_MINUTE", 10**9)
     key, method = data.draw(st.sampled_from(json_routes()), label="route")
     url = urls[key]
-    if "report" in key and key.startswith("api:endpoint-"):
-        if url not in run_clients:  # the endpoint's own token, once per endpoint
-            name = url.split("/endpoints/")[1].split("/")[0]
-            endpoint = Endpoint.objects.for_workspace(world.alpha).get(name=name)
-            token = issue_endpoint_token(endpoint)
-            assert token is not None
-            run_clients[url] = bearer(token)
-        client = run_clients[url]
-    elif "report" in key:
-        if url not in run_clients:  # the run's own token, once per run
-            run_name = url.split("/runs/")[1].split("/")[0]
-            run = Run.objects.for_workspace(world.alpha).get(name=run_name)
-            run_clients[url] = bearer(run_token(world, run))
-        client = run_clients[url]
-    else:
-        client = world.api_client_for("workspace_admin")
+    # The report routes with the run's or the endpoint's own token; the others as its admin.
+    holder = holder_client(world, url, run_clients) if "report" in key else None
+    client = holder if holder is not None else world.api_client_for("workspace_admin")
     fields = body_fields(url, method)
     body = data.draw(bodies(fields), label="body")
     if not is_run_route(key) and body.count("[") + body.count("{") > 200:
         body = "{}"  # see test_deep_json_outside_the_runs_api_is_still_a_server_error
     response = getattr(client, method.lower())(url, body, content_type="application/json")
     assert response.status_code < 500, (key, body[:200])
+
+
+def test_options_on_every_api_route_is_never_a_server_error(
+    world: Any, urls: dict[str, str]
+) -> None:
+    """OPTIONS on every API route, as each of the cast and, on a run's or an endpoint's
+    routes, with its own token. DRF describes each write the caller may make by the
+    serializer its view names for it: a view that named none answered a 500 (the endpoints
+    list and the invoke route to any member, a run's report routes to the run's token)."""
+    holders: dict[str, APIClient] = {}
+    checked = 0
+    for key, route in MATRIX.items():
+        if not route.api:
+            continue
+        callers = {who: world.api_client_for(who) for who in CAST}
+        holder = holder_client(world, urls[key], holders)
+        if holder is not None:
+            callers["its own token"] = holder
+        for who, client in callers.items():
+            response = client.options(urls[key])
+            assert response.status_code in (200, 401, 403, 404), (key, who, response.content)
+            checked += 1
+    assert checked > 60 * len(CAST)
+    # Each write is described by the body it takes, where it takes a serializer's.
+    deploy = world.api_client_for("researcher").options(urls["api:endpoint-list"]).json()
+    assert set(deploy["actions"]["POST"]) == {"spec", "bundle", "name"}
+    report = holder_client(world, urls["api:run-report-metrics"], holders)
+    assert report is not None
+    assert set(report.options(urls["api:run-report-metrics"]).json()["actions"]["POST"]) == {"rows"}
+    invoke = world.api_client_for("researcher").options(urls["api:endpoint-invoke"]).json()
+    assert "actions" not in invoke  # what it sends on is the endpoint's, not a serializer's
 
 
 def test_deep_json_outside_the_runs_api_is_a_400(world: Any) -> None:

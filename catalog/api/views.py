@@ -308,7 +308,13 @@ class AssetViewSet(WorkspaceScopedViewSet):
         request=None,
         responses={
             204: None,
-            **refusals(409, words={409: "Also: a run read one of its versions."}),
+            **refusals(
+                409,
+                words={
+                    409: "Also: a run read one of its versions, or an endpoint's record "
+                    "names one (the model version it serves)."
+                },
+            ),
         },
     )
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -601,13 +607,20 @@ class AssetViewSet(WorkspaceScopedViewSet):
         responses={
             200: VersionSerializer,
             204: None,
-            **refusals(409, words={409: "Also: the version is being ingested, or deleted."}),
+            **refusals(
+                409,
+                words={
+                    409: "Also: the version is being ingested, or deleted; or an endpoint's "
+                    "record names it (the model version it serves)."
+                },
+            ),
         }
     )
     def delete_version(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Delete a version's files. Gone whole (204) when no record names it; kept as a
         record (200, state ``deleted``, its manifest still listed) when a run read or made it
-        or a version was made from it. The blobs no other version holds leave the store."""
+        or a version was made from it; refused (409) while an endpoint's record names it. The
+        blobs no other version holds leave the store."""
         version = self._version(self._asset())
         try:
             gone = deletion.delete_version(version, user=request.user)

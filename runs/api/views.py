@@ -32,6 +32,7 @@ from rest_framework.parsers import BaseParser, MultiPartParser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
 
 from identity.models import ApiToken
 from identity.tokens import token_of
@@ -39,6 +40,7 @@ from portal.api import (
     INVALID_REQUEST,
     BoundedJSONParser,
     FileDownloadNegotiation,
+    RawBodyMetadata,
     query_text,
     refusals,
 )
@@ -637,6 +639,16 @@ def _report_wait(token: ApiToken) -> int | None:
     return window_wait(f"runreports:{token.key}", REPORTS_PER_MINUTE, 60)
 
 
+#: The body of each report (``RunReportViewSet``'s actions), what OPTIONS describes.
+REPORT_BODIES: dict[str, type[BaseSerializer[Any]]] = {
+    "metrics": ReportMetricsSerializer,
+    "checkpoint": ReportCheckpointSerializer,
+    "trials": ReportTrialsSerializer,
+    "event": ReportEventSerializer,
+    "data_staged": ReportDataStagedSerializer,
+}
+
+
 class RunReportViewSet(WorkspaceScopedViewSet):
     """What a running workload reports, authenticated by its run token (and nothing else).
 
@@ -648,6 +660,10 @@ class RunReportViewSet(WorkspaceScopedViewSet):
     accepts_run_tokens = True
     base_queryset = Run.objects.all()
     parser_classes = [BoundedJSONParser]
+
+    def get_serializer_class(self) -> type[BaseSerializer[Any]]:
+        # What OPTIONS describes to the run's token: each report's body.
+        return REPORT_BODIES[self.action or ""]
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
@@ -868,6 +884,8 @@ class RunArtifactUploadViewSet(RunReportViewSet):
     artifact limits (``runs.artifacts``)."""
 
     parser_classes = [ArtifactBodyParser]
+    # The body is the file's bytes: OPTIONS describes no fields (``parses`` says what it takes).
+    metadata_class = RawBodyMetadata  # type: ignore[assignment]  # a class, as DRF's own
 
     @extend_schema(
         parameters=[

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.urls import reverse
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -12,6 +13,10 @@ from catalog.models import NAME as MODEL_NAME
 from runs.api.serializers import ReportDataStagedSerializer, UploadField
 from serving.models import NAME_MAX_LENGTH, Endpoint, EndpointEvent, EndpointState
 from serving.services import MAX_REPLICAS
+
+if TYPE_CHECKING:
+    from drf_spectacular.openapi import AutoSchema
+    from drf_spectacular.utils import Direction
 
 METRICS_NOTE = (
     "Null until the endpoint's backend reports traffic (none does before its first "
@@ -219,6 +224,23 @@ class EndpointChangeSerializer(serializers.Serializer[Any]):
         if not attrs:
             raise serializers.ValidationError("Give `replicas`, `model` or `config`.")
         return attrs
+
+
+#: What a change must name at least one of (``EndpointChangeSerializer.validate``).
+CHANGES = ("replicas", "model", "config")
+
+
+class EndpointChangeSchema(OpenApiSerializerExtension):  # type: ignore[no-untyped-call]
+    """A change's schema says what ``validate`` refuses, so that a client (and the contract
+    test's fuzzer) knows a body that names none of CHANGES is a 400: every field is optional
+    alone, one of them is required."""
+
+    target_class = EndpointChangeSerializer
+
+    def map_serializer(self, auto_schema: AutoSchema, direction: Direction) -> dict[str, Any]:
+        schema: dict[str, Any] = super().map_serializer(auto_schema, direction)
+        schema["anyOf"] = [{"required": [name]} for name in CHANGES]
+        return schema
 
 
 class EndpointLogSerializer(serializers.Serializer[Any]):

@@ -28,10 +28,17 @@ from rest_framework import exceptions, status
 from rest_framework.parsers import BaseParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
 
 from identity.models import ApiToken
 from identity.tokens import token_of
-from portal.api import BoundedJSONParser, FileDownloadNegotiation, query_text, refusals
+from portal.api import (
+    BoundedJSONParser,
+    FileDownloadNegotiation,
+    RawBodyMetadata,
+    query_text,
+    refusals,
+)
 from portal.requests import signed_in_user
 from runs import submission
 from runs.api.views import RunCursorPagination
@@ -127,6 +134,14 @@ class EndpointViewSet(EndpointScopedViewSet):
 
     pagination_class = EndpointCursorPagination
     parser_classes = [MultiPartParser, BoundedJSONParser]
+
+    def get_serializer_class(self) -> type[BaseSerializer[Any]]:
+        # What OPTIONS describes for each write: a deployment by its form (the JSON body is
+        # the other way, from a model: the schema says both), a change by its fields.
+        return {
+            "create": DeployFormSerializer,
+            "partial_update": EndpointChangeSerializer,
+        }.get(self.action or "", EndpointSerializer)
 
     def get_parsers(self) -> list[BaseParser]:
         # Only a deployment carries files; a change takes JSON alone.
@@ -564,6 +579,8 @@ class EndpointInvokeViewSet(EndpointScopedViewSet):
 
     token_scope = ApiToken.Scope.ENDPOINTS_INVOKE.value
     content_negotiation_class = FileDownloadNegotiation
+    # Its body is the endpoint's to read, not a serializer's: OPTIONS describes no fields.
+    metadata_class = RawBodyMetadata  # type: ignore[assignment]  # a class, as DRF's own
 
     def write_role_for(self, request: Request) -> Role:
         return Role.VIEWER

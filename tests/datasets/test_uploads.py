@@ -400,6 +400,11 @@ def test_options_describes_every_catalog_route(world: Any, researcher: Any) -> N
         assert answer.status_code in (200, 404), (path, answer.content[:300])
     described = researcher.options(f"{API}/datasets/").json()
     assert "name" in described["actions"]["POST"]
+    # Each write by its own body (DRF asks as the action "metadata": each was the asset's).
+    versions = researcher.options(f"{API}/datasets/wiki/versions/").json()
+    assert "source" in versions["actions"]["POST"]
+    alias = researcher.options(f"{API}/datasets/wiki/aliases/train/").json()
+    assert set(alias["actions"]["PUT"]) == {"version"}
 
 
 # --- Streamed declarations (JSON lines) --------------------------------------------------------

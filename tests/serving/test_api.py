@@ -13,14 +13,17 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
+from catalog import storage
+from catalog.models import AssetFile, AssetVersion
 from serving import services
 from serving.models import Endpoint, EndpointState
-from tests.runs.factories import zip_bytes
+from tests.runs.factories import make_run, zip_bytes
 from tests.serving import fakes
 from tests.serving.factories import (
     AUTOSCALING_SPEC,
     ENDPOINT_FILES,
     ENDPOINT_SPEC,
+    MODEL_SPEC,
     RUN_SPEC,
     make_endpoint,
     model_version,
@@ -205,6 +208,33 @@ def test_only_its_deployer_or_an_admin_changes_it(world: Any, django_user_model:
     assert admin.patch(ENDPOINTS + "chat/", {"replicas": 2}, format="json").status_code == 200
     assert world.api_client_for("viewer").delete(ENDPOINTS + "chat/").status_code == 403
     assert admin.delete(ENDPOINTS + "chat/").status_code == 204
+
+
+def test_the_model_version_an_endpoint_serves_is_kept(world: Any, tmp_path: Path) -> None:
+    """Deleting the model an endpoint serves, or that version of it, is a 409 that names the
+    endpoint (it was a 500: the endpoint's record protects the version); nothing of it goes,
+    files and aliases included, where the record of the run that made it would have kept the
+    version's row alone (its files gone from under the endpoint's pods) and after the
+    endpoint is deleted too (its record still names the version)."""
+    version = model_version(world, tmp_path)
+    AssetVersion.objects.for_workspace(world.alpha).filter(pk=version.pk).update(
+        produced_by=make_run(world)
+    )
+    make_endpoint(world, spec=MODEL_SPEC)
+    admin = world.api_client_for("workspace_admin")
+    model = "/api/v1/workspaces/alpha/models/tiny-gpt/"
+    for deleted_endpoint in (False, True):
+        if deleted_endpoint:
+            assert world.api_client_for("researcher").delete(ENDPOINTS + "chat/").status_code == 204
+        for url in (f"{model}versions/1/", model):
+            refused = admin.delete(url)
+            assert refused.status_code == 409, refused.content
+            assert "is named by the endpoint chat" in refused.json()["detail"]
+        version.refresh_from_db()
+        assert version.state == AssetVersion.State.READY
+        assert admin.get(f"{model}versions/production/").status_code == 200  # its alias too
+        (stored,) = AssetFile.objects.for_workspace(world.alpha).filter(version=version)
+        assert storage.blob_path(world.alpha.pk, stored.sha256).exists()
 
 
 def test_another_workspaces_endpoint_is_not_found(world: Any) -> None:
