@@ -58,6 +58,7 @@ from tau.cli.config import (
     save_profile,
 )
 from tau.cli.data import data_group
+from tau.cli.serving import serve_group
 from tau.cli.templates import TAUIGNORE, TEMPLATES, TRAIN_PY, tau_yaml
 from tau.spec import SpecProblem
 from tau.spec.cli import reading_lines, reading_records
@@ -1578,3 +1579,4 @@ for _alias, _command in (
     cli.add_command(_command, _alias)
 
 cli.add_command(data_group)
+cli.add_command(serve_group)
