@@ -28,6 +28,7 @@ REPORTS = {
     "bench_gpus.py": ["gpu_fleet"],
     "bench_kube.py": ["kube_control_plane"],
     "bench_runs.py": ["runs_at_scale"],
+    "bench_serving.py": ["serving_proxy"],
     "bench_spec.py": [],  # prints only (tau.spec.bench, which installs without Django)
     "bench_spec_render.py": ["spec_render"],
     "bench_token_auth.py": ["token_auth"],
