@@ -199,16 +199,9 @@ def _checked(config: Path, source: bytes) -> Spec:
     return spec
 
 
-def deploy(
-    api: Api,
-    workspace: str,
-    *,
-    config: Path,
-    model: tuple[str, str] | None,
-    replicas: int | None,
-    quiet: bool,
-) -> dict[str, Any]:
-    """Deploy the endpoint ``config`` describes with its project folder; the portal's answer."""
+def read_config(config: Path, *, replicas: int | None) -> tuple[bytes, Spec]:
+    """The endpoint's tau.yaml and its spec, checked offline before the portal is asked
+    anything (a run's model is looked up only for a config that can be deployed)."""
     try:
         source = config.read_bytes()
     except OSError as error:
@@ -220,6 +213,22 @@ def deploy(
             "bounds in the file instead.",
             EXIT_USAGE,
         )
+    return source, spec
+
+
+def deploy(
+    api: Api,
+    workspace: str,
+    *,
+    config: Path,
+    source: bytes,
+    spec: Spec,
+    model: tuple[str, str] | None,
+    replicas: int | None,
+    quiet: bool,
+) -> dict[str, Any]:
+    """Deploy the endpoint ``config`` (read as ``source``, checked as ``spec``) describes,
+    with its project folder; the portal's answer."""
     if model is not None or replicas is not None:
         source = with_overrides(source, model=model, replicas=replicas)
         spec = _checked(config, source)
@@ -255,7 +264,7 @@ def deploy(
     if response.status_code == 409:
         answer = api.json_of(response)
         said = problem_text(answer)
-        if "named" in said:
+        if "has an endpoint named" in said:
             raise CliError(
                 f"{said} Change it (`tau serve scale {spec.name} --replicas N`), or delete it "
                 f"first (`tau serve delete {spec.name}`).",
@@ -430,15 +439,25 @@ def deploy_command(
         if not Path("tau.yaml").is_file():
             raise click.UsageError("say which tau.yaml to deploy: tau serve deploy --config FILE")
         config = Path("tau.yaml")
+    model = _model_ref(model_text) if model_text else None
+    source, spec = read_config(config, replicas=replicas)
     state = state_of(ctx)
     ws = state.workspace_for(workspace)
     api = state.api()
-    model = _model_ref(model_text) if model_text else None
     run_name = None
     if from_finetune:
         name, number, run_name = finetuned_model(api, ws, from_finetune)
         model = (name, str(number))
-    endpoint = deploy(api, ws, config=config, model=model, replicas=replicas, quiet=as_json)
+    endpoint = deploy(
+        api,
+        ws,
+        config=config,
+        source=source,
+        spec=spec,
+        model=model,
+        replicas=replicas,
+        quiet=as_json,
+    )
     if as_json:
         print_json(endpoint)
         return EXIT_OK
