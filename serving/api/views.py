@@ -699,7 +699,14 @@ class EndpointInvokeViewSet(EndpointScopedViewSet):
         # Streamed answers (server-sent events, tokens as generated) pass through unbuffered.
         response["X-Accel-Buffering"] = "no"
         response["X-Content-Type-Options"] = "nosniff"
+        # The endpoint's own answer, not the portal's refusal (a client tells them apart).
+        response[RELAYED_MARK] = endpoint.name
         return response
+
+
+#: The header on every answer the proxy passes on from an endpoint (its name): what tells an
+#: endpoint's own 4xx or 5xx from the portal's refusal (``tau serve invoke`` reads it).
+RELAYED_MARK = "X-Tau-Endpoint"
 
 
 def _bad_gateway(detail: str) -> Response:

@@ -785,12 +785,15 @@ def invoke_command(
     return EXIT_OK
 
 
+#: The portal's proxy names the endpoint in this header on every answer it passes on.
+RELAYED_MARK = "X-Tau-Endpoint"
+
+
 def _relayed(response: httpx.Response) -> bool:
-    """Whether an answer is the endpoint's own, passed on by the proxy (which marks what it
-    streams with ``X-Accel-Buffering: no``), rather than the portal's refusal (no address, not
-    ready, no scope…). A proxy in front of the portal may drop the mark: the endpoint's own
-    error is then said as the portal's would be, with its words."""
-    return str(response.headers.get("X-Accel-Buffering", "")) == "no"
+    """Whether an answer is the endpoint's own, passed on by the proxy (which marks it with
+    :data:`RELAYED_MARK`), rather than the portal's refusal (no address, not ready, no
+    scope…)."""
+    return RELAYED_MARK in response.headers
 
 
 def _refused(api: Api, response: httpx.Response, name: str) -> None:

@@ -74,6 +74,8 @@ def test_the_endpoints_own_answer_is_passed_on(world: Any) -> None:
         response = invoker(world).post(INVOKE + "teapot", b"", content_type="text/plain")
         assert response.status_code == 418
         assert json.loads(body_of(response)) == {"error": "I am a teapot"}
+        # Marked as the endpoint's own answer; the portal's refusals are not.
+        assert response["X-Tau-Endpoint"] == "chat"
 
 
 def test_a_body_of_any_type_and_the_route_prefix_itself(world: Any) -> None:
@@ -143,6 +145,7 @@ def test_only_a_serving_endpoint_is_invoked(world: Any, state: EndpointState, co
         if code == 409:
             assert response.json()["state"] == state
             assert response.json()["detail"] == f"chat is {state}: it answers no requests now."
+            assert "X-Tau-Endpoint" not in response
             assert upstream.seen == []
 
 
