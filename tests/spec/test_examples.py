@@ -3,6 +3,8 @@ precise problems."""
 
 from __future__ import annotations
 
+import ast
+import json
 import py_compile
 from pathlib import Path
 
@@ -44,7 +46,36 @@ def test_the_examples_are_all_there() -> None:
         "ray-tune",
         "lora",
         "qlora",
+        "serve-cpu",
+        *LLM_EXAMPLES,
     }
+
+
+#: The OpenAI-compatible LLM endpoints: each app.py starts its engine's own server in a Ray
+#: Serve replica, with the same code for the replica after its engine's command.
+LLM_EXAMPLES = ("vllm-serve", "sglang-serve", "trtllm-serve")
+#: Where that shared code starts in each app.py.
+LLM_SHARED_MARKER = "# --- The same in every LLM example from here on"
+#: What an LLM app.py may import: the engines run as commands in the image, never in here
+#: (neither this test suite nor the Ray head, which builds the application, has them).
+LLM_APP_IMPORTS = {
+    "__future__",
+    "http.client",
+    "os",
+    "pathlib",
+    "shlex",
+    "signal",
+    "socket",
+    "subprocess",
+    "sys",
+    "tempfile",
+    "time",
+    "typing",
+    "urllib.request",
+    "ray",
+    "aiohttp",  # Ray's (ray[default]), inside the replica
+    "starlette.responses",  # Ray Serve's, inside the replica
+}
 
 
 def _example_id(path: Path) -> str:
@@ -192,3 +223,45 @@ def test_a_file_with_three_mistakes_reports_all_three_with_lines_and_hints() -> 
     assert "tau.yaml:7:3: compute.wokers: unknown key `wokers` (did you mean `workers`?)" in str(
         raised.value
     )
+
+
+@pytest.mark.parametrize("name", LLM_EXAMPLES)
+def test_an_llm_example_is_an_endpoint_on_one_gpu_that_imports_no_engine(name: str) -> None:
+    folder = REPO / "examples" / name
+    spec = load_spec((folder / "tau.yaml").read_bytes())
+    assert spec.run.workload_kind == "rayservice"
+    assert spec.serve is not None
+    assert (spec.serve.import_path, spec.serve.route_prefix) == ("app:app", "/")
+    assert (spec.serve.replicas, spec.compute.gpus) == (1, 1)
+    assert spec.runtime.image is not None
+    assert ":" in spec.runtime.image.rsplit("/", 1)[-1]  # a pinned tag
+    assert not spec.runtime.pip  # the engine comes with the image, not at deploy time
+    program = (folder / "app.py").read_text("utf-8")
+    imported = set()
+    for node in ast.walk(ast.parse(program)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module or "")
+    assert imported <= LLM_APP_IMPORTS, imported - LLM_APP_IMPORTS
+    # The request in the README names the model as the server is told to call it.
+    request = json.loads((folder / "request.json").read_text("utf-8"))
+    env = {variable.name: variable.value for variable in spec.runtime.env}
+    served = env.get("SERVED_MODEL_NAME") or env["MODEL_ID"]
+    assert request["model"] == served
+    assert request["messages"][-1]["role"] == "user"
+    readme = (folder / "README.md").read_text("utf-8")
+    assert f"tau serve deploy --config examples/{name}/tau.yaml" in readme
+    assert "/invoke/v1/chat/completions" in readme
+    assert "endpoints:invoke" in readme
+    assert "without a GPU" in readme
+
+
+def test_the_llm_examples_share_the_replica_s_code() -> None:
+    """A project ships as its own folder (no links, no ``..``): copies, kept identical."""
+    shared = set()
+    for name in LLM_EXAMPLES:
+        program = (REPO / "examples" / name / "app.py").read_text("utf-8")
+        assert LLM_SHARED_MARKER in program, name
+        shared.add(program[program.index(LLM_SHARED_MARKER) :])
+    assert len(shared) == 1

@@ -219,10 +219,21 @@ def serve_block(spec: Spec, **fields: Any) -> Spec:
 
 
 def endpoint_cases() -> list[EndpointCase]:
-    """Every endpoint example as written, and the variants it leaves out: on GPUs of a flavor
-    with a priority and autoscaling, a later generation with two replicas, no model."""
+    """Every endpoint example as written (the CPU one and the LLM ones on GPUs), and the
+    variants they leave out: on GPUs of a flavor with a priority and autoscaling, a later
+    generation with two replicas, no model."""
     found = [
-        EndpointCase(path.parent.name, spec, endpoint_target_for(spec))
+        # An example that names a GPU type (trtllm-serve: h100) on the flavor it names.
+        EndpointCase(
+            path.parent.name,
+            spec,
+            endpoint_target_for(
+                spec,
+                flavor=Flavor(spec.compute.gpu_type, H100_LABELS)
+                if spec.compute.gpu_type
+                else None,
+            ),
+        )
         for path in sorted(EXAMPLES.glob("*/tau.yaml"))
         for spec in [load_spec(path.read_bytes())]
         if spec.is_endpoint

@@ -46,6 +46,8 @@ from .test_render import without_sdk
 
 CASES = endpoint_cases()
 ENDPOINT_GOLDEN = GOLDEN / "endpoints"
+#: The OpenAI-compatible LLM examples (one GPU per replica; they run only where GPUs are).
+LLM_EXAMPLES = ("vllm-serve", "sglang-serve", "trtllm-serve")
 
 
 def by_name(name: str) -> EndpointCase:
@@ -95,7 +97,7 @@ def test_rendered_endpoint_objects_match_the_golden_file(case: EndpointCase) -> 
 
 def test_every_endpoint_example_is_a_case_and_no_golden_file_is_stale() -> None:
     names = {case.name for case in CASES}
-    assert "serve-cpu" in names
+    assert {"serve-cpu", *LLM_EXAMPLES} <= names
     assert {path.stem for path in ENDPOINT_GOLDEN.glob("*.yaml")} == names
 
 
@@ -279,3 +281,52 @@ def test_a_bigger_model_gets_a_bigger_volume() -> None:
         return int(volumes["tau-model"]["emptyDir"]["sizeLimit"])
 
     assert size(big) - size(small) == 5 * 2**30 - 5_000
+
+
+@pytest.mark.parametrize("name", LLM_EXAMPLES)
+def test_an_llm_example_holds_one_gpu_per_replica_on_its_workers_only(name: str) -> None:
+    """The engine's replica is the application's ingress: the builder gives it the replica's
+    GPU and CPUs, one Ray worker pod's worth, and the head stays CPU-only."""
+    case = by_name(name)
+    service = render_rayservice(case.spec, case.target)
+    (application,) = serve_config(service)["applications"]
+    assert application["route_prefix"] == "/"
+    assert application["args"]["import_path"] == "app:app"
+    assert application["args"]["num_replicas"] == 1
+    assert application["args"]["ray_actor_options"] == {"num_cpus": 8, "num_gpus": 1}
+    assert "runtime_env" not in application  # the engine is in the image, nothing installed
+    group = service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1
+    pods = ray_pods(service)
+    worker = pods["worker"]["containers"][0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert worker["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert worker["image"] == case.spec.runtime.image
+    assert "nvidia.com/gpu" not in pods["head"]["containers"][0]["resources"]["limits"]
+    # Every Ray pod imports the application (the controller on the head builds it).
+    for pod in pods.values():
+        assert pod["containers"][0]["image"] == case.spec.runtime.image
+        assert env_of(pod["containers"][0])["PYTHONPATH"] == "/tau/sdk:/tau/code"
+
+
+def test_the_vllm_example_serves_its_workspace_model_and_trtllm_runs_on_h100s() -> None:
+    vllm = ray_pods(render_rayservice(by_name("vllm-serve").spec, by_name("vllm-serve").target))
+    for pod in vllm.values():
+        assert [init["name"] for init in pod["initContainers"]] == [
+            "tau-fetch-bundle",
+            "tau-stage-model",
+        ]
+        env = env_of(pod["containers"][0])
+        assert env["TAU_MODEL_DIR"] == "/tau/model"
+        assert env["SERVED_MODEL_NAME"] == "support-assistant"
+    trtllm = by_name("trtllm-serve")
+    pods = ray_pods(render_rayservice(trtllm.spec, trtllm.target))
+    assert pods["worker"]["nodeSelector"] == dict(H100_LABELS)
+    assert "nodeSelector" not in pods["head"]
+    # The Hub token reaches the Ray containers, from its Secret; the init containers never.
+    for pod in pods.values():
+        assert env_of(pod["containers"][0])["HF_TOKEN"] == {
+            "secretKeyRef": {"name": "hf-token", "key": "token"}
+        }
+        for init in pod["initContainers"]:
+            assert "HF_TOKEN" not in env_of(init)
