@@ -47,6 +47,7 @@ from tau.cli.common import (
     json_option,
     out,
     print_json,
+    refuse_spec,
     state_of,
     workspace_option,
 )
@@ -429,23 +430,6 @@ def apply_settings(source: bytes, settings: Sequence[str]) -> bytes:
             node = child
         node[keys[-1]] = value
     return yaml.safe_dump(document, sort_keys=False, allow_unicode=True).encode()
-
-
-def refuse_spec(
-    name: str, problems: Sequence[dict[str, Any]], said: str, answer: dict[str, Any] | None = None
-) -> CliError:
-    """The refusal of an invalid tau.yaml (exit 2), each problem printed on standard error as
-    FILE:LINE:COLUMN: path: message (hint). With --json the error's ``details`` are the
-    portal's answer (``answer``, if it refused) with the problems, each naming its file."""
-    records = [{"file": name, **problem} for problem in problems]
-    for problem in records:
-        line = problem.get("line") or 0
-        column = problem.get("column") or 0
-        text = f"{name}:{line}:{column}: {problem.get('path')}: {problem.get('message')}"
-        if problem.get("hint"):
-            text += f" ({problem['hint']})"
-        err.print(text, markup=False)
-    return CliError(said, EXIT_USAGE, details={**(answer or {}), "problems": records})
 
 
 def _multipart(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -100,3 +100,20 @@ def workspace_option(function: F) -> F:
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def refuse_spec(
+    name: str, problems: Sequence[dict[str, Any]], said: str, answer: dict[str, Any] | None = None
+) -> CliError:
+    """The refusal of an invalid tau.yaml (exit 2), each problem printed on standard error as
+    FILE:LINE:COLUMN: path: message (hint). With --json the error's ``details`` are the
+    portal's answer (``answer``, if it refused) with the problems, each naming its file."""
+    records = [{"file": name, **problem} for problem in problems]
+    for problem in records:
+        line = problem.get("line") or 0
+        column = problem.get("column") or 0
+        text = f"{name}:{line}:{column}: {problem.get('path')}: {problem.get('message')}"
+        if problem.get("hint"):
+            text += f" ({problem['hint']})"
+        err.print(text, markup=False)
+    return CliError(said, EXIT_USAGE, details={**(answer or {}), "problems": records})

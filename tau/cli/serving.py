@@ -15,7 +15,6 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -38,7 +37,15 @@ from tau.cli.client import (
     problem_text,
     run_path,
 )
-from tau.cli.common import err, json_option, out, print_json, state_of, workspace_option
+from tau.cli.common import (
+    err,
+    json_option,
+    out,
+    print_json,
+    refuse_spec,
+    state_of,
+    workspace_option,
+)
 from tau.cli.data import asset_path, split_ref
 from tau.spec.model import Spec
 from tau.spec.schema import MAX_REPLICAS, check_source
@@ -159,25 +166,6 @@ def with_overrides(source: bytes, *, model: tuple[str, str] | None, replicas: in
     if replicas is not None:
         serve["replicas"] = replicas
     return yaml.safe_dump(document, sort_keys=False, allow_unicode=True).encode()
-
-
-def refuse_spec(
-    name: str, problems: Sequence[dict[str, Any]], said: str, answer: dict[str, Any] | None = None
-) -> CliError:
-    """An invalid tau.yaml's refusal (exit 2), each problem on standard error as
-    FILE:LINE:COLUMN: path: message (hint), and in the error's details for --json: the shape
-    `tau run` gives (tau.cli.commands.refuse_spec, which this module cannot import: that
-    module imports this one to register `tau serve`)."""
-    records = [{"file": name, **problem} for problem in problems]
-    for problem in records:
-        text = (
-            f"{name}:{problem.get('line') or 0}:{problem.get('column') or 0}: "
-            f"{problem.get('path')}: {problem.get('message')}"
-        )
-        if problem.get("hint"):
-            text += f" ({problem['hint']})"
-        err.print(text, markup=False)
-    return CliError(said, EXIT_USAGE, details={**(answer or {}), "problems": records})
 
 
 def _checked(config: Path, source: bytes) -> Spec:
