@@ -25,6 +25,7 @@ loads anywhere Ray does; vLLM itself runs only in the image, as a command.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import signal
@@ -208,10 +209,8 @@ class OpenAIServer:
         code = self.process.poll()
         if code is not None:
             raise RuntimeError(f"the engine exited with {code}")
-        session = await self._client()
-        async with session.get(f"{self.base}/health") as response:
-            if response.status != 200:
-                raise RuntimeError(f"the engine's /health answered {response.status}")
+        if not await asyncio.to_thread(answers, f"{self.base}/health"):
+            raise RuntimeError("the engine's /health does not answer 200")
 
     def _stop(self) -> None:
         process = getattr(self, "process", None)

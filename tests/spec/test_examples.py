@@ -60,6 +60,7 @@ LLM_SHARED_MARKER = "# --- The same in every LLM example from here on"
 #: (neither this test suite nor the Ray head, which builds the application, has them).
 LLM_APP_IMPORTS = {
     "__future__",
+    "asyncio",
     "http.client",
     "os",
     "pathlib",
