@@ -137,7 +137,11 @@ class OpenAIServer:
         while not answers(f"{self.base}/health"):
             code = self.process.poll()
             if code is not None:
-                raise RuntimeError(f"the engine exited with {code} before it served (its log)")
+                self._stop()
+                raise RuntimeError(
+                    f"the engine exited with {code} before it answered: its own lines above "
+                    "in this replica's log say why"
+                )
             if time.monotonic() > deadline:
                 self._stop()
                 raise RuntimeError(f"the engine did not answer within {START_TIMEOUT_S:.0f} s")
