@@ -1,9 +1,11 @@
-"""Runs and the catalog (issue 33): the dataset versions a run reads, pinned when it is
-submitted; what an executor stages for it; the versions its outputs become when it succeeds.
+"""Runs and the catalog (issue 33): the dataset and model versions a run reads, pinned when
+it is submitted; what an executor stages for it; the versions its outputs become when it
+succeeds.
 
 - **Pinning** (:data:`DATASET_INPUTS`, a ``runs.submission.Extension``): each
-  ``inputs.datasets`` entry is resolved once, at submission, to a ready version; a missing
-  dataset, version or alias refuses the submission at that key. The versions are recorded
+  ``inputs.datasets`` and ``inputs.models`` entry is resolved once, at submission, to a ready
+  version; a missing dataset or model, version or alias refuses the submission at that key
+  (batch inference reads a model version as it reads data). The versions are recorded
   as :class:`~catalog.models.RunInput` rows and in the run's ``submitted`` event (ref,
   manifest digest, path), so the run's sealed evidence names the exact bytes it read.
 - **Staging** (:func:`staging_plan`): what an executor puts under ``TAU_DATA_DIR`` — every
@@ -42,6 +44,7 @@ from tau.manifest import ManifestError, check_path
 
 if TYPE_CHECKING:
     from tau.spec import Spec
+    from tau.spec.model import AssetInput
     from workspaces.models import Workspace
 
 
@@ -51,7 +54,7 @@ class OutputsNotKept(Exception):
 
 @dataclass(frozen=True)
 class Pinned:
-    """One ``inputs.datasets`` entry, resolved."""
+    """One ``inputs.datasets`` or ``inputs.models`` entry, resolved."""
 
     version: AssetVersion
     asked: str
@@ -59,19 +62,26 @@ class Pinned:
 
 
 def check_inputs(spec: Spec, workspace: Workspace) -> tuple[list[tuple[str, str]], list[Pinned]]:
-    """Each of the spec's datasets resolved to a ready version, or a problem at its key."""
+    """Each of the spec's datasets and models resolved to a ready version, or a problem at
+    its key."""
     problems: list[tuple[str, str]] = []
     pinned: list[Pinned] = []
-    assets = Asset.objects.for_workspace(workspace).filter(kind=Asset.Kind.DATASET)
-    for index, wanted in enumerate(spec.inputs.datasets):
-        at = f"inputs.datasets[{index}]"
-        asset = assets.filter(name=wanted.name).first()
+    wanted_inputs: list[tuple[str, str, AssetInput]] = [
+        (Asset.Kind.DATASET, f"inputs.datasets[{index}]", wanted)
+        for index, wanted in enumerate(spec.inputs.datasets)
+    ]
+    wanted_inputs += [
+        (Asset.Kind.MODEL, f"inputs.models[{index}]", wanted)
+        for index, wanted in enumerate(spec.inputs.models)
+    ]
+    for kind, at, wanted in wanted_inputs:
+        asset = Asset.objects.for_workspace(workspace).filter(kind=kind, name=wanted.name).first()
         if asset is None:
             problems.append(
                 (
                     f"{at}.name",
-                    f"this workspace has no dataset named {wanted.name!r} (`tau data dataset "
-                    "list` shows its datasets).",
+                    f"this workspace has no {kind} named {wanted.name!r} (`tau data {kind} "
+                    f"list` shows its {kind}s).",
                 )
             )
             continue
@@ -106,24 +116,26 @@ def check_inputs(spec: Spec, workspace: Workspace) -> tuple[list[tuple[str, str]
 
 
 def record_inputs(run: Run, checked: list[Pinned]) -> dict[str, Any]:
-    """The pinned versions written with the run; their refs and digests for its history."""
+    """The pinned versions written with the run; their refs and digests for its history
+    (``datasets``, and ``models`` when it reads any)."""
     if not checked:
         return {}
     RunInput.objects.bulk_create(
         RunInput(run=run, version=item.version, asked=item.asked, path=item.path)
         for item in checked
     )
-    return {
-        "datasets": [
+    recorded: dict[str, Any] = {"datasets": []}
+    for item in checked:
+        key = "models" if item.version.asset.kind == Asset.Kind.MODEL else "datasets"
+        recorded.setdefault(key, []).append(
             {
                 "ref": item.version.ref,
                 "asked": f"{item.version.asset.name}@{item.asked}",
                 "manifest_digest": item.version.manifest_digest,
                 "path": item.path,
             }
-            for item in checked
-        ]
-    }
+        )
+    return recorded
 
 
 DATASET_INPUTS = Extension("datasets", check_inputs, record_inputs)
@@ -202,7 +214,7 @@ def staged_totals(run: Run) -> tuple[int, int] | None:
 
 
 def read_versions(run: Run) -> list[AssetVersion]:
-    """The dataset versions the run was pinned to read."""
+    """The dataset and model versions the run was pinned to read."""
     return [
         item.version
         for item in RunInput.objects.for_workspace(run.workspace_id)

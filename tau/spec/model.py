@@ -11,9 +11,9 @@ Normal form, so that equal meanings are equal values (and hash the same):
 * durations are whole seconds;
 * relative paths are normalised (``./src//a.py`` → ``src/a.py``);
 * lists whose order carries no meaning (``exclude``, ``artifacts``, ``retry_on``, ``tags``)
-  are sorted; ``env`` and ``secrets`` are ordered by variable name; ``args``, ``pip`` and
-  ``inputs.datasets`` keep the order they were written in (a dataset's problems found at
-  submission name its item by index);
+  are sorted; ``env`` and ``secrets`` are ordered by variable name; ``args``, ``pip``,
+  ``inputs.datasets`` and ``inputs.models`` keep the order they were written in (an input's
+  problems found at submission name its item by index);
 * ``image``, ``queue.priority`` and ``queue.name`` (among others) stay ``None`` when unset,
   because workspace policy fills them at submission and must be able to tell "unset" from
   "set to the workspace default".
@@ -371,14 +371,43 @@ class DatasetInput:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelInput:
+    """A model of the workspace's catalog that the run reads, at one version (batch
+    inference, or training that starts from a registered model)."""
+
+    #: The model's name in the workspace (``reviews-classifier``).
+    name: str
+    #: A version number or an alias, as written; resolved once, at submission, as a dataset's.
+    version: str
+    #: Where its files appear (read-only), relative to ``TAU_DATA_DIR``, apart from every
+    #: dataset's folder; normalised, never ``.``. The model's name when the spec gives none.
+    path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "path": self.path}
+
+
+#: An item of ``inputs.datasets`` or ``inputs.models``.
+AssetInput: TypeAlias = DatasetInput | ModelInput
+
+
+@dataclass(frozen=True, slots=True)
 class Inputs:
     """What the run reads besides its project directory."""
 
     #: In the order written; names and paths are unique, and no path is inside another.
     datasets: tuple[DatasetInput, ...]
+    #: In the order written, as ``datasets``; no path is inside another's, a dataset's
+    #: included (each is staged in a folder of its own under ``TAU_DATA_DIR``).
+    models: tuple[ModelInput, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"datasets": [dataset.to_dict() for dataset in self.datasets]}
+        data: dict[str, Any] = {"datasets": [dataset.to_dict() for dataset in self.datasets]}
+        # Present only when used, so that specs that read only datasets keep their normal
+        # form (and spec hash).
+        if self.models:
+            data["models"] = [model.to_dict() for model in self.models]
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -634,7 +663,7 @@ class Spec:
 
 
 NO_STORAGE = Storage(data_pvc=None, data_access="read-only")
-NO_INPUTS = Inputs(datasets=())
+NO_INPUTS = Inputs(datasets=(), models=())
 NO_EXECUTION = Execution(
     launcher=None, metric=None, mode="min", num_samples=1, max_concurrent_trials=1, configs=()
 )

@@ -51,6 +51,7 @@ from tau.spec.model import (
     HEAD_DEFAULT,
     SCHEMA_VERSION,
     WORKLOAD_KINDS,
+    AssetInput,
     Autoscaling,
     Backoff,
     Compute,
@@ -61,6 +62,7 @@ from tau.spec.model import (
     Head,
     Inputs,
     Limits,
+    ModelInput,
     ModelRef,
     OutputAsset,
     Outputs,
@@ -108,6 +110,8 @@ MAX_ENV_TOTAL_LENGTH = 64 * 1024
 RESERVED_ENV_PREFIX = "TAU_"
 #: Datasets one run reads (``inputs.datasets``).
 MAX_DATASETS = 32
+#: Models one run reads (``inputs.models``).
+MAX_MODELS = 8
 #: Names of datasets, models and version aliases in a workspace's catalog: lower-case letters,
 #: digits, ``.``, ``_`` and ``-``, starting with a letter or a digit.
 ASSET_NAME_MAX_LENGTH = 63
@@ -1117,157 +1121,221 @@ class VersionKind(StringKind):
         return {"anyOf": [super().json_schema(), number]}
 
 
-DATASET_INPUT = ObjectKind(
-    (
-        Field(
-            "name",
-            _asset_name_kind("dataset", "wiki"),
-            "A dataset of your workspace (`tau data dataset list`).",
-            required=True,
-            example="wiki",
-        ),
-        Field(
-            "version",
-            VersionKind(),
-            "A version number (`3`) or an alias (`train`). Resolved once, at submission, to "
-            "the version it names then: every attempt of the run reads that version, and the "
-            "run records it. Default: `latest`, the newest ready version.",
-            default="latest",
-            example="train",
-        ),
-        Field(
-            "path",
-            _folder_kind(what="dataset path", directory="TAU_DATA_DIR", example="wiki"),
-            "Where the dataset's files appear, read-only, relative to `TAU_DATA_DIR`. "
-            "Unset: the dataset's name.",
-            default=None,
-            example="wiki",
-        ),
-    ),
-    lambda values: DatasetInput(
-        name=values["name"],
-        version=values["version"],
-        path=values["name"] if values["path"] is None else values["path"],
-    ),
-    description="A dataset the run reads, at one version.",
-    aliases={
-        "dataset": "name",
-        "alias": "version",
-        "tag": "version",
-        "mount": "path",
-        "folder": "path",
-        "dir": "path",
-        "directory": "path",
-    },
-    expected="a dataset ({name, version, path})",
-)
+#: What an ``inputs`` list holds, by kind: the example name, and the command that lists them.
+_INPUT_KINDS = {
+    "dataset": ("wiki", "train", "tau data dataset list"),
+    "model": ("tiny-gpt", "production", "tau data model list"),
+}
 
 
-def _dataset_item_hint(text: str) -> str:
-    """For a dataset written as text (``wiki@train``): the mapping it should be."""
+def _asset_input(kind: str, build: Callable[..., AssetInput]) -> ObjectKind[AssetInput]:
+    """An item of ``inputs.datasets`` or ``inputs.models``: a catalog asset at one version."""
+    name, alias, command = _INPUT_KINDS[kind]
+    return ObjectKind(
+        (
+            Field(
+                "name",
+                _asset_name_kind(kind, name),
+                f"A {kind} of your workspace (`{command}`).",
+                required=True,
+                example=name,
+            ),
+            Field(
+                "version",
+                VersionKind(kind),
+                f"A version number (`3`) or an alias (`{alias}`). Resolved once, at "
+                "submission, to the version it names then: every attempt of the run reads that "
+                "version, and the run records it. Default: `latest`, the newest ready version.",
+                default="latest",
+                example=alias,
+            ),
+            Field(
+                "path",
+                _folder_kind(what=f"{kind} path", directory="TAU_DATA_DIR", example=name),
+                f"Where the {kind}'s files appear, read-only, relative to `TAU_DATA_DIR`. "
+                f"Unset: the {kind}'s name.",
+                default=None,
+                example=name,
+            ),
+        ),
+        lambda values: build(
+            name=values["name"],
+            version=values["version"],
+            path=values["name"] if values["path"] is None else values["path"],
+        ),
+        description=f"A {kind} the run reads, at one version.",
+        aliases={
+            kind: "name",
+            "alias": "version",
+            "tag": "version",
+            "mount": "path",
+            "folder": "path",
+            "dir": "path",
+            "directory": "path",
+        },
+        expected=f"a {kind} ({{name, version, path}})",
+    )
+
+
+def _input_item_hint(text: str, kind: str) -> str:
+    """For an input written as text (``wiki@train``): the mapping it should be."""
     name, at, version = text.partition("@")
     if _ASSET_NAME.fullmatch(name) and not at:
         return f"write `{{name: {name}}}`"
     if _ASSET_NAME.fullmatch(name) and _version_problem(version) is None:
         return f"write `{{name: {name}, version: {version}}}`"
-    return "write `{name: wiki, version: train}`, or `name:` and `version:` on lines of their own"
+    example, alias, _command = _INPUT_KINDS[kind]
+    return (
+        f"write `{{name: {example}, version: {alias}}}`, or `name:` and `version:` on lines "
+        "of their own"
+    )
 
 
-class DatasetListKind(ListKind[DatasetInput]):
-    """``inputs.datasets``: each version once, each in a folder of its own under
-    ``TAU_DATA_DIR`` (none inside another's, since each is mounted there). The order is kept
-    as written, so that ``spec.inputs.datasets[i]`` is the file's item ``i``."""
+def _overlap_message(where: str, item: str, other_path: str, nesting: str) -> str:
+    return {
+        "same": f"{where} is taken by {item}",
+        "inside": f"{where} is inside the folder of {item}, {quote(other_path)}",
+        "holds": f"{where} holds the folder of {item}, {quote(other_path)}",
+    }[nesting]
 
-    def __init__(self) -> None:
+
+class AssetListKind(ListKind[AssetInput]):
+    """``inputs.datasets`` or ``inputs.models``: each version once, each in a folder of its
+    own under ``TAU_DATA_DIR`` (none inside another's, since each is staged there). The order
+    is kept as written, so that ``spec.inputs.datasets[i]`` is the file's item ``i``."""
+
+    def __init__(self, kind: str, build: Callable[..., AssetInput]) -> None:
+        name, alias, _command = _INPUT_KINDS[kind]
         super().__init__(
-            DATASET_INPUT, max_items=MAX_DATASETS, example="{name: wiki, version: train}"
+            _asset_input(kind, build),
+            max_items=MAX_DATASETS if kind == "dataset" else MAX_MODELS,
+            example=f"{{name: {name}, version: {alias}}}",
         )
+        self.kind = kind
 
     def check_node(
         self, node: Node, path: str, problems: ProblemCollector
-    ) -> tuple[DatasetInput, ...] | Invalid:
+    ) -> tuple[AssetInput, ...] | Invalid:
         if not isinstance(node, SequenceNode) or len(node.items) > self.max_items:
             return super().check_node(node, path, problems)  # the list's own problem
-        datasets: list[tuple[int, DatasetInput]] = []
+        inputs: list[tuple[int, AssetInput]] = []
         failed = False
         for index, item in enumerate(node.items):
             item_path = index_path(path, index)
             if isinstance(item, ScalarNode) and item.kind == "str":
-                self.item.type_problem(item, item_path, problems, _dataset_item_hint(item.text))
+                hint = _input_item_hint(item.text, self.kind)
+                self.item.type_problem(item, item_path, problems, hint)
                 failed = True
                 continue
-            dataset = self.item.check(item, item_path, problems)
-            if isinstance(dataset, Invalid):
+            asset = self.item.check(item, item_path, problems)
+            if isinstance(asset, Invalid):
                 failed = True
                 continue
-            if self._clashes(dataset, item, item_path, datasets, problems):
+            if self._clashes(asset, item, item_path, inputs, problems):
                 failed = True
                 continue
-            datasets.append((index, dataset))
+            inputs.append((index, asset))
         if failed:
             return INVALID
-        return tuple(dataset for _index, dataset in datasets)
+        return tuple(asset for _index, asset in inputs)
 
-    @staticmethod
     def _clashes(
-        dataset: DatasetInput,
+        self,
+        asset: AssetInput,
         node: Node,
         path: str,
-        earlier: Sequence[tuple[int, DatasetInput]],
+        earlier: Sequence[tuple[int, AssetInput]],
         problems: ProblemCollector,
     ) -> bool:
-        """Whether ``dataset`` is the same version at the same name as an earlier item, or
-        overlaps its folder (then reported at this, the later, item). One dataset may be read
-        twice, two versions in two folders (to compare them)."""
+        """Whether ``asset`` is the same version at the same name as an earlier item, or
+        overlaps its folder (then reported at this, the later, item). One dataset (or model)
+        may be read twice, two versions in two folders (to compare them)."""
         for index, other in earlier:
-            if (other.name, other.version) == (dataset.name, dataset.version):
+            if (other.name, other.version) == (asset.name, asset.version):
                 problems.add(
                     join_path(path, "name"),
                     _entry(node, "name") or node,
-                    f"{quote(f'{dataset.name}@{dataset.version}')} is listed twice (also item "
+                    f"{quote(f'{asset.name}@{asset.version}')} is listed twice (also item "
                     f"{index + 1} of the list)",
                     "remove one of them",
                 )
                 return True
         for index, other in earlier:
-            nesting = _nesting(dataset.path, other.path)
+            nesting = _nesting(asset.path, other.path)
             if nesting is None:
                 continue
             written = _entry(node, "path")
-            where = f"the path {quote(dataset.path)}"
+            where = f"the path {quote(asset.path)}"
             if written is None:
-                where += " (the dataset's name, as there is no `path`)"
-            item = f"item {index + 1} (`{other.name}`)"
-            message = {
-                "same": f"{where} is taken by {item}",
-                "inside": f"{where} is inside the folder of {item}, {quote(other.path)}",
-                "holds": f"{where} holds the folder of {item}, {quote(other.path)}",
-            }[nesting]
+                where += f" (the {self.kind}'s name, as there is no `path`)"
             problems.add(
                 join_path(path, "path"),
                 written or node,
-                message,
-                "give each dataset a folder of its own under TAU_DATA_DIR with `path`, "
+                _overlap_message(where, f"item {index + 1} (`{other.name}`)", other.path, nesting),
+                f"give each {self.kind} a folder of its own under TAU_DATA_DIR with `path`, "
                 "none inside another",
             )
             return True
         return False
 
 
+def _check_inputs(block: BlockValues, problems: ProblemCollector) -> None:
+    """Every model's folder is apart from every dataset's: both are staged under
+    ``TAU_DATA_DIR``. Reported at the model, the one a user adds to a spec that reads data."""
+    if not block.valid("datasets", "models"):
+        return
+    models_node = block.nodes.get("models")
+    if not isinstance(models_node, SequenceNode):
+        return  # no models were written: nothing to keep apart
+    for index, model in enumerate(block.values["models"]):
+        for dataset_index, dataset in enumerate(block.values["datasets"]):
+            nesting = _nesting(model.path, dataset.path)
+            if nesting is None:
+                continue
+            item = models_node.items[index]
+            written = _entry(item, "path")
+            where = f"the path {quote(model.path)}"
+            if written is None:
+                where += " (the model's name, as there is no `path`)"
+            problems.add(
+                join_path(index_path(block.path_of("models"), index), "path"),
+                written or item,
+                _overlap_message(
+                    where,
+                    f"the dataset `{dataset.name}` (`inputs.datasets[{dataset_index}]`)",
+                    dataset.path,
+                    nesting,
+                ),
+                "give each dataset and each model a folder of its own under TAU_DATA_DIR with "
+                "`path`, none inside another",
+            )
+            break
+
+
 INPUTS = ObjectKind(
     (
         Field(
             "datasets",
-            DatasetListKind(),
+            AssetListKind("dataset", DatasetInput),
             f"Datasets of your workspace the run reads (at most {MAX_DATASETS}), each mounted "
             "read-only at `TAU_DATA_DIR/<path>`. Aliases are resolved at submission: the run "
             "is pinned to the versions they named then.",
             example="[{name: wiki, version: train}]",
         ),
+        Field(
+            "models",
+            AssetListKind("model", ModelInput),
+            f"Models of your workspace the run reads (at most {MAX_MODELS}), as `datasets`: "
+            "each mounted read-only at `TAU_DATA_DIR/<path>`, apart from every dataset's "
+            "folder, pinned at submission. What the run makes is derived from them too.",
+            example="[{name: tiny-gpt, version: production}]",
+        ),
     ),
     lambda values: Inputs(**values),
-    description="What the run reads besides its project directory: datasets of the workspace.",
-    aliases={"dataset": "datasets", "data": "datasets"},
+    description="What the run reads besides its project directory: datasets and models of "
+    "the workspace.",
+    checks=(_check_inputs,),
+    aliases={"dataset": "datasets", "data": "datasets", "model": "models"},
 )
 
 
@@ -2098,6 +2166,14 @@ def _check_endpoint(block: BlockValues, problems: ProblemCollector) -> None:
                     f"an endpoint makes no {name} versions",
                     f"remove `outputs.{name}`; {hint}",
                 )
+    inputs = block.values.get("inputs")
+    if isinstance(inputs, Inputs) and inputs.models:
+        problems.add(
+            "inputs.models",
+            _entry(block.nodes.get("inputs"), "models") or block.where("inputs"),
+            "an endpoint reads the model it serves from `serve.model`, not `inputs.models`",
+            "remove `inputs.models`; name the model version in `serve.model`",
+        )
 
 
 def _entry(node: Node | None, name: str) -> Node | None:
@@ -2131,7 +2207,7 @@ ROOT = ObjectKind(
         Field("runtime", RUNTIME, "The software the workload runs in."),
         Field("queue", QUEUE, "Where the run waits for capacity."),
         Field("resilience", RESILIENCE, "Retries and checkpoints."),
-        Field("inputs", INPUTS, "Datasets the run reads, pinned at submission."),
+        Field("inputs", INPUTS, "Datasets and models the run reads, pinned at submission."),
         Field("outputs", OUTPUTS, "What the run writes, and what is kept."),
         Field("experiment", EXPERIMENT, "Labels for comparing runs."),
         Field("storage", STORAGE, "A data volume mounted into the run."),

@@ -53,7 +53,8 @@ def test_datasets_parse_in_the_order_written_with_their_defaults() -> None:
             DatasetInput(name="wiki", version="latest", path="wiki"),
             DatasetInput(name="books", version="3", path="corpora/books"),
             DatasetInput(name="code", version="train", path="code"),
-        )
+        ),
+        (),
     )
 
 
@@ -85,7 +86,7 @@ def test_outputs_parse_to_assets_and_are_unset_by_default() -> None:
     assert loaded.outputs.dataset == OutputAsset(name="wiki-tokenized", path="tokenized")
     assert loaded.outputs.model == OutputAsset(name="tiny-gpt", path="model")
     plain = load_spec(spec())
-    assert (plain.inputs, plain.outputs.dataset, plain.outputs.model) == (Inputs(()), None, None)
+    assert (plain.inputs, plain.outputs.dataset, plain.outputs.model) == (Inputs((), ()), None, None)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +112,7 @@ def test_versions_are_numbers_or_aliases_kept_as_text(written: str, version: str
 )
 def test_no_datasets_is_the_normal_form_without_inputs(inputs: str) -> None:
     loaded = load_spec(spec(inputs))
-    assert loaded.inputs == Inputs(())
+    assert loaded.inputs == Inputs((), ())
     assert "inputs" not in loaded.to_dict()
     assert spec_hash(loaded) == spec_hash(load_spec(spec()))
 

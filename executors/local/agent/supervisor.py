@@ -839,7 +839,7 @@ class Agent:
             metrics=MetricsReader(layout.output / spec.outputs.metrics_file, root=layout.output),
             checkpoints=CheckpointScanner(layout.checkpoints),
             limits=self.enforcement.for_attempt(_memory_limit(spec)),
-            datasets=staging_plan(run) if spec.inputs.datasets else (),
+            datasets=staging_plan(run) if spec.inputs.datasets or spec.inputs.models else (),
         )
         # From here on the attempt is this agent's: whatever fails is recorded as its end.
         self.executions[attempt.pk] = execution
