@@ -619,6 +619,9 @@ TAU_SUBMIT_CHECKS_PER_MINUTE = env_int("TAU_SUBMIT_CHECKS_PER_MINUTE", 120, mini
 # long it waits for the endpoint to answer (then a 502).
 TAU_ENDPOINT_MAX_BODY_BYTES = env_int("TAU_ENDPOINT_MAX_BODY_BYTES", 10 * 2**20, minimum=1)
 TAU_ENDPOINT_INVOKE_TIMEOUT_SECONDS = env_int("TAU_ENDPOINT_INVOKE_TIMEOUT_SECONDS", 300, minimum=1)
+# A running endpoint no request has reached for this many hours is shown as idle (its pages,
+# the platform admin's list): it holds its GPUs for nothing.
+TAU_ENDPOINT_IDLE_HOURS = env_int("TAU_ENDPOINT_IDLE_HOURS", 24, minimum=1)
 # Every outbox (portal/outbox.py: deliveries, evidence seals and checks, Kueue syncs): a
 # worker's claim on a row holds this long unless renewed (its worker renews it every third of
 # this while it works), so a killed worker's row is taken over within this plus

@@ -1,16 +1,20 @@
 """The platform team's view of endpoints: every endpoint of every workspace with where it
-stands, its history beside it, and its outbox rows. Read-only: an endpoint changes through
-its services (the API), its history never."""
+stands (idle ones flagged and filtered: ``serving.selectors.idle_q``), its history beside it,
+and its outbox rows. Read-only: an endpoint changes through its services (the API, its
+page), its history never."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from portal.admin_site import ReadOnlyAdmin
 from serving.models import Endpoint, EndpointDelivery, EndpointEvent
+from serving.selectors import idle_q, with_idle
 
 ENDPOINT_FIELDS = (
     "workspace",
@@ -31,6 +35,7 @@ ENDPOINT_FIELDS = (
     "latency_p95_ms",
     "error_rate",
     "metrics_at",
+    "last_request_at",
     "created_by_username",
     "created_at",
     "updated_at",
@@ -63,6 +68,24 @@ class EndpointEventInline(admin.TabularInline):  # type: ignore[type-arg]
         return False
 
 
+class IdleFilter(admin.SimpleListFilter):
+    """Running endpoints no request has reached for ``TAU_ENDPOINT_IDLE_HOURS`` hours."""
+
+    title = "idle"
+    parameter_name = "idle"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        hours = settings.TAU_ENDPOINT_IDLE_HOURS
+        return [("yes", f"Idle ({hours} h without requests)"), ("no", "Not idle")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(idle_q())
+        if self.value() == "no":
+            return queryset.exclude(idle_q())
+        return queryset
+
+
 @admin.register(Endpoint)
 class EndpointAdmin(ReadOnlyAdmin):
     list_display = [
@@ -70,20 +93,29 @@ class EndpointAdmin(ReadOnlyAdmin):
         "workspace",
         "name",
         "state",
+        "idle",
         "backend",
         "generation",
         "replicas",
+        "last_request_at",
         "created_by_username",
         "created_at",
         "deleted_at",
     ]
-    list_filter = ["state", "backend"]
+    list_filter = ["state", IdleFilter, "backend", "workspace"]
     search_fields = ["name", "workspace__slug", "created_by_username"]
     list_select_related = ["workspace"]
     ordering = ["-created_at"]
     fields = ENDPOINT_FIELDS
     readonly_fields = ENDPOINT_FIELDS
     inlines = [EndpointEventInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return with_idle(super().get_queryset(request))
+
+    @admin.display(description="Idle", boolean=True)
+    def idle(self, endpoint: Endpoint) -> bool:
+        return bool(getattr(endpoint, "idle", False))
 
     @admin.display(description="Replicas (ready/desired)")
     def replicas(self, endpoint: Endpoint) -> str:

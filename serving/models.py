@@ -138,6 +138,9 @@ class Endpoint(TenantModel):
     latency_p95_ms = models.FloatField(null=True, blank=True)
     error_rate = models.FloatField(null=True, blank=True)
     metrics_at = models.DateTimeField(null=True, blank=True)
+    # When a request last reached it, to the minute (serving.services.note_request): through
+    # the portal's proxy, or as its backend's traffic figures show. What "idle" is read from.
+    last_request_at = models.DateTimeField(null=True, blank=True)
 
     # The token its pods fetch its project zip and model with (``TAU_RUN_TOKEN`` in their
     # init containers): it reaches this endpoint's workload routes only, one live at a time,

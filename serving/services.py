@@ -14,11 +14,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from catalog.ingest import find_version
@@ -76,6 +78,7 @@ __all__ = [
     "NameTaken",
     "delete_endpoint",
     "deploy_endpoint",
+    "note_request",
     "observe",
     "record_metrics",
     "record_model_staged",
@@ -774,9 +777,35 @@ def record_metrics(
 ) -> None:
     """The traffic a backend last measured for the endpoint, shown in its list and detail
     (not history: it changes every minute)."""
-    Endpoint.objects.for_workspace(endpoint.workspace_id).filter(pk=endpoint.pk).update(
-        requests_per_second=requests_per_second,
-        latency_p95_ms=latency_p95_ms,
-        error_rate=error_rate,
-        metrics_at=timezone.now(),
-    )
+    now = timezone.now()
+    changes: dict[str, Any] = {
+        "requests_per_second": requests_per_second,
+        "latency_p95_ms": latency_p95_ms,
+        "error_rate": error_rate,
+        "metrics_at": now,
+    }
+    if requests_per_second:
+        # Requests reached it in the backend's window (some straight to its address, past
+        # the proxy): it was used now, as far as "idle" is concerned.
+        changes["last_request_at"] = now
+    Endpoint.objects.for_workspace(endpoint.workspace_id).filter(pk=endpoint.pk).update(**changes)
+
+
+#: How often at most the proxy writes that an endpoint was used: "idle" is counted in hours,
+#: and one small write a minute costs a busy endpoint's requests nothing they would notice.
+REQUEST_NOTED_EVERY = timedelta(minutes=1)
+
+
+def note_request(endpoint: Endpoint) -> None:
+    """A request is being sent to the endpoint through the portal's proxy: ``last_request_at``
+    says so, written at most once a minute (no query at all when the endpoint as read says
+    it was noted less than a minute ago)."""
+    now = timezone.now()
+    last = endpoint.last_request_at
+    if last is not None and now - last < REQUEST_NOTED_EVERY:
+        return
+    noted = Endpoint.objects.for_workspace(endpoint.workspace_id).filter(pk=endpoint.pk)
+    noted.filter(
+        Q(last_request_at__isnull=True) | Q(last_request_at__lt=now - REQUEST_NOTED_EVERY)
+    ).update(last_request_at=now)
+    endpoint.last_request_at = now

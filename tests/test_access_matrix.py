@@ -607,6 +607,22 @@ MATRIX: dict[str, Route] = {
     "models": Route({"GET": PAGE_READ}, ALPHA),
     "model-detail": Route({"GET": PAGE_READ}, MODEL),
     "model-version": Route({"GET": PAGE_READ}, MODEL_VERSION),
+    # Endpoint pages: read by whoever reads the workspace; scaled, stopped and deleted by the
+    # one who deployed it (the researcher here) and workspace admins, as in the API.
+    "endpoints": Route({"GET": PAGE_READ}, ALPHA),
+    "endpoint-page": Route({"GET": PAGE_READ}, ENDPOINT),
+    "endpoint-page-log": Route({"GET": PAGE_READ}, ENDPOINT),
+    **{
+        f"endpoint-page-{action}": Route(
+            {
+                "POST": codes(403, 302, 302, 403, 404, 302),
+                "GET": codes(405, 405, 405, 405, 404, 302),
+            },
+            ENDPOINT,
+            data={"replicas": "2"},
+        )
+        for action in ("scale", "stop", "delete")
+    },
     # The evidence section: read by anyone who reads the run; a check asked for by them too
     # (it changes nothing but the check's result).
     "run-page-evidence": Route(

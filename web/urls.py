@@ -43,6 +43,7 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("", include("workspaces.urls")),
     path("", include("runs.urls")),
     path("", include("catalog.urls")),
+    path("", include("serving.urls")),
     path("", include("evidence.urls")),
     path("", include("gpus.urls")),
     path("", include("accounting.urls")),

@@ -43,6 +43,7 @@ from portal.requests import signed_in_user
 from runs import submission
 from runs.api.views import RunCursorPagination
 from serving import services
+from serving.access import REFUSAL, may_act_on
 from serving.api.serializers import (
     DeployFormSerializer,
     DeployJSONSerializer,
@@ -62,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 NOT_DEPLOYED = "The endpoint was not deployed."
 NOT_CHANGED = "The endpoint was not changed."
-ACT_REFUSAL = "Only the one who deployed it or a workspace admin can do that."
+ACT_REFUSAL = REFUSAL
 #: Words for the refusals particular to endpoints.
 WORDS_409 = "Also: not possible in the endpoint's present state (`state` says it)."
 UNAVAILABLE_409 = (
@@ -169,11 +170,8 @@ class EndpointViewSet(EndpointScopedViewSet):
 
     def _check_may_act(self, endpoint: Endpoint) -> None:
         """Scale, update, delete: the one who deployed it (a researcher still) or an admin."""
-        if self.access.allows(Role.ADMIN):
-            return
-        if self.access.allows(Role.RESEARCHER) and endpoint.created_by_id == self.request.user.pk:
-            return
-        raise exceptions.PermissionDenied(ACT_REFUSAL)
+        if not may_act_on(endpoint, access=self.access, user_id=self.request.user.pk):
+            raise exceptions.PermissionDenied(ACT_REFUSAL)
 
     @extend_schema(responses={200: EndpointSerializer(many=True), **refusals(400)})
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -644,6 +642,7 @@ class EndpointInvokeViewSet(EndpointScopedViewSet):
         if endpoint.state not in SERVING_STATES:
             return _state_conflict(endpoint, "it answers no requests now.")
         body = _read_body(request._request, int(settings.TAU_ENDPOINT_MAX_BODY_BYTES))
+        services.note_request(endpoint)  # what "idle" is read from (a write a minute at most)
         try:
             address = backend_for_endpoint(endpoint).invoke_address(endpoint)
         except EndpointsUnavailable as exc:
