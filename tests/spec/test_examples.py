@@ -47,6 +47,7 @@ def test_the_examples_are_all_there() -> None:
         "lora",
         "qlora",
         "serve-cpu",
+        "batch-inference",
         *LLM_EXAMPLES,
     }
 
@@ -164,7 +165,10 @@ def test_the_examples_that_run_here_pin_what_make_test_downloads() -> None:
     lines = (REPO / "requirements" / "examples.txt").read_text("utf-8").splitlines()
     pinned = {line for line in lines if line and not line.startswith("#")}
     asked: set[str] = set()
-    for name in ("ddp", "fsdp", "deepspeed", "ray-train", "ray-tune", "lora", "serve-cpu"):
+    for name in (
+        *("ddp", "fsdp", "deepspeed", "ray-train", "ray-tune", "lora", "serve-cpu"),
+        "batch-inference",
+    ):
         spec = load_spec((REPO / "examples" / name / "tau.yaml").read_bytes())
         assert set(spec.runtime.pip) <= pinned, name
         asked |= set(spec.runtime.pip)

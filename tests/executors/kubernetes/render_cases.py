@@ -92,11 +92,15 @@ def with_changes(spec: Spec, **blocks: dict[str, Any]) -> Spec:
 
 def cases() -> list[Case]:
     found = [
-        # An example that reads datasets: as pinned, 3 files of 1.5 MB in all (the stager).
+        # An example that reads datasets or models: as pinned, 3 files of 1.5 MB in all (the
+        # stager).
         Case(
             path.parent.name,
             spec,
-            target_for(spec, staged_data=(3, 1_500_000) if spec.inputs.datasets else None),
+            target_for(
+                spec,
+                staged_data=(3, 1_500_000) if spec.inputs.datasets or spec.inputs.models else None,
+            ),
         )
         for path in sorted(EXAMPLES.glob("*/tau.yaml"))
         for spec in [load_spec(path.read_bytes())]
