@@ -86,7 +86,11 @@ def test_outputs_parse_to_assets_and_are_unset_by_default() -> None:
     assert loaded.outputs.dataset == OutputAsset(name="wiki-tokenized", path="tokenized")
     assert loaded.outputs.model == OutputAsset(name="tiny-gpt", path="model")
     plain = load_spec(spec())
-    assert (plain.inputs, plain.outputs.dataset, plain.outputs.model) == (Inputs((), ()), None, None)
+    assert (plain.inputs, plain.outputs.dataset, plain.outputs.model) == (
+        Inputs((), ()),
+        None,
+        None,
+    )
 
 
 @pytest.mark.parametrize(
