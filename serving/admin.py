@@ -14,7 +14,7 @@ from django.http import HttpRequest
 
 from portal.admin_site import ReadOnlyAdmin
 from serving.models import Endpoint, EndpointDelivery, EndpointEvent
-from serving.selectors import idle_q, with_idle
+from serving.selectors import with_idle
 
 ENDPOINT_FIELDS = (
     "workspace",
@@ -79,10 +79,11 @@ class IdleFilter(admin.SimpleListFilter):
         return [("yes", f"Idle ({hours} h without requests)"), ("no", "Not idle")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        # The admin's queryset says ``idle`` of each row (EndpointAdmin.get_queryset).
         if self.value() == "yes":
-            return queryset.filter(idle_q())
+            return queryset.filter(idle=True)
         if self.value() == "no":
-            return queryset.exclude(idle_q())
+            return queryset.filter(idle=False)
         return queryset
 
 

@@ -1,6 +1,6 @@
-"""What other pages show of endpoints: the model version page's "Served by" (the catalog,
-below serving, knows nothing of endpoints: its template loads these), and the figures of an
-endpoint's traffic in words."""
+"""What other pages show of endpoints: the model version page's "Served by" and the platform
+queue's endpoints (the catalog and the run core, below serving, know nothing of endpoints:
+their templates load these), and the figures of an endpoint's traffic in words."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ register = template.Library()
 def served_by(version: AssetVersion) -> list[dict[str, Any]]:
     """The endpoints that serve the version or served it (``serving.selectors.served_by``)."""
     return selectors.served_by(version)
+
+
+@register.simple_tag
+def platform_endpoints() -> dict[str, Any]:
+    """Every workspace's running endpoints, idle ones first (for platform staff only), and
+    the hours that make one idle."""
+    return {"rows": selectors.platform_endpoints(), "idle_hours": selectors.idle_hours()}
 
 
 @register.filter

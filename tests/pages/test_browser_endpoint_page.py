@@ -1,6 +1,6 @@
 """The endpoint pages in a real browser: the log panel loads from the backend, the deployer
-scales the endpoint through the form (after the confirmation), no CSP violation, and both
-pages read well (axe-core) at both widths."""
+scales the endpoint through the form (after the confirmation), no CSP violation, and its
+pages and the platform queue's endpoints read well (axe-core) at both widths."""
 
 from __future__ import annotations
 
@@ -49,4 +49,10 @@ def test_its_deployer_scales_it_through_the_form(
     page.goto(f"{live_server.url}/w/alpha/endpoints/")
     assert "0/2" in page.text_content("#endpoint-rows")
     check_page(page, "endpoints")
+    # The platform team's queue page lists it with every workspace's.
+    page.context.clear_cookies()
+    log_in(page.context, live_server.url, world.users["platform_admin"])
+    page.goto(f"{live_server.url}/queue/")
+    assert "chat" in page.text_content("#platform-endpoints")
+    check_page(page, "platform-queue-endpoints")
     assert problems == []

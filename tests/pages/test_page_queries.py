@@ -21,7 +21,7 @@ PINNED = {
     "run": 11,  # + access, resolve run, attempts, events, checkpoints, artifacts, data (2)
     "run-fragment": 11,  # + version, then the same reads as the page (minus the navigation)
     "queue": 9,  # + access, pending, running, admission history, usage (runs, quotas)
-    "platform-queue": 7,  # + live runs, usage (runs, quotas), workspaces
+    "platform-queue": 8,  # + live runs, usage (runs, quotas), workspaces, endpoints
 }
 
 

@@ -384,6 +384,7 @@ def test_the_platform_admin_filters_idle_endpoints(world: Any, settings: Any) ->
     change(quiet, state=EndpointState.READY, created_at=timezone.now() - timedelta(days=2))
     busy = make_endpoint(world, name="busy")
     change(busy, state=EndpointState.READY, last_request_at=timezone.now())
+    make_endpoint(world, name="fresh", state=EndpointState.READY)  # never used, deployed now
     admin = world.client_for("platform_admin")
     url = "/admin/serving/endpoint/"
     idle = get(admin, url + "?idle=yes")
@@ -391,5 +392,26 @@ def test_the_platform_admin_filters_idle_endpoints(world: Any, settings: Any) ->
     assert ">busy<" not in idle
     not_idle = get(admin, url + "?idle=no")
     assert ">busy<" in not_idle
+    assert ">fresh<" in not_idle
     assert ">quiet<" not in not_idle
     assert ">quiet<" in get(admin, url + f"?state=ready&workspace__id__exact={world.alpha.pk}")
+
+
+def test_the_platform_queue_lists_every_workspaces_running_endpoints(
+    world: Any, settings: Any
+) -> None:
+    settings.TAU_ENDPOINT_IDLE_HOURS = 24
+    quiet = make_endpoint(world, name="quiet")
+    change(quiet, state=EndpointState.READY, created_at=timezone.now() - timedelta(days=2))
+    make_endpoint(world, name="busy", state=EndpointState.READY)
+    make_endpoint(world, who="outsider", workspace=world.beta, name="theirs")
+    gone = make_endpoint(world, name="gone", state=EndpointState.STOPPED)
+    services.delete_endpoint(endpoint=gone, user=None)
+    page = get(world.client_for("platform_admin"), "/queue/")
+    section = page[page.index('id="platform-endpoints-heading"') :]
+    rows = [text_of(row) for row in section.split("<tr>")[2:]]
+    assert [row.split()[0] for row in rows] == ["quiet", "busy", "theirs"]
+    assert "idle: 0 requests in the last 24 hours" in rows[0]
+    assert "idle" not in rows[1]
+    assert 'href="/w/beta/endpoints/theirs/"' in section
+    assert world.client_for("workspace_admin").get("/queue/").status_code == 403
