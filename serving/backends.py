@@ -21,6 +21,7 @@ replica's log, the traffic it serves, and the address the portal's proxy forward
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
     from serving.models import Endpoint
     from tau.spec import Spec
     from workspaces.models import Workspace
+
+
+#: What a replica's name may be (a pod's, a Ray Serve replica's, ``generation-<n>``): what
+#: the API and the endpoint page accept as ``?replica=`` before asking a backend.
+REPLICA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 
 
 @dataclass(frozen=True)

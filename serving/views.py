@@ -10,6 +10,7 @@ the few queries that find the rows when nothing changed. Who may act is
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -25,7 +26,7 @@ from portal import live
 from portal.requests import signed_in_user
 from serving import selectors, services
 from serving.access import REFUSAL, may_act_on
-from serving.backends import EndpointsUnavailable, backend_for_endpoint
+from serving.backends import REPLICA_NAME, EndpointsUnavailable, backend_for_endpoint
 from serving.models import LIVE_STATES, Endpoint
 from workspaces.access import WorkspaceViewMixin
 from workspaces.models import Role
@@ -102,7 +103,7 @@ class EndpointDetailView(WorkspaceViewMixin, TemplateView):
             kwargs={"workspace_slug": self.workspace.slug, "name": endpoint.name, "path": ""},
         )
         serve = endpoint.spec.get("serve") or {}
-        replica = self.request.GET.get("replica", "")
+        replica = _replica_asked(self.request)
         log_url = reverse(
             "endpoint-page-log",
             kwargs={"workspace_slug": self.workspace.slug, "name": endpoint.name},
@@ -116,7 +117,7 @@ class EndpointDetailView(WorkspaceViewMixin, TemplateView):
             "max_replicas": services.MAX_REPLICAS,
             "invoke_url": self.request.build_absolute_uri(invoke),
             "idle_hours": selectors.idle_hours(),
-            "log_url": f"{log_url}?replica={replica}" if replica else log_url,
+            "log_url": f"{log_url}?{urlencode({'replica': replica})}" if replica else log_url,
         }
 
     def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -140,7 +141,7 @@ class EndpointLogView(WorkspaceViewMixin, View):
 
     def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         endpoint = selectors.endpoint_or_404(self.workspace, kwargs["name"])
-        replica = request.GET.get("replica", "").strip()
+        replica = _replica_asked(request)
         context: dict[str, Any] = {
             "workspace": self.workspace,
             "endpoint": endpoint,
@@ -172,6 +173,13 @@ class EndpointLogView(WorkspaceViewMixin, View):
             (log.replica, log.next_offset, log.size, log.text, log.note) if log else "",
         )
         return live.fragment_response(request, "serving/_log.html", context, etag)
+
+
+def _replica_asked(request: HttpRequest) -> str:
+    """The replica ``?replica=`` names, or "" (the backend's choice) for none or a name no
+    replica can have (the API refuses those; the page shows the default instead)."""
+    replica = request.GET.get("replica", "").strip()
+    return replica if REPLICA_NAME.fullmatch(replica) else ""
 
 
 class EndpointActionView(WorkspaceViewMixin, View):

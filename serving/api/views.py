@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
 
@@ -53,7 +52,7 @@ from serving.api.serializers import (
     EndpointSerializer,
     endpoint_fields,
 )
-from serving.backends import EndpointsUnavailable, backend_for_endpoint
+from serving.backends import REPLICA_NAME, EndpointsUnavailable, backend_for_endpoint
 from serving.history import history_export
 from serving.models import LIVE_STATES, SERVING_STATES, Endpoint
 from workspaces.access import WorkspaceScopedViewSet
@@ -363,7 +362,7 @@ class EndpointViewSet(EndpointScopedViewSet):
         endpoint = self.get_object()
         params = request.query_params
         replica = query_text(params, "replica")
-        if replica is not None and (len(replica) > 253 or not _REPLICA.fullmatch(replica)):
+        if replica is not None and (len(replica) > 253 or not REPLICA_NAME.fullmatch(replica)):
             raise exceptions.ValidationError({"replica": ["must be one of its replicas' names"]})
         offset = _int_param(params, "offset")
         tail = _int_param(params, "tail")
@@ -451,9 +450,6 @@ def _backend_silent(endpoint: Endpoint, exc: Exception) -> Response:
         {"detail": f"The {endpoint.backend} backend did not answer about {endpoint.name}: {exc}"},
         status=status.HTTP_502_BAD_GATEWAY,
     )
-
-
-_REPLICA = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 
 
 def _int_param(params: Any, name: str) -> int | None:

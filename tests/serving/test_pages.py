@@ -415,3 +415,15 @@ def test_the_platform_queue_lists_every_workspaces_running_endpoints(
     assert "idle" not in rows[1]
     assert 'href="/w/beta/endpoints/theirs/"' in section
     assert world.client_for("workspace_admin").get("/queue/").status_code == 403
+
+
+def test_a_replica_name_no_replica_can_have_shows_the_default(world: Any) -> None:
+    make_endpoint(world)
+    client = world.client_for("viewer")
+    for asked in ("../etc", "a&b=c", "x" * 300, "\x00"):
+        response = client.get(f"{PAGES}chat/log/", {"replica": asked})
+        assert response.status_code == 200
+        panel = response.content.decode()
+        assert '<option value="replica-0" selected>' in panel
+    page = get(client, f"{PAGES}chat/?replica=a%26b%3Dc")
+    assert f'data-poll-url="{PAGES}chat/log/"' in page
