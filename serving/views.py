@@ -210,7 +210,10 @@ class EndpointActionView(WorkspaceViewMixin, View):
                 )
                 if scaled.generation == before:
                     messages.info(
-                        request, f"{endpoint.name} runs {scaled.replicas_desired} already."
+                        request,
+                        f"{endpoint.name} has {scaled.replicas_desired} replica"
+                        f"{'s' if scaled.replicas_desired != 1 else ''} already: nothing "
+                        "changed.",
                     )
                 else:
                     messages.success(

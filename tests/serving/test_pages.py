@@ -296,7 +296,9 @@ def test_its_deployer_scales_and_stops_it_from_its_page(world: Any) -> None:
     shown = text_of(get(client, f"{PAGES}chat/"))
     assert "Scaling chat to 3 replicas (generation 2)." in shown
     assert "Scaled from 1 to 3 replicas by rob." in shown
-    # A number it cannot have is said, and changes nothing.
+    # The number it has changes nothing, and says so; a number it cannot have too.
+    client.post(f"{PAGES}chat/scale/", {"replicas": "3"})
+    assert "chat has 3 replicas already: nothing changed." in text_of(get(client, f"{PAGES}chat/"))
     for wrong in ("0", "65", "two", ""):
         client.post(f"{PAGES}chat/scale/", {"replicas": wrong})
         assert "Not done:" in text_of(get(client, f"{PAGES}chat/"))
