@@ -129,6 +129,38 @@ def app(args: dict[str, Any]) -> Any:
     return target
 
 
+#: What every Ray worker of an endpoint served on this machine runs first (Ray's
+#: ``worker_process_setup_hook``, by import path): :func:`replicas_on_loopback`.
+LOOPBACK_HOOK = "tau.serving.replicas_on_loopback"
+#: Where Ray's workers read their setup hook (what ``runtime_env={"worker_process_setup_hook":
+#: …}`` becomes): set in the environment Ray's node is started with, every worker of the node
+#: inherits it. The hook in an application's ``runtime_env`` did not reach its replicas.
+SETUP_HOOK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+
+
+def replicas_on_loopback() -> None:
+    """Keep a Ray Serve replica's inter-deployment gRPC server on loopback. Ray Serve (2.60)
+    binds it on every interface (``[::]:0``), whatever the node's address, in every replica;
+    on a Kubernetes pod that is the pod's own network, on this machine it would be the
+    machine's. A worker process setup hook (:data:`LOOPBACK_HOOK`): the replica's module is
+    imported here, before any replica starts in the worker, and its binding is given
+    ``127.0.0.1`` for ``[::]`` (handles call replicas through Ray, not this server, unless
+    ``RAY_SERVE_USE_GRPC_BY_DEFAULT`` says otherwise; on one machine both work)."""
+    from ray.serve._private import replica  # type: ignore[import-not-found]
+
+    bind = replica.add_port_to_grpc_server
+    if getattr(bind, "on_loopback", False):
+        return
+
+    def on_loopback(server: Any, address: str) -> Any:
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address.removeprefix("[::]:")
+        return bind(server, address)
+
+    on_loopback.on_loopback = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = on_loopback
+
+
 # --- Serving one endpoint generation on this machine (the local executor) ------------------
 
 #: How often the runner asks Ray Serve for the application's status (seconds).
@@ -368,6 +400,7 @@ def serve_one(arguments: argparse.Namespace, writer: StatusWriter) -> int:
     started = time.monotonic()
     writer.status("starting", said="starting Ray")
     ports, _ = node_ports(0)
+    os.environ[SETUP_HOOK_VARIABLE] = LOOPBACK_HOOK  # before the node: its workers inherit it
     cluster = Cluster(
         initialize_head=True,
         shutdown_at_exit=True,

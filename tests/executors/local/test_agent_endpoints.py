@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -230,6 +232,42 @@ def generation_pid(endpoint: Endpoint, number: int) -> int:
     return pid
 
 
+def descendants(root: int) -> set[int]:
+    """``root`` and every process below it, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def listening(pids: set[int]) -> list[str]:
+    """The local addresses of the TCP sockets these processes listen on (``ss``)."""
+    shown = subprocess.run(
+        ["ss", "-ltnpH"], capture_output=True, text=True, check=True, timeout=10
+    ).stdout
+    return [
+        line.split()[3]
+        for line in shown.splitlines()
+        if pids & {int(pid) for pid in re.findall(r"pid=(\d+)", line)}
+    ]
+
+
+def on_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host.startswith(("127.", "::ffff:127.")) or host == "::1"
+
+
 def test_the_serve_cpu_example_is_served_scaled_updated_followed_and_stopped(
     world: Any,
     var_dir: Path,
@@ -257,6 +295,11 @@ def test_the_serve_cpu_example_is_served_scaled_updated_followed_and_stopped(
     timings["ready"] = time.monotonic() - began
     first_url = endpoint.url
     assert first_url.startswith("http://127.0.0.1:")
+    # Ray, Ray Serve and the replica listen on loopback only: the replica's gRPC server, which
+    # Ray Serve binds on every interface, too (the SDK's worker setup hook).
+    addresses = listening(descendants(generation_pid(endpoint, 1)))
+    assert len(addresses) > 5, addresses
+    assert [address for address in addresses if not on_loopback(address)] == []
     assert (endpoint.replicas_ready, endpoint.replicas_desired) == (1, 1)
     answer = ask(first_url + "/")
     assert answer.status_code == 200, answer.text
