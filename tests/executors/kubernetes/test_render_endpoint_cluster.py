@@ -8,6 +8,9 @@ operator, kube-scheduler and KWOK nodes.
   label, Kueue suspends that cluster, admits it with exactly the head and the three GPU
   workers counted against the ClusterQueue, and the scheduler places its pods on the fake
   GPU nodes; deleting the RayService frees the quota;
+* each LLM example (vLLM, SGLang, TensorRT-LLM), created for real in a queue of exactly one
+  GPU: admitted with its head and its one GPU worker, the GPU counted against the quota, the
+  worker placed on a fake H100 node; deleting it frees the GPU;
 * an endpoint bigger than the quota waits, not admitted, with Kueue's reason.
 
 No kubelet runs here, so no container starts: the Serve application itself is tested where a
@@ -49,6 +52,8 @@ pytestmark = pytest.mark.cluster
 
 RAY = "ray.io/v1"
 GPU = "nvidia.com/gpu"
+#: The OpenAI-compatible LLM examples: one GPU per replica (examples/*-serve/README.md).
+LLM_EXAMPLES = ("vllm-serve", "sglang-serve", "trtllm-serve")
 #: KubeRay's label on the Ray cluster a RayService made.
 ORIGINATED_FROM = "ray.io/originated-from-cr-name"
 
@@ -73,6 +78,7 @@ def test_every_rendered_endpoint_object_passes_a_strict_dry_run(kube: Kube) -> N
             assert missing_from(body, stored) == [], f"{case.name} {body['kind']}"
             checked.append(f"{case.name}/{body['kind']}")
     assert len(checked) == 2 * len(endpoint_cases())
+    assert {f"{name}/RayService" for name in LLM_EXAMPLES} <= set(checked)
     assert kube.list(RAY, "RayService", queue.namespace) == []
 
 
@@ -154,6 +160,66 @@ def test_an_endpoint_is_admitted_by_kueue_through_its_ray_cluster_within_the_gpu
     kube.delete(RAY, "RayService", name, queue.namespace)
     wait_until(
         "the quota to be free once the endpoint is deleted",
+        lambda: gpus_reserved(kube, queue.cluster_queue) == 0 or None,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("name", LLM_EXAMPLES)
+def test_an_llm_example_is_admitted_against_a_quota_of_one_gpu(kube: Kube, name: str) -> None:
+    queue = queue_setup(kube, f"ep-{name}", gpus=1)  # the replica's GPU, no more
+    case = next(case for case in endpoint_cases() if case.name == name)
+    spec, target = placed(case, queue)
+    kube.create(render_rayservice(spec, target))
+
+    cluster = wait_until(
+        "KubeRay's Ray cluster for the RayService",
+        lambda: ray_cluster_of(kube, name, queue.namespace),
+        timeout=120,
+        describe=lambda: kube.cluster.log_tail("kuberay-operator", mentioning=name),
+    )
+    assert cluster["metadata"]["labels"][labels.KUEUE_QUEUE_NAME] == "alpha"
+    workload = wait_until(
+        "the Ray cluster's Workload", lambda: workload_of_cluster(kube, cluster), timeout=60
+    )
+    pod_sets = {pod_set["name"]: pod_set["count"] for pod_set in workload["spec"]["podSets"]}
+    assert pod_sets == {"head": 1, "workers": 1}
+    wait_until(
+        "the Workload to be admitted",
+        lambda: (
+            condition(workload_of_cluster(kube, cluster), "Admitted").get("status") == "True"
+            or None
+        ),
+        describe=lambda: str(condition(workload_of_cluster(kube, cluster), "QuotaReserved")),
+    )
+    wait_until(
+        "Kueue to report the GPU reserved",
+        lambda: gpus_reserved(kube, queue.cluster_queue) == 1 or None,
+        describe=lambda: f"{gpus_reserved(kube, queue.cluster_queue)} reserved",
+    )
+
+    def gpu_worker_node() -> dict[str, Any] | None:
+        pods = kube.list(
+            "v1",
+            "Pod",
+            queue.namespace,
+            label_selector=f"ray.io/cluster={cluster['metadata']['name']}",
+        )
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node and pod["metadata"]["labels"].get(labels.COMPONENT) == (
+                labels.COMPONENT_WORKER
+            ):
+                return kube.get("v1", "Node", node, None)
+        return None
+
+    node = wait_until("the GPU worker on a fake GPU node", gpu_worker_node, timeout=120)
+    assert node["metadata"]["labels"].items() >= H100_LABELS.items()
+    assert int(node["status"]["allocatable"][GPU]) >= 1
+
+    kube.delete(RAY, "RayService", name, queue.namespace)
+    wait_until(
+        "the GPU to be free once the endpoint is deleted",
         lambda: gpus_reserved(kube, queue.cluster_queue) == 0 or None,
         timeout=120,
     )
