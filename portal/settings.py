@@ -19,6 +19,7 @@ from pathlib import Path
 import django_stubs_ext
 from csp.constants import NONE, SELF
 
+from portal.endpoint_routes import endpoint_route
 from portal.env import (
     ImproperlyConfiguredEnv,
     env_bool,
@@ -622,6 +623,18 @@ TAU_ENDPOINT_INVOKE_TIMEOUT_SECONDS = env_int("TAU_ENDPOINT_INVOKE_TIMEOUT_SECON
 # A running endpoint no request has reached for this many hours is shown as idle (its pages,
 # the platform admin's list): it holds its GPUs for nothing.
 TAU_ENDPOINT_IDLE_HOURS = env_int("TAU_ENDPOINT_IDLE_HOURS", 24, minimum=1)
+# Endpoints on Kubernetes reached from outside the cluster (portal/endpoint_routes.py): none
+# (the in-cluster Service only), an Ingress or a Gateway API HTTPRoute per endpoint, for the
+# host TAU_ENDPOINT_HOST makes from the endpoint's and the workspace's names, with TLS. Checked
+# here: a wrong value stops the portal at start-up.
+TAU_ENDPOINT_ROUTE = endpoint_route(
+    kind=env_str("TAU_ENDPOINT_ROUTE", "none") or "none",
+    host=env_str("TAU_ENDPOINT_HOST", "") or "",
+    ingress_class=env_str("TAU_ENDPOINT_INGRESS_CLASS", "") or "",
+    tls_secret=env_str("TAU_ENDPOINT_TLS_SECRET", "") or "",
+    annotations=env_str("TAU_ENDPOINT_INGRESS_ANNOTATIONS", "") or "",
+    gateway=env_str("TAU_ENDPOINT_GATEWAY", "") or "",
+)
 # Every outbox (portal/outbox.py: deliveries, evidence seals and checks, Kueue syncs): a
 # worker's claim on a row holds this long unless renewed (its worker renews it every third of
 # this while it works), so a killed worker's row is taken over within this plus

@@ -13,7 +13,11 @@ reads each endpoint's RayService and the Kueue Workload of its Ray cluster and r
 state :mod:`executors.kubernetes.endpoint_status` reads from them through
 ``serving.services.observe``. An endpoint's address is KubeRay's serve Service,
 ``http://<endpoint>-serve-svc.<namespace>.svc:8000`` (reachable from inside the cluster, where
-the portal runs).
+the portal runs; the proxy route always goes there), or ``https://<host>`` where the platform
+configures a route from outside (``TAU_ENDPOINT_ROUTE``): ``deploy`` then also makes the
+endpoint's Ingress or HTTPRoute, owned by the RayService (so ``stop`` deletes it with the
+RayService), and replaces it when it says something else than the settings now say. A cluster
+that does not serve the route's API (no Gateway API CRDs) fails the deployment saying so.
 """
 
 from __future__ import annotations
@@ -30,13 +34,19 @@ from executors.kubernetes import labels
 from executors.kubernetes.endpoint_status import observe_endpoint
 from executors.kubernetes.render import Flavor, Owner
 from executors.kubernetes.render_endpoint import (
+    GATEWAY_API,
+    INGRESS_API,
+    SERVE_PORT,
+    SERVE_SERVICE_SUFFIX,
     EndpointTarget,
     endpoint_secret_name,
+    render_endpoint_route,
     render_endpoint_secret,
     render_rayservice,
 )
-from kube import Conflict, KubeClient, KubeError, NotFound
+from kube import Conflict, KubeClient, KubeError, NotFound, UnknownKind
 from kube.pod_logs import read_pod_log
+from portal.endpoint_routes import EndpointRoute
 from serving.backends import EndpointLog, EndpointMetrics
 from serving.models import LIVE_STATES, Endpoint, EndpointState
 from tau.spec import Spec, spec_from_dict
@@ -49,9 +59,6 @@ logger = logging.getLogger(__name__)
 
 RAY: Final = "ray.io/v1"
 KUEUE: Final = "kueue.x-k8s.io/v1beta2"
-#: KubeRay's serve Service: ``<RayService>-serve-svc``, port 8000 (Ray Serve's proxy).
-SERVE_SERVICE_SUFFIX: Final = "-serve-svc"
-SERVE_PORT: Final = 8000
 #: The label KubeRay puts on the Ray clusters of a RayService.
 ORIGINATED_FROM: Final = "ray.io/originated-from-cr-name"
 #: The most of a pod's log read at once.
@@ -104,6 +111,7 @@ def endpoint_target(endpoint: Endpoint) -> tuple[Spec, EndpointTarget]:
         bundle_sha256=bundle.sha256,
         flavor=flavor,
         staged_model=staged,
+        route=settings.TAU_ENDPOINT_ROUTE,
     )
     return spec, target
 
@@ -195,6 +203,60 @@ class KubernetesEndpoints:
             service = self.client.update(body)
             made = True
         self._ensure_secret(endpoint, spec, target, service, new_generation=made)
+        if target.route is not None:
+            self._ensure_route(endpoint, spec, target, service)
+
+    def _ensure_route(
+        self, endpoint: Endpoint, spec: Spec, target: EndpointTarget, service: Mapping[str, Any]
+    ) -> None:
+        """The endpoint's Ingress or HTTPRoute, owned by the RayService: made if missing,
+        replaced when it lacks something the settings now render (a new host pattern, TLS
+        Secret, annotation or Gateway), left alone when it says all of it. What others added
+        (defaults the API server fills in, a controller's own annotations) is no difference,
+        so an annotation dropped from the settings stays until the route is next replaced."""
+        body = render_endpoint_route(spec, target, owner=Owner.of(service))
+        kind = str(body["kind"])
+        api = GATEWAY_API if kind == "HTTPRoute" else INGRESS_API
+        try:
+            try:
+                found: dict[str, Any] | None = self.client.get(
+                    api, kind, target.name, target.namespace
+                )
+            except NotFound:
+                found = None
+            if found is None:
+                try:
+                    self.client.create(body)
+                    return
+                except Conflict:
+                    found = self.client.get(api, kind, target.name, target.namespace)
+        except UnknownKind as exc:
+            what = (
+                "the Gateway API's HTTPRoute (gateway.networking.k8s.io/v1: are its CRDs "
+                "installed?)"
+                if kind == "HTTPRoute"
+                else "Ingress (networking.k8s.io/v1)"
+            )
+            raise EndpointDeliveryError(
+                f"TAU_ENDPOINT_ROUTE={'gateway' if kind == 'HTTPRoute' else 'ingress'} asks for "
+                f"{what}, which this cluster does not serve ({exc}); the RayService was made, "
+                "reachable inside the cluster and through the portal's proxy route"
+            ) from None
+        if not _is_ours(found, endpoint):
+            raise EndpointDeliveryError(
+                f"an {kind} {target.name} already exists in {target.namespace} and is not this "
+                "endpoint's; it is left as it is"
+            )
+        metadata = found.get("metadata") or {}
+        same = (
+            _holds(found.get("spec"), body["spec"])
+            and _holds(metadata.get("annotations") or {}, body["metadata"].get("annotations") or {})
+            and _holds(metadata.get("ownerReferences"), body["metadata"]["ownerReferences"])
+            and _holds(metadata.get("labels"), body["metadata"]["labels"])
+        )
+        if not same:
+            body["metadata"]["resourceVersion"] = metadata["resourceVersion"]
+            self.client.update(body)
 
     def _ensure_secret(
         self,
@@ -404,8 +466,7 @@ def follow(client: KubeClient) -> int:
             continue
         url = ""
         if seen.state in {"ready", "updating"}:
-            host = f"{endpoint.name}{SERVE_SERVICE_SUFFIX}.{namespace}.svc"
-            url = f"http://{host}:{SERVE_PORT}"
+            url = endpoint_address(endpoint)
         if observe(
             endpoint,
             state=seen.state,
@@ -416,3 +477,30 @@ def follow(client: KubeClient) -> int:
         ):
             changed += 1
     return changed
+
+
+def _holds(found: Any, wanted: Any) -> bool:
+    """Whether ``found`` (as the API server keeps it) says everything ``wanted`` says: the
+    defaults the server adds (an HTTPRoute backend's ``kind: Service``, ``weight: 1``) are no
+    difference."""
+    if isinstance(wanted, Mapping):
+        return isinstance(found, Mapping) and all(
+            key in found and _holds(found[key], value) for key, value in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(found, list)
+            and len(found) == len(wanted)
+            and all(_holds(a, b) for a, b in zip(found, wanted, strict=True))
+        )
+    return bool(found == wanted)
+
+
+def endpoint_address(endpoint: Endpoint) -> str:
+    """The endpoint's ``url``: ``https://<host>`` with a route configured, else KubeRay's
+    serve Service in its namespace."""
+    route: EndpointRoute | None = settings.TAU_ENDPOINT_ROUTE
+    if route is not None:
+        return f"https://{route.host(endpoint=endpoint.name, workspace=endpoint.workspace.slug)}"
+    host = f"{endpoint.name}{SERVE_SERVICE_SUFFIX}.{endpoint.workspace.namespace}.svc"
+    return f"http://{host}:{SERVE_PORT}"

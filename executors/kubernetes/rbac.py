@@ -219,6 +219,20 @@ REQUIRED: Final[tuple[Permission, ...]] = (
         subresource="finalizers",
     ),
     Permission(
+        "networking.k8s.io",
+        "ingresses",
+        ("get", "create", "update"),
+        "an endpoint's Ingress where TAU_ENDPOINT_ROUTE=ingress: made or replaced on "
+        "delivery, owned by the endpoint's RayService (deleted with it)",
+    ),
+    Permission(
+        "gateway.networking.k8s.io",
+        "httproutes",
+        ("get", "create", "update"),
+        "an endpoint's HTTPRoute where TAU_ENDPOINT_ROUTE=gateway: made or replaced on "
+        "delivery, owned by the endpoint's RayService (deleted with it)",
+    ),
+    Permission(
         "",
         "services",
         ("get", "create", "delete"),

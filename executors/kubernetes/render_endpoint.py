@@ -47,6 +47,16 @@ nothing else.
 **Environment.** Every container gets ``TAU_ENDPOINT``, ``TAU_WORKSPACE``,
 ``TAU_ENDPOINT_GENERATION`` and ``TAU_API_URL``; the Ray containers also the spec's ``env``
 and ``secrets``. The token stays in the init containers: serving code has no use for it.
+
+**A route from outside** (:func:`render_endpoint_route`), where the platform configures one
+(``TAU_ENDPOINT_ROUTE``, :mod:`portal.endpoint_routes`): a ``networking.k8s.io/v1`` Ingress or a
+``gateway.networking.k8s.io/v1`` HTTPRoute named after the endpoint, owned by the RayService
+like the Secret (deleted with it), sending all of its host (``/``) to KubeRay's serve Service,
+``<endpoint>-serve-svc`` port 8000, which follows the RayService's active Ray cluster across an
+upgrade. The Ingress terminates TLS with the configured Secret, or with
+``<endpoint>-endpoint-tls`` for cert-manager to fill; an HTTPRoute has no TLS of its own (the
+Gateway's listener terminates it). Ray Serve's proxy applies ``serve.route_prefix`` behind it.
+A route checks no token: the portal's proxy route is the authenticated path.
 """
 
 from __future__ import annotations
@@ -77,6 +87,7 @@ from executors.kubernetes.render import (
     RenderError,
     staged_volume_bytes,
 )
+from portal.endpoint_routes import EndpointRoute
 from runs import workload_sdk
 from tau.k8s_names import (
     GPU_RESOURCE,
@@ -95,6 +106,12 @@ ENDPOINT_NAME_MAX_LENGTH: Final = 40
 SERVE_BUILDER: Final = "tau.serving:app"
 #: Where ``serve.model`` is staged (``TAU_MODEL_DIR``).
 MODEL_DIR: Final = "/tau/model"
+#: KubeRay's serve Service of a RayService: ``<RayService>-serve-svc``, port 8000 (Ray Serve's
+#: proxy), always pointing at the Ray cluster that serves.
+SERVE_SERVICE_SUFFIX: Final = "-serve-svc"
+SERVE_PORT: Final = 8000
+INGRESS_API: Final = "networking.k8s.io/v1"
+GATEWAY_API: Final = "gateway.networking.k8s.io/v1"
 
 ENV_ENDPOINT: Final = "TAU_ENDPOINT"
 ENV_WORKSPACE: Final = "TAU_WORKSPACE"
@@ -135,6 +152,8 @@ class EndpointTarget:
     #: The pinned ``serve.model`` version to stage: (files, bytes); None = no model.
     staged_model: tuple[int, int] | None = None
     fetcher_image: str = DEFAULT_FETCHER_IMAGE
+    #: The platform's route from outside the cluster (``TAU_ENDPOINT_ROUTE``); None: none.
+    route: EndpointRoute | None = None
 
     @property
     def api_base(self) -> str:
@@ -145,6 +164,22 @@ class EndpointTarget:
 
 def endpoint_secret_name(name: str) -> str:
     return f"{name}-endpoint-token"
+
+
+def endpoint_tls_secret_name(name: str) -> str:
+    """The TLS Secret of an endpoint's Ingress when the platform names none (cert-manager's)."""
+    return f"{name}-endpoint-tls"
+
+
+def serve_service_name(name: str) -> str:
+    return f"{name}{SERVE_SERVICE_SUFFIX}"
+
+
+def endpoint_host(target: EndpointTarget) -> str | None:
+    """The endpoint's host name outside the cluster, or None without a route."""
+    if target.route is None:
+        return None
+    return target.route.host(endpoint=target.name, workspace=target.workspace)
 
 
 def bundle_url(target: EndpointTarget) -> str:
@@ -203,6 +238,18 @@ def _check(spec: Spec, target: EndpointTarget) -> None:
             problem = label_key_problem(key) or label_value_problem(value)
             if problem:
                 problems.append(f"flavor node label {key}={value!r}: {problem}")
+    host = endpoint_host(target)
+    if host is not None:
+        problem = dns1123_subdomain_problem(host) or next(
+            (
+                f"part {label!r} {found}"
+                for label in host.split(".")
+                if (found := dns1123_label_problem(label))
+            ),
+            None,
+        )
+        if problem:
+            problems.append(f"the endpoint's host {host!r} (TAU_ENDPOINT_HOST) {problem}")
     if problems:
         raise RenderError("; ".join(problems))
 
@@ -508,4 +555,71 @@ def render_endpoint_secret(
         },
         "type": "Opaque",
         "data": {RUN_TOKEN_KEY: base64.b64encode(token.encode("utf-8")).decode("ascii")},
+    }
+
+
+def render_endpoint_route(spec: Spec, target: EndpointTarget, *, owner: Owner) -> Manifest:
+    """The endpoint's route from outside the cluster (module docstring): an Ingress or an
+    HTTPRoute, as ``target.route`` says, owned by (and deleted with) the RayService."""
+    _check(spec, target)
+    route, host = target.route, endpoint_host(target)
+    if route is None or host is None:
+        raise RenderError("no route is configured (TAU_ENDPOINT_ROUTE=none)")
+    metadata: Manifest = {
+        "name": target.name,
+        "namespace": target.namespace,
+        "labels": _object_labels(spec, target),
+        "ownerReferences": [owner.reference()],
+    }
+    service = serve_service_name(target.name)
+    if route.kind == "gateway":
+        return {
+            "apiVersion": GATEWAY_API,
+            "kind": "HTTPRoute",
+            "metadata": metadata,
+            "spec": {
+                "parentRefs": [
+                    {
+                        "group": "gateway.networking.k8s.io",
+                        "kind": "Gateway",
+                        "namespace": route.gateway_namespace,
+                        "name": route.gateway_name,
+                    }
+                ],
+                "hostnames": [host],
+                "rules": [
+                    {
+                        "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                        "backendRefs": [{"name": service, "port": SERVE_PORT}],
+                    }
+                ],
+            },
+        }
+    if route.annotations:
+        metadata["annotations"] = dict(route.annotations)
+    spec_part: Manifest = {}
+    if route.ingress_class:
+        spec_part["ingressClassName"] = route.ingress_class
+    spec_part["tls"] = [
+        {"hosts": [host], "secretName": route.tls_secret or endpoint_tls_secret_name(target.name)}
+    ]
+    spec_part["rules"] = [
+        {
+            "host": host,
+            "http": {
+                "paths": [
+                    {
+                        "path": "/",
+                        "pathType": "Prefix",
+                        "backend": {"service": {"name": service, "port": {"number": SERVE_PORT}}},
+                    }
+                ]
+            },
+        }
+    ]
+    return {
+        "apiVersion": INGRESS_API,
+        "kind": "Ingress",
+        "metadata": metadata,
+        "spec": spec_part,
     }

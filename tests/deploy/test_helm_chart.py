@@ -662,3 +662,125 @@ def test_the_ingress_asks_for_a_buffering_proxy_by_default(
     assert production["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"] == (
         "600m"
     )
+
+
+# -- endpoints reached from outside the cluster ------------------------------------------------
+
+ROUTE_VARIABLES = {
+    "TAU_ENDPOINT_ROUTE",
+    "TAU_ENDPOINT_HOST",
+    "TAU_ENDPOINT_INGRESS_CLASS",
+    "TAU_ENDPOINT_TLS_SECRET",
+    "TAU_ENDPOINT_INGRESS_ANNOTATIONS",
+    "TAU_ENDPOINT_GATEWAY",
+}
+
+
+def route_env(objects: list[Body]) -> dict[str, str]:
+    """The TAU_ENDPOINT_* route settings of the portal's processes: the same in every pod."""
+    found = []
+    for _, spec in pod_specs(objects):
+        env = {item["name"]: item.get("value") for item in spec["containers"][0].get("env") or []}
+        found.append({name: value for name, value in env.items() if name in ROUTE_VARIABLES})
+    assert found
+    assert all(each == found[0] for each in found)
+    return found[0]
+
+
+def test_endpoints_route_values_reach_the_portal_s_settings(
+    helm: Helm, rendered: dict[str, list[Body]], tmp_path: Path
+) -> None:
+    """endpoints.route becomes TAU_ENDPOINT_* in every process (the settings check them again
+    at start-up, and test_the_charts_settings_pass_the_deploy_check loads the production
+    ones): nothing by default; an Ingress with cert-manager in the production values; a
+    Gateway, and an Ingress with the platform's wildcard certificate, from values files."""
+    from portal.endpoint_routes import endpoint_route
+
+    assert route_env(rendered["default"]) == {}
+    production = route_env(rendered["production"])
+    assert production == {
+        "TAU_ENDPOINT_ROUTE": "ingress",
+        "TAU_ENDPOINT_HOST": "{endpoint}-{workspace}.serve.example.org",
+        "TAU_ENDPOINT_INGRESS_CLASS": "nginx",
+        "TAU_ENDPOINT_INGRESS_ANNOTATIONS": '{"cert-manager.io/cluster-issuer":"letsencrypt"}',
+    }
+    given = {
+        "gateway": {
+            "kind": "gateway",
+            "host": "{endpoint}.{workspace}.apps.example.org",
+            "gateway": {"namespace": "gateway-system", "name": "public"},
+        },
+        "wildcard": {
+            "kind": "ingress",
+            "host": "{endpoint}-{workspace}.serve.example.org",
+            "tls": {"secretName": "serve-wildcard-tls"},
+        },
+    }
+    expected = {
+        "gateway": {
+            "TAU_ENDPOINT_ROUTE": "gateway",
+            "TAU_ENDPOINT_HOST": "{endpoint}.{workspace}.apps.example.org",
+            "TAU_ENDPOINT_GATEWAY": "gateway-system/public",
+        },
+        "wildcard": {
+            "TAU_ENDPOINT_ROUTE": "ingress",
+            "TAU_ENDPOINT_HOST": "{endpoint}-{workspace}.serve.example.org",
+            "TAU_ENDPOINT_TLS_SECRET": "serve-wildcard-tls",
+        },
+    }
+    for name, route in given.items():
+        values = tmp_path / f"{name}.yaml"
+        values.write_text(yaml.safe_dump({"endpoints": {"route": route}}))
+        env = route_env(helm.objects(values))
+        assert env == expected[name], name
+    # What the chart gives is what the settings accept.
+    for env in (production, *expected.values()):
+        accepted = endpoint_route(
+            kind=env["TAU_ENDPOINT_ROUTE"],
+            host=env["TAU_ENDPOINT_HOST"],
+            ingress_class=env.get("TAU_ENDPOINT_INGRESS_CLASS", ""),
+            tls_secret=env.get("TAU_ENDPOINT_TLS_SECRET", ""),
+            annotations=env.get("TAU_ENDPOINT_INGRESS_ANNOTATIONS", ""),
+            gateway=env.get("TAU_ENDPOINT_GATEWAY", ""),
+        )
+        assert accepted is not None
+        assert accepted.kind == env["TAU_ENDPOINT_ROUTE"]
+
+
+@pytest.mark.parametrize(
+    ("route", "said"),
+    [
+        ({"kind": "loadbalancer"}, "at '/endpoints/route/kind'"),
+        ({"kind": "ingress"}, "at '/endpoints/route/host'"),
+        ({"kind": "ingress", "host": "serve.example.org"}, "at '/endpoints/route/host'"),
+        (
+            {"kind": "gateway", "host": "{endpoint}-{workspace}.example.org"},
+            "at '/endpoints/route/gateway/name'",
+        ),
+        (
+            {
+                "kind": "gateway",
+                "host": "{endpoint}-{workspace}.example.org",
+                "gateway": {"namespace": "gw", "name": "public"},
+                "tls": {"secretName": "wildcard"},
+            },
+            "endpoints.route.ingressClassName, tls and annotations: for kind ingress only",
+        ),
+        (
+            {
+                "kind": "ingress",
+                "host": "{endpoint}-{workspace}.example.org",
+                "gateway": {"namespace": "gw", "name": "public"},
+            },
+            "endpoints.route.gateway: for kind gateway only",
+        ),
+    ],
+)
+def test_an_endpoints_route_that_cannot_work_fails_the_install(
+    helm: Helm, tmp_path: Path, route: dict[str, object], said: str
+) -> None:
+    values = tmp_path / "route.yaml"
+    values.write_text(yaml.safe_dump({"endpoints": {"route": route}}))
+    done = helm.template(values, check=False)
+    assert done.returncode != 0, f"{route} was accepted"
+    assert said in done.stderr, done.stderr

@@ -25,9 +25,11 @@ from executors.kubernetes.render import (
 from executors.kubernetes.render_endpoint import (
     EndpointTarget,
     endpoint_secret_name,
+    render_endpoint_route,
     render_endpoint_secret,
     render_rayservice,
 )
+from portal.endpoint_routes import endpoint_route
 from tau.spec import Autoscaling, Spec, load_spec
 from tests.cluster.kueue_objects import H100_LABELS
 
@@ -280,3 +282,40 @@ def render_endpoint_case(
         uid=uid,
     )
     return [service, render_endpoint_secret(spec, target, token=ENDPOINT_TOKEN, owner=owner)]
+
+
+def endpoint_route_cases() -> list[EndpointCase]:
+    """serve-cpu with each kind of route from outside the cluster (``TAU_ENDPOINT_ROUTE``): an
+    Ingress of a class with the platform's wildcard certificate, an Ingress whose certificate
+    cert-manager makes (the annotation, no Secret named), an HTTPRoute on the platform's
+    Gateway. Golden files in golden/endpoints/routes/ (the route only: the RayService and its
+    Secret are serve-cpu's)."""
+    cpu = example_spec("serve-cpu")
+    host = "{endpoint}-{workspace}.serve.example.org"
+    routes = {
+        "ingress": endpoint_route(
+            kind="ingress", host=host, ingress_class="nginx", tls_secret="serve-wildcard-tls"
+        ),
+        "ingress-cert-manager": endpoint_route(
+            kind="ingress",
+            host=host,
+            annotations='{"cert-manager.io/cluster-issuer": "letsencrypt"}',
+        ),
+        "gateway": endpoint_route(kind="gateway", host=host, gateway="gateway-system/public"),
+    }
+    return [
+        EndpointCase(name, cpu, endpoint_target_for(cpu, route=route))
+        for name, route in routes.items()
+    ]
+
+
+def render_route_case(spec: Spec, target: EndpointTarget, *, uid: str = OWNER_UID) -> Manifest:
+    """The endpoint's Ingress or HTTPRoute, owned by its RayService as the backend makes it."""
+    service = render_rayservice(spec, target)
+    owner = Owner(
+        api_version=service["apiVersion"],
+        kind=service["kind"],
+        name=service["metadata"]["name"],
+        uid=uid,
+    )
+    return render_endpoint_route(spec, target, owner=owner)

@@ -16,7 +16,8 @@ On the test cluster (``cluster``; real kube-apiserver RBAC, Kueue, KubeRay, KWOK
   that permission and ``kubectl apply -f deploy/rbac/``;
 * as that ServiceAccount, every operation the list names is performed at least once — the
   namespace, Kueue objects, a suspended queue-labelled Job and a RayJob, Workloads, the
-  visibility API, a Secret, pods and their log, Events, a cordon on a fake node, the leader
+  visibility API, a Secret, an endpoint's Ingress (its HTTPRoute by an access review only: no
+  Gateway API here), pods and their log, Events, a cordon on a fake node, the leader
   Lease, the CRDs, the two self reviews — and the test fails if the list names an operation
   it did not perform: the list is proven sufficient, not only self-consistent. What it must
   not do (list Secrets, touch another Lease; delete or mark as its own a namespace it did not
@@ -1178,6 +1179,61 @@ def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
         as_portal.did("", "services", "get")
         sa.delete("v1", "Service", "run-1", workspace)
         as_portal.did("", "services", "delete")
+
+        # -- an endpoint's route from outside (TAU_ENDPOINT_ROUTE): its Ingress made, read and
+        # replaced (the garbage collector deletes it with its RayService, and the namespace
+        # with the workspace, below) ---------------------------------------------------------
+        sa.create(
+            {
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "Ingress",
+                "metadata": {"name": "ep-1", "namespace": workspace},
+                "spec": {
+                    "rules": [
+                        {
+                            "host": "ep-1-team.serve.example.org",
+                            "http": {
+                                "paths": [
+                                    {
+                                        "path": "/",
+                                        "pathType": "Prefix",
+                                        "backend": {
+                                            "service": {
+                                                "name": "ep-1-serve-svc",
+                                                "port": {"number": 8000},
+                                            }
+                                        },
+                                    }
+                                ]
+                            },
+                        }
+                    ]
+                },
+            }
+        )
+        as_portal.did("networking.k8s.io", "ingresses", "create")
+        assert sa.get("networking.k8s.io/v1", "Ingress", "ep-1", workspace)
+        as_portal.did("networking.k8s.io", "ingresses", "get")
+
+        def relabel(ingress: dict[str, Any]) -> None:
+            ingress["metadata"]["labels"] = MANAGED
+
+        as_portal.update(
+            "networking.k8s.io/v1",
+            "Ingress",
+            "ep-1",
+            workspace,
+            relabel,
+            group="networking.k8s.io",
+            resource="ingresses",
+        )
+        # Its HTTPRoute: this cluster serves no Gateway API (deploy/cluster installs no Gateway
+        # CRDs), so what can be shown is the grant, asked of the API server's authorizer.
+        for verb in ("get", "create", "update"):
+            assert sa.can_i(
+                verb, "httproutes", group="gateway.networking.k8s.io", namespace=workspace
+            ).allowed, verb
+            as_portal.did("gateway.networking.k8s.io", "httproutes", verb)
 
         # -- cancel: the jobs deleted (their pods go with them) ----------------------------------
         sa.delete("batch/v1", "Job", "run-1", workspace, propagation="Foreground")

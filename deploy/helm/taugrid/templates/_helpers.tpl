@@ -166,6 +166,7 @@ storageSecretAccessKey: TAU_STORAGE_SECRET_ACCESS_KEY
 - name: TAU_DATA_PREFIX_DIR
   value: {{ $p.dataPrefixes.dir | quote }}
 {{- end }}
+{{- include "taugrid.endpointRouteEnv" . }}
 {{- $secrets := .Values.secrets -}}
 {{- range $key, $variable := include "taugrid.secretFiles" . | fromYaml }}
 {{- $ref := get $secrets $key }}
@@ -181,6 +182,47 @@ storageSecretAccessKey: TAU_STORAGE_SECRET_ACCESS_KEY
 {{- range $name, $value := $p.extraEnv }}
 - name: {{ $name }}
   value: {{ $value | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* endpoints.route as the portal's TAU_ENDPOINT_* settings (portal/endpoint_routes.py checks
+them again at start-up); values of the other kind of route, or the same settings in extraEnv,
+fail the install. */}}
+{{- define "taugrid.endpointRouteEnv" -}}
+{{- $route := .Values.endpoints.route -}}
+{{- if ne $route.kind "none" }}
+{{- range $name := list "TAU_ENDPOINT_ROUTE" "TAU_ENDPOINT_HOST" "TAU_ENDPOINT_INGRESS_CLASS" "TAU_ENDPOINT_TLS_SECRET" "TAU_ENDPOINT_INGRESS_ANNOTATIONS" "TAU_ENDPOINT_GATEWAY" }}
+{{- if hasKey $.Values.portal.extraEnv $name }}
+{{- fail (printf "portal.extraEnv.%s: set by endpoints.route; leave it out of extraEnv" $name) }}
+{{- end }}
+{{- end }}
+- name: TAU_ENDPOINT_ROUTE
+  value: {{ $route.kind | quote }}
+- name: TAU_ENDPOINT_HOST
+  value: {{ $route.host | quote }}
+{{- if eq $route.kind "ingress" }}
+{{- if or $route.gateway.namespace $route.gateway.name }}
+{{- fail "endpoints.route.gateway: for kind gateway only (kind is ingress)" }}
+{{- end }}
+{{- with $route.ingressClassName }}
+- name: TAU_ENDPOINT_INGRESS_CLASS
+  value: {{ . | quote }}
+{{- end }}
+{{- with $route.tls.secretName }}
+- name: TAU_ENDPOINT_TLS_SECRET
+  value: {{ . | quote }}
+{{- end }}
+{{- with $route.annotations }}
+- name: TAU_ENDPOINT_INGRESS_ANNOTATIONS
+  value: {{ toJson . | quote }}
+{{- end }}
+{{- else }}
+{{- if or $route.ingressClassName $route.tls.secretName $route.annotations }}
+{{- fail "endpoints.route.ingressClassName, tls and annotations: for kind ingress only (behind a Gateway, TLS and the controller's options are the Gateway's)" }}
+{{- end }}
+- name: TAU_ENDPOINT_GATEWAY
+  value: {{ printf "%s/%s" $route.gateway.namespace $route.gateway.name | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
