@@ -9,8 +9,9 @@ the example's cleaning and logistic regression, over a small vocabulary of its o
 benchmark has no trained model). A body that is not such JSON gets the example's 400.
 
 Why not Ray Serve itself: ``ray[serve]`` is not in the project's environment (the local
-executor installs it into each endpoint's own environment, minutes when cold), and a Ray
-cluster would take seconds to start and a share of the cores the portal is measured on. What
+executor installs it into each endpoint's own environment, and ``make bench`` installs no
+Ray), and a Ray cluster would take seconds to start and a share of the cores the portal is
+measured on. What
 the benchmark measures is what the proxy adds, so the same server answers both ways; a Ray
 Serve application costs more per request than this one (its HTTP proxy hands each request to
 a replica actor), so the portal's share of the direct throughput is, if anything, lower here
