@@ -11,7 +11,7 @@ ends the RayJob only once that dashboard reports the Ray job ``SUCCEEDED`` or ``
 the test cluster no container runs and no pod has a dashboard: every RayJob failed after about
 a minute, "the ray job did not reach terminal state" (KubeRay's grace period). This process
 plays the submitter's part for every RayJob, with the Ray head deploy/dev/ray_head.py starts
-(the one the tests use; ``ray[default,tune]`` pinned there, installed once into its own venv):
+(the one the tests use; ``ray[default,serve,tune]`` pinned there, installed once into its own venv):
 
 1. it starts the head (its dashboard on a loopback address of its own, port 8265) and records
    it in ``<state>/ray/ray-head.json``, and the head's ``ray start`` process in

@@ -8,14 +8,15 @@ uses. Standard library only.
     python deploy/dev/ray_head.py start DIR      # prints the head as JSON; DIR holds its log
     python deploy/dev/ray_head.py stop DIR
 
-**Install.** ``ray[default,tune]`` (the dashboard and its job API need ``default``; the
-sweeps' Ray Tune driver, ``tau.ray_tune``, needs ``tune``), pinned at
+**Install.** ``ray[default,serve,tune]`` (the dashboard and its job API need ``default``;
+the sweeps' Ray Tune driver, ``tau.ray_tune``, needs ``tune``; an endpoint's Ray Serve
+application, ``serve``, which KubeRay deploys through the dashboard's Serve API), pinned at
 :data:`RAY_VERSION`, goes into its own virtual environment outside the repository,
-``~/.cache/taugrid/ray-<version>/`` (``TAUGRID_CACHE_DIR`` moves the cache, as for the control
-plane's binaries), made with the interpreter that runs this script. Ray's pins must not meet
-the project's own constraints, hence a venv of its own. A lock keeps two callers from
-installing at once; the ``installed.json`` marker is written last, so a broken install is
-redone. About 35 s and 400 MB when cold.
+``~/.cache/taugrid/ray-<version>-<extras>/`` (``TAUGRID_CACHE_DIR`` moves the cache, as for
+the control plane's binaries), made with the interpreter that runs this script. Ray's pins
+must not meet the project's own constraints, hence a venv of its own. A lock keeps two
+callers from installing at once; the ``installed.json`` marker is written last, so a broken
+install is redone. About 40 s and 450 MB when cold.
 
 **Start.** ``ray start --head --block`` in its own session, one CPU, a small object store,
 usage stats off, every port chosen here (free ports on 127.0.0.1; Ray's defaults, 6379 for
@@ -71,7 +72,7 @@ from typing import Any
 #: Ray from PyPI, pinned; changing it changes the cache directory (a new venv).
 RAY_VERSION = "2.60.0"
 #: The extras installed; part of the cached venv's marker, so a venv without one is redone.
-RAY_EXTRAS = "default,tune"
+RAY_EXTRAS = "default,serve,tune"
 #: The port of the head Service's ``dashboard`` port that KubeRay dials (its default).
 DASHBOARD_PORT = 8265
 START_TIMEOUT_SECONDS = 120
@@ -109,7 +110,9 @@ def cache_dir() -> Path:
 
 
 def venv_dir(version: str = RAY_VERSION) -> Path:
-    return cache_dir() / f"ray-{version}"
+    # The extras in the name: a checkout that wants others gets a venv of its own instead of
+    # redoing one that another checkout's cluster may be running a head from.
+    return cache_dir() / f"ray-{version}-{RAY_EXTRAS.replace(',', '-')}"
 
 
 def ray_executable(version: str = RAY_VERSION) -> Path:
@@ -137,7 +140,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def ensure_ray(version: str = RAY_VERSION) -> Path:
-    """Install ``ray[default,tune]==version`` into its cached venv unless it is there; returns the
+    """Install ``ray[RAY_EXTRAS]==version`` into its cached venv unless it is there; returns the
     ``ray`` executable."""
     target = venv_dir(version)
     if is_installed(version):
@@ -277,6 +280,29 @@ def finished_job(head: RayHead, submission_id: str) -> dict[str, Any] | None:
     return info if info is not None and info.get("status") in TERMINAL_STATUSES else None
 
 
+def start_serve(head: RayHead, port: int, timeout: float = START_TIMEOUT_SECONDS) -> None:
+    """Start Ray Serve on the head with its HTTP proxy on ``127.0.0.1:port``, through a job
+    that ends once it is up (Serve's controller outlives it). A Serve config deployed later
+    through the dashboard (``PUT /api/serve/applications/``, what KubeRay sends for a
+    RayService) starts Serve on 0.0.0.0:8000 when none runs; one that runs keeps its address
+    (Ray Serve warns that the config's differs, and keeps it)."""
+    python = venv_dir(head.version) / "bin" / "python"
+    code = (
+        "from ray import serve; "
+        f"serve.start(http_options={{'host': '127.0.0.1', 'port': {int(port)}}})"
+    )
+    submission = f"taugrid-serve-start-{os.getpid()}-{int(time.time() * 1000)}"
+    submit_job(head, subprocess.list2cmdline([str(python), "-c", code]), submission)
+    deadline = time.monotonic() + timeout
+    while (info := finished_job(head, submission)) is None:
+        if time.monotonic() > deadline:
+            raise RayHeadError(f"Ray Serve did not start within {timeout:.0f}s on {head}")
+        time.sleep(0.5)
+    if info["status"] != "SUCCEEDED":
+        logs = request_json(f"{head.dashboard_url}/api/jobs/{submission}/logs")[1]
+        raise RayHeadError(f"Ray Serve did not start ({info['status']}): {logs}")
+
+
 def _wait_for(
     what: str, probe: Callable[[], Any], process: subprocess.Popen[bytes], log_file: Path
 ) -> Any:
@@ -299,9 +325,17 @@ def _wait_for(
         time.sleep(0.3)
 
 
-def start_head(work_dir: Path, version: str = RAY_VERSION) -> RayHead:
+def start_head(
+    work_dir: Path,
+    version: str = RAY_VERSION,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> RayHead:
     """Start a head (installing Ray first if needed), wait until a job runs on it, and record
-    it in ``work_dir/ray-head.json``."""
+    it in ``work_dir/ray-head.json``. ``env`` is added to its environment and ``cwd`` is its
+    working directory (its workers' too): what a Ray pod's container sets, for a head that
+    stands in for one (an endpoint's, whose Ray Serve application imports the project)."""
     ray = ensure_ray(version)
     work_dir.mkdir(parents=True, exist_ok=True)
     log_file = work_dir / "ray-head.log"
@@ -310,9 +344,9 @@ def start_head(work_dir: Path, version: str = RAY_VERSION) -> RayHead:
     host = free_dashboard_host()
     ports = free_ports(len(_PORT_OPTIONS) + len(_PORT_VARIABLES))
     port_args = [f"{option}={port}" for option, port in zip(_PORT_OPTIONS, ports, strict=False)]
-    env = dict(os.environ)
-    env.update(zip(_PORT_VARIABLES, map(str, ports[len(_PORT_OPTIONS) :]), strict=True))
-    env.update(
+    environment = {**os.environ, **(env or {})}
+    environment.update(zip(_PORT_VARIABLES, map(str, ports[len(_PORT_OPTIONS) :]), strict=True))
+    environment.update(
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # keep 127.0.0.1 as the node address
         RAY_USAGE_STATS_ENABLED="0",
         RAY_DISABLE_DOCKER_CPU_WARNING="1",
@@ -349,7 +383,8 @@ def start_head(work_dir: Path, version: str = RAY_VERSION) -> RayHead:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=environment,
+            cwd=cwd,
             start_new_session=True,
         )
     head = RayHead(dashboard_host=host, pid=process.pid, temp_dir=temp_dir, log=str(log_file))

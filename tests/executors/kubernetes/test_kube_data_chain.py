@@ -31,6 +31,7 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,11 @@ class FakeKubelet:
             self.run_container(container, volumes)
         return self.run_container(main, volumes)
 
-    def run_container(self, container: dict[str, Any], volumes: dict[str, Path]) -> str:
+    def placed(
+        self, container: dict[str, Any], volumes: dict[str, Path]
+    ) -> tuple[Callable[[str], str], dict[str, str]]:
+        """The container's paths as folders here (its volume mounts; a function of a path
+        inside it) and its environment (secrets read, paths placed)."""
         mounts: dict[str, Path] = {}
         for mount in container.get("volumeMounts", []):
             folder = volumes[mount["name"]] / mount.get("subPath", "")
@@ -129,9 +134,9 @@ class FakeKubelet:
             for mount_path in sorted(mounts, key=len, reverse=True):
                 if word == mount_path or word.startswith(mount_path + "/"):
                     return str(mounts[mount_path]) + word[len(mount_path) :]
-            return word
+            return ":".join(here(part) for part in word.split(":")) if ":" in word else word
 
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.scratch)}
+        env: dict[str, str] = {}
         for variable in container.get("env", []):
             if "valueFrom" in variable:
                 ref = variable["valueFrom"]["secretKeyRef"]
@@ -140,6 +145,11 @@ class FakeKubelet:
                 env[variable["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
             else:
                 env[variable["name"]] = here(variable.get("value", ""))
+        return here, env
+
+    def run_container(self, container: dict[str, Any], volumes: dict[str, Path]) -> str:
+        here, placed_env = self.placed(container, volumes)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.scratch), **placed_env}
         command: list[str] = [*container["command"], *container.get("args", [])]
         program, *words = command
         assert program in {"python", "python3"}, container["command"]

@@ -6,21 +6,30 @@ endpoint pass (``follow``) reports what it sees through ``serving.services.obser
 replaces the RayService with the new generation; a stop deletes it (Kueue frees the quota)
 and revokes the token.
 
-No Ray runs in the fake pods, so the endpoints stay ``deploying`` here (admitted, starting);
-what KubeRay's status says once Ray Serve answers is read by
-``executors.kubernetes.endpoint_status`` (test_endpoint_status.py).
+No Ray runs in the fake pods, so the endpoints stay ``deploying`` there (admitted,
+starting), except where a test runs an endpoint's head pod here as its kubelet would
+(:class:`HeadPod`): its init containers fetch the project and the SDK and stage the model from
+the portal, and a real Ray head with the container's environment and working directory stands
+for its Ray, named by the Ray cluster's head Service in the KubeRay operator's hosts file.
+KubeRay deploys the Serve config to it as to a pod's, reads Ray Serve's status, and the
+endpoint becomes ``ready`` through KubeRay's own ``Ready`` condition.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import urllib.request
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import kube as adapter
+from catalog.ingest import asset_named, ingest_folder
+from catalog.models import AssetVersion
 from executors.kubernetes import labels
 from executors.kubernetes.endpoints import follow
 from identity.models import ApiToken
@@ -28,9 +37,13 @@ from serving import services
 from serving.backends import backend_for_endpoint
 from serving.delivery import deliver
 from serving.models import Endpoint, EndpointDelivery, EndpointState
+from tau.serving import LOOPBACK_HOOK, SETUP_HOOK_VARIABLE
 from tests.cluster.kueue_objects import cluster_queue, local_queue
 from tests.cluster.plugin import Kube, KubeCluster, wait_until
-from tests.runs.factories import zip_bytes
+from tests.executors.kubernetes.test_kube_data_chain import FakeKubelet
+from tests.runs.factories import zip_bytes, zip_directory
+from tests.runs.processes import ROOT
+from tests.scripts import load_script
 from workspaces.models import ResourceFlavor, WorkspaceQuota
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
@@ -204,3 +217,199 @@ def test_an_endpoint_bigger_than_its_workspace_s_quota_waits_saying_why(
     )
     assert endpoint.state == EndpointState.DEPLOYING
     assert "quota" in endpoint.state_reason
+
+
+# --- An endpoint that becomes ready ------------------------------------------------------------
+
+SERVE_CPU = ROOT / "examples" / "serve-cpu"
+
+
+def load_ray_submitter() -> Any:
+    """deploy/cluster/ray_submitter.py (and through it the control plane's script and
+    deploy/dev/ray_head.py), by path: deploy/ is not a package."""
+    return load_script(ROOT / "deploy" / "cluster" / "ray_submitter.py", "taugrid_ray_submitter")
+
+
+def reviews_model(world: Any, tmp_path: Path) -> AssetVersion:
+    """alpha's ``reviews-classifier`` as examples/train-on-data writes it: weights over a
+    three-word vocabulary, "good" the word that counts."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.json").write_text(json.dumps({"weights": [3.0, -3.0, 0.0], "bias": 0.0}))
+    (folder / "vocab.txt").write_text("good\nbad\nfilm\n")
+    asset = asset_named(world.alpha, "model", "reviews-classifier", user=world.users["researcher"])
+    version = ingest_folder(asset, folder, source="upload", user=world.users["researcher"])
+    assert version.state == AssetVersion.State.READY, version.error
+    return version
+
+
+class HeadPod:
+    """The head pod of an endpoint's Ray cluster run here, as a kubelet would run it: its init
+    containers as they are rendered (the project and the SDK fetched, the model staged, from
+    the portal with the endpoint's token), then a real Ray head (deploy/dev/ray_head.py) with
+    the Ray container's environment and working directory, Ray Serve's HTTP proxy on
+    ``127.0.0.1`` and a port of its own, and its dashboard named by the cluster's head
+    Service in the KubeRay operator's hosts file, as the RayJob tests' head is."""
+
+    def __init__(self, kube: Kube, cluster: KubeCluster, namespace: str, scratch: Path) -> None:
+        self.kube = kube
+        self.cluster = cluster
+        self.namespace = namespace
+        self.scratch = scratch
+        self.submitter = load_ray_submitter()
+        self.ray = self.submitter.ray_head
+        self.head: Any = None
+        self.serve_port = 0
+
+    def start(self, ray_cluster: str) -> None:
+        def head_pod() -> dict[str, Any] | None:
+            found = self.kube.list(
+                "v1",
+                "Pod",
+                self.namespace,
+                label_selector=f"ray.io/cluster={ray_cluster},ray.io/node-type=head",
+            )
+            return found[0] if found else None
+
+        # KubeRay makes the pods once Kueue has admitted the Ray cluster. What runs here is the
+        # head group's template as TauGrid rendered it (the pod adds KubeRay's own variables,
+        # RAY_ADDRESS among them, which would point this head's jobs at a pod's address).
+        wait_until(f"{ray_cluster}'s head pod", head_pod, timeout=60)
+        made = self.kube.get("ray.io/v1", "RayCluster", ray_cluster, self.namespace)
+        assert made is not None
+        spec = made["spec"]["headGroupSpec"]["template"]["spec"]
+        kubelet = FakeKubelet(self.kube, self.namespace, self.scratch, self.scratch)
+        volumes = {
+            volume["name"]: self.scratch / "volumes" / volume["name"] for volume in spec["volumes"]
+        }
+        for folder in volumes.values():
+            folder.mkdir(parents=True)
+        for container in spec["initContainers"]:
+            kubelet.run_container(container, volumes)
+        (ray_container,) = spec["containers"]
+        here, env = kubelet.placed(ray_container, volumes)
+        # Ray Serve binds each replica's inter-deployment gRPC server on every interface: in
+        # a pod, the pod's own; here, the machine's. Every worker of this head runs the SDK's
+        # hook first (Ray's worker_process_setup_hook, as a job's runtime_env would set it),
+        # as the local executor's do, so that it listens on loopback only.
+        env[SETUP_HOOK_VARIABLE] = LOOPBACK_HOOK
+        self.head = self.ray.start_head(
+            self.scratch / "ray", env=env, cwd=Path(here(ray_container["workingDir"]))
+        )
+        (self.serve_port,) = self.ray.free_ports(1)
+        self.ray.start_serve(self.head, self.serve_port)
+        service = f"{ray_cluster}-head-svc.{self.namespace}.svc.cluster.local"
+        hosts = self.submitter.controlplane.operator_hosts_file(self.cluster.state_dir)
+        with hosts.open("a") as file:  # in place: the operator's bind mount holds the inode
+            file.write(f"{self.head.dashboard_host} {service}\n")
+
+    def ask(self, text: str) -> Any:
+        """POST / to the application, straight to Ray Serve's proxy."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.serve_port}/",
+            data=json.dumps({"text": text}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())
+
+    def stop(self) -> None:
+        if self.head is not None:
+            self.ray.stop_head(self.head)
+
+
+def reserved_cpus(kube: Kube, cluster_queue_name: str) -> str:
+    """The CPUs Kueue has reserved in the ClusterQueue, as its status says ("0" for none)."""
+    queue = kube.get(KUEUE, "ClusterQueue", cluster_queue_name)
+    assert queue is not None
+    for flavor in (queue.get("status") or {}).get("flavorsReservation") or []:
+        for resource in flavor.get("resources") or []:
+            if resource["name"] == "cpu":
+                return str(resource["total"])
+    return "0"
+
+
+def ready(client: adapter.KubeClient, endpoint: Endpoint) -> Endpoint | None:
+    seen = followed(client, endpoint, "")
+    return seen if seen is not None and seen.state == EndpointState.READY else None
+
+
+def described(client: adapter.KubeClient, endpoint: Endpoint, namespace: str) -> str:
+    status = client.get(RAY, "RayService", endpoint.name, namespace).get("status")
+    return f"{endpoint.state}: {endpoint.state_reason}; the RayService's status: {status}"
+
+
+def test_the_serve_cpu_example_becomes_ready_through_kuberay_and_a_real_ray_serve(
+    world: Any,
+    kube: Kube,
+    kube_cluster: KubeCluster,
+    on_the_cluster: adapter.KubeClient,
+    live_server: Any,
+    settings: Any,
+    tmp_path: Path,
+) -> None:
+    """examples/serve-cpu as written, on the model version it names: the RayService is
+    admitted by Kueue (the ClusterQueue's CPUs reserved for its head and its replica), its
+    head pod's init containers fetch the project and stage the model from the portal, KubeRay
+    deploys the Serve config to the Ray head and reads Ray Serve's status, and the endpoint
+    is ``ready`` through KubeRay's own ``Ready`` condition; the application answers with the
+    staged model; stopped, Kueue frees the quota."""
+    client = on_the_cluster
+    settings.TAU_API_URL = live_server.url  # where the pods fetch the project and the model
+    namespace = place(kube, world, cpus="16")
+    queue_name = f"cq-{namespace.rsplit('-', 1)[1]}"
+    model = reviews_model(world, tmp_path)
+    endpoint = services.deploy_endpoint(
+        workspace=world.alpha,
+        user=world.users["researcher"],
+        spec_source=(SERVE_CPU / "tau.yaml").read_bytes(),
+        bundle=io.BytesIO(zip_directory(SERVE_CPU)),
+    )
+    assert endpoint.model_version == model
+    deliver_all(endpoint)
+    wait_until(
+        "the endpoint to be reported admitted and starting",
+        lambda: followed(client, endpoint, "Admitted"),
+        timeout=120,
+        describe=lambda: f"{endpoint.state}: {endpoint.state_reason}",
+    )
+    # The head (2 CPUs) and one 1-CPU replica, in the workspace's queue (Kueue writes the
+    # ClusterQueue's status a moment after it admits).
+    wait_until(
+        "Kueue to reserve the endpoint's CPUs",
+        lambda: reserved_cpus(kube, queue_name) == "3" or None,
+        timeout=60,
+        describe=lambda: str(kube.get(KUEUE, "ClusterQueue", queue_name)),
+    )
+
+    service = client.get(RAY, "RayService", endpoint.name, namespace)
+    ray_cluster = service["status"]["pendingServiceStatus"]["rayClusterName"]
+    pod = HeadPod(kube, kube_cluster, namespace, tmp_path / "pod")
+    try:
+        pod.start(ray_cluster)
+        wait_until(
+            "the endpoint to be ready",
+            lambda: ready(client, endpoint),
+            timeout=180,
+            describe=lambda: described(client, endpoint, namespace),
+        )
+        assert endpoint.state == EndpointState.READY, endpoint.state_reason
+        assert endpoint.replicas_ready == endpoint.replicas_desired == 1
+        assert endpoint.url == f"http://serve-cpu-serve-svc.{namespace}.svc:8000"
+        # The application answers with the model the init container staged from the portal.
+        assert pod.ask("a good film") == {"positive": 0.952574, "label": 1, "words": 2}
+        active = client.get(RAY, "RayService", endpoint.name, namespace)["status"][
+            "activeServiceStatus"
+        ]
+        assert active["applicationStatuses"]["serve-cpu"]["status"] == "RUNNING"
+    finally:
+        pod.stop()
+
+    services.stop_endpoint(endpoint=endpoint, user=world.users["researcher"])
+    deliver_all(endpoint)
+    wait_until(
+        "Kueue to free the endpoint's CPUs",
+        lambda: reserved_cpus(kube, queue_name) == "0" or None,
+        timeout=120,
+        describe=lambda: f"reserved: {reserved_cpus(kube, queue_name)}",
+    )
