@@ -4,11 +4,13 @@ endpoint's address and through ``POST /api/v1/workspaces/{ws}/endpoints/{name}/i
 Goals, at the same fixed concurrency (:data:`CONNECTIONS` connections): through the portal
 ≥ 70 % of the direct throughput, and its p95 at most 5 ms above the direct p95.
 
-- The endpoint: ``benchmarks/serving_upstream.py``, a real HTTP/1.1 server on 127.0.0.1 in a
-  process of its own that answers as ``examples/serve-cpu/app.py`` does (its docstring says
-  why not Ray Serve itself; the output says so too). The endpoint is a row in state ``ready``
-  on the local backend whose ``url`` is that server's address, as the local agent reports a
-  Ray Serve application's.
+- The endpoint: ``examples/serve-cpu`` served by Ray Serve (:func:`ray_serve_upstream`: a
+  Ray head of deploy/dev/ray_head.py's pinned Ray, the Serve config a RayService carries put
+  through the dashboard as KubeRay puts it, one replica of one CPU); in smoke mode (the test
+  suite) ``benchmarks/serving_upstream.py``, a threading HTTP/1.1 server on 127.0.0.1 that
+  answers as the example does, since Ray's start would be most of a smoke run. The output
+  says which. The endpoint is a row in state ``ready`` on the local backend whose ``url`` is
+  that address, as the local agent reports a Ray Serve application's.
 - The portal: gunicorn with the image's command (``deploy/Containerfile``: 3 sync workers),
   the product's settings, PostgreSQL and Redis of ``deploy/dev/test_services.py``
   (``bench_runs.HttpBench``, which the other HTTP figures use).
@@ -34,6 +36,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,8 +61,13 @@ GOAL_P95_ADDED_MS = 5.0
 BODY = json.dumps({"text": "A wonderful, moving film, though its ending is weak."})
 UPSTREAM = (
     "benchmarks/serving_upstream.py: a threading HTTP/1.1 server on 127.0.0.1 answering as "
-    "examples/serve-cpu/app.py does (not Ray Serve: ray[serve] is not installed for the bench)"
+    "examples/serve-cpu/app.py does (smoke mode: Ray Serve's start is not worth a smoke run)"
 )
+RAY_SERVE_UPSTREAM = (
+    "Ray Serve 2.60 on a Ray head on 127.0.0.1 (deploy/dev/ray_head.py), serving "
+    "examples/serve-cpu/app.py through tau.serving:app as an endpoint does, one replica of 1 CPU"
+)
+EXAMPLE = HERE.parent / "examples" / "serve-cpu"
 SPEC = (HERE.parent / "examples" / "serve-cpu" / "tau.yaml").read_bytes()
 
 WRK_SCRIPT = """
@@ -98,6 +106,90 @@ def upstream_server() -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@contextmanager
+def ray_serve_upstream() -> Iterator[str]:
+    """examples/serve-cpu served by a real Ray Serve, as a cluster's head pod serves it: a
+    Ray head (deploy/dev/ray_head.py, its pinned Ray with Serve) whose environment has the
+    workload SDK and the example's folder on PYTHONPATH and a small model at TAU_MODEL_DIR,
+    Ray Serve's proxy on 127.0.0.1, and the Serve config a RayService carries (``tau.serving:
+    app`` sizing the example's deployment: one replica, one CPU) put through the dashboard's
+    Serve API, as KubeRay puts it. Its proxy's address."""
+    from runs import workload_sdk
+    from tau.serving import LOOPBACK_HOOK, SETUP_HOOK_VARIABLE
+
+    ray_head = _load_script(HERE.parent / "deploy" / "dev" / "ray_head.py", "taugrid_ray_head")
+    with tempfile.TemporaryDirectory(prefix="tg-bench-serve-") as scratch:
+        model = Path(scratch) / "model"
+        model.mkdir()
+        weights = {"wonderful": 2.0, "moving": 1.0, "weak": -1.5, "film": 0.0}
+        model_json = {"weights": list(weights.values()), "bias": 0.0}
+        (model / "model.json").write_text(json.dumps(model_json))
+        (model / "vocab.txt").write_text("\n".join(weights) + "\n")
+        sdk = workload_sdk.materialise(Path(scratch) / "sdk")
+        head = ray_head.start_head(
+            Path(scratch) / "ray",
+            env={
+                "PYTHONPATH": f"{sdk}:{EXAMPLE}",
+                "TAU_MODEL_DIR": str(model),
+                SETUP_HOOK_VARIABLE: LOOPBACK_HOOK,
+            },
+            cwd=EXAMPLE,
+        )
+        try:
+            (port,) = ray_head.free_ports(1)
+            ray_head.start_serve(head, port)
+            config = {
+                "applications": [
+                    {
+                        "name": "serve-cpu",
+                        "route_prefix": "/",
+                        "import_path": "tau.serving:app",
+                        "args": {
+                            "import_path": "app:app",
+                            "num_replicas": 1,
+                            "ray_actor_options": {"num_cpus": 1},
+                        },
+                        "logging_config": {"enable_access_log": False},
+                    }
+                ]
+            }
+            request = urllib.request.Request(
+                f"{head.dashboard_url}/api/serve/applications/",
+                data=json.dumps(config).encode(),
+                method="PUT",
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=60):
+                pass
+            deadline = time.monotonic() + 180
+            while True:
+                _, answer = ray_head.request_json(f"{head.dashboard_url}/api/serve/applications/")
+                status = ((answer or {}).get("applications") or {}).get("serve-cpu") or {}
+                if status.get("status") == "RUNNING":
+                    break
+                if status.get("status") == "DEPLOY_FAILED" or time.monotonic() > deadline:
+                    raise RuntimeError(f"Ray Serve did not run the example: {status}")
+                time.sleep(0.5)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            ray_head.stop_head(head)
+
+
+def _load_script(path: Path, name: str) -> Any:
+    """A script of deploy/ by path (deploy/ is not a package)."""
+    import importlib.util
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def load(
@@ -294,7 +386,11 @@ def main() -> None:
             b"\n".join(line for line in SPEC.splitlines() if not line.strip().startswith(b"model:"))
         ).spec
         assert spec is not None
-        with upstream_server() as address:
+        # The endpoint the issue names, Ray Serve, in full runs; smoke runs take the stand-in.
+        upstream, endpoint_words = (
+            (upstream_server, UPSTREAM) if SMOKE else (ray_serve_upstream, RAY_SERVE_UPSTREAM)
+        )
+        with upstream() as address:
             Endpoint.objects.create(
                 workspace=workspace,
                 name="serve-cpu",
@@ -318,7 +414,7 @@ def main() -> None:
                     "load_average": load_average(),
                     "connections": CONNECTIONS,
                     "portal": f"gunicorn {HTTP_WORKERS} sync workers x {HTTP_THREADS} threads",
-                    "endpoint": UPSTREAM,
+                    "endpoint": endpoint_words,
                     "client": f"wrk, 1 thread, {ROUND_SECONDS} s rounds, best of {ROUNDS}",
                 },
                 **figures,

@@ -8,14 +8,8 @@ application of ``examples/serve-cpu/app.py`` does. Standard library only.
 the example's cleaning and logistic regression, over a small vocabulary of its own (the
 benchmark has no trained model). A body that is not such JSON gets the example's 400.
 
-Why not Ray Serve itself: ``ray[serve]`` is not in the project's environment (the local
-executor installs it into each endpoint's own environment, and ``make bench`` installs no
-Ray), and a Ray cluster would take seconds to start and a share of the cores the portal is
-measured on. What
-the benchmark measures is what the proxy adds, so the same server answers both ways; a Ray
-Serve application costs more per request than this one (its HTTP proxy hands each request to
-a replica actor), so the portal's share of the direct throughput is, if anything, lower here
-than in front of a real application.
+Used in smoke mode (the test suite): a full ``make bench`` measures against Ray Serve itself
+(``bench_serving.ray_serve_upstream``), whose start would be most of a smoke run.
 
 Each connection is kept alive (HTTP/1.1) and served by a thread of its own, and every answer
 leaves in one write with Nagle's algorithm off, as uvicorn (Ray Serve's HTTP proxy) sends it:

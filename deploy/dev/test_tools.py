@@ -90,6 +90,7 @@ def main() -> int:
     if "--bench" in sys.argv[1:]:
         ensure_wrk()  # the HTTP load generator of make bench
         ensure_prometheus()  # the GPU fleet benchmark's Prometheus
+        ensure_ray()  # the endpoint proxy benchmark's Ray Serve
         return 0
     ensure_chromium()
     ensure_bubblewrap()
