@@ -35,7 +35,9 @@ from tests.cluster.plugin import Kube, wait_until
 from .render_cases import (
     EndpointCase,
     endpoint_cases,
+    endpoint_route_cases,
     render_endpoint_case,
+    render_route_case,
     with_changes,
 )
 from .test_render_cluster import (
@@ -251,3 +253,24 @@ def test_an_endpoint_bigger_than_the_quota_waits_with_kueue_s_reason(kube: Kube)
     current = kube.get(RAY, "RayCluster", cluster["metadata"]["name"], queue.namespace) or {}
     assert current["spec"].get("suspend") is True
     assert gpus_reserved(kube, queue.cluster_queue) == 0
+
+
+def test_every_rendered_ingress_passes_a_strict_dry_run(kube: Kube) -> None:
+    """The endpoint's Ingress of each ingress route case (``TAU_ENDPOINT_ROUTE=ingress``), as
+    the API server would store it. The HTTPRoute cases are not sent: this cluster serves no
+    Gateway API (deploy/cluster installs no Gateway CRDs), which this test also checks, so
+    that it is extended once it does."""
+    queue = queue_setup(kube, "ep-route")
+    checked = []
+    for case in endpoint_route_cases():
+        spec, target = placed(case, queue)
+        body = render_route_case(spec, target, uid=FAKE_OWNER_UID)
+        if body["kind"] != "Ingress":
+            with pytest.raises(Exception, match=r"No matches found"):
+                kube.cluster.resource(body["apiVersion"], body["kind"])
+            continue
+        stored = dry_run(kube, body)
+        assert missing_from(body, stored) == [], case.name
+        checked.append(case.name)
+    assert checked == ["ingress", "ingress-cert-manager"]
+    assert kube.list("networking.k8s.io/v1", "Ingress", queue.namespace) == []
