@@ -219,6 +219,28 @@ REQUIRED: Final[tuple[Permission, ...]] = (
         subresource="finalizers",
     ),
     Permission(
+        RAY,
+        "rayservices",
+        ("get", "create", "update", "delete"),
+        "an endpoint's RayService: made or replaced on delivery, read by the watcher every 2 s, "
+        "deleted on stop",
+    ),
+    Permission(
+        RAY,
+        "rayservices",
+        ("update",),
+        "an endpoint's token Secret and route are owned by its RayService with "
+        "blockOwnerDeletion (as a run's by its RayJob)",
+        subresource="finalizers",
+    ),
+    Permission(
+        RAY,
+        "rayclusters",
+        ("get", "list"),
+        "an endpoint's Ray clusters (KubeRay makes them for its RayService): their Kueue "
+        "Workload while it waits, their pods for its logs",
+    ),
+    Permission(
         "networking.k8s.io",
         "ingresses",
         ("get", "create", "update"),

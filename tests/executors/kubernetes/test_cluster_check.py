@@ -16,7 +16,8 @@ On the test cluster (``cluster``; real kube-apiserver RBAC, Kueue, KubeRay, KWOK
   that permission and ``kubectl apply -f deploy/rbac/``;
 * as that ServiceAccount, every operation the list names is performed at least once — the
   namespace, Kueue objects, a suspended queue-labelled Job and a RayJob, Workloads, the
-  visibility API, a Secret, an endpoint's Ingress (its HTTPRoute by an access review only: no
+  visibility API, a Secret, an endpoint's RayService (owning its token Secret) and the Ray
+  cluster KubeRay makes for it, an endpoint's Ingress (its HTTPRoute by an access review only: no
   Gateway API here), pods and their log, Events, a cordon on a fake node, the leader
   Lease, the CRDs, the two self reviews — and the test fails if the list names an operation
   it did not perform: the list is proven sufficient, not only self-consistent. What it must
@@ -1234,6 +1235,75 @@ def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
                 verb, "httproutes", group="gateway.networking.k8s.io", namespace=workspace
             ).allowed, verb
             as_portal.did("gateway.networking.k8s.io", "httproutes", verb)
+
+        # -- an endpoint's RayService: made, read, replaced, owning its token Secret; the Ray
+        # cluster KubeRay makes for it read; deleted on stop ----------------------------------
+        resources = {"cpu": "100m", "memory": "128Mi"}
+        sa.create(
+            {
+                "apiVersion": "ray.io/v1",
+                "kind": "RayService",
+                "metadata": {
+                    "name": "ep-1",
+                    "namespace": workspace,
+                    "labels": {**MANAGED, "kueue.x-k8s.io/queue-name": "team"},
+                },
+                "spec": {
+                    "serveConfigV2": "applications: []\n",
+                    "rayClusterConfig": {
+                        "rayVersion": "2.60.0",
+                        "headGroupSpec": {
+                            "rayStartParams": {},
+                            "template": {
+                                "spec": {
+                                    "containers": [
+                                        {
+                                            "name": "ray-head",
+                                            "image": "rayproject/ray:2.60.0-py311",
+                                            "resources": {
+                                                "requests": resources,
+                                                "limits": resources,
+                                            },
+                                        }
+                                    ]
+                                }
+                            },
+                        },
+                    },
+                },
+            }
+        )
+        as_portal.did("ray.io", "rayservices", "create")
+        ray_service = sa.get("ray.io/v1", "RayService", "ep-1", workspace)
+        as_portal.did("ray.io", "rayservices", "get")
+        sa.create(owned_secret("ep-1-endpoint-token", workspace, ray_service))
+        as_portal.did("ray.io", "rayservices/finalizers", "update")
+        as_portal.update(
+            "ray.io/v1",
+            "RayService",
+            "ep-1",
+            workspace,
+            relabel,
+            group="ray.io",
+            resource="rayservices",
+        )
+
+        def its_cluster() -> str | None:
+            status = sa.get("ray.io/v1", "RayService", "ep-1", workspace).get("status") or {}
+            name = (status.get("pendingServiceStatus") or {}).get("rayClusterName")
+            return str(name) if name else None
+
+        cluster_name = wait_until("the RayService's Ray cluster", its_cluster, timeout=60)
+        assert sa.list("ray.io/v1", "RayCluster", workspace)
+        as_portal.did("ray.io", "rayclusters", "list")
+        wait_until(
+            "the Ray cluster",
+            lambda: sa.get("ray.io/v1", "RayCluster", cluster_name, workspace) or None,
+            timeout=30,
+        )
+        as_portal.did("ray.io", "rayclusters", "get")
+        sa.delete("ray.io/v1", "RayService", "ep-1", workspace)
+        as_portal.did("ray.io", "rayservices", "delete")
 
         # -- cancel: the jobs deleted (their pods go with them) ----------------------------------
         sa.delete("batch/v1", "Job", "run-1", workspace, propagation="Foreground")
