@@ -50,7 +50,7 @@ from evidence import keys, verification
 from evidence.manifest import Coverage, build_manifest
 from evidence.models import EvidenceRecord, SealRequest
 from portal import audit
-from portal.outbox import Lease, Retries, Skipped, claim, record_failure, unclaimed_or_lapsed
+from portal.outbox import Lease, Retries, Skipped, claim, due, record_failure
 from runs.models import Backend, Run, RunEvent
 from tau.evidence.canonical import canonical_json
 from tau.evidence.keys import key_id, public_key_bytes, signature_document
@@ -97,18 +97,10 @@ def publish(request_id: int) -> None:
 def due_seals(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
     """Requests the reconciler should seal now: not sealed, due, unclaimed, and old enough that
     the task published at commit had its chance first."""
-    now = timezone.now()
-    return list(
-        SealRequest.objects.unscoped()
-        .filter(
-            sealed_at__isnull=True,
-            given_up_at__isnull=True,
-            next_try_at__lte=now,
-            created_at__lte=now - timedelta(seconds=grace_seconds),
-        )
-        .filter(unclaimed_or_lapsed(now))
-        .order_by("next_try_at")
-        .values_list("pk", flat=True)[:limit]
+    return due(
+        SealRequest.objects.unscoped().filter(sealed_at__isnull=True, given_up_at__isnull=True),
+        grace_seconds=grace_seconds,
+        limit=limit,
     )
 
 

@@ -73,6 +73,22 @@ def unclaimed_or_lapsed(now: datetime, field: str = "claimed_at") -> Q:
     return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__lt": lapsed})
 
 
+def due(open_rows: QuerySet[Any], *, grace_seconds: int, limit: int) -> list[int]:
+    """The ids of an outbox's rows a reconciler should take now, longest waiting first:
+    of ``open_rows`` (those neither done nor given up), the ones due, not claimed by a live
+    worker, and older than a short grace period (so a task published right after commit
+    gets its chance first)."""
+    now = timezone.now()
+    return list(
+        open_rows.filter(
+            next_try_at__lte=now, created_at__lte=now - timedelta(seconds=grace_seconds)
+        )
+        .filter(unclaimed_or_lapsed(now))
+        .order_by("next_try_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
 Row = TypeVar("Row", bound=Model)
 
 

@@ -46,8 +46,8 @@ from portal.outbox import (
     Skip,
     Skipped,
     claim,
+    due,
     record_failure,
-    unclaimed_or_lapsed,
 )
 from runs.backends import RunBackend
 from runs.backends.registry import backend_for_run
@@ -117,18 +117,10 @@ def due_deliveries(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
     """Deliveries the reconciler should make now: not delivered, not given up, due, not
     claimed by a live worker, and older than a short grace period (so a task published right
     after commit gets its chance first)."""
-    now = timezone.now()
-    return list(
-        Delivery.objects.unscoped()
-        .filter(
-            delivered_at__isnull=True,
-            given_up_at__isnull=True,
-            next_try_at__lte=now,
-            created_at__lte=now - timedelta(seconds=grace_seconds),
-        )
-        .filter(unclaimed_or_lapsed(now))
-        .order_by("next_try_at")
-        .values_list("pk", flat=True)[:limit]
+    return due(
+        Delivery.objects.unscoped().filter(delivered_at__isnull=True, given_up_at__isnull=True),
+        grace_seconds=grace_seconds,
+        limit=limit,
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 
 from celery import current_app
@@ -32,9 +32,9 @@ from portal.outbox import (
     Skip,
     Skipped,
     claim,
+    due,
     once_on_commit,
     record_failure,
-    unclaimed_or_lapsed,
 )
 from runs.delivery import retries
 from serving.backends import EndpointBackend, backend_for_endpoint
@@ -72,18 +72,12 @@ def due_deliveries(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
     """Deliveries the reconciler should make now: not delivered, not given up, due, not
     claimed by a live worker, and older than a short grace period (so a task published right
     after commit gets its chance first)."""
-    now = timezone.now()
-    return list(
-        EndpointDelivery.objects.unscoped()
-        .filter(
-            delivered_at__isnull=True,
-            given_up_at__isnull=True,
-            next_try_at__lte=now,
-            created_at__lte=now - timedelta(seconds=grace_seconds),
-        )
-        .filter(unclaimed_or_lapsed(now))
-        .order_by("next_try_at")
-        .values_list("pk", flat=True)[:limit]
+    return due(
+        EndpointDelivery.objects.unscoped().filter(
+            delivered_at__isnull=True, given_up_at__isnull=True
+        ),
+        grace_seconds=grace_seconds,
+        limit=limit,
     )
 
 

@@ -76,9 +76,9 @@ from portal.outbox import (
     Skip,
     Skipped,
     claim,
+    due,
     once_on_commit,
     record_failure,
-    unclaimed_or_lapsed,
 )
 from workspaces import kueue_coverage
 from workspaces.models import (
@@ -302,16 +302,10 @@ def retry_delay(tries: int) -> timedelta:
 def due_syncs(*, grace_seconds: int = 5, limit: int = 200) -> list[int]:
     """Rows the reconciler should run now: pending or waiting, due, not claimed by a live
     worker, and older than a short grace (the task published at commit gets its chance)."""
-    now = timezone.now()
-    return list(
-        KueueSync.objects.filter(
-            state__in=[State.PENDING, State.WAITING],
-            next_try_at__lte=now,
-            created_at__lte=now - timedelta(seconds=grace_seconds),
-        )
-        .filter(unclaimed_or_lapsed(now))
-        .order_by("next_try_at")
-        .values_list("pk", flat=True)[:limit]
+    return due(
+        KueueSync.objects.filter(state__in=[State.PENDING, State.WAITING]),
+        grace_seconds=grace_seconds,
+        limit=limit,
     )
 
 
