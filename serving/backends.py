@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Protocol
 
 from runs.backends import BackendUnavailable
@@ -74,6 +75,18 @@ class EndpointMetrics:
 
 class EndpointBackend(Protocol):
     """What a backend does for endpoints (module docstring)."""
+
+    @property
+    def preempts(self) -> bool:
+        """Whether something on this backend may preempt a running endpoint to give its
+        resources to other work (Kueue may, on Kubernetes): ``serving.preemption``."""
+        ...
+
+    def quota_held(self, spec: Spec, replicas: int) -> dict[str, Decimal]:
+        """What an endpoint of ``spec`` running ``replicas`` replicas holds of its
+        workspace's quota, per resource (Kubernetes: what Kueue reserves for its Ray
+        cluster)."""
+        ...
 
     def deploy_problems(self, spec: Spec, workspace: Workspace) -> list[tuple[str, str]]:
         """(tau.yaml path, message) for what this backend could never give an endpoint of

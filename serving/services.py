@@ -28,6 +28,7 @@ from catalog.models import Asset, AssetVersion
 from runs import bundles, policy
 from runs.models import CodeBundle
 from runs.submission import MAX_SPEC_BYTES, SubmissionProblem, reading_of
+from serving import preemption
 from serving.backends import EndpointsUnavailable, endpoint_backend
 from serving.delivery import write_delivery
 from serving.events import append_event
@@ -43,7 +44,7 @@ from serving.models import (
 from serving.state import EndpointActionRefused, lock_endpoint, transition
 from serving.workload_tokens import revoke_endpoint_tokens
 from tau.k8s_names import dns1035_label_problem
-from tau.spec import locate, spec_hash
+from tau.spec import locate, spec_from_dict, spec_hash
 from tau.spec.model import ModelRef
 
 if TYPE_CHECKING:
@@ -268,9 +269,13 @@ def _check(
     backend: str,
     bundle: IO[bytes] | None,
     extra: list[SubmissionProblem] | None = None,
+    replicas: int | None = None,
+    replacing: int | None = None,
 ) -> _Checked:
     """Everything a deployment (or an update's new spec) must pass, checked before anything
-    is written; the bundle kept once it all passes. ``DeployRefused`` with every problem."""
+    is written; the bundle kept once it all passes. ``DeployRefused`` with every problem.
+    ``replicas``: what the generation runs when not the spec's; ``replacing``: the endpoint
+    it is a new generation of (its own quota is not counted twice)."""
     endpoints = endpoint_backend(backend)  # EndpointsUnavailable before anything else
     problems: list[SubmissionProblem] = list(extra or [])
     spec, found = _read(source, model=model)
@@ -289,6 +294,19 @@ def _check(
                 for p in exc.problems
                 if (p.path, p.message) not in said
             ]
+        if placement is not None and placement.spec.serve is not None:
+            placement, found_here = preemption.place(
+                placement, asked=spec.queue.priority, workspace=workspace, endpoints=endpoints
+            )
+            found_here += preemption.quota_problems(
+                placement.spec,
+                replicas=replicas if replicas is not None else _replicas_of(placement.spec),
+                workspace=workspace,
+                backend=backend,
+                endpoints=endpoints,
+                replacing=replacing,
+            )
+            problems += [_at(source, p, m) for p, m in found_here]
         found, version = _model_problems(source, spec, workspace, from_request=model is not None)
         problems += found
     staged = None
@@ -545,6 +563,17 @@ def scale_endpoint(*, endpoint: Endpoint, user: User | None, replicas: int) -> E
             EndpointState.FAILED,
         ):
             return locked
+        endpoints = endpoint_backend(locked.backend)
+        refused = preemption.quota_problems(
+            spec_from_dict(locked.spec),
+            replicas=replicas,
+            workspace=locked.workspace,
+            backend=locked.backend,
+            endpoints=endpoints,
+            replacing=locked.pk,
+        )
+        if refused:
+            raise EndpointActionRefused(" ".join(message for _path, message in refused))
         before = locked.replicas_desired
         return _new_generation(
             locked,
@@ -582,6 +611,10 @@ def update_endpoint(
         model=model,
         backend=endpoint.backend,
         bundle=bundle,
+        replicas=replicas
+        if replicas is not None or spec_source is not None
+        else endpoint.replicas_desired,
+        replacing=endpoint.pk,
     )
     with transaction.atomic():
         locked = lock_endpoint(endpoint.pk)

@@ -168,6 +168,7 @@ class WorkspaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     "cohort",
                     "preemption_within_queue",
                     "preemption_reclaim_in_cohort",
+                    "endpoint_preemption",
                 ]
             },
         ),

@@ -331,6 +331,15 @@ class ReclaimWithinCohort(models.TextChoices):
     ANY = "Any", "Any borrower's run"
 
 
+class EndpointPreemption(models.TextChoices):
+    """May the workspace's endpoints be preempted (on Kubernetes, by Kueue)? ``never`` keeps
+    them out of Kueue's reach (``serving.preemption``: the workspace's top priority and,
+    in a cohort, within its own nominal quota); ``allowed`` treats them like runs."""
+
+    NEVER = "never", "Never: endpoints keep their GPUs"
+    ALLOWED = "allowed", "Allowed, like runs"
+
+
 class WorkspaceQuerySet(TenantQuerySet["Workspace"]):
     """Workspaces are listed only through a user's access (or explicitly across all)."""
 
@@ -450,6 +459,18 @@ class Workspace(AuditedModel):
         help_text=(
             "Kueue reclaimWithinCohort: whose runs a waiting run may preempt to take back "
             "quota lent to its cohort. Empty: any borrower's."
+        ),
+    )
+    endpoint_preemption = models.CharField(
+        "endpoint preemption",
+        max_length=16,
+        choices=EndpointPreemption.choices,
+        default=EndpointPreemption.NEVER,
+        help_text=(
+            "Never: an endpoint runs at the workspace's highest allowed priority and, in a "
+            "cohort, only within the workspace's own nominal quota (so no run and no lender "
+            "taking its quota back preempts it); a deployment that would break either is "
+            "refused. Allowed: endpoints queue, borrow and may be preempted like runs."
         ),
     )
     active = models.BooleanField(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from django.conf import settings
@@ -49,6 +50,8 @@ from kube.pod_logs import read_pod_log
 from portal.endpoint_routes import EndpointRoute
 from serving.backends import EndpointLog, EndpointMetrics
 from serving.models import LIVE_STATES, Endpoint, EndpointState
+from tau.k8s_names import GPU_RESOURCE
+from tau.quantity import parse_quantity
 from tau.spec import Spec, spec_from_dict
 from workspaces.models import ResourceFlavor
 
@@ -148,12 +151,34 @@ class _RunBackend(Protocol):
 class KubernetesEndpoints:
     """The Kubernetes backend's endpoints (module docstring)."""
 
+    #: Kueue preempts the Ray clusters it admitted like any workload (serving.preemption).
+    preempts = True
+
     def __init__(self, backend: _RunBackend) -> None:
         self._backend = backend
 
     @property
     def client(self) -> KubeClient:
         return self._backend.client
+
+    def quota_held(self, spec: Spec, replicas: int) -> dict[str, Decimal]:
+        """What Kueue reserves for the endpoint's Ray cluster: the head, and one worker per
+        replica (``serve.autoscaling.max_replicas`` of them: the worker group is fixed)."""
+        compute = spec.compute
+        head = compute.ray_head
+        serve = spec.serve
+        workers = (
+            serve.autoscaling.max_replicas
+            if serve is not None and serve.autoscaling is not None
+            else replicas
+        )
+        held = {
+            "cpu": parse_quantity(head.cpus) + parse_quantity(compute.cpus) * workers,
+            "memory": parse_quantity(head.memory) + parse_quantity(compute.memory) * workers,
+        }
+        if compute.gpus:
+            held[GPU_RESOURCE] = Decimal(compute.gpus * workers)
+        return held
 
     # -- instructions ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ loopback, in its sandbox. What the core asks here is answered from the endpoint'
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from executors.local.agent import admission
@@ -39,7 +40,8 @@ from runs.logs import read_log_file
 from serving.backends import EndpointLog, EndpointMetrics
 from serving.models import EndpointState
 from serving.services import observe
-from tau.quantity import QuantityError
+from tau.k8s_names import GPU_RESOURCE
+from tau.quantity import QuantityError, parse_quantity
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -59,6 +61,18 @@ METRICS_NOTE = (
 
 class LocalEndpoints:
     """This machine's endpoints (module docstring)."""
+
+    #: Nothing on this machine takes an endpoint's resources for other work.
+    preempts = False
+
+    def quota_held(self, spec: Spec, replicas: int) -> dict[str, Decimal]:
+        """Compute per replica times ``replicas``, as the agent admits them."""
+        compute = spec.compute
+        return {
+            "cpu": parse_quantity(compute.cpus) * replicas,
+            "memory": parse_quantity(compute.memory) * replicas,
+            GPU_RESOURCE: Decimal(compute.gpus * replicas),
+        }
 
     def deploy_problems(self, spec: Spec, workspace: Workspace) -> list[tuple[str, str]]:
         """Replicas times compute must fit this machine, however idle it is; GPUs only where

@@ -6,11 +6,14 @@ subject here is the core's side of the interface."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from executors.local.backend import LocalBackend
 from serving.backends import EndpointLog, EndpointMetrics
 from serving.models import Endpoint
+from tau.k8s_names import GPU_RESOURCE
+from tau.quantity import parse_quantity
 
 #: What the fake was asked, in order: (action, endpoint name, generation).
 CALLS: list[tuple[str, str, int]] = []
@@ -24,6 +27,8 @@ class Behaviour:
     fail_with: Exception | None = None
     problems: list[tuple[str, str]] = field(default_factory=list)
     metrics_error: Exception | None = None
+    #: Whether the fake backend preempts endpoints (as Kubernetes' does): serving.preemption.
+    preempts: bool = False
 
 
 BEHAVIOUR = Behaviour()
@@ -35,9 +40,23 @@ def reset() -> None:
     BEHAVIOUR.fail_with = None
     BEHAVIOUR.problems = []
     BEHAVIOUR.metrics_error = None
+    BEHAVIOUR.preempts = False
 
 
 class FakeEndpoints:
+    @property
+    def preempts(self) -> bool:
+        return BEHAVIOUR.preempts
+
+    def quota_held(self, spec: Any, replicas: int) -> dict[str, Decimal]:
+        """Compute per replica times replicas, as the local backend's."""
+        compute = spec.compute
+        return {
+            "cpu": parse_quantity(compute.cpus) * replicas,
+            "memory": parse_quantity(compute.memory) * replicas,
+            GPU_RESOURCE: Decimal(compute.gpus * replicas),
+        }
+
     def deploy_problems(self, spec: Any, workspace: Any) -> list[tuple[str, str]]:
         return list(BEHAVIOUR.problems)
 

@@ -44,7 +44,7 @@ from tests.executors.kubernetes.test_kube_data_chain import FakeKubelet
 from tests.runs.factories import zip_bytes, zip_directory
 from tests.runs.processes import ROOT
 from tests.scripts import load_script
-from workspaces.models import ResourceFlavor, WorkspaceQuota
+from workspaces.models import PriorityClass, ResourceFlavor, WorkspaceQuota
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
@@ -91,6 +91,22 @@ def place(kube: Kube, world: Any, *, cpus: str) -> str:
     )["metadata"]["name"]
     kube.create(cluster_queue(f"cq-{suffix}", flavor, namespace, 0, cpu=cpus))
     kube.create(local_queue(world.alpha.local_queue, namespace, f"cq-{suffix}"))
+    # alpha's top priority class, which its endpoints run at (it keeps them from preemption:
+    # serving.preemption), on the cluster as the Kueue sync would make it.
+    serving = f"serving-{suffix}"
+    kube.create(
+        {
+            "apiVersion": KUEUE,
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": serving},
+            "value": 5000,
+        }
+    )
+    PriorityClass.objects.create(name=serving, value=5000)
+    type(world.alpha).unscoped_objects.filter(pk=world.alpha.pk).update(
+        allowed_priorities=["normal", serving]
+    )
+    world.alpha.refresh_from_db()
     # What the portal knows of alpha's quota (its policy checks a deployment against it): room
     # for the endpoint. Kueue's ClusterQueue above may hold less, as when other workloads of
     # the queue hold the rest.
@@ -151,6 +167,10 @@ def test_an_endpoint_is_made_admitted_scaled_and_stopped_on_the_cluster(
         describe=lambda: f"{endpoint.state}: {endpoint.state_reason}",
     )
     assert endpoint.state == EndpointState.DEPLOYING
+    # At alpha's top priority: none of its runs may preempt it.
+    (workload,) = client.list(KUEUE, "Workload", namespace)
+    assert workload["spec"]["priorityClassName"] == f"serving-{namespace.rsplit('-', 1)[1]}"
+    assert workload["spec"]["priority"] == 5000
 
     # A scale is a new generation: the same RayService, replaced, with three workers.
     services.scale_endpoint(endpoint=endpoint, user=world.users["researcher"], replicas=3)
