@@ -515,15 +515,18 @@ MATRIX: dict[str, Route] = {
     "api:endpoint-evidence": Route({"GET": API_READ}, ENDPOINT, api=True),
     "api:endpoint-metrics": Route({"GET": API_READ}, ENDPOINT, api=True),
     "api:endpoint-logs": Route({"GET": API_READ}, ENDPOINT, api=True),
-    # Any member may invoke (the endpoint is still being deployed here: 409); staff who are
-    # not members may not; a token only with the endpoints:invoke scope (these have none,
-    # and are refused before their workspace is looked at).
+    # Any member may invoke, by GET or POST (the endpoint is still being deployed here: 409);
+    # staff who are not members may not; a token only with the endpoints:invoke scope (these
+    # have none, and are refused before their workspace is looked at).
     "api:endpoint-invoke": Route(
-        {"POST": codes(403, 409, 409, 409, 404, 401)},
+        {"GET": codes(403, 409, 409, 409, 404, 401), "POST": codes(403, 409, 409, 409, 404, 401)},
         ENDPOINT_INVOKED,
         data={"prompt": "hello"},
         api=True,
-        with_tokens={"POST": {**codes(403, 403, 403, 403, 403, 401), "foreign_token": 403}},
+        with_tokens={
+            method: {**codes(403, 403, 403, 403, 403, 401), "foreign_token": 403}
+            for method in ("GET", "POST")
+        },
     ),
     # What an endpoint's pods fetch: its project zip and its model's listing and files, for
     # its own token (tests/serving/test_workload_routes.py, and the machine-token walk below)

@@ -1101,6 +1101,42 @@ def endpoint_invoke_without_an_address(world: Any, tmp: Path, settings: Any) -> 
     return invoker(world).post(f"{ENDPOINTS}/{name}/invoke/echo", {}, format="json")
 
 
+@call("GET", f"{EP}/invoke/{{path}}", 200)
+def endpoint_invoke_by_get(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    with upstream_server() as upstream:
+        fakes.BEHAVIOUR.address = upstream.address
+        response = invoker(world).get(f"{ENDPOINTS}/{name}/invoke/v1/models")
+        content = b"".join(response.streaming_content)  # type: ignore[attr-defined]
+    response.streaming_content = [content]  # type: ignore[attr-defined]
+    return response
+
+
+@call("GET", f"{EP}/invoke/{{path}}", 409)
+def endpoint_invoke_by_get_while_deploying(
+    world: Any, tmp: Path, settings: Any
+) -> HttpResponseBase:
+    name = endpoint(world, settings).name
+    return invoker(world).get(f"{ENDPOINTS}/{name}/invoke/v1/models")
+
+
+@call("GET", f"{EP}/invoke/{{path}}", 403)
+def endpoint_invoke_by_get_without_the_scope(
+    world: Any, tmp: Path, settings: Any
+) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    plain = tokens.issue_token(user=world.users["viewer"], name="plain")
+    return bearer(plain.plaintext).get(f"{ENDPOINTS}/{name}/invoke/v1/models")
+
+
+@call("GET", f"{EP}/invoke/{{path}}", 502)
+def endpoint_invoke_by_get_without_an_address(
+    world: Any, tmp: Path, settings: Any
+) -> HttpResponseBase:
+    name = endpoint(world, settings, state=EndpointState.READY).name
+    return invoker(world).get(f"{ENDPOINTS}/{name}/invoke/v1/models")
+
+
 def endpoint_pod(world: Any, tmp: Path, settings: Any, **kwargs: Any) -> tuple[Any, APIClient]:
     """An endpoint and its own pods' client (its endpoint token)."""
     made = endpoint(world, settings, **kwargs)

@@ -50,10 +50,11 @@ urlpatterns = [
         workload.EndpointReportViewSet.as_view({"post": "model_staged"}),
         name="endpoint-report-model-staged",
     ),
-    # {path} may be empty (the endpoint's route prefix itself) and hold slashes.
+    # {path} may be empty (the endpoint's route prefix itself) and hold slashes. GET too: an
+    # OpenAI-compatible endpoint's `GET /v1/models`, health checks.
     re_path(
         r"^workspaces/(?P<workspace_slug>[-a-zA-Z0-9_]+)/endpoints/(?P<name>[^/]+)/invoke/(?P<path>.*)$",
-        views.EndpointInvokeViewSet.as_view({"post": "invoke"}),
+        views.EndpointInvokeViewSet.as_view({"get": "invoke", "post": "invoke"}),
         name="endpoint-invoke",
     ),
 ]

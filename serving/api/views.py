@@ -560,10 +560,37 @@ class BodyTooLarge(exceptions.APIException):
         )
 
 
+INVOKE_PATH = OpenApiParameter(
+    "path",
+    {"type": "string", "pattern": "^[^\\u0000]*$"},
+    OpenApiParameter.PATH,
+    description="The path on the endpoint (after its route prefix); may be empty.",
+)
+INVOKE_ANSWERS: dict[Any, OpenApiResponse] = {
+    (200, "*/*"): OpenApiResponse(
+        OpenApiTypes.BINARY,
+        description="The endpoint's answer, streamed, with its content type.",
+    ),
+    ("default", "*/*"): OpenApiResponse(
+        OpenApiTypes.BINARY,
+        description="The endpoint's answer with another status: passed on as the "
+        "endpoint gave it (its own refusals and errors are its, not the portal's).",
+    ),
+}
+INVOKE_REFUSALS = {
+    403: "Also: a token without the `endpoints:invoke` scope; platform staff who are not members.",
+    409: "The endpoint is not `ready` or `updating`; `state` says what it is.",
+    502: "The endpoint did not answer (its backend names no address yet, it refused the "
+    "connection, or it took longer than `TAU_ENDPOINT_INVOKE_TIMEOUT_SECONDS`).",
+}
+
+
 class EndpointInvokeViewSet(EndpointScopedViewSet):
     """``POST …/endpoints/{name}/invoke/{path}``: the request's body and content type sent on
     to the endpoint's address plus ``path`` (and the query string), and its answer streamed
-    back as it comes, its status and content type as it gave them.
+    back as it comes, its status and content type as it gave them. ``GET`` the same without
+    a body (an OpenAI-compatible endpoint's ``GET /v1/models``, a health check): a body sent
+    with it is neither read nor passed on.
 
     Any member of the workspace may invoke (a viewer too: it reads the endpoint, it changes
     nothing of it); a token only with the ``endpoints:invoke`` scope, which a read-only
@@ -572,6 +599,8 @@ class EndpointInvokeViewSet(EndpointScopedViewSet):
     held whole."""
 
     token_scope = ApiToken.Scope.ENDPOINTS_INVOKE.value
+    # HEAD is not passed on: DRF would answer it with the GET action, sending a GET.
+    http_method_names = ["get", "post", "options"]
     content_negotiation_class = FileDownloadNegotiation
     # Its body is the endpoint's to read, not a serializer's: OPTIONS describes no fields.
     metadata_class = RawBodyMetadata  # type: ignore[assignment]  # a class, as DRF's own
@@ -589,43 +618,32 @@ class EndpointInvokeViewSet(EndpointScopedViewSet):
         if not self.access.is_member:
             # Platform staff read every workspace; sending its endpoints requests is not reading.
             raise exceptions.PermissionDenied("Only the workspace's members invoke its endpoints.")
-        if declared > limit:
+        if declared > limit and request.method == "POST":
             raise BodyTooLarge(limit)
 
     @extend_schema(
+        methods=["GET"],
+        operation_id="workspaces_endpoints_invoke_retrieve",
+        description="The same as `POST` without a body (an OpenAI-compatible endpoint's "
+        "`GET /v1/models`, a health check): the query string passed on.",
+        parameters=[INVOKE_PATH],
+        responses={**INVOKE_ANSWERS, **refusals(400, 409, 502, words=INVOKE_REFUSALS)},
+    )
+    @extend_schema(
+        methods=["POST"],
         operation_id="workspaces_endpoints_invoke_create",
-        parameters=[
-            OpenApiParameter(
-                "path",
-                {"type": "string", "pattern": "^[^\\u0000]*$"},
-                OpenApiParameter.PATH,
-                description="The path on the endpoint (after its route prefix); may be empty.",
-            )
-        ],
+        parameters=[INVOKE_PATH],
         request={"*/*": OpenApiTypes.BINARY},
         responses={
-            (200, "*/*"): OpenApiResponse(
-                OpenApiTypes.BINARY,
-                description="The endpoint's answer, streamed, with its content type.",
-            ),
-            ("default", "*/*"): OpenApiResponse(
-                OpenApiTypes.BINARY,
-                description="The endpoint's answer with another status: passed on as the "
-                "endpoint gave it (its own refusals and errors are its, not the portal's).",
-            ),
+            **INVOKE_ANSWERS,
             **refusals(
                 400,
                 409,
                 413,
                 502,
                 words={
-                    403: "Also: a token without the `endpoints:invoke` scope; platform staff "
-                    "who are not members.",
-                    409: "The endpoint is not `ready` or `updating`; `state` says what it is.",
+                    **INVOKE_REFUSALS,
                     413: "Also: the body is larger than `TAU_ENDPOINT_MAX_BODY_BYTES`.",
-                    502: "The endpoint did not answer (its backend names no address yet, it "
-                    "refused the connection, or it took longer than "
-                    "`TAU_ENDPOINT_INVOKE_TIMEOUT_SECONDS`).",
                 },
             ),
         },
@@ -637,7 +655,12 @@ class EndpointInvokeViewSet(EndpointScopedViewSet):
             raise exceptions.ValidationError({"path": ["must not hold '.' or '..' segments"]})
         if endpoint.state not in SERVING_STATES:
             return _state_conflict(endpoint, "it answers no requests now.")
-        body = _read_body(request._request, int(settings.TAU_ENDPOINT_MAX_BODY_BYTES))
+        sends_body = request.method == "POST"
+        body = (
+            _read_body(request._request, int(settings.TAU_ENDPOINT_MAX_BODY_BYTES))
+            if sends_body
+            else b""
+        )
         services.note_request(endpoint)  # what "idle" is read from (a write a minute at most)
         try:
             address = backend_for_endpoint(endpoint).invoke_address(endpoint)
@@ -659,15 +682,15 @@ class EndpointInvokeViewSet(EndpointScopedViewSet):
             for name in FORWARDED_REQUEST_HEADERS
             if (value := request._request.headers.get(name)) is not None
         }
-        if request.content_type:
+        if sends_body and request.content_type:
             headers["Content-Type"] = request.content_type
         client = proxy_client()
         try:
             upstream = client.send(
                 client.build_request(
-                    "POST",
+                    "POST" if sends_body else "GET",
                     f"{target}?{query}" if query else target,
-                    content=body,
+                    content=body if sends_body else None,
                     headers=headers,
                     timeout=float(settings.TAU_ENDPOINT_INVOKE_TIMEOUT_SECONDS),
                 ),

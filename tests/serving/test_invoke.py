@@ -1,8 +1,8 @@
-"""The proxy route, ``POST …/endpoints/{name}/invoke/{path}``, against a real HTTP server on
-127.0.0.1 standing in for the endpoint's address: the body and its content type forwarded,
-the answer streamed back as it comes; 409 with the state when it answers nothing, 413 past
-the body limit, 403 for a token without the ``endpoints:invoke`` scope, 502 when the endpoint
-does not answer."""
+"""The proxy route, ``POST …/endpoints/{name}/invoke/{path}`` (and ``GET``, without a body),
+against a real HTTP server on 127.0.0.1 standing in for the endpoint's address: the body and
+its content type forwarded, the answer streamed back as it comes; 409 with the state when it
+answers nothing, 413 past the body limit, 403 for a token without the ``endpoints:invoke``
+scope, 502 when the endpoint does not answer."""
 
 from __future__ import annotations
 
@@ -279,3 +279,106 @@ def test_a_path_that_climbs_is_refused(world: Any, path: str) -> None:
     response = invoker(world).post(INVOKE + path, b"{}", content_type="application/json")
     assert response.status_code == 400
     assert "path" in response.json()
+
+
+# --- GET: what an OpenAI-compatible endpoint lists (GET /v1/models), health checks -----------
+
+
+def test_a_get_goes_through_with_its_query_string(world: Any) -> None:
+    ready(world)
+    with upstream_server() as upstream:
+        fakes.BEHAVIOUR.address = upstream.address
+        response = invoker(world).get(INVOKE + "v1/models?limit=2&order=asc")
+        assert response.status_code == 200
+        assert response.streaming
+        assert json.loads(body_of(response)) == {"object": "list", "data": [{"id": "chat"}]}
+        assert response["Content-Type"] == "application/json"
+        assert response["X-Tau-Endpoint"] == "chat"
+        (seen,) = upstream.seen
+    assert seen["method"] == "GET"
+    assert seen["path"] == "/v1/models?limit=2&order=asc"
+    assert seen["body"] == b""
+    assert seen["content_type"] is None
+    assert seen["content_length"] is None
+    assert seen["authorization"] is None
+    assert seen["cookie"] is None
+
+
+def test_a_get_sends_no_body_on_and_has_no_body_limit(world: Any, settings: Any) -> None:
+    """A body sent with a GET is neither read nor passed on (so its size is no 413)."""
+    settings.TAU_ENDPOINT_MAX_BODY_BYTES = 10
+    ready(world)
+    with upstream_server() as upstream:
+        fakes.BEHAVIOUR.address = upstream.address
+        response = invoker(world).generic(
+            "GET", INVOKE + "health", "x" * 100, content_type="text/plain"
+        )
+        assert response.status_code == 200
+        assert body_of(response) == b""
+        (seen,) = upstream.seen
+    assert (seen["method"], seen["path"], seen["body"]) == ("GET", "/health", b"")
+    assert seen["content_type"] is None
+
+
+@pytest.mark.parametrize(
+    ("state", "code"),
+    [
+        (EndpointState.DEPLOYING, 409),
+        (EndpointState.READY, 200),
+        (EndpointState.UPDATING, 200),
+        (EndpointState.UNHEALTHY, 409),
+        (EndpointState.STOPPED, 409),
+        (EndpointState.FAILED, 409),
+    ],
+)
+def test_a_get_reaches_only_a_serving_endpoint(world: Any, state: EndpointState, code: int) -> None:
+    ready(world, state)
+    with upstream_server() as upstream:
+        fakes.BEHAVIOUR.address = upstream.address
+        response = invoker(world).get(INVOKE + "v1/models")
+        assert response.status_code == code
+        if code == 409:
+            assert response.json()["state"] == state
+            assert "X-Tau-Endpoint" not in response
+            assert upstream.seen == []
+
+
+def test_a_get_needs_the_token_scope_and_a_member(world: Any) -> None:
+    ready(world)
+    with upstream_server() as upstream:
+        fakes.BEHAVIOUR.address = upstream.address
+        plain = with_token(world).get(INVOKE + "v1/models")
+        assert plain.status_code == 403
+        assert "endpoints:invoke" in plain.json()["detail"]
+        assert with_token(world, read_only=True).get(INVOKE + "v1/models").status_code == 403
+        assert invoker(world, read_only=True).get(INVOKE + "v1/models").status_code == 200
+        codes = {
+            who: world.api_client_for(who).get(INVOKE + "v1/models").status_code
+            for who in ("workspace_admin", "researcher", "viewer", "platform_admin", "outsider")
+        }
+        assert codes == {
+            "workspace_admin": 200,
+            "researcher": 200,
+            "viewer": 200,
+            "platform_admin": 403,
+            "outsider": 404,
+        }
+        assert len(upstream.seen) == 4
+    from workspaces.models import Membership
+
+    admin = world.users["workspace_admin"]
+    Membership.objects.create(workspace=world.beta, user=admin, role="admin")
+    foreign = invoker(world, who="workspace_admin", workspace=world.beta)
+    assert foreign.get(INVOKE + "v1/models").status_code == 404
+
+
+def test_a_get_that_climbs_is_refused_and_head_is_not_passed_on(world: Any) -> None:
+    ready(world)
+    with upstream_server() as upstream:
+        fakes.BEHAVIOUR.address = upstream.address
+        climbing = invoker(world).get(INVOKE + "../admin")
+        assert climbing.status_code == 400
+        assert "path" in climbing.json()
+        head = invoker(world).head(INVOKE + "v1/models")
+        assert head.status_code == 405
+        assert upstream.seen == []

@@ -3,7 +3,9 @@ application's port): the proxy's tests send it requests through the portal.
 
 ``POST /echo``: the body back, with the request's content type and what it was sent
 (``X-Seen-*``). ``POST /stream``: five lines, each sent and flushed alone, ``delay`` apart
-(chunked). ``POST /teapot``: a 418 of its own. ``POST /slow``: answers after ``slow`` s."""
+(chunked). ``POST /teapot``: a 418 of its own. ``POST /slow``: answers after ``slow`` s.
+``GET /v1/models``: an OpenAI-compatible listing; any other ``GET`` is ``/echo`` without a
+body."""
 
 from __future__ import annotations
 
@@ -43,19 +45,33 @@ def upstream_server(*, delay: float = 0.0, slow: float = 0.0) -> Iterator[Upstre
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 self.answer()
 
+        def do_GET(self) -> None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.answer()
+
         def answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length)
             state.seen.append(
                 {
+                    "method": self.command,
                     "path": self.path,
                     "body": body,
                     "content_type": self.headers.get("Content-Type"),
+                    "content_length": self.headers.get("Content-Length"),
                     "authorization": self.headers.get("Authorization"),
                     "cookie": self.headers.get("Cookie"),
                 }
             )
             route = self.path.split("?")[0]
+            if self.command == "GET" and route == "/v1/models":
+                answer = json.dumps({"object": "list", "data": [{"id": "chat"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+                return
             if route == "/stream":
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
