@@ -15,14 +15,20 @@ succeeds.
 - **Outputs** (:func:`keep_outputs`): ``outputs.dataset`` / ``outputs.model``, folders under
   the successful attempt's ``TAU_OUTPUT_DIR``, become the next versions of their names,
   ``produced_by`` the run and ``derived_from`` the versions it read.
+- **Registered later**: a succeeded run's kept artifacts under a path
+  (:func:`register_from_run`), or one of a run's complete checkpoints, read where its backend
+  says its files are (:func:`register_checkpoint`), become the next version of a model.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import transaction
 
 from catalog.in_place import Location, location, workspace_folder
@@ -30,6 +36,7 @@ from catalog.ingest import (
     CatalogError,
     Listing,
     asset_named,
+    check_storage_quota,
     fail,
     find_version,
     ingest_files,
@@ -37,10 +44,12 @@ from catalog.ingest import (
 )
 from catalog.models import Asset, AssetFile, AssetVersion, RunInput
 from runs import artifacts
+from runs.backends import BackendUnavailable, CheckpointUnreadable
+from runs.backends.registry import backend_for_run
 from runs.events import append_event
-from runs.models import Artifact, EventKind, Run, RunState
+from runs.models import Artifact, Checkpoint, EventKind, Run, RunState
 from runs.submission import Extension
-from tau.manifest import ManifestError, check_path
+from tau.manifest import ManifestError, check_path, list_files
 
 if TYPE_CHECKING:
     from tau.spec import Spec
@@ -323,3 +332,95 @@ def register_from_run(asset: Asset, run: Run, path: str, *, user: Any = None) ->
         produced_by=run,
         derived_from=read,
     )
+
+
+def register_checkpoint(
+    run: Run, *, kind: str, name: str, step: int | None = None, user: Any = None
+) -> AssetVersion:
+    """The next version of the run's workspace's ``kind`` ``name`` (made if new), made of the
+    run's complete checkpoint at ``step`` (None: its newest complete one), read where the
+    run's backend says its files are; produced by the run and derived from the versions it
+    read. A run need not have succeeded: a cancelled fine-tune's checkpoint is still one.
+    CatalogError says what is wrong before anything is made, the model included: the
+    checkpoint is found, listed and measured first."""
+    checkpoint = chosen_checkpoint(run, step)
+    try:
+        where = backend_for_run(run).checkpoint_files(run, checkpoint)
+    except (CheckpointUnreadable, BackendUnavailable) as exc:
+        raise CatalogError(str(exc)) from None
+    listed = checkpoint_listing(run, checkpoint, where)
+    check_storage_quota(
+        run.workspace,
+        sum(size for _, _, size in listed),
+        what=f"{run.name}'s checkpoint at step {checkpoint.step}",
+    )
+    return ingest_files(
+        asset_named(run.workspace, kind, name, user=user),
+        lambda: listed,
+        source=AssetVersion.Source.RUN,
+        source_detail=f"{run.name}: checkpoint step {checkpoint.step}",
+        user=user,
+        produced_by=run,
+        derived_from=read_versions(run),
+        max_files=int(settings.TAU_DATA_MAX_FILES),
+    )
+
+
+def chosen_checkpoint(run: Run, step: int | None) -> Checkpoint:
+    """The run's complete checkpoint at ``step`` (the newest reported of that step), or its
+    newest complete one; CatalogError naming what the run has instead."""
+    rows = Checkpoint.objects.for_workspace(run.workspace_id).filter(run=run)
+    complete = rows.filter(complete=True).order_by("-step", "-created_at")
+    chosen = (complete if step is None else complete.filter(step=step)).first()
+    if chosen is not None:
+        return chosen
+    if step is not None and rows.filter(step=step).exists():
+        raise CatalogError(
+            f"{run.name}'s checkpoint at step {step} is incomplete (the workload reported it "
+            "unfinished): name a complete one."
+        )
+    steps = list(complete.order_by("-step").values_list("step", flat=True).distinct()[:10])
+    if step is not None and steps:
+        raise CatalogError(
+            f"{run.name} has no checkpoint at step {step}; its complete checkpoints' steps: "
+            + ", ".join(str(number) for number in steps)
+            + (" …" if len(steps) == 10 else "")
+            + "."
+        )
+    if rows.exists():
+        raise CatalogError(f"{run.name} wrote no complete checkpoint (only unfinished ones).")
+    raise CatalogError(f"{run.name} wrote no checkpoint.")
+
+
+def checkpoint_listing(run: Run, checkpoint: Checkpoint, where: Path) -> Listing:
+    """The checkpoint's files as a version holds them: a folder's files by their paths in it
+    (nothing under it may be a link: ``list_files``), or one file by its name; within the
+    catalog's limits (``TAU_DATA_MAX_FILES``, ``TAU_DATA_MAX_FILE_BYTES``)."""
+    label = f"{run.name}'s checkpoint at step {checkpoint.step}"
+    most, largest = int(settings.TAU_DATA_MAX_FILES), int(settings.TAU_DATA_MAX_FILE_BYTES)
+    try:
+        info = os.lstat(where)
+    except (FileNotFoundError, NotADirectoryError):
+        raise CatalogError(f"{label} is gone ({checkpoint.path}).") from None
+    try:
+        if stat.S_ISDIR(info.st_mode):
+            listed: Listing = [
+                (item.path, item.absolute, item.size)
+                for item in list_files(where, max_files=most, max_file_bytes=largest)
+            ]
+        elif stat.S_ISREG(info.st_mode):
+            if info.st_size > largest:
+                raise ManifestError(
+                    f"it is {info.st_size:,} bytes; one file may have at most {largest:,} "
+                    "(TAU_DATA_MAX_FILE_BYTES)."
+                )
+            listed = [(check_path(where.name), where, info.st_size)]
+        else:
+            raise ManifestError("it is neither a file nor a folder.")
+    except ManifestError as exc:
+        raise CatalogError(f"{label} cannot be registered: {exc}") from None
+    except OSError as exc:
+        raise CatalogError(f"{label} cannot be read: {exc.strerror}.") from None
+    if not listed:
+        raise CatalogError(f"{label} holds no files ({checkpoint.path}).")
+    return listed

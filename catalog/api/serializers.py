@@ -116,7 +116,13 @@ class DeclaredFileSerializer(serializers.Serializer[Any]):
 
 class VersionStartSerializer(serializers.Serializer[Any]):
     source = serializers.ChoiceField(  # type: ignore[assignment]
-        choices=[("upload", "upload"), ("url", "url"), ("prefix", "prefix"), ("run", "run")],
+        choices=[
+            ("upload", "upload"),
+            ("url", "url"),
+            ("prefix", "prefix"),
+            ("run", "run"),
+            ("checkpoint", "checkpoint"),
+        ],
         help_text="`upload`: the files are declared here, then sent with PUT "
         "…/versions/{version}/files/{path}. `url`: the portal downloads the one file at "
         "`url` (http or https; the webhook rules for where it may connect) into the version "
@@ -126,7 +132,13 @@ class VersionStartSerializer(serializers.Serializer[Any]):
         "under `prefix` of the workspace's folder on the portal (TAU_DATA_PREFIX_DIR), read, "
         "hashed and registered in place by a worker, with progress as for a URL: nothing is "
         "copied, and every read checks the files against the manifest. `run`: the "
-        "artifacts a succeeded run kept under `path` become the version.",
+        "artifacts a succeeded run kept under `path` become the version. `checkpoint`: the "
+        "run's complete checkpoint at `step` (default: its newest complete one; the run need "
+        "not have succeeded) becomes the version, a folder's files by their paths in it or a "
+        "file by its name, read where the run's backend keeps it (on this machine only: a "
+        "cluster run's checkpoints are refused, saying what to do instead); the model is "
+        "made if it is new, once the checkpoint is found. Both make a version produced by "
+        "the run and derived from the versions it read.",
     )
     files = DeclaredFileSerializer(
         many=True,
@@ -134,7 +146,14 @@ class VersionStartSerializer(serializers.Serializer[Any]):
         help_text="An upload: every file of the version. Declaring the same files again while "
         "an upload of them is unfinished answers that version (200), to go on with.",
     )
-    run = serializers.CharField(required=False, help_text="A run's full name (source `run`).")
+    run = serializers.CharField(
+        required=False, help_text="A run's full name (sources `run` and `checkpoint`)."
+    )
+    step = serializers.IntegerField(
+        required=False,
+        help_text="The step of the run's checkpoint that becomes the version (source "
+        "`checkpoint`; default: its newest complete checkpoint).",
+    )
     prefix = serializers.CharField(
         required=False,
         allow_blank=True,

@@ -51,7 +51,7 @@ from catalog.models import (
     AssetVersion,
     RunInput,
 )
-from catalog.runs import register_from_run
+from catalog.runs import register_checkpoint, register_from_run
 from identity.models import ApiToken
 from identity.tokens import token_of
 from portal.api import BoundedJSONParser, FileDownloadNegotiation, refusals
@@ -353,6 +353,10 @@ class AssetViewSet(WorkspaceScopedViewSet):
         },
     )
     def start_version(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        if request.data.get("source") == "checkpoint":
+            # Made if new, as `tau data model register` makes it, but only once the
+            # checkpoint is found: a refused one leaves no empty model behind.
+            return self._register_checkpoint(request)
         asset = self._asset()
         streamed = request.data.get("streamed")
         if isinstance(streamed, StreamedDeclaration):
@@ -390,7 +394,8 @@ class AssetViewSet(WorkspaceScopedViewSet):
                     "source": [
                         f"{source!r} is not a source here: declare the files of an 'upload', "
                         "give the 'url' of a file, name a 'prefix' of the workspace's folder, "
-                        "or name a 'run' and the path of its artifacts."
+                        "name a 'run' and the path of its artifacts, or a run whose "
+                        "'checkpoint' becomes the version."
                     ]
                 }
             )
@@ -431,20 +436,12 @@ class AssetViewSet(WorkspaceScopedViewSet):
         return Response(self._started(version), status=status.HTTP_201_CREATED)
 
     def _register_from_run(self, asset: Asset, request: Request) -> Response:
-        name, path = request.data.get("run"), request.data.get("path")
-        if not isinstance(name, str) or not name:
-            raise exceptions.ValidationError({"run": ["Name the run (its full name)."]})
+        path = request.data.get("path")
         if not isinstance(path, str) or not path.strip("/"):
             raise exceptions.ValidationError(
                 {"path": ["Name the path of its artifacts that becomes the version (model/)."]}
             )
-        run = (
-            None
-            if "\x00" in name
-            else Run.objects.for_workspace(self.workspace).filter(name=name).first()
-        )
-        if run is None:
-            raise exceptions.ValidationError({"run": [f"This workspace has no run {name!r}."]})
+        run = self._named_run(request)
         try:
             version = register_from_run(asset, run, path, user=request.user)
         except CatalogError as exc:
@@ -452,6 +449,37 @@ class AssetViewSet(WorkspaceScopedViewSet):
         if version.state != AssetVersion.State.READY:
             raise exceptions.ValidationError({"detail": f"{version.ref} failed: {version.error}"})
         return Response(self._started(version), status=status.HTTP_201_CREATED)
+
+    def _register_checkpoint(self, request: Request) -> Response:
+        step = request.data.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise exceptions.ValidationError(
+                {"step": ["A checkpoint's step, a whole number (none: the newest complete one)."]}
+            )
+        run = self._named_run(request)
+        try:
+            version = register_checkpoint(
+                run, kind=self.kind, name=self.kwargs["name"], step=step, user=request.user
+            )
+        except CatalogError as exc:
+            raise exceptions.ValidationError({"detail": str(exc)}) from exc
+        if version.state != AssetVersion.State.READY:
+            raise exceptions.ValidationError({"detail": f"{version.ref} failed: {version.error}"})
+        return Response(self._started(version), status=status.HTTP_201_CREATED)
+
+    def _named_run(self, request: Request) -> Run:
+        """The workspace's run the body's ``run`` names (another workspace's is not there)."""
+        name = request.data.get("run")
+        if not isinstance(name, str) or not name:
+            raise exceptions.ValidationError({"run": ["Name the run (its full name)."]})
+        run = (
+            None
+            if "\x00" in name
+            else Run.objects.for_workspace(self.workspace).filter(name=name).first()
+        )
+        if run is None:
+            raise exceptions.ValidationError({"run": [f"This workspace has no run {name!r}."]})
+        return run
 
     @extend_schema(
         parameters=[

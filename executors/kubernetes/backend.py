@@ -71,7 +71,7 @@ from executors.kubernetes.render_endpoint import worker_count
 from kube import Conflict, KubeClient, KubeError, NotFound
 from kube.pod_logs import read_pod_log
 from runs import run_tokens
-from runs.backends import PodSet, QueuedRun, QueueReading, QuotaUse
+from runs.backends import CheckpointUnreadable, PodSet, QueuedRun, QueueReading, QuotaUse
 from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
 from runs.logs import (
     LogChunk,
@@ -873,6 +873,18 @@ class KubernetesBackend:
             )
         except CheckpointPathRefused:
             return False
+
+    def checkpoint_files(self, run: Run, checkpoint: Checkpoint) -> Path:
+        """Never: a cluster run's checkpoints are on the workspace's volume, which the portal
+        does not read them from (and without a storage claim they went with the attempt's
+        pods). The refusal says the two ways a cluster run's model becomes a version."""
+        raise CheckpointUnreadable(
+            f"{run.name} ran on Kubernetes: its checkpoints are on the workspace's volume, "
+            "which the portal cannot read them from. Declare outputs.model in its tau.yaml "
+            "(the run's model is then registered when it succeeds), or keep the checkpoint "
+            "with outputs.artifacts and register it with `tau data model register NAME "
+            f"--run {run.name} --path PATH`."
+        )
 
     # -- quota ---------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from executors.local.agent.admission import FIELD_OF, unsupported_here
 from executors.local.agent.health import local_executor_note
 from executors.local.agent.prepare import AttemptLayout, runs_root, venvs_root
 from executors.local.endpoints import LocalEndpoints
-from runs.backends import PodSet, QueuedRun, QueueReading, QuotaUse
+from runs.backends import CheckpointUnreadable, PodSet, QueuedRun, QueueReading, QuotaUse
 from runs.checkpoint_paths import CheckpointPathRefused, parts_inside
 from runs.logs import LogChunk, WholeLog, open_log_file, read_log_file
 from runs.models import RUNNING_STATES, Backend, Checkpoint, Run, RunAttempt, RunState
@@ -218,6 +218,30 @@ class LocalBackend:
             return _checkpoint_on_disk(run, parts)
         except CheckpointPathRefused:
             return False
+
+    def checkpoint_files(self, run: Run, checkpoint: Checkpoint) -> Path:
+        """The checkpoint as it is on this machine, reached from the portal's own runs folder
+        with every name on the way looked at and no link followed (a link could lead anywhere
+        on this machine): what the catalog reads to make a model version of it. A recorded
+        path outside the run's checkpoint folder, or gone from it, is refused, saying so."""
+        label = f"{run.name}'s checkpoint at step {checkpoint.step}"
+        try:
+            parts = parts_inside(_checkpoint_folders(run), checkpoint.path)
+            if not PurePosixPath(checkpoint.path).is_absolute():
+                raise CheckpointPathRefused(
+                    "a recorded path is absolute (the agent and API keep them so)."
+                )
+            present = _checkpoint_on_disk(run, parts)
+        except CheckpointPathRefused as exc:
+            raise CheckpointUnreadable(
+                f"{label} cannot be read ({checkpoint.path}): {exc}"
+            ) from None
+        if not present:
+            raise CheckpointUnreadable(
+                f"{label} is gone from this machine ({checkpoint.path}): the workload deleted "
+                "it (many keep only the newest few). Name a checkpoint that is still there."
+            )
+        return Path(os.path.realpath(runs_root()), str(run.pk), checkpoint_dir(run).name, *parts)
 
     def quota_in_use(self, workspace_ids: Collection[int] | None) -> dict[int, QuotaUse]:
         """Local runs and endpoints use the machine's flavor (``TAU_LOCAL_FLAVOR``): what the

@@ -14,12 +14,13 @@ own supervisor (the local agent, or the Kubernetes watcher) through the run serv
 
 And it answers what the core would otherwise read from one backend's files or objects:
 what it could never do for a spec (``submission_problems``, before a run exists), what it
-admits together for one (``pod_sets``: a RayJob's head too), an
-attempt's log (a piece to follow, the whole to download), where a reported checkpoint is
-and whether it still exists, how much of each workspace's quota its runs use, where its
-queued runs stand (``queue_positions``), what to warn a submitter of (``storage_warning``),
-what the sealed record names as a run's environment and an attempt's objects, and what it
-adds to ``/readyz``. The core never imports a backend: pages, the API and evidence ask these
+admits together for one (``pod_sets``: a RayJob's head too), an attempt's log (a piece to
+follow, the whole to download), where a reported checkpoint is, whether it still exists and
+where the portal reads its files (``checkpoint_files``: a checkpoint registered as a model
+version), how much of each workspace's quota its runs use, where its queued runs stand
+(``queue_positions``), what to warn a submitter of (``storage_warning``), what the sealed
+record names as a run's environment and an attempt's objects, and what it adds to
+``/readyz``. The core never imports a backend: pages, the API and evidence ask these
 questions of ``registry.backend_named(run.backend)``.
 
 Which backends an installation runs, and which one a run's instructions go to, is
@@ -33,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from runs.logs import LogChunk, WholeLog
@@ -86,6 +88,11 @@ class BackendUnavailable(RuntimeError):
     """The run names a backend this installation does not run."""
 
 
+class CheckpointUnreadable(RuntimeError):
+    """The portal cannot read a checkpoint's files: they are gone, or the backend keeps them
+    where the portal cannot reach. The message says why, and what to do instead."""
+
+
 class RunBackend(Protocol):
     name: str
     #: Whether a script entry point must come in the project zip (no image to hold it).
@@ -133,6 +140,12 @@ class RunBackend(Protocol):
 
     def checkpoint_exists(self, run: Run, checkpoint: Checkpoint) -> bool:
         """Whether the run can still resume from ``checkpoint`` (workloads delete old ones)."""
+        ...
+
+    def checkpoint_files(self, run: Run, checkpoint: Checkpoint) -> Path:
+        """Where the portal reads ``checkpoint``'s files now (a file, or a folder), inside
+        the run's own checkpoint folder and reached through no symbolic link, or
+        ``CheckpointUnreadable`` saying why not (gone, or out of the portal's reach)."""
         ...
 
     def quota_in_use(self, workspace_ids: Collection[int] | None) -> dict[int, QuotaUse]:

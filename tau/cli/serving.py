@@ -2,10 +2,11 @@
 
 ``tau serve deploy`` sends the project folder and its tau.yaml (``run.workload_kind:
 rayservice`` with a ``serve`` block) as a run is submitted: the application's code travels in
-the zip. ``--model NAME@VERSION`` and ``--from-finetune RUN`` change the config's
-``serve.model`` before it is sent, and ``--replicas N`` its ``serve.replicas``: the form the
-portal takes has no field of its own for them, and what is deployed is then exactly the
-tau.yaml the endpoint's record keeps. ``tau serve invoke`` goes through the portal's proxy
+the zip. ``--model NAME@VERSION`` and ``--from-finetune RUN`` (the version the run registered,
+or its newest checkpoint, registered first) change the config's ``serve.model`` before it is
+sent, and ``--replicas N`` its ``serve.replicas``: the form the portal takes has no field of
+its own for them, and what is deployed is then exactly the tau.yaml the endpoint's record
+keeps. ``tau serve invoke`` goes through the portal's proxy
 route with the same token, which needs the ``endpoints:invoke`` scope.
 """
 
@@ -85,12 +86,15 @@ def _model_ref(text: str) -> tuple[str, str]:
     return name, version or "latest"
 
 
-def finetuned_model(api: Api, workspace: str, run_ref: str) -> tuple[str, int, str]:
+def finetuned_model(
+    api: Api, workspace: str, run_ref: str, *, quiet: bool = False
+) -> tuple[str, int, str]:
     """The model version the run registered, as ``(model, version, run name)``: one a version
     of which names the run as ``produced_by``, looked for in the model its tau.yaml's
     ``outputs.model`` names (or, without one, in every model of the workspace: a version
-    registered with ``tau data model register --run``). ``CliError`` saying why when there is
-    none; nothing is deployed then."""
+    registered with ``tau data model register --run``). A run that registered none has its
+    newest complete checkpoint registered instead (:func:`_register_checkpoint`).
+    ``CliError`` saying why when there is neither; nothing is deployed then."""
     run = api.get(run_path(workspace, run_ref))
     name = str(run["name"])
     outputs = (run.get("spec") or {}).get("outputs") or {}
@@ -111,7 +115,9 @@ def finetuned_model(api: Api, workspace: str, run_ref: str) -> tuple[str, int, s
         made.extend((model, version) for version in versions if version.get("produced_by") == name)
     ready = [(model, version) for model, version in made if version.get("state") == "ready"]
     if not ready:
-        raise CliError(_none_made(run, declared, made), EXIT_NOT_FOUND)
+        if made:  # what the run registered is not ready: say so rather than serve another
+            raise CliError(_none_made(run, declared, made), EXIT_NOT_FOUND)
+        return _register_checkpoint(api, workspace, run, declared, quiet=quiet)
     chosen = {model for model, _version in ready}
     if len(chosen) > 1:
         refs = ", ".join(f"{model}@{version['number']}" for model, version in ready)
@@ -124,7 +130,44 @@ def finetuned_model(api: Api, workspace: str, run_ref: str) -> tuple[str, int, s
     return model, int(version["number"]), name
 
 
-def _none_made(run: dict[str, Any], declared: Any, made: list[tuple[str, dict[str, Any]]]) -> str:
+def _register_checkpoint(
+    api: Api, workspace: str, run: dict[str, Any], declared: Any, *, quiet: bool
+) -> tuple[str, int, str]:
+    """The run's newest complete checkpoint, registered as the next version of the model its
+    ``outputs.model`` names (or, without one, of a model named after the run; the portal
+    makes it if it is new, once it has found the checkpoint). ``CliError`` when the run wrote
+    none, or the portal refuses it."""
+    name = str(run["name"])
+    checkpoints = api.get(f"{run_path(workspace, name)}checkpoints/")
+    steps = [int(row["step"]) for row in checkpoints if row.get("complete")]
+    if not steps:
+        raise CliError(_none_made(run, declared, [], wrote_some=bool(checkpoints)), EXIT_NOT_FOUND)
+    step = max(steps)
+    model = str(declared) if declared else name
+    try:
+        version = api.post(
+            f"{asset_path(workspace, 'model', model)}versions/",
+            {"source": "checkpoint", "run": name, "step": step},
+        )
+    except CliError as error:
+        raise CliError(
+            f"{name} registered no model version, and its checkpoint step {step} could not be "
+            f"registered as a version of {model}: {error} Nothing was deployed.",
+            error.code,
+            details=error.details,
+        ) from None
+    said = f"Registered {name}'s checkpoint step {step} as {version['ref']}."
+    (err if quiet else out).print(said, markup=False)
+    return model, int(version["number"]), name
+
+
+def _none_made(
+    run: dict[str, Any],
+    declared: Any,
+    made: list[tuple[str, dict[str, Any]]],
+    *,
+    wrote_some: bool = False,
+) -> str:
     name = run["name"]
     if made:
         states = ", ".join(
@@ -134,11 +177,12 @@ def _none_made(run: dict[str, Any], declared: Any, made: list[tuple[str, dict[st
             f"{name} registered no model version that can be served ({states}); nothing was "
             "deployed."
         )
+    checkpoint = "no complete checkpoint" if wrote_some else "no checkpoint"
     if run.get("state") != "succeeded":
         what = f"outputs.model ({declared})" if declared else "a model version"
         return (
-            f"{name} is {run.get('state')}: a run registers {what} only when it succeeds; "
-            "nothing was deployed."
+            f"{name} is {run.get('state')}: a run registers {what} only when it succeeds, and "
+            f"it wrote {checkpoint} to serve instead; nothing was deployed."
         )
     why = (
         f"its tau.yaml names outputs.model {declared}, but no version of it was made by this run"
@@ -146,9 +190,9 @@ def _none_made(run: dict[str, Any], declared: Any, made: list[tuple[str, dict[st
         else "its tau.yaml has no outputs.model"
     )
     return (
-        f"{name} registered no model version ({why}); nothing was deployed. Make one of what it "
-        f"kept with `tau data model register NAME --run {name} --path PATH`, then deploy it "
-        "with `tau serve deploy --model NAME@VERSION`."
+        f"{name} registered no model version ({why}) and wrote {checkpoint}; nothing was "
+        f"deployed. Make one of what it kept with `tau data model register NAME --run {name} "
+        "--path PATH`, then deploy it with `tau serve deploy --model NAME@VERSION`."
     )
 
 
@@ -391,7 +435,8 @@ def serve_group() -> None:
     "--from-finetune",
     "from_finetune",
     metavar="RUN",
-    help="Serve the model version this run registered (its outputs.model).",
+    help="Serve the model version this run registered (its outputs.model), or else its "
+    "newest complete checkpoint, registered as the model's next version.",
 )
 @click.option(
     "--model",
@@ -434,7 +479,7 @@ def deploy_command(
     api = state.api()
     run_name = None
     if from_finetune:
-        name, number, run_name = finetuned_model(api, ws, from_finetune)
+        name, number, run_name = finetuned_model(api, ws, from_finetune, quiet=as_json)
         model = (name, str(number))
     endpoint = deploy(
         api,

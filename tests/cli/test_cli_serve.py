@@ -2,8 +2,8 @@
 followed until ready, scaled, its log read and followed, invoked through the portal's proxy
 with a token that has the ``endpoints:invoke`` scope (a real HTTP server on 127.0.0.1 stands
 in for the Ray Serve port), then deleted; the model a fine-tuning run registered deployed with
-``--from-finetune``, and a clear refusal when it registered none; ``--model NAME@VERSION``;
-the JSON scripts read and every exit code."""
+``--from-finetune`` (or else its newest checkpoint, registered first), and a clear refusal
+when it has neither; ``--model NAME@VERSION``; the JSON scripts read and every exit code."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from catalog.ingest import asset_named, ingest_folder
-from catalog.models import AssetVersion
+from catalog.models import Asset, AssetVersion
+from executors.local import backend as local_backend
 from identity import tokens
-from runs.models import RunState
+from runs.models import Checkpoint, Run, RunState
 from serving import services
 from serving.backends import EndpointLog
 from serving.models import Endpoint, EndpointState
@@ -409,10 +410,10 @@ def test_from_finetune_of_a_run_that_registered_no_model_deploys_nothing(
     none = tau("serve", "deploy", "--config", str(config), "--from-finetune", plain.name)
     assert (none.returncode, none.stdout) == (4, "")
     assert none.stderr == (
-        f"tau: {plain.name} registered no model version (its tau.yaml has no outputs.model); "
-        "nothing was deployed. Make one of what it kept with `tau data model register NAME "
-        f"--run {plain.name} --path PATH`, then deploy it with `tau serve deploy --model "
-        "NAME@VERSION`.\n"
+        f"tau: {plain.name} registered no model version (its tau.yaml has no outputs.model) "
+        "and wrote no checkpoint; nothing was deployed. Make one of what it kept with `tau "
+        f"data model register NAME --run {plain.name} --path PATH`, then deploy it with `tau "
+        "serve deploy --model NAME@VERSION`.\n"
     )
 
     trained = TINY_SPEC + b"outputs:\n  model: {name: reviews, path: model}\n"
@@ -421,8 +422,80 @@ def test_from_finetune_of_a_run_that_registered_no_model_deploys_nothing(
     assert refused.returncode == 4
     assert refused.stderr == (
         f"tau: {failed.name} is failed: a run registers outputs.model (reviews) only when it "
-        "succeeds; nothing was deployed.\n"
+        "succeeds, and it wrote no checkpoint to serve instead; nothing was deployed.\n"
     )
+    # Only an unfinished checkpoint: none to serve either.
+    Checkpoint.objects.create(run=failed, attempt=1, step=5, path="/nowhere", complete=False)
+    unfinished = tau("serve", "deploy", "--config", str(config), "--from-finetune", failed.name)
+    assert unfinished.returncode == 4
+    assert "and it wrote no complete checkpoint to serve instead" in unfinished.stderr
     nobody = tau("serve", "deploy", "--config", str(config), "--from-finetune", "no-such-run")
     assert nobody.returncode == 4
+    assert not endpoints(world).exists()
+    assert not Asset.objects.for_workspace(world.alpha).exists()
+
+
+def checkpoint_of(run: Run, step: int, weights: bytes) -> Path:
+    """A complete checkpoint folder of the run, as the local agent records one."""
+    where = local_backend.checkpoint_dir(run) / f"step-{step}"
+    where.mkdir(parents=True)
+    (where / "model.bin").write_bytes(weights)
+    Checkpoint.objects.create(run=run, attempt=1, step=step, path=str(where))
+    return where
+
+
+def test_from_finetune_of_a_run_that_registered_no_model_serves_its_newest_checkpoint(
+    world: Any, live_server: Any, tmp_path: Path
+) -> None:
+    tau = as_user(world, "researcher", live_server, tmp_path / "home")
+    config = project(tmp_path)
+    # A fine-tune that was cancelled before it could register outputs.model: its newest
+    # complete checkpoint becomes the next version of that model, and is deployed.
+    trained = TINY_SPEC + b"outputs:\n  model: {name: reviews, path: model}\n"
+    cancelled = make_run(world, spec=trained, state=RunState.CANCELLED)
+    checkpoint_of(cancelled, 10, b"early")
+    checkpoint_of(cancelled, 20, b"later")
+    deployed = tau("serve", "deploy", "--config", str(config), "--from-finetune", cancelled.name)
+    assert deployed.returncode == 0, deployed.stderr
+    assert deployed.stdout.splitlines()[:2] == [
+        f"Registered {cancelled.name}'s checkpoint step 20 as reviews@1.",
+        "Deployed chat to alpha (deploying): 1 replica, model reviews@1, made by "
+        f"{cancelled.name}.",
+    ]
+    version = AssetVersion.objects.for_workspace(world.alpha).get(asset__name="reviews")
+    assert (version.number, version.state, version.produced_by_id) == (1, "ready", cancelled.pk)
+    assert version.source_detail == f"{cancelled.name}: checkpoint step 20"
+    assert endpoints(world).get(name="chat").model_version_id == version.pk
+    tau.json("serve", "delete", "chat")
+    # Deployed again, the run has registered a version: that one is served, none is made.
+    again = tau.json("serve", "deploy", "--config", str(config), "--from-finetune", cancelled.name)
+    assert again["model"] == {"name": "reviews", "version": 1}
+    assert AssetVersion.objects.for_workspace(world.alpha).count() == 1
+    tau.json("serve", "delete", "chat")
+
+    # Without outputs.model, a model named after the run is made; --json keeps standard
+    # output for the endpoint and says what was registered on standard error.
+    plain = make_run(world, state=RunState.SUCCEEDED)
+    checkpoint_of(plain, 7, b"weights")
+    made = tau("serve", "deploy", "--config", str(config), "--from-finetune", plain.name, "--json")
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["model"] == {"name": plain.name, "version": 1}
+    assert f"Registered {plain.name}'s checkpoint step 7 as {plain.name}@1." in made.stderr
+    tau.json("serve", "delete", "chat")
+
+    # A checkpoint the portal refuses (gone from disk): its words, nothing deployed, and no
+    # model made for it.
+    gone = make_run(world, state=RunState.FAILED)
+    folder = checkpoint_of(gone, 3, b"deleted")
+    (folder / "model.bin").unlink()
+    folder.rmdir()
+    refused = tau("serve", "deploy", "--config", str(config), "--from-finetune", gone.name)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(
+        f"tau: {gone.name} registered no model version, and its checkpoint step 3 could not be "
+        f"registered as a version of {gone.name}: {gone.name}'s checkpoint at step 3 is gone "
+        "from this machine"
+    )
+    assert refused.stderr.endswith(" Nothing was deployed.\n")
+    assert not Asset.objects.for_workspace(world.alpha).filter(name=gone.name).exists()
     assert not endpoints(world).exists()
