@@ -842,6 +842,12 @@ if TAU_PROMETHEUS_URL or TAU_BACKEND == "local":
 # names, e.g. {"utilization": "nvidia_gpu_utilization"} (telemetry/dcgm.py lists the fields).
 TAU_DCGM_METRICS = env_str("TAU_DCGM_METRICS", "") or ""
 TAU_DCGM_LABELS = env_str("TAU_DCGM_LABELS", "") or ""
+# The endpoints' traffic on a cluster comes from Ray Serve's own metrics in that Prometheus,
+# found by the target labels the platform's scrape config gives the Ray pods: JSON objects
+# naming other metrics or labels, e.g. {"endpoint_id": "endpoint"} (telemetry/ray_serve.py;
+# docs/kubernetes.md, "Endpoint metrics").
+TAU_SERVE_METRICS = env_str("TAU_SERVE_METRICS", "") or ""
+TAU_SERVE_LABELS = env_str("TAU_SERVE_LABELS", "") or ""
 # A run that holds GPUs it uses less than this (percent, on average) for this long is
 # flagged on its page: the most expensive waste on a shared cluster.
 TAU_GPU_IDLE_PERCENT = env_int("TAU_GPU_IDLE_PERCENT", 10, minimum=0)

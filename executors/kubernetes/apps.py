@@ -1,4 +1,6 @@
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 
 class KubernetesExecutorConfig(AppConfig):
@@ -9,7 +11,14 @@ class KubernetesExecutorConfig(AppConfig):
     def ready(self) -> None:
         from executors.kubernetes import kueue_cluster, kueue_sync
         from runs.selectors import live_run_count
+        from telemetry.ray_serve import ServeNames
         from workspaces.signals import kueue_sync_requested
+
+        # A wrong name override would otherwise show only on an endpoint's metrics.
+        try:
+            ServeNames.from_overrides(settings.TAU_SERVE_METRICS, settings.TAU_SERVE_LABELS)
+        except ValueError as error:
+            raise ImproperlyConfigured(str(error)) from None
 
         # Every save or delete that Kueue must follow writes a sync row (on Kubernetes).
         kueue_sync.connect_triggers()

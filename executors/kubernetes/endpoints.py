@@ -18,6 +18,8 @@ configures a route from outside (``TAU_ENDPOINT_ROUTE``): ``deploy`` then also m
 endpoint's Ingress or HTTPRoute, owned by the RayService (so ``stop`` deletes it with the
 RayService), and replaces it when it says something else than the settings now say. A cluster
 that does not serve the route's API (no Gateway API CRDs) fails the deployment saying so.
+An endpoint's traffic figures come from Ray Serve's metrics in the portal's Prometheus
+(:mod:`executors.kubernetes.endpoint_metrics`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from django.conf import settings
 
 from catalog.models import AssetVersion
 from executors.kubernetes import labels
+from executors.kubernetes.endpoint_metrics import endpoint_metrics
 from executors.kubernetes.endpoint_status import observe_endpoint
 from executors.kubernetes.render import Flavor, Owner
 from executors.kubernetes.render_endpoint import (
@@ -407,15 +410,10 @@ class KubernetesEndpoints:
         return EndpointLog(piece, start, len(data), len(data), replica=name, replicas=names)
 
     def metrics(self, endpoint: Endpoint) -> EndpointMetrics:
-        return EndpointMetrics(
-            requests_per_second=None,
-            latency_p50_ms=None,
-            latency_p95_ms=None,
-            error_rate=None,
-            replicas_ready=endpoint.replicas_ready,
-            replicas_desired=endpoint.replicas_desired,
-            note="Ray Serve's request metrics are not read on a cluster yet.",
-        )
+        """Ray Serve's request rate, error rate and latency, and its pods' GPU utilisation,
+        from the portal's Prometheus (:mod:`executors.kubernetes.endpoint_metrics`): no
+        Kubernetes API call, and never an exception (a note says what is missing)."""
+        return endpoint_metrics(endpoint)
 
 
 def _workload_of(client: KubeClient, service: Mapping[str, Any]) -> dict[str, Any] | None:

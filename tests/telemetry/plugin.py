@@ -18,8 +18,10 @@ otherwise pass by not running).
 
 The object it gives: ``.url``, ``.exporter`` (the :class:`DcgmReplay`: ``set_hosts``,
 ``assign``/``unassign``, ``set_value``/``clear_override``, ``set_pattern``, ``frame``,
-``served``, ``host_label``), ``.stop()`` / ``.start()`` (down and back up on the same port,
-with its data), ``.wait_for(expr, predicate, timeout)``, ``.client()`` / ``.telemetry()``
+``served``, ``host_label``), ``.set_pod_targets()`` (more scrape targets, the pods of
+endpoints' Ray clusters with the labels a PodMonitor gives them, through file-based service
+discovery: none unless a test sets them), ``.stop()`` / ``.start()`` (down and back up on the
+same port, with its data), ``.wait_for(expr, predicate, timeout)``, ``.client()`` / ``.telemetry()``
 (the adapter pointed at it) and ``.queries_answered()`` (Prometheus' own count of the queries
 it answered: how tests pin "one query per metric").
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import shutil
 import socket
 import subprocess
@@ -74,6 +77,12 @@ scrape_configs:
     honor_labels: true
     static_configs:
       - targets: ["127.0.0.1:{exporter_port}"]
+  - job_name: ray-pods
+    # Pods of endpoints' Ray clusters, as a Prometheus Operator PodMonitor finds them: each
+    # target with its namespace, pod and podTargetLabels (set_pod_targets). None by default.
+    file_sd_configs:
+      - files: ["{pod_targets}"]
+        refresh_interval: {scrape}s
 """
 
 
@@ -119,13 +128,41 @@ class PrometheusServer:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pod_targets_path(self) -> Path:
+        return self.directory / "pod-targets.json"
+
     def write_config(self) -> Path:
         config = self.directory / "prometheus.yml"
+        if not self.pod_targets_path.exists():
+            self.set_pod_targets([])
         config.write_text(
-            CONFIG.format(scrape=SCRAPE_SECONDS, exporter_port=self.exporter.port),
+            CONFIG.format(
+                scrape=SCRAPE_SECONDS,
+                exporter_port=self.exporter.port,
+                pod_targets=self.pod_targets_path,
+            ),
             encoding="utf-8",
         )
         return config
+
+    def set_pod_targets(self, targets: list[tuple[str, dict[str, str]]]) -> None:
+        """Scrape exactly these targets in the ``ray-pods`` job: (address with path, e.g.
+        ``127.0.0.1:8123/pods/p/metrics``, the target labels), as Kubernetes service
+        discovery with a PodMonitor would give them. Prometheus reads the file again within a
+        scrape interval; an empty list stops the job's scrapes (their series go stale)."""
+        groups = []
+        for address, target_labels in targets:
+            host, _, path = address.partition("/")
+            groups.append(
+                {
+                    "targets": [host],
+                    "labels": {**target_labels, "__metrics_path__": f"/{path or 'metrics'}"},
+                }
+            )
+        staged = self.pod_targets_path.with_suffix(".tmp")
+        staged.write_text(json.dumps(groups), encoding="utf-8")
+        staged.replace(self.pod_targets_path)  # whole or not at all, for the file watcher
 
     def start(self) -> None:
         """Start Prometheus (again) on the same port with the same data, and wait until it
