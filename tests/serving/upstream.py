@@ -55,6 +55,8 @@ def upstream_server(*, delay: float = 0.0, slow: float = 0.0) -> Iterator[Upstre
             state.seen.append(
                 {
                     "method": self.command,
+                    # Which connection it came on (the proxy keeps and reuses them).
+                    "peer": self.client_address,
                     "path": self.path,
                     "body": body,
                     "content_type": self.headers.get("Content-Type"),
