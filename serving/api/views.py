@@ -10,6 +10,7 @@ with the ``endpoints:invoke`` scope.
 from __future__ import annotations
 
 import functools
+import http.cookiejar
 import io
 import json
 import logging
@@ -540,6 +541,12 @@ _client: httpx.Client | None = None
 _client_lock = threading.Lock()
 
 
+def _jar_keeping_no_cookies() -> http.cookiejar.CookieJar:
+    """A cookie jar that keeps none: the client is shared by every caller, so a cookie an
+    endpoint set in one caller's answer would otherwise go with everyone's next request."""
+    return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+
+
 def proxy_client() -> httpx.Client:
     """One client per process, so connections to endpoints are kept and reused (the proxy's
     cost per request is what ``make bench`` measures). Never the environment's proxies: the
@@ -554,6 +561,7 @@ def proxy_client() -> httpx.Client:
                     trust_env=False,
                     follow_redirects=False,
                     limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+                    cookies=_jar_keeping_no_cookies(),
                 )
     return _client
 

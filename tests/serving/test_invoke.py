@@ -67,6 +67,22 @@ def test_the_request_goes_through_and_the_answer_comes_back(world: Any) -> None:
     assert seen["cookie"] is None
 
 
+def test_an_endpoints_cookie_goes_to_no_one(world: Any) -> None:
+    """The portal's client is shared by every caller: a cookie an endpoint sets is neither
+    passed back to the caller nor kept and sent with anyone's next request."""
+    ready(world)
+    with upstream_server() as upstream:
+        fakes.BEHAVIOUR.address = upstream.address
+        answer = invoker(world).post(INVOKE + "set-cookie", b"{}", content_type="text/plain")
+        assert answer.status_code == 200
+        assert "Set-Cookie" not in answer
+        body_of(answer)
+        other = with_token(world, who="viewer", scopes=["endpoints:invoke"])
+        assert other.get(INVOKE + "v1/models").status_code == 200
+        assert other.post(INVOKE + "x", b"{}", content_type="text/plain").status_code == 200
+    assert [seen["cookie"] for seen in upstream.seen] == [None, None, None]
+
+
 def test_the_endpoints_own_answer_is_passed_on(world: Any) -> None:
     ready(world)
     with upstream_server() as upstream:

@@ -5,7 +5,7 @@ application's port): the proxy's tests send it requests through the portal.
 (``X-Seen-*``). ``POST /stream``: five lines, each sent and flushed alone, ``delay`` apart
 (chunked). ``POST /teapot``: a 418 of its own. ``POST /slow``: answers after ``slow`` s.
 ``GET /v1/models``: an OpenAI-compatible listing; any other ``GET`` is ``/echo`` without a
-body."""
+body. ``/set-cookie`` answers as ``/echo`` and sets a cookie (``Set-Cookie: session=…``)."""
 
 from __future__ import annotations
 
@@ -101,6 +101,8 @@ def upstream_server(*, delay: float = 0.0, slow: float = 0.0) -> Iterator[Upstre
             self.send_header("Content-Type", self.headers.get("Content-Type") or "text/plain")
             self.send_header("Content-Length", str(len(body)))
             self.send_header("X-Seen-Path", self.path)
+            if route == "/set-cookie":
+                self.send_header("Set-Cookie", "session=one-callers; Path=/")
             self.end_headers()
             self.wfile.write(body)
 
