@@ -784,3 +784,67 @@ def test_an_endpoints_route_that_cannot_work_fails_the_install(
     done = helm.template(values, check=False)
     assert done.returncode != 0, f"{route} was accepted"
     assert said in done.stderr, done.stderr
+
+
+# -- endpoints' metrics: the PodMonitor of their Ray pods -------------------------------------
+
+PODMONITOR_GOLDEN = GOLDEN / "endpoints-podmonitor.yaml"
+
+
+def test_the_endpoints_podmonitor_selects_the_ray_pods_as_rendered(
+    helm: Helm, rendered: dict[str, list[Body]]
+) -> None:
+    """Off by default (the Operator's CRDs may not be there); on, one PodMonitor, pinned by a
+    golden file, that selects exactly what render_endpoint puts on every Ray pod template and
+    makes the endpoint's id the target label Ray Serve's metrics are found by
+    (telemetry/ray_serve.py), on Ray's metrics port."""
+    from executors.kubernetes import labels
+    from telemetry.ray_serve import ServeLabelNames
+
+    for values in VALUES:
+        assert not [obj for obj in rendered[values] if obj["kind"] == "PodMonitor"]
+    text = helm.template(
+        set_values=["endpoints.podMonitor.enabled=true", "endpoints.podMonitor.labels.release=prom"]
+    ).stdout
+    (monitor,) = [obj for obj in documents(text) if obj["kind"] == "PodMonitor"]
+    pinned = yaml.safe_dump(monitor, sort_keys=False)
+    if os.environ.get("UPDATE_GOLDEN"):
+        if os.environ.get("CI"):
+            pytest.fail("UPDATE_GOLDEN is set in CI: golden files are only rewritten by hand")
+        PODMONITOR_GOLDEN.write_text(pinned)
+    assert pinned == PODMONITOR_GOLDEN.read_text()
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    spec = monitor["spec"]
+    assert spec["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert labels.ENDPOINT_ID in spec["podTargetLabels"]
+    # The Operator's sanitising of the pod label is the default label name TauGrid asks for.
+    assert re.sub(r"[^a-zA-Z0-9_]", "_", labels.ENDPOINT_ID) == ServeLabelNames().endpoint_id
+    golden_endpoints = REPO / "tests" / "executors" / "kubernetes" / "golden" / "endpoints"
+    services = [
+        (path, doc)
+        for path in sorted(golden_endpoints.glob("*.yaml"))
+        for doc in documents(path.read_text())
+        if doc["kind"] == "RayService"
+    ]
+    assert len(services) >= 5
+    for path, service in services:
+        cluster = service["spec"]["rayClusterConfig"]
+        templates = [cluster["headGroupSpec"]["template"]] + [
+            group["template"] for group in cluster.get("workerGroupSpecs") or []
+        ]
+        for template in templates:
+            pod_labels = template["metadata"]["labels"]
+            assert spec["selector"]["matchLabels"].items() <= pod_labels.items(), path.name
+            for expression in spec["selector"]["matchExpressions"]:
+                assert expression["operator"] == "Exists"
+                assert expression["key"] in pod_labels, path.name
+            assert set(spec["podTargetLabels"]) <= set(pod_labels), path.name
+
+
+def test_a_podmonitor_interval_that_is_not_a_duration_is_refused(helm: Helm) -> None:
+    done = helm.template(
+        set_values=["endpoints.podMonitor.enabled=true", "endpoints.podMonitor.interval=often"],
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "/endpoints/podMonitor/interval" in done.stderr
