@@ -27,10 +27,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
+from datetime import timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from django.conf import settings
+from django.utils import timezone
 
 from catalog.models import AssetVersion
 from executors.kubernetes import labels
@@ -499,7 +501,41 @@ def follow(client: KubeClient) -> int:
             generation=_generation(service),
         ):
             changed += 1
+        if seen.state in SERVING_OBSERVED:
+            _record_traffic(endpoint)
     return changed
+
+
+#: The states in which an endpoint serves, as the watcher's pass sees them.
+SERVING_OBSERVED: Final = frozenset({"ready", "updating", "unhealthy"})
+#: How often the watcher's pass records an endpoint's traffic for its pages, its list and
+#: the idle count (``Endpoint.requests_per_second`` …, ``last_request_at``).
+TRAFFIC_RECORDED_EVERY: Final = timedelta(seconds=30)
+
+
+def _record_traffic(endpoint: Endpoint) -> None:
+    """What Prometheus says of the endpoint's traffic (:func:`endpoint_metrics`), recorded at
+    most every :data:`TRAFFIC_RECORDED_EVERY` and only when there is a figure: the pages show
+    what the local agent records for its endpoints, and requests sent straight to the
+    endpoint's address (past the proxy) count against "idle" too. Without a Prometheus
+    setting, nothing is asked."""
+    from serving.services import record_metrics
+
+    if not settings.TAU_PROMETHEUS_URL:
+        return
+    if endpoint.metrics_at is not None and (
+        timezone.now() - endpoint.metrics_at < TRAFFIC_RECORDED_EVERY
+    ):
+        return
+    measured = endpoint_metrics(endpoint)
+    if measured.requests_per_second is None:
+        return  # Prometheus down, or no series of its pods yet: the note is the API's
+    record_metrics(
+        endpoint,
+        requests_per_second=measured.requests_per_second,
+        latency_p95_ms=measured.latency_p95_ms,
+        error_rate=measured.error_rate,
+    )
 
 
 def _holds(found: Any, wanted: Any) -> bool:

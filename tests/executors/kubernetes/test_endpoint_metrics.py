@@ -25,6 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from executors.kubernetes import endpoint_metrics
+from executors.kubernetes import endpoints as kube_endpoints
 from executors.kubernetes.apps import KubernetesExecutorConfig
 from executors.kubernetes.backend import KubernetesBackend
 from serving.models import Endpoint, EndpointState
@@ -315,6 +316,39 @@ def test_pods_scraped_before_any_request_serve_zero_and_no_latency(
         None,
     )
     assert figures.note.startswith("From Ray Serve's own Prometheus metrics")
+
+
+@pytest.mark.django_db
+def test_the_watcher_s_pass_records_the_traffic_for_the_pages_and_the_idle_count(
+    world: Any, measured: None, ray_pods: RayPods, prometheus: PrometheusServer, settings: Any
+) -> None:
+    endpoint = on_cluster(world)
+    assert (endpoint.requests_per_second, endpoint.last_request_at) == (None, None)
+    ray_pods.add(
+        "chat-head",
+        namespace=endpoint.workspace.namespace,
+        endpoint_id=endpoint.pk,
+        traffic=PodTraffic("chat", 8.0, 0.0),
+    )
+    ray_pods.wait_scraped(WINDOW + 2)
+    kube_endpoints._record_traffic(endpoint)
+    endpoint.refresh_from_db()
+    assert endpoint.requests_per_second == pytest.approx(8.0, rel=0.05)
+    assert endpoint.error_rate == 0.0
+    assert endpoint.metrics_at is not None
+    # Requests sent straight to its address count: it is not idle.
+    assert endpoint.last_request_at == endpoint.metrics_at
+    # Recorded again only after TRAFFIC_RECORDED_EVERY: the next pass asks nothing.
+    before = prometheus.queries_answered()
+    kube_endpoints._record_traffic(endpoint)
+    assert prometheus.queries_answered() == before
+    # Without a Prometheus nothing is asked, and nothing recorded.
+    settings.TAU_PROMETHEUS_URL = ""
+    Endpoint.objects.unscoped().filter(pk=endpoint.pk).update(metrics_at=None)
+    endpoint.refresh_from_db()
+    kube_endpoints._record_traffic(endpoint)
+    endpoint.refresh_from_db()
+    assert endpoint.metrics_at is None
 
 
 @pytest.mark.django_db
