@@ -688,6 +688,30 @@ def build(versions: Mapping[str, str], only: Sequence[str] = ()) -> None:
             shutil.rmtree(directory / "bin", ignore_errors=True)
             staging.rename(directory / "bin")
             _write_stamp(component.directory(versions), versions, component)
+        if not only and versions.get("GATEWAY_API_VERSION"):
+            # Source only (the HTTPRoute CRD of an endpoint test): fetched now, not in a test.
+            gateway_api_dir(versions)
+
+
+GATEWAY_API_MODULE = "sigs.k8s.io/gateway-api"
+
+
+def gateway_api_dir(versions: Mapping[str, str]) -> Path:
+    """The Gateway API module's files (``go mod download``: cached in Go's module cache)."""
+    return module_dir(GATEWAY_API_MODULE, versions["GATEWAY_API_VERSION"])
+
+
+def gateway_api_crd(versions: Mapping[str, str], kind: str) -> dict[str, Any]:
+    """One CRD of the Gateway API's standard channel, e.g. ``httproutes``."""
+    path = (
+        gateway_api_dir(versions)
+        / "config"
+        / "crd"
+        / "standard"
+        / f"gateway.networking.k8s.io_{kind}.yaml"
+    )
+    (doc,) = [doc for doc in _load_yaml_docs(path) if doc]
+    return doc
 
 
 # --------------------------------------------------------------------------------------------

@@ -145,7 +145,13 @@ def observe_endpoint(
         return EndpointObservation(
             DEPLOYING, "Ray Serve is deploying the application (starting its replicas).", 0
         )
-    if active.get("rayClusterName") or pending.get("rayClusterName") or workload is not None:
+    if workload is None and (active.get("rayClusterName") or pending.get("rayClusterName")):
+        # KubeRay named its Ray cluster, and Kueue has not (yet) made its Workload: nothing
+        # is admitted, whatever comes next.
+        return EndpointObservation(
+            DEPLOYING, "KubeRay made its Ray cluster; waiting for Kueue to take it in.", 0
+        )
+    if workload is not None:
         return EndpointObservation(
             DEPLOYING,
             "Admitted: starting the Ray cluster (fetching the code, staging the model), then "

@@ -113,6 +113,18 @@ def test_waiting_for_quota_says_kueue_s_reason_in_plain_words() -> None:
     assert seen.replicas_ready == 0
 
 
+def test_a_ray_cluster_without_its_workload_yet_is_not_called_admitted() -> None:
+    seen = observe_endpoint(
+        service(ready=("False", "Initializing"), pending=cluster_status(None)),
+        application=APP,
+        workload=None,
+    )
+    assert seen is not None
+    assert seen.state == DEPLOYING
+    assert "Admitted" not in seen.reason
+    assert "waiting for Kueue" in seen.reason
+
+
 def test_admitted_then_starting_then_deploying_then_ready() -> None:
     admitted = workload(admitted=True)
     starting = observe_endpoint(

@@ -169,8 +169,15 @@ def test_an_endpoint_is_made_admitted_scaled_and_stopped_on_the_cluster(
     assert endpoint.state == EndpointState.DEPLOYING
     # At alpha's top priority: none of its runs may preempt it.
     (workload,) = client.list(KUEUE, "Workload", namespace)
-    assert workload["spec"]["priorityClassName"] == f"serving-{namespace.rsplit('-', 1)[1]}"
+    assert workload["spec"]["priorityClassRef"]["name"] == f"serving-{namespace.rsplit('-', 1)[1]}"
     assert workload["spec"]["priority"] == 5000
+    queue_name = f"cq-{namespace.rsplit('-', 1)[1]}"
+    wait_until(
+        "Kueue to reserve the head's 2 CPUs and a CPU for each of the 2 replicas",
+        lambda: reserved_cpus(kube, queue_name) == "4" or None,
+        timeout=60,
+        describe=lambda: f"reserved: {reserved_cpus(kube, queue_name)}",
+    )
 
     # A scale is a new generation: the same RayService, replaced, with three workers.
     services.scale_endpoint(endpoint=endpoint, user=world.users["researcher"], replicas=3)
@@ -179,6 +186,13 @@ def test_an_endpoint_is_made_admitted_scaled_and_stopped_on_the_cluster(
     assert service["metadata"]["labels"][labels.GENERATION] == "2"
     group = service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
     assert group["replicas"] == 3
+    # ... and what Kueue reserves follows it: the quota in use, as Kueue reports it.
+    wait_until(
+        "Kueue to reserve a CPU for the third replica",
+        lambda: reserved_cpus(kube, queue_name) == "5" or None,
+        timeout=120,
+        describe=lambda: f"reserved: {reserved_cpus(kube, queue_name)}",
+    )
     # Each deployment's token replaces the one before.
     token.refresh_from_db()
     assert token.revoked_at is not None
@@ -211,6 +225,12 @@ def test_an_endpoint_is_made_admitted_scaled_and_stopped_on_the_cluster(
         return None
 
     wait_until("the RayService to be deleted", gone, timeout=120)
+    wait_until(
+        "Kueue to free the endpoint's CPUs",
+        lambda: reserved_cpus(kube, queue_name) == "0" or None,
+        timeout=120,
+        describe=lambda: f"reserved: {reserved_cpus(kube, queue_name)}",
+    )
     endpoint.refresh_from_db()
     assert endpoint.token is not None
     assert endpoint.token.revoked_at is not None
