@@ -59,7 +59,8 @@ _NAMES = {GPU_RESOURCE: "GPUs", "cpu": "CPUs", "memory": "memory"}
 
 def protected(workspace: Workspace, endpoints: EndpointBackend) -> bool:
     """Whether the workspace keeps its endpoints from being preempted on this backend."""
-    return workspace.endpoint_preemption == EndpointPreemption.NEVER and endpoints.preempts
+    # Anything but an explicit "allowed" (a blank saved past the form's clean()) is never.
+    return workspace.endpoint_preemption != EndpointPreemption.ALLOWED and endpoints.preempts
 
 
 def top_priority(workspace: Workspace) -> str | None:

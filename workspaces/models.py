@@ -466,11 +466,13 @@ class Workspace(AuditedModel):
         max_length=16,
         choices=EndpointPreemption.choices,
         default=EndpointPreemption.NEVER,
+        blank=True,
         help_text=(
             "Never: an endpoint runs at the workspace's highest allowed priority and, in a "
             "cohort, only within the workspace's own nominal quota (so no run and no lender "
             "taking its quota back preempts it); a deployment that would break either is "
-            "refused. Allowed: endpoints queue, borrow and may be preempted like runs."
+            "refused. Allowed: endpoints queue, borrow and may be preempted like runs. "
+            "Empty: never."
         ),
     )
     active = models.BooleanField(
@@ -578,6 +580,8 @@ class Workspace(AuditedModel):
             self.preemption_within_queue = WithinClusterQueue.LOWER_PRIORITY
         if not self.preemption_reclaim_in_cohort:
             self.preemption_reclaim_in_cohort = ReclaimWithinCohort.ANY
+        if not self.endpoint_preemption:
+            self.endpoint_preemption = EndpointPreemption.NEVER
         if isinstance(self.allowed_priorities, list):
             names = [name for name in self.allowed_priorities if isinstance(name, str)]
             known = set(PriorityClass.objects.filter(name__in=names).values_list("name", flat=True))

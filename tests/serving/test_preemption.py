@@ -84,6 +84,15 @@ def test_the_default_policy_is_never(world: Any) -> None:
     assert world.alpha.endpoint_preemption == EndpointPreemption.NEVER
 
 
+def test_a_blank_policy_saved_past_the_form_is_never(
+    world: Any, preempting: None, serving_class: None
+) -> None:
+    policy(world, "")
+    assert deploy(world, gpu_spec("chat", gpus=1, replicas=1)).priority == "serving"
+    world.alpha.full_clean()  # the admin's form: a blank is the default
+    assert world.alpha.endpoint_preemption == EndpointPreemption.NEVER
+
+
 def test_an_endpoint_runs_at_the_workspace_s_highest_priority(
     world: Any, preempting: None, serving_class: None
 ) -> None:

@@ -1294,13 +1294,20 @@ def test_every_operation_the_list_names_succeeds_as_the_serviceaccount(
             return str(name) if name else None
 
         cluster_name = wait_until("the RayService's Ray cluster", its_cluster, timeout=60)
-        assert sa.list("ray.io/v1", "RayCluster", workspace)
-        as_portal.did("ray.io", "rayclusters", "list")
+        # KubeRay records the name a pass before it makes the cluster: list until it is there.
         wait_until(
             "the Ray cluster",
-            lambda: sa.get("ray.io/v1", "RayCluster", cluster_name, workspace) or None,
+            lambda: (
+                any(
+                    found["metadata"]["name"] == cluster_name
+                    for found in sa.list("ray.io/v1", "RayCluster", workspace)
+                )
+                or None
+            ),
             timeout=30,
         )
+        as_portal.did("ray.io", "rayclusters", "list")
+        assert sa.get("ray.io/v1", "RayCluster", cluster_name, workspace)
         as_portal.did("ray.io", "rayclusters", "get")
         sa.delete("ray.io/v1", "RayService", "ep-1", workspace)
         as_portal.did("ray.io", "rayservices", "delete")
