@@ -63,6 +63,18 @@ def protected(workspace: Workspace, endpoints: EndpointBackend) -> bool:
     return workspace.endpoint_preemption != EndpointPreemption.ALLOWED and endpoints.preempts
 
 
+def described(workspace: Workspace, endpoints: EndpointBackend) -> str:
+    """What the endpoint's page says of its preemption, in words."""
+    if not endpoints.preempts:
+        return "Nothing preempts it on this backend."
+    if protected(workspace, endpoints):
+        return (
+            "Never: it runs at the workspace's highest priority and within its own quota "
+            "(the workspace's policy)."
+        )
+    return "Allowed, like runs (the workspace's policy)."
+
+
 def top_priority(workspace: Workspace) -> str | None:
     """The workspace's highest allowed priority class (by Kueue's value), or None when it
     allows none (everything it runs is then of one priority)."""

@@ -24,7 +24,7 @@ from django.views.generic import TemplateView
 
 from portal import live
 from portal.requests import signed_in_user
-from serving import selectors, services
+from serving import preemption, selectors, services
 from serving.access import REFUSAL, may_act_on
 from serving.backends import REPLICA_NAME, EndpointsUnavailable, backend_for_endpoint
 from serving.models import LIVE_STATES, Endpoint
@@ -90,6 +90,13 @@ class EndpointListView(WorkspaceViewMixin, TemplateView):
         return self.render_to_response(context)
 
 
+def _preemption(endpoint: Endpoint, workspace: Any) -> str:
+    try:
+        return preemption.described(workspace, backend_for_endpoint(endpoint))
+    except EndpointsUnavailable:
+        return ""
+
+
 @method_decorator(vary_on_headers("HX-Request"), name="dispatch")  # fragments for htmx
 class EndpointDetailView(WorkspaceViewMixin, TemplateView):
     """One endpoint: its state and why, where it answers and how to call it, its model
@@ -118,6 +125,7 @@ class EndpointDetailView(WorkspaceViewMixin, TemplateView):
             "invoke_url": self.request.build_absolute_uri(invoke),
             "idle_hours": selectors.idle_hours(),
             "log_url": f"{log_url}?{urlencode({'replica': replica})}" if replica else log_url,
+            "preemption": _preemption(endpoint, self.workspace),
         }
 
     def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:

@@ -7,7 +7,9 @@ serving/preemption.py has the reasons; the fake backend preempts when told to.""
 from __future__ import annotations
 
 import io
+import re
 from decimal import Decimal
+from html import unescape
 from typing import Any
 
 import pytest
@@ -208,3 +210,20 @@ def test_kueue_reserves_the_head_and_one_worker_per_replica() -> None:
     # The worker group is fixed at max_replicas whatever Ray Serve runs inside it.
     assert endpoints.quota_held(autoscaling, 1)["cpu"] == Decimal(4) + Decimal(head.cpus)
     assert "nvidia.com/gpu" not in endpoints.quota_held(autoscaling, 1)
+
+
+def test_the_endpoint_s_page_says_what_may_preempt_it(world: Any) -> None:
+    deploy(world, gpu_spec("chat", gpus=1, replicas=1))
+    client = world.client_for("viewer")
+
+    def said() -> str:
+        response = client.get("/w/alpha/endpoints/chat/")
+        assert response.status_code == 200
+        (found,) = re.findall(r'<dd class="endpoint-preemption">([^<]*)</dd>', response.text)
+        return unescape(str(found))
+
+    assert said() == "Nothing preempts it on this backend."
+    fakes.BEHAVIOUR.preempts = True
+    assert said().startswith("Never: it runs at the workspace's highest priority")
+    policy(world, EndpointPreemption.ALLOWED)
+    assert said() == "Allowed, like runs (the workspace's policy)."
