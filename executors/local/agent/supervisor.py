@@ -1420,6 +1420,9 @@ class Agent:
                 attempt_number=execution.attempt.number,
                 observation=_observed_end(execution.outcome, ran=execution.running_recorded),
             )
+            # With the outcome, not after it: no moment in which the attempt has ended and
+            # its token still reports (if the database refuses, the next pass does both).
+            run_tokens.revoke_run_tokens(run_id=execution.run_id, attempt=execution.attempt)
         logger.info(
             "%s attempt %d ended: %s",
             execution.run.name,
@@ -1434,7 +1437,6 @@ class Agent:
                 execution.attempt.number,
                 recorded.log_dropped,
             )
-        self._revoke_token(execution)
         self.free_gpus.extend(execution.gpus)
         self.free_gpus.sort()
         del self.executions[execution.attempt.pk]
@@ -1471,13 +1473,6 @@ class Agent:
         if not execution.cgroup.release():
             # A process still dying holds it: the next sweep removes it.
             logger.info("the cgroup %s is still busy; removed later", execution.cgroup.name)
-
-    def _revoke_token(self, execution: Execution) -> None:
-        try:
-            run_tokens.revoke_run_tokens(run_id=execution.run_id, attempt=execution.attempt)
-        except DatabaseError:
-            # The next start revokes what a run none of whose attempts lives still holds.
-            logger.warning("could not revoke the run token of %s", execution.run.name)
 
     # --- collecting ---------------------------------------------------------------------
 
