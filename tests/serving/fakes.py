@@ -10,10 +10,9 @@ from decimal import Decimal
 from typing import Any
 
 from executors.local.backend import LocalBackend
+from executors.local.endpoints import LocalEndpoints
 from serving.backends import EndpointLog, EndpointMetrics
 from serving.models import Endpoint
-from tau.k8s_names import GPU_RESOURCE
-from tau.quantity import parse_quantity
 
 #: What the fake was asked, in order: (action, endpoint name, generation).
 CALLS: list[tuple[str, str, int]] = []
@@ -49,13 +48,8 @@ class FakeEndpoints:
         return BEHAVIOUR.preempts
 
     def quota_held(self, spec: Any, replicas: int) -> dict[str, Decimal]:
-        """Compute per replica times replicas, as the local backend's."""
-        compute = spec.compute
-        return {
-            "cpu": parse_quantity(compute.cpus) * replicas,
-            "memory": parse_quantity(compute.memory) * replicas,
-            GPU_RESOURCE: Decimal(compute.gpus * replicas),
-        }
+        """The local backend's: compute per replica times replicas."""
+        return LocalEndpoints().quota_held(spec, replicas)
 
     def deploy_problems(self, spec: Any, workspace: Any) -> list[tuple[str, str]]:
         return list(BEHAVIOUR.problems)
