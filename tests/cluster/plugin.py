@@ -359,6 +359,28 @@ class Kube:
         )
         return patched
 
+    def patch_status(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        status: dict[str, Any],
+    ) -> dict[str, Any]:
+        """A JSON merge patch of one object's status subresource (as a kubelet writes a pod's:
+        lists in it, conditions among them, are replaced whole)."""
+        patched: dict[str, Any] = (
+            self.cluster.resource(api_version, kind)
+            .status.patch(
+                name=name,
+                namespace=namespace,
+                body={"status": status},
+                content_type="application/merge-patch+json",
+            )
+            .to_dict()
+        )
+        return patched
+
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
         from kubernetes.dynamic.exceptions import NotFoundError
 

@@ -21,6 +21,7 @@ import io
 import json
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -286,7 +287,15 @@ class HeadPod:
     the portal with the endpoint's token), then a real Ray head (deploy/dev/ray_head.py) with
     the Ray container's environment and working directory, Ray Serve's HTTP proxy on
     ``127.0.0.1`` and a port of its own, and its dashboard named by the cluster's head
-    Service in the KubeRay operator's hosts file, as the RayJob tests' head is."""
+    Service in the KubeRay operator's hosts file, as the RayJob tests' head is.
+
+    Its readiness is a kubelet's too: KWOK reports a pod Ready as soon as it runs, but a real
+    head pod is Ready only once its readiness probe (KubeRay's, on the raylet and the
+    dashboard) passes. So the pod is reported not ready until this head answers, then Ready:
+    KubeRay waits for its ``HeadPodReady`` condition before it calls the dashboard, and its
+    reconcile on that change comes at once. (Reported Ready early, KubeRay's calls to a
+    dashboard not yet up fail, and each failure doubles the delay of its next try: under
+    load the endpoint then waited minutes for a retry.)"""
 
     def __init__(self, kube: Kube, cluster: KubeCluster, namespace: str, scratch: Path) -> None:
         self.kube = kube
@@ -296,6 +305,7 @@ class HeadPod:
         self.submitter = load_ray_submitter()
         self.ray = self.submitter.ray_head
         self.head: Any = None
+        self.pod_name = ""
         self.serve_port = 0
 
     def start(self, ray_cluster: str) -> None:
@@ -311,7 +321,9 @@ class HeadPod:
         # KubeRay makes the pods once Kueue has admitted the Ray cluster. What runs here is the
         # head group's template as TauGrid rendered it (the pod adds KubeRay's own variables,
         # RAY_ADDRESS among them, which would point this head's jobs at a pod's address).
-        wait_until(f"{ray_cluster}'s head pod", head_pod, timeout=60)
+        pod = wait_until(f"{ray_cluster}'s head pod", head_pod, timeout=60)
+        self.pod_name = pod["metadata"]["name"]
+        self.report_ready(False)
         made = self.kube.get("ray.io/v1", "RayCluster", ray_cluster, self.namespace)
         assert made is not None
         spec = made["spec"]["headGroupSpec"]["template"]["spec"]
@@ -339,6 +351,33 @@ class HeadPod:
         hosts = self.submitter.controlplane.operator_hosts_file(self.cluster.state_dir)
         with hosts.open("a") as file:  # in place: the operator's bind mount holds the inode
             file.write(f"{self.head.dashboard_host} {service}\n")
+        self.report_ready(True)
+
+    def report_ready(self, ready: bool) -> None:
+        """Write the head pod's readiness, as the kubelet does after a readiness probe."""
+        pod = self.kube.get("v1", "Pod", self.pod_name, self.namespace)
+        assert pod is not None, self.pod_name
+        status = pod["status"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        said = "True" if ready else "False"
+        conditions = [
+            {**condition, "status": said, "lastTransitionTime": now}
+            if condition["type"] in ("Ready", "ContainersReady") and condition.get("status") != said
+            else condition
+            for condition in status.get("conditions") or []
+        ]
+        containers = [
+            {**container, "ready": ready} for container in status.get("containerStatuses") or []
+        ]
+        written = self.kube.patch_status(
+            "v1",
+            "Pod",
+            self.pod_name,
+            self.namespace,
+            {"conditions": conditions, "containerStatuses": containers},
+        )
+        readiness = {c["type"]: c["status"] for c in written["status"]["conditions"]}
+        assert readiness.get("Ready") == said, written["status"]
 
     def ask(self, text: str) -> Any:
         """POST / to the application, straight to Ray Serve's proxy."""
@@ -371,9 +410,14 @@ def ready(client: adapter.KubeClient, endpoint: Endpoint) -> Endpoint | None:
     return seen if seen is not None and seen.state == EndpointState.READY else None
 
 
-def described(client: adapter.KubeClient, endpoint: Endpoint, namespace: str) -> str:
+def described(
+    client: adapter.KubeClient, kube_cluster: KubeCluster, endpoint: Endpoint, namespace: str
+) -> str:
     status = client.get(RAY, "RayService", endpoint.name, namespace).get("status")
-    return f"{endpoint.state}: {endpoint.state_reason}; the RayService's status: {status}"
+    return (
+        f"{endpoint.state}: {endpoint.state_reason}; the RayService's status: {status}"
+        f"\nKubeRay's log about it:\n{kube_cluster.log_tail('kuberay-operator', endpoint.name)}"
+    )
 
 
 def test_the_serve_cpu_example_becomes_ready_through_kuberay_and_a_real_ray_serve(
@@ -428,7 +472,7 @@ def test_the_serve_cpu_example_becomes_ready_through_kuberay_and_a_real_ray_serv
             "the endpoint to be ready",
             lambda: ready(client, endpoint),
             timeout=180,
-            describe=lambda: described(client, endpoint, namespace),
+            describe=lambda: described(client, kube_cluster, endpoint, namespace),
         )
         assert endpoint.state == EndpointState.READY, endpoint.state_reason
         assert endpoint.replicas_ready == endpoint.replicas_desired == 1
