@@ -19,9 +19,11 @@ workspace's highest allowed priority class, and (2) in a cohort, the workspace's
 together fit its own nominal quota: a lender taking its quota back preempts the workspace's
 runs (lower priority) until the ClusterQueue borrows no more, which happens before it reaches
 an endpoint. A deployment that would break either is refused, saying which and what to do;
-nothing is written. What is left (docs/kubernetes.md says it): runs of the same top class
-rank with the endpoints, by admission time; and a quota lowered by staff after a deployment
-is not checked again.
+nothing is written. The quota is checked again inside the transaction that writes, with the
+workspace's row locked (:func:`locked_workspace`), so two deployments (or scales, or updates)
+at the same moment cannot both count on the same free quota. What is left (docs/kubernetes.md
+says it): runs of the same top class rank with the endpoints, by admission time; and a quota
+lowered by staff after a deployment is not checked again.
 
 On the local backend nothing preempts an endpoint (``preempts`` is false): the policy asks
 nothing there. With ``endpoint_preemption: allowed`` endpoints queue, borrow and may be
@@ -45,12 +47,12 @@ from workspaces.models import (
     BYTE_RESOURCES,
     EndpointPreemption,
     PriorityClass,
+    Workspace,
     WorkspaceQuota,
 )
 
 if TYPE_CHECKING:
     from tau.spec import Spec
-    from workspaces.models import Workspace
 
 #: Where tau.yaml sets what each resource of an endpoint's replicas is.
 _SPEC_PATHS = {GPU_RESOURCE: "compute.gpus", "cpu": "compute.cpus", "memory": "compute.memory"}
@@ -125,6 +127,18 @@ def place(
             priority_value=allowed.index(top) if top in allowed else 0,
         ),
         [],
+    )
+
+
+def locked_workspace(workspace_id: int) -> Workspace:
+    """The workspace, its row locked until the surrounding transaction ends, taken before an
+    endpoint's own lock (``serving.state.lock_endpoint``) by every write whose quota
+    :func:`quota_problems` checks: those checks then run one after another, each seeing what
+    the one before wrote. A lock that keeps the key (``NO KEY UPDATE``, as
+    ``serving.state.lock_endpoint``'s): rows that point at the workspace (its runs, its
+    endpoints) are not held up."""
+    return Workspace.unscoped_objects.select_for_update(of=("self",), no_key=True).get(
+        pk=workspace_id
     )
 
 

@@ -422,6 +422,17 @@ def deploy_endpoint(
         raise NameTaken(f"This workspace has an endpoint named {endpoint_name!r} already.")
     try:
         with transaction.atomic():
+            # Again, now that no other deployment, scale or update of this workspace's
+            # endpoints can write meanwhile: one may have since the check above.
+            late = preemption.quota_problems(
+                checked.spec,
+                replicas=_replicas_of(checked.spec),
+                workspace=preemption.locked_workspace(workspace.pk),
+                backend=backend,
+                endpoints=endpoint_backend(backend),
+            )
+            if late:
+                raise DeployRefused([_at(spec_source, path, message) for path, message in late])
             endpoint = Endpoint.objects.create(
                 workspace=workspace,
                 name=endpoint_name,
@@ -551,6 +562,7 @@ def scale_endpoint(*, endpoint: Endpoint, user: User | None, replicas: int) -> E
     if not 1 <= replicas <= MAX_REPLICAS:
         raise ValueError(f"an endpoint has 1 to {MAX_REPLICAS} replicas, not {replicas}")
     with transaction.atomic():
+        workspace = preemption.locked_workspace(endpoint.workspace_id)
         locked = lock_endpoint(endpoint.pk)
         _refuse_if_deleted(locked)
         if (locked.spec.get("serve") or {}).get("autoscaling"):
@@ -567,7 +579,7 @@ def scale_endpoint(*, endpoint: Endpoint, user: User | None, replicas: int) -> E
         refused = preemption.quota_problems(
             spec_from_dict(locked.spec),
             replicas=replicas,
-            workspace=locked.workspace,
+            workspace=workspace,
             backend=locked.backend,
             endpoints=endpoints,
             replacing=locked.pk,
@@ -617,6 +629,7 @@ def update_endpoint(
         replacing=endpoint.pk,
     )
     with transaction.atomic():
+        workspace = preemption.locked_workspace(endpoint.workspace_id)
         locked = lock_endpoint(endpoint.pk)
         _refuse_if_deleted(locked)
         autoscales = checked.spec.serve is not None and checked.spec.serve.autoscaling is not None
@@ -628,6 +641,17 @@ def update_endpoint(
             desired = replicas if replicas is not None else _replicas_of(checked.spec)
         else:
             desired = replicas if replicas is not None else locked.replicas_desired
+        # Again under the lock: another endpoint of the workspace may have grown meanwhile.
+        late = preemption.quota_problems(
+            checked.spec,
+            replicas=desired,
+            workspace=workspace,
+            backend=locked.backend,
+            endpoints=endpoint_backend(locked.backend),
+            replacing=locked.pk,
+        )
+        if late:
+            raise DeployRefused([_at(source, path, message) for path, message in late])
         fields: dict[str, Any] = {
             "spec": checked.spec.to_dict(),
             "spec_hash": spec_hash(checked.spec),

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import io
 import re
+import threading
+import time
 from decimal import Decimal
 from html import unescape
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from executors.kubernetes.endpoints import KubernetesEndpoints
-from serving import services
+from serving import preemption, services
 from serving.models import Endpoint, EndpointEvent, EndpointState
 from serving.state import EndpointActionRefused
 from tau.spec import load_spec
@@ -227,3 +230,88 @@ def test_the_endpoint_s_page_says_what_may_preempt_it(world: Any) -> None:
     assert said().startswith("Never: it runs at the workspace's highest priority")
     policy(world, EndpointPreemption.ALLOWED)
     assert said() == "Allowed, like runs (the workspace's policy)."
+
+
+def test_a_deployment_that_another_one_outran_is_refused_at_the_write(
+    world: Any, preempting: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quota is checked again when the endpoint is written: another deployment that
+    took the quota between this one's check and its write is seen, and nothing is written."""
+    checked = services._check
+
+    def outran(**arguments: Any) -> Any:
+        passed = checked(**arguments)
+        monkeypatch.setattr(services, "_check", checked)  # the other one checks as usual
+        deploy(world, gpu_spec("other", gpus=2, replicas=3))  # 6 of alpha's 8 GPUs
+        return passed
+
+    monkeypatch.setattr(services, "_check", outran)
+    with pytest.raises(services.DeployRefused) as caught:
+        deploy(world, gpu_spec("chat", gpus=2, replicas=2))
+    (problem,) = caught.value.problems
+    assert problem.path == "serve.replicas"
+    assert "other live endpoints hold 6 and this one would hold 4" in problem.message
+    assert list(Endpoint.objects.for_workspace(world.alpha).values_list("name", flat=True)) == [
+        "other"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_scales_at_once_cannot_both_take_the_last_of_the_quota(
+    world: Any, preempting: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scales of two endpoints of a workspace check its quota one after the other (its row
+    locked): the second waits for the first, then sees what it wrote. Without the lock both
+    would count on the same free GPUs (each under its own endpoint's lock only)."""
+    x = deploy(world, gpu_spec("x", gpus=2, replicas=1))
+    y = deploy(world, gpu_spec("y", gpus=2, replicas=1))
+    real = preemption.quota_problems
+    checked, release = threading.Event(), threading.Event()
+
+    def pausing(*args: Any, **kwargs: Any) -> list[tuple[str, str]]:
+        found = real(*args, **kwargs)
+        if threading.current_thread().name == "scale-x":
+            checked.set()
+            assert release.wait(30), "never released"
+        return found
+
+    monkeypatch.setattr(preemption, "quota_problems", pausing)
+    outcomes: dict[str, Any] = {}
+
+    def scale(endpoint: Endpoint, replicas: int) -> None:
+        try:
+            outcomes[endpoint.name] = services.scale_endpoint(
+                endpoint=endpoint, user=world.users["researcher"], replicas=replicas
+            )
+        except Exception as exc:  # the outcome is what the test reads
+            outcomes[endpoint.name] = exc
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=scale, args=(x, 3), name="scale-x")  # 6 + 2 of 8
+    first.start()
+    assert checked.wait(30), "the first scale never checked the quota"
+    second = threading.Thread(target=scale, args=(y, 2), name="scale-y")  # would be 6 + 4
+    second.start()
+    with connection.cursor() as cursor:  # the second waits for the first's lock
+
+        def waiting() -> bool:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            return bool(cursor.fetchone()[0])
+
+        deadline = time.monotonic() + 30
+        while not waiting():
+            assert time.monotonic() < deadline, outcomes
+            time.sleep(0.05)
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert isinstance(outcomes["x"], Endpoint), outcomes
+    assert outcomes["x"].replicas_desired == 3
+    assert isinstance(outcomes["y"], EndpointActionRefused), outcomes
+    assert "other live endpoints hold 6 and this one would hold 4" in str(outcomes["y"])
+    y.refresh_from_db()
+    assert (y.generation, y.replicas_desired) == (1, 1)
