@@ -1858,14 +1858,19 @@ def complete_job(client: adapter.KubeClient, job: dict[str, Any]) -> bool | None
     return None
 
 
-@pytest.fixture
-def throwaway_cluster(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeCluster]:
-    """A second control plane (own state directory and ports, the CPU nodes only), stopped
-    afterwards: restarting an API server leaves the other controllers of that cluster (Kueue,
-    the controller-manager) with stale caches for minutes, which the tests after this one
-    must not meet on the shared cluster."""
+@pytest.fixture(scope="module")
+def throwaway_cluster(
+    kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubeCluster]:
+    """A second control plane (own state directory and ports, the CPU nodes only) for the two
+    tests below, stopped after them: restarting an API server leaves the other controllers of
+    that cluster (Kueue, the controller-manager) with stale caches for minutes, which the
+    tests after it must not meet on the shared cluster. The two share it (a control plane's
+    start is most of their cost), in this order: the frozen API server first (its clients'
+    connections wait through it, and nothing here elects a leader that could be lost
+    meanwhile), the restart last. Each test has a namespace and a ClusterQueue of its own."""
     controlplane = load_controlplane()
-    state = tmp_path / "cluster"
+    state = tmp_path_factory.mktemp("throwaway") / "cluster"
     env = dict(os.environ, TAUGRID_CLUSTER_DIR=str(state))
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -1897,51 +1902,11 @@ def alpha_queued_in(client: adapter.KubeClient, world: Any, name: str) -> None:
     """alpha's runs in the namespace ``name`` of a throwaway cluster, queued through its
     LocalQueue ``team`` into the ClusterQueue ``name`` (8 CPUs of flavor ``cpu``)."""
     client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    client.create({"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": "cpu"}})
+    with contextlib.suppress(adapter.Conflict):  # made by the other test, if it ran first
+        client.create({"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": "cpu"}})
     client.create(cluster_queue(name, "cpu", name, 0, cpu="8"))
     client.create(local_queue("team", name, name))
     type(world.alpha).unscoped_objects.filter(pk=world.alpha.pk).update(namespace=name)
-
-
-@cluster
-def test_the_watcher_follows_on_after_kube_apiserver_restarts(
-    world: Any, throwaway_cluster: KubeCluster
-) -> None:
-    """The watcher keeps running while the API server is away (its informers back off and
-    list again, or watch again from their last version) and follows what changes after it is
-    back: the running run's Job completes (written through its status subresource, as the
-    Job controller writes it: the other controllers recover in their own time)."""
-    client = adapter.KubeClient(adapter.new_api_client(throwaway_cluster.kubeconfig))
-    alpha_queued_in(client, world, "restart")
-    run = kube_run(world)
-    job = client.create(labelled_job(run, annotations={TEST_DURATION: "10m"}))
-    watcher = KubeWatcher(client, resync_seconds=300)
-    watcher.start()
-    try:
-        follow(watcher, "the run running", in_state(run, RunState.RUNNING), 60, story(run))
-        before = {i.watched.kind: (i.lists, i.watches) for i in watcher.informers}
-
-        took = restart_apiserver(throwaway_cluster)
-        wait_until("the Job's success written", lambda: complete_job(client, job), 30)
-        follow(watcher, "the run to succeed", in_state(run, RunState.SUCCEEDED), 60, story(run))
-
-        # Each informer lost its watch: a dropped connection means waiting and listing again;
-        # a stream the stopping server ended cleanly is watched again from its last version.
-        def counts() -> dict[str, tuple[int, int]]:
-            return {i.watched.kind: (i.lists, i.watches) for i in watcher.informers}
-
-        follow(
-            watcher,
-            "every informer to watch again",
-            lambda: all(counts()[kind][1] > watches for kind, (_, watches) in before.items()),
-            30,
-            lambda: f"before {before}, now {counts()}",
-        )
-    finally:
-        watcher.stop()
-        client.close()
-    assert states(fresh(run)) == ["pending", "queued", "admitted", "running", "succeeded"]
-    assert took < 60
 
 
 #: How soon after the API server answers again a change must be in the database: the
@@ -2019,3 +1984,44 @@ def test_after_a_frozen_api_server_a_watcher_started_meanwhile_follows_on_at_onc
             process.stop()
         client.close()
     assert states(fresh(run)) == ["pending", "queued", "admitted", "running", "succeeded"]
+
+
+@cluster
+def test_the_watcher_follows_on_after_kube_apiserver_restarts(
+    world: Any, throwaway_cluster: KubeCluster
+) -> None:
+    """The watcher keeps running while the API server is away (its informers back off and
+    list again, or watch again from their last version) and follows what changes after it is
+    back: the running run's Job completes (written through its status subresource, as the
+    Job controller writes it: the other controllers recover in their own time)."""
+    client = adapter.KubeClient(adapter.new_api_client(throwaway_cluster.kubeconfig))
+    alpha_queued_in(client, world, "restart")
+    run = kube_run(world)
+    job = client.create(labelled_job(run, annotations={TEST_DURATION: "10m"}))
+    watcher = KubeWatcher(client, resync_seconds=300)
+    watcher.start()
+    try:
+        follow(watcher, "the run running", in_state(run, RunState.RUNNING), 60, story(run))
+        before = {i.watched.kind: (i.lists, i.watches) for i in watcher.informers}
+
+        took = restart_apiserver(throwaway_cluster)
+        wait_until("the Job's success written", lambda: complete_job(client, job), 30)
+        follow(watcher, "the run to succeed", in_state(run, RunState.SUCCEEDED), 60, story(run))
+
+        # Each informer lost its watch: a dropped connection means waiting and listing again;
+        # a stream the stopping server ended cleanly is watched again from its last version.
+        def counts() -> dict[str, tuple[int, int]]:
+            return {i.watched.kind: (i.lists, i.watches) for i in watcher.informers}
+
+        follow(
+            watcher,
+            "every informer to watch again",
+            lambda: all(counts()[kind][1] > watches for kind, (_, watches) in before.items()),
+            30,
+            lambda: f"before {before}, now {counts()}",
+        )
+    finally:
+        watcher.stop()
+        client.close()
+    assert states(fresh(run)) == ["pending", "queued", "admitted", "running", "succeeded"]
+    assert took < 60
