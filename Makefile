@@ -110,11 +110,10 @@ migrations-check: install-dev
 docs: install-docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site
 
-# The whole suite in three lanes at once (deploy/dev/test_lanes.py): the control plane's build
-# (cached) and then the cluster tier one test at a time; beside it, the portal's image build
-# (cached layers: seconds when warm), then the tiers that start processes or Chromium and the
-# slow tests over two workers; and the fast tiers over every core at a lower priority (nice),
-# in the time the others leave the cores idle. No test builds anything.
+# The whole suite in two lanes at once (deploy/dev/test_lanes.py): the control plane's build
+# (cached) and then the cluster tier one test at a time; beside them, the fast tiers spread over
+# every core, the portal's image build (cached layers: seconds when warm), then the tiers that
+# start processes or Chromium and the slow tests over two workers. No test builds anything.
 # A pass that PYTEST_ARGS leaves empty (pytest's exit 5) is fine.
 # Each pass ends with its 15 slowest tests.
 pytest: install-dev

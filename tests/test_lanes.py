@@ -1,7 +1,7 @@
 """make test's lanes (deploy/dev/test_lanes.py): the control plane's build and then the cluster
-tier in a lane of their own, with their own test databases and Redis database; beside them
-every other test over xdist workers, and the fast tiers over every core at a lower priority;
-no test in two passes, and the run fails when any pass (or the build) fails."""
+tier in a lane of their own, with their own test databases and Redis database; beside them the
+fast tiers over every core, then every other test over xdist workers; no test in two passes,
+and the run fails when any pass (or the build) fails."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ started = time.time()
 time.sleep(float(os.environ.get(f"{name.upper()}_SECONDS", "0")))
 with open(os.environ["CALLS"], "a") as calls:
     calls.write(json.dumps({"pass": name, "args": args, "started": started, "ended": time.time(),
-        "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "env": {key: os.environ.get(key) for key in ("REDIS_URL", "CELERY_BROKER_URL")}}) + "\\n")
 print(f"{name} says hello")
 sys.exit(int(os.environ.get(f"EXIT_{name.upper()}", "0")))
@@ -98,15 +97,14 @@ def test_the_cluster_tier_runs_after_the_build_beside_the_others(
     assert selection(others) == "not cluster and not (unit or db)"
     assert others["args"][others["args"].index("-n") + 1] == "2"
     # The build, then the cluster tier. The other tests did not wait for the build; what
-    # they need was built before them (no test builds); the fast tiers ran once, from the
-    # start, beside both, at a lower priority than either.
+    # they need was built before them (no test builds); and the fast tiers, run once, by
+    # the lane free first: this one, the build still going on.
     assert build["ended"] <= cluster["started"]
     assert image["ended"] <= others["started"]
     assert others["started"] < build["ended"]
-    assert fast["started"] < build["ended"]
-    assert fast["nice"] == min(others["nice"] + 10, 19)
-    assert cluster["nice"] == others["nice"] == build["nice"]
+    assert others["ended"] <= fast["started"] < build["ended"]
     shown = capsys.readouterr().out
+    assert "the fast tiers, in this lane" in shown
     # The cluster lane's own Redis database (its test databases: TAU_TEST_LANE, conftest.py).
     assert cluster["env"]["REDIS_URL"] == "redis://default:secret@127.0.0.1:6390/1"
     assert cluster["env"]["CELERY_BROKER_URL"] == "redis://default:secret@127.0.0.1:6390/1"
@@ -121,35 +119,26 @@ def test_the_cluster_tier_runs_after_the_build_beside_the_others(
 
 
 @pytest.mark.slow
-def test_the_fast_tiers_run_once_beside_both_lanes_and_are_shown_at_the_end(
+def test_warm_the_cluster_lane_runs_the_fast_tiers_once_beside_the_last_of_the_others(
     fake: list[str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The fast tiers run while the other lanes do, whichever ends first; their output is
-    kept and shown after the others', with the time each lane took."""
+    """With the control plane built, the cluster tier ends before the others: its lane runs
+    the fast tiers while the others go on, and keeps their output to show it at the end."""
     monkeypatch.setenv("OTHERS_SECONDS", "3")
     assert run_lanes(fake) == 0
     lines = (tmp_path / "calls.jsonl").read_text().splitlines()
     assert [json.loads(line)["pass"] for line in lines].count("fast") == 1
     made = calls(tmp_path)
-    fast, others = made["fast"], made["others"]
-    assert fast["ended"] < others["ended"]  # not after the others: beside them
+    cluster, fast, others = made["cluster"], made["fast"], made["others"]
+    assert cluster["ended"] <= fast["started"] < others["ended"]
     assert (tmp_path / "lanes" / "fast.log").read_text() == "fast says hello\n"
     shown = capsys.readouterr().out
+    assert "the fast tiers, in this lane" not in shown
     assert "fast says hello" in shown  # from its log, after the others' output
-    assert shown.index("fast says hello") < shown.index("fast: exit 0 after")
-
-
-def test_the_fast_tiers_may_run_at_the_others_priority(
-    fake: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    build, image = " ".join([*fake, "build"]), " ".join([*fake, "image"])
-    arguments = ["--fast", "unit", "--fast-niceness", "0", "--cluster-build", build]
-    assert lanes.main([*arguments, "--others-build", image, "--", *fake]) == 0
-    made = calls(tmp_path)
-    assert made["fast"]["nice"] == made["others"]["nice"]
+    assert "fast (in the cluster lane): exit 0" in shown
 
 
 @pytest.mark.slow

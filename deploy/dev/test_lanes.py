@@ -12,20 +12,20 @@
   plane, its nodes' GPUs and its cluster-wide objects. It runs with ``TAU_TEST_LANE=cluster``
   (test databases of its own, tests/conftest.py) and Redis database 1 (a cache and Celery
   queues of its own). Its output is kept in var/test-lanes/cluster-build.log and
-  var/test-lanes/cluster.log, and printed once the other lanes have ended.
-- ``others``, printed live: what ``--others-build`` builds for the tests that follow (the
+  var/test-lanes/cluster.log, and printed once the other lane has ended.
+- beside it, printed live: what ``--others-build`` builds for the tests that follow (the
   portal's image: seconds when warm), then every test that is neither a cluster nor a
   ``--fast`` one over ``--workers`` xdist workers, with ``TAU_TEST_LANE=others``.
-- ``fast``: the ``--fast`` tests over every core (pytest-xdist, a database each,
-  ``TAU_TEST_LANE=fast``: Redis databases of their own, tests/conftest.py), from the start,
-  at a lower priority (``nice`` ``--fast-niceness``, 10 by default): they only compute, so
-  they take the time the cores would otherwise be idle while the other lanes wait (for a
-  portal to start, a run to end, Kueue to admit), and give way whenever those need it. Their
-  output is kept in var/test-lanes/fast.log and printed at the end.
+- the ``--fast`` tests over every core (pytest-xdist, a database each, ``TAU_TEST_LANE=fast``:
+  Redis databases of their own, tests/conftest.py), once, in whichever lane is free first.
+  With warm caches that is the cluster lane (its output kept in var/test-lanes/fast.log and
+  printed at the end), where the fast tests, which only compute, fill the cores while the
+  last of the others mostly wait; on a new machine the control plane's build outlasts the
+  others, and their lane runs them. No test builds anything itself.
 
-Most of the tests besides the fast ones wait, and so does a cold build's download; so on a
-2-core machine the lanes together take little longer than the longest one alone. No test
-builds anything itself. Exit status: 0 when every pass and build passed (a
+Most of the tests besides the fast ones wait (for a portal to start, a run to end, Kueue to
+admit), and so does a cold build's download; so on a 2-core machine the lanes together take
+little longer than the longer one alone. Exit status: 0 when every pass and build passed (a
 pass may have nothing to run: pytest's 5), else the first failing one's. Standard library
 only.
 """
@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -71,46 +70,56 @@ def outcome(code: int) -> int:
     return 0 if code == NOTHING_SELECTED else code
 
 
-class FastLane(threading.Thread):
-    """The fast tiers, from the start, at a lower priority than the other lanes (``nice``):
-    the CPU time the others leave idle while they wait is theirs."""
+class FastPass:
+    """The fast tiers, run once, by whichever lane is free first (:meth:`claim`): warm, the
+    cluster lane ends first and runs them beside the last of the others; cold, the control
+    plane's build outlasts the others and their lane runs them."""
 
-    def __init__(self, command: list[str], niceness: int) -> None:
-        super().__init__(name="fast-lane", daemon=True)
-        nice = shutil.which("nice")
-        self.command = [nice, "-n", str(niceness), *command] if nice and niceness else command
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
         self.code: int | None = None
         self.took = 0.0
-        self.process: subprocess.Popen[bytes] | None = None
+        self.ran_in = ""
+        self._lock = threading.Lock()
+        self._claimed = False
 
-    def run(self) -> None:
+    def claim(self) -> bool:
+        with self._lock:
+            if self._claimed:
+                return False
+            self._claimed = True
+            return True
+
+    def run(self, lane: str, log: Path | None = None) -> None:
+        """Run it (``log``: its output goes there, to be shown at the end; else live)."""
         started = time.monotonic()
-        try:
-            with (LOGS / "fast.log").open("wb") as output:
-                self.process = subprocess.Popen(  # noqa: S603 - the make target's own pytest
+        self.ran_in = lane
+        if log is None:
+            self.code = subprocess.run(  # noqa: S603 - the make target's own pytest
+                self.command, cwd=ROOT, env=lane_environment("fast"), check=False
+            ).returncode
+        else:
+            with log.open("wb") as output:
+                self.code = subprocess.run(  # noqa: S603 - the make target's own pytest
                     self.command,
                     cwd=ROOT,
                     env=lane_environment("fast"),
                     stdout=output,
                     stderr=subprocess.STDOUT,
-                )
-                self.code = self.process.wait()
-        finally:
-            self.took = time.monotonic() - started
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-        self.join()
+                    check=False,
+                ).returncode
+        self.took = time.monotonic() - started
 
 
 class ClusterLane(threading.Thread):
-    """The cluster lane: the build (when there is one), then the cluster tier's pytest."""
+    """The cluster lane: the build (when there is one), then the cluster tier's pytest, then
+    the fast tiers if the other lane has not taken them yet."""
 
-    def __init__(self, build: list[str], pytest: list[str]) -> None:
+    def __init__(self, build: list[str], pytest: list[str], fast: FastPass) -> None:
         super().__init__(name="cluster-lane", daemon=True)
         self.build = build
         self.pytest = pytest
+        self.fast = fast
         self.code: int | None = None
         self.failed_in = ""
         self.took = 0.0
@@ -142,6 +151,8 @@ class ClusterLane(threading.Thread):
                 self.code = 0
         finally:
             self.took = time.monotonic() - started
+        if not self.stopping.is_set() and self.fast.claim():
+            self.fast.run("cluster", LOGS / "fast.log")
 
     def stop(self) -> None:
         self.stopping.set()
@@ -173,38 +184,29 @@ def main(argv: list[str]) -> int:
         help="the command that builds what the other tests need, run after the fast pass",
     )
     parser.add_argument("--workers", default="2", help="pytest-xdist workers of the other lane")
-    parser.add_argument(
-        "--fast-niceness",
-        type=int,
-        default=10,
-        help="how much lower the fast tiers' priority is (nice; 0: the same as the others')",
-    )
     parser.add_argument("pytest", nargs=argparse.REMAINDER, help="-- PYTEST [ARGS...]")
     options = parser.parse_args(argv)
     command = options.pytest[1:] if options.pytest[:1] == ["--"] else options.pytest
     if not command:
         parser.error("give the pytest command after --")
-    fast_tiers = f"({options.fast})"
+    fast = f"({options.fast})"
 
     LOGS.mkdir(parents=True, exist_ok=True)
     for old in ("cluster-build.log", "cluster.log", "fast.log"):
         (LOGS / old).unlink(missing_ok=True)
     started = time.monotonic()
-    fast = FastLane(
-        [*command, "-m", options.fast, "-n", "auto", "--dist", "loadscope"],
-        options.fast_niceness,
-    )
+    fast_pass = FastPass([*command, "-m", options.fast, "-n", "auto", "--dist", "loadscope"])
     cluster = ClusterLane(
         shlex.split(options.cluster_build),
-        [*command, "-m", f"cluster and not {fast_tiers}", "-p", "no:cacheprovider"],
+        [*command, "-m", f"cluster and not {fast}", "-p", "no:cacheprovider"],
+        fast_pass,
     )
-    fast.start()
     cluster.start()
     building = " after the control plane's build" if options.cluster_build else ""
     print(
-        f"[test-lanes] beside this: the cluster tier{building} (its output: "
-        f"{(LOGS / 'cluster.log').relative_to(ROOT)}) and the fast tiers at a lower priority "
-        f"({(LOGS / 'fast.log').relative_to(ROOT)}); both are shown at the end.",
+        f"[test-lanes] the cluster tier runs beside this{building}; its output: "
+        f"{(LOGS / 'cluster.log').relative_to(ROOT)}. The fast tiers run in whichever lane "
+        "is free first.",
         flush=True,
     )
     built = 0
@@ -220,7 +222,7 @@ def main(argv: list[str]) -> int:
             [
                 *command,
                 "-m",
-                f"not cluster and not {fast_tiers}",
+                f"not cluster and not {fast}",
                 "-n",
                 options.workers,
                 "--dist",
@@ -231,27 +233,29 @@ def main(argv: list[str]) -> int:
             check=False,
         ).returncode
         others_took = time.monotonic() - started
+        if fast_pass.claim():
+            print("[test-lanes] the fast tiers, in this lane:", flush=True)
+            fast_pass.run("others")
         cluster.join()
-        fast.join()
     except KeyboardInterrupt:
         cluster.stop()
-        fast.stop()
         raise
     if cluster.failed_in.endswith("build"):
         show(LOGS / "cluster-build.log")
     show(LOGS / "cluster.log")
-    show(LOGS / "fast.log")
+    if fast_pass.ran_in == "cluster":
+        show(LOGS / "fast.log")
     said = "" if not cluster.failed_in else f" in {cluster.failed_in}"
     build_said = f" (after its build failed: exit {built})" if built else ""
     print(
         f"\n[test-lanes] others: exit {others}{build_said} after {others_took / 60:.1f} min; "
         f"cluster: exit {cluster.code}{said} after {cluster.took / 60:.1f} min; "
-        f"fast: exit {fast.code} after {fast.took / 60:.1f} min; "
-        f"all: {(time.monotonic() - started) / 60:.1f} min",
+        f"fast (in the {fast_pass.ran_in} lane): exit {fast_pass.code} in "
+        f"{fast_pass.took / 60:.1f} min; all: {(time.monotonic() - started) / 60:.1f} min",
         flush=True,
     )
     codes = [
-        outcome(fast.code if fast.code is not None else 1),
+        outcome(fast_pass.code if fast_pass.code is not None else 1),
         built,
         outcome(others),
         outcome(cluster.code or 0),
