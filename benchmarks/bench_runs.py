@@ -169,8 +169,16 @@ class HttpBench:
     settings plus the bare views' URLs). Each measurement is bounded: a 2 s warm-up, then
     ``seconds`` measured."""
 
-    def __init__(self, *, seconds: int = sized(10, 1)) -> None:
+    def __init__(
+        self,
+        *,
+        seconds: int = sized(10, 1),
+        workers: int = HTTP_WORKERS,
+        threads: int = HTTP_THREADS,
+    ) -> None:
         self.seconds = seconds
+        self.workers = workers
+        self.threads = threads
         self.wrk = shutil.which("wrk")
         self.server: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -201,7 +209,7 @@ class HttpBench:
         }
         gunicorn = str(Path(sys.executable).parent / "gunicorn")
         command = [gunicorn, "portal.wsgi:application", "--bind", f"127.0.0.1:{self.port}"]
-        command += ["--workers", str(HTTP_WORKERS), "--threads", str(HTTP_THREADS)]
+        command += ["--workers", str(self.workers), "--threads", str(self.threads)]
         command += ["--forwarded-allow-ips", "", "--log-level", "warning"]
         self.server = subprocess.Popen(
             command, cwd=Path(__file__).resolve().parents[1], env=env, start_new_session=True

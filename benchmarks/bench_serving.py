@@ -11,8 +11,9 @@ Goals, at the same fixed concurrency (:data:`CONNECTIONS` connections): through 
   answers as the example does, since Ray's start would be most of a smoke run. The output
   says which. The endpoint is a row in state ``ready`` on the local backend whose ``url`` is
   that address, as the local agent reports a Ray Serve application's.
-- The portal: gunicorn with the image's command (``deploy/Containerfile``: 3 sync workers),
-  the product's settings, PostgreSQL and Redis of ``deploy/dev/test_services.py``
+- The portal: gunicorn with the image's workers and threads (``deploy/Containerfile``'s
+  command, read from it: 3 sync workers, as the Helm chart's web pods), the product's
+  settings, PostgreSQL and Redis of ``deploy/dev/test_services.py``
   (``bench_runs.HttpBench``, which the other HTTP figures use).
 - The client: wrk (a C load generator, so the client takes little of the cores the servers
   share) sending the same body, a review for the classifier, with a token that has the
@@ -45,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_runs import HTTP_THREADS, HTTP_WORKERS, HttpBench
+from benchmarks.bench_runs import HttpBench
 from benchmarks.harness import SMOKE, django_test_database, load_average, memory_gib, report, sized
 
 HERE = Path(__file__).resolve().parent
@@ -275,8 +276,19 @@ def compare(direct: dict[str, Any], proxied: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def image_web_workers() -> tuple[int, int]:
+    """The workers and threads of the portal image's web command (deploy/Containerfile's
+    ``CMD``, a JSON array over continued lines)."""
+    text = (Path(__file__).resolve().parents[1] / "deploy" / "Containerfile").read_text()
+    command = text[text.index("\nCMD [") + len("\nCMD ") :]
+    argv = json.loads(command[: command.index("]") + 1].replace("\\\n", ""))
+    threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 1
+    return int(argv[argv.index("--workers") + 1]), threads
+
+
 def measure_proxy(token: str, address: str) -> dict[str, Any]:
-    with HttpBench() as http:
+    workers, threads = image_web_workers()
+    with HttpBench(workers=workers, threads=threads) as http:
         if http.wrk is None:
             return {"skipped": "install Debian's wrk to measure the proxy over HTTP"}
         portal = f"http://127.0.0.1:{http.port}"
@@ -413,7 +425,9 @@ def main() -> None:
                     "memory_gib": memory_gib(),
                     "load_average": load_average(),
                     "connections": CONNECTIONS,
-                    "portal": f"gunicorn {HTTP_WORKERS} sync workers x {HTTP_THREADS} threads",
+                    "portal": "gunicorn {} workers x {} threads (the image's)".format(
+                        *image_web_workers()
+                    ),
                     "endpoint": endpoint_words,
                     "client": f"wrk, 1 thread, {ROUND_SECONDS} s rounds, best of {ROUNDS}",
                 },

@@ -17,7 +17,6 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.urls import Resolver404, resolve
 from django.views import defaults
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
@@ -39,35 +38,45 @@ MAX_JSON_DEPTH = 32
 
 
 class JSONBodySizeMiddleware:
-    """A JSON body declaring more than ``DATA_UPLOAD_MAX_MEMORY_SIZE`` gets a 413 that says
-    so, unread (Django would refuse it once read, as a bare 400). Multipart bodies are sized
-    by ``runs.submission.SubmissionSizeMiddleware``."""
+    """A JSON body declaring more than ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (or its route's own
+    limit, :data:`BODY_LIMITS`) gets a 413 that says so, unread (Django would refuse it once
+    read, as a bare 400). Checked in ``process_view``, the first of the stack's: the URL is
+    resolved by then (once, by Django), and no view has read the body. A path that resolves
+    to nothing is a 404, its body unread too. Multipart bodies are sized by
+    ``runs.submission.SubmissionSizeMiddleware``."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        if limit is not None and request.content_type == "application/json":
-            try:
-                view_name: str | None = resolve(request.path_info).view_name
-            except Resolver404:
-                view_name = None
-            own = own_body_limit(view_name, request.method or "GET") if view_name else None
-            limit = own if own is not None else limit
-            try:
-                declared = int(request.META.get("CONTENT_LENGTH") or 0)
-            except ValueError:
-                declared = 0
-            if declared > limit:
-                return JsonResponse(
-                    {
-                        "detail": f"The body is {declared} bytes; a JSON body may be at most "
-                        f"{limit} bytes."
-                    },
-                    status=413,
-                )
         return self.get_response(request)
+
+    def process_view(
+        self,
+        request: HttpRequest,
+        view_func: Callable[..., HttpResponse],
+        view_args: tuple[Any, ...],
+        view_kwargs: dict[str, Any],
+    ) -> HttpResponse | None:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is None or request.content_type != "application/json":
+            return None
+        match = request.resolver_match
+        own = own_body_limit(match.view_name, request.method or "GET") if match else None
+        limit = own if own is not None else limit
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            return JsonResponse(
+                {
+                    "detail": f"The body is {declared} bytes; a JSON body may be at most "
+                    f"{limit} bytes."
+                },
+                status=413,
+            )
+        return None
 
 
 #: Routes whose views accept bodies of another size than Django's limit for forms and JSON
