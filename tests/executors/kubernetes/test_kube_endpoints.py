@@ -321,7 +321,13 @@ class HeadPod:
         # KubeRay makes the pods once Kueue has admitted the Ray cluster. What runs here is the
         # head group's template as TauGrid rendered it (the pod adds KubeRay's own variables,
         # RAY_ADDRESS among them, which would point this head's jobs at a pod's address).
-        pod = wait_until(f"{ray_cluster}'s head pod", head_pod, timeout=60)
+        def started_by_kwok() -> dict[str, Any] | None:
+            found = head_pod()
+            return found if found is not None and readiness(found) == "True" else None
+
+        # KWOK has played its stage (Running and Ready) before the readiness is taken back:
+        # it writes the pod no more after that, so nothing undoes it.
+        pod = wait_until(f"{ray_cluster}'s head pod running", started_by_kwok, timeout=60)
         self.pod_name = pod["metadata"]["name"]
         self.report_ready(False)
         made = self.kube.get("ray.io/v1", "RayCluster", ray_cluster, self.namespace)
@@ -376,8 +382,7 @@ class HeadPod:
             self.namespace,
             {"conditions": conditions, "containerStatuses": containers},
         )
-        readiness = {c["type"]: c["status"] for c in written["status"]["conditions"]}
-        assert readiness.get("Ready") == said, written["status"]
+        assert readiness(written) == said, written["status"]
 
     def ask(self, text: str) -> Any:
         """POST / to the application, straight to Ray Serve's proxy."""
@@ -392,6 +397,12 @@ class HeadPod:
     def stop(self) -> None:
         if self.head is not None:
             self.ray.stop_head(self.head)
+
+
+def readiness(pod: dict[str, Any]) -> str | None:
+    """The status of the pod's ``Ready`` condition ("True", "False"), None before it has one."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return next((c["status"] for c in conditions if c["type"] == "Ready"), None)
 
 
 def reserved_cpus(kube: Kube, cluster_queue_name: str) -> str:
