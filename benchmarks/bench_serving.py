@@ -286,8 +286,7 @@ def image_web_workers() -> tuple[int, int]:
     return int(argv[argv.index("--workers") + 1]), threads
 
 
-def measure_proxy(token: str, address: str) -> dict[str, Any]:
-    workers, threads = image_web_workers()
+def measure_proxy(token: str, address: str, *, workers: int, threads: int) -> dict[str, Any]:
     with HttpBench(workers=workers, threads=threads) as http:
         if http.wrk is None:
             return {"skipped": "install Debian's wrk to measure the proxy over HTTP"}
@@ -418,16 +417,15 @@ def main() -> None:
                 created_by=user,
                 created_by_username=user.get_username(),
             )
-            figures = measure_proxy(token, address)
+            workers, threads = image_web_workers()
+            figures = measure_proxy(token, address, workers=workers, threads=threads)
             results: dict[str, Any] = {
                 "setup": {
                     "cpus": os.cpu_count(),
                     "memory_gib": memory_gib(),
                     "load_average": load_average(),
                     "connections": CONNECTIONS,
-                    "portal": "gunicorn {} workers x {} threads (the image's)".format(
-                        *image_web_workers()
-                    ),
+                    "portal": f"gunicorn {workers} workers x {threads} threads (the image's)",
                     "endpoint": endpoint_words,
                     "client": f"wrk, 1 thread, {ROUND_SECONDS} s rounds, best of {ROUNDS}",
                 },

@@ -340,6 +340,30 @@ def _check(
     )
 
 
+def _refuse_past_quota(
+    source: bytes,
+    spec: Spec,
+    *,
+    replicas: int,
+    workspace: Workspace,
+    backend: str,
+    replacing: int | None = None,
+) -> None:
+    """``DeployRefused`` where :func:`serving.preemption.quota_problems` finds any: the
+    check again inside the writing transaction, the workspace locked
+    (``preemption.locked_workspace``), after :func:`_check` made it with every other one."""
+    late = preemption.quota_problems(
+        spec,
+        replicas=replicas,
+        workspace=workspace,
+        backend=backend,
+        endpoints=endpoint_backend(backend),
+        replacing=replacing,
+    )
+    if late:
+        raise DeployRefused([_at(source, path, message) for path, message in late])
+
+
 def _name_problem(name: str) -> SubmissionProblem | None:
     problem = dns1035_label_problem(name, max_length=NAME_MAX_LENGTH)
     return SubmissionProblem("name", f"{name!r} {problem}.") if problem else None
@@ -424,15 +448,13 @@ def deploy_endpoint(
         with transaction.atomic():
             # Again, now that no other deployment, scale or update of this workspace's
             # endpoints can write meanwhile: one may have since the check above.
-            late = preemption.quota_problems(
+            _refuse_past_quota(
+                spec_source,
                 checked.spec,
                 replicas=_replicas_of(checked.spec),
                 workspace=preemption.locked_workspace(workspace.pk),
                 backend=backend,
-                endpoints=endpoint_backend(backend),
             )
-            if late:
-                raise DeployRefused([_at(spec_source, path, message) for path, message in late])
             endpoint = Endpoint.objects.create(
                 workspace=workspace,
                 name=endpoint_name,
@@ -642,16 +664,14 @@ def update_endpoint(
         else:
             desired = replicas if replicas is not None else locked.replicas_desired
         # Again under the lock: another endpoint of the workspace may have grown meanwhile.
-        late = preemption.quota_problems(
+        _refuse_past_quota(
+            source,
             checked.spec,
             replicas=desired,
             workspace=workspace,
             backend=locked.backend,
-            endpoints=endpoint_backend(locked.backend),
             replacing=locked.pk,
         )
-        if late:
-            raise DeployRefused([_at(source, path, message) for path, message in late])
         fields: dict[str, Any] = {
             "spec": checked.spec.to_dict(),
             "spec_hash": spec_hash(checked.spec),

@@ -347,17 +347,7 @@ class Kube:
         body: dict[str, Any],
     ) -> dict[str, Any]:
         """A JSON merge patch of one object."""
-        patched: dict[str, Any] = (
-            self.cluster.resource(api_version, kind)
-            .patch(
-                name=name,
-                namespace=namespace,
-                body=body,
-                content_type="application/merge-patch+json",
-            )
-            .to_dict()
-        )
-        return patched
+        return self._merge_patch(self.cluster.resource(api_version, kind), name, namespace, body)
 
     def patch_status(
         self,
@@ -369,16 +359,19 @@ class Kube:
     ) -> dict[str, Any]:
         """A JSON merge patch of one object's status subresource (as a kubelet writes a pod's:
         lists in it, conditions among them, are replaced whole)."""
-        patched: dict[str, Any] = (
-            self.cluster.resource(api_version, kind)
-            .status.patch(
-                name=name,
-                namespace=namespace,
-                body={"status": status},
-                content_type="application/merge-patch+json",
-            )
-            .to_dict()
-        )
+        resource = self.cluster.resource(api_version, kind).status
+        return self._merge_patch(resource, name, namespace, {"status": status})
+
+    @staticmethod
+    def _merge_patch(
+        resource: Any, name: str, namespace: str | None, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        patched: dict[str, Any] = resource.patch(
+            name=name,
+            namespace=namespace,
+            body=body,
+            content_type="application/merge-patch+json",
+        ).to_dict()
         return patched
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
