@@ -22,7 +22,7 @@ class CatalogConfig(AppConfig):
 
         from catalog.runs import DATASET_INPUTS
         from catalog.uploads import declaration_limit
-        from portal.api import BODY_LIMITS
+        from portal.body_limits import BODY_LIMITS
         from runs.submission import EXTENSIONS
 
         # Every submission pins the dataset versions its spec reads (catalog.runs).

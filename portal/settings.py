@@ -132,7 +132,7 @@ MIDDLEWARE = [
     # First: who the client is, and whether it came over https, as a trusted proxy says.
     "portal.middleware.TrustedProxyMiddleware",
     "portal.middleware.RequestIdMiddleware",
-    "portal.api.JSONBodySizeMiddleware",
+    "portal.body_limits.JSONBodySizeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -8,7 +8,7 @@ class ServingConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from portal.api import BODY_LIMITS
+        from portal.body_limits import BODY_LIMITS
         from runs.submission import MAX_SUBMISSION_BYTES
 
         # A request invoked through the proxy may be larger than Django's limit for JSON

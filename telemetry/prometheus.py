@@ -43,10 +43,11 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "MAX_POINTS_PER_SERIES",
@@ -259,6 +260,10 @@ class PrometheusClient:
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        # Imported here, not with the module: every Django process imports this one (the apps
+        # check their metric names at start), and only those that query pay for httpx (~0.1 s).
+        import httpx
+
         self._http = httpx.Client(
             base_url=self.url,
             headers=headers,
@@ -358,6 +363,8 @@ class PrometheusClient:
         # Prometheus stops evaluating at its own timeout too, so a slow query does not keep
         # running on the server after the page has given up on it.
         form = {**form, "timeout": f"{self.timeout:g}s"}
+        import httpx  # loaded by __init__ already
+
         try:
             response = self._http.post(path, data=form)
         except httpx.TimeoutException:
@@ -420,6 +427,8 @@ class PrometheusClient:
 def describe_transport_error(error: httpx.TransportError) -> str:
     """The cause of a connection failure in a few words (httpx's own message is often the
     wrapped OS error's, e.g. "[Errno 111] Connection refused")."""
+    import httpx
+
     if isinstance(error, httpx.ConnectError):
         text = str(error) or "connection failed"
         if "refused" in text.lower():

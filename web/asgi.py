@@ -16,7 +16,7 @@ What the wrapper (:class:`RequestGuard`) adds around Django, before any of it ru
   chunked body (no ``Content-Length``) is counted as it arrives and refused as soon as it
   passes the limit. Django itself would read the whole body first under ASGI, so the
   Content-Length checks of the middleware (``runs.submission.SubmissionSizeMiddleware``,
-  ``portal.api.JSONBodySizeMiddleware``) would come too late here.
+  ``portal.body_limits.JSONBodySizeMiddleware``) would come too late here.
 * **A whole-request read deadline.** Once the headers are in, the body must be complete within
   :data:`READ_SECONDS` plus one second per MiB it declares (or, undeclared, its route may
   take): a client that stops sending gets a 408 and its connection closed, so idle clients
@@ -57,7 +57,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.http import HttpResponseBase  # noqa: E402
 from django.urls import Resolver404, resolve  # noqa: E402
 
-from portal.api import own_body_limit  # noqa: E402
+from portal.body_limits import own_body_limit  # noqa: E402
 from runs import submission  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ BYTES_PER_SECOND = 2**20
 def body_limit(view_name: str | None, method: str = "POST") -> int:
     """The most a request to this route may send: the submission routes' own limits (the
     same table their middleware refuses from), an artifact's (a run's whole allowance, the
-    file is the body), a limit the route's view sets itself (``portal.api.own_body_limit``:
+    file is the body), a limit the route's view sets itself (``portal.body_limits.own_body_limit``:
     the catalog's uploads), and Django's limit for forms and JSON everywhere else."""
     if view_name is None:
         return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
