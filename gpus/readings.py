@@ -10,7 +10,6 @@ as a :class:`Reading` with ``notice`` set, which pages show in place of the numb
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import socket
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
+from portal.caching import hashed_key, through_cache
 from telemetry import nvml
 from telemetry.dcgm import DcgmTelemetry, MetricNames
 from telemetry.prometheus import (
@@ -89,15 +89,13 @@ def dcgm() -> DcgmTelemetry:
 def _key(*parts: object) -> str:
     """A cache key for one answer of this configuration (another Prometheus, other names:
     another key)."""
-    scope = "|".join(
-        [
-            settings.TAU_PROMETHEUS_URL,
-            settings.TAU_DCGM_METRICS,
-            settings.TAU_DCGM_LABELS,
-            *(str(part) for part in parts),
-        ]
+    return hashed_key(
+        "gpus:telemetry",
+        settings.TAU_PROMETHEUS_URL,
+        settings.TAU_DCGM_METRICS,
+        settings.TAU_DCGM_LABELS,
+        *parts,
     )
-    return "gpus:telemetry:" + hashlib.sha256(scope.encode()).hexdigest()[:40]
 
 
 def _read(what: str, compute: Callable[[], T]) -> Reading[T]:
@@ -132,15 +130,12 @@ def cached(
     as a notice, remembered as long. ``prometheus``: it asks Prometheus (so it needs one)."""
     if prometheus and not configured():
         return Reading(None, NOT_CONFIGURED)
-    key = _key(what, *parts)
-    found = cache.get(key)
-    if isinstance(found, Reading):
-        return found
-    reading = _read(what, compute)
-    seconds = settings.TAU_PROMETHEUS_CACHE_SECONDS
-    if seconds > 0:
-        cache.set(key, reading, timeout=seconds)
-    return reading
+    return through_cache(
+        _key(what, *parts),
+        Reading,
+        lambda: _read(what, compute),
+        seconds=settings.TAU_PROMETHEUS_CACHE_SECONDS,
+    )
 
 
 # --- The whole fleet's GPUs -------------------------------------------------------------------

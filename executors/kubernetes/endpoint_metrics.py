@@ -24,16 +24,15 @@ The replicas ready and desired come from the endpoint's row, whatever Prometheus
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 from django.conf import settings
-from django.core.cache import cache
 from django.utils import timezone
 
+from portal.caching import hashed_key, through_cache
 from serving.backends import EndpointMetrics
 from tau.serving import METRICS_WINDOW_SECONDS
 from tau.spec import spec_from_dict
@@ -95,37 +94,28 @@ def endpoint_metrics(endpoint: Endpoint) -> EndpointMetrics:
     )
 
 
-def _key(endpoint: Endpoint, namespace: str) -> str:
-    """A cache key for this endpoint under this configuration (another Prometheus, other
-    names: another key)."""
-    scope = "|".join(
-        [
-            settings.TAU_PROMETHEUS_URL,
-            settings.TAU_SERVE_METRICS,
-            settings.TAU_SERVE_LABELS,
-            settings.TAU_DCGM_METRICS,
-            settings.TAU_DCGM_LABELS,
-            str(endpoint.pk),
-            endpoint.name,
-            namespace,
-        ]
-    )
-    return "serving:cluster-metrics:" + hashlib.sha256(scope.encode()).hexdigest()[:40]
-
-
 def _cached(endpoint: Endpoint) -> Measured:
     if not settings.TAU_PROMETHEUS_URL:
         return Measured(None, None, NOT_CONFIGURED)
     namespace = endpoint.workspace.namespace
-    key = _key(endpoint, namespace)
-    found = cache.get(key)
-    if isinstance(found, Measured):
-        return found
-    measured = measure(endpoint, namespace)
-    seconds = settings.TAU_PROMETHEUS_CACHE_SECONDS
-    if seconds > 0:
-        cache.set(key, measured, timeout=seconds)
-    return measured
+    # One key per endpoint under this configuration (another Prometheus, other names).
+    key = hashed_key(
+        "serving:cluster-metrics",
+        settings.TAU_PROMETHEUS_URL,
+        settings.TAU_SERVE_METRICS,
+        settings.TAU_SERVE_LABELS,
+        settings.TAU_DCGM_METRICS,
+        settings.TAU_DCGM_LABELS,
+        endpoint.pk,
+        endpoint.name,
+        namespace,
+    )
+    return through_cache(
+        key,
+        Measured,
+        lambda: measure(endpoint, namespace),
+        seconds=settings.TAU_PROMETHEUS_CACHE_SECONDS,
+    )
 
 
 def _has_gpus(endpoint: Endpoint) -> bool:

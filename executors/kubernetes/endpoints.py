@@ -49,6 +49,7 @@ from executors.kubernetes.render_endpoint import (
     render_endpoint_route,
     render_endpoint_secret,
     render_rayservice,
+    worker_count,
 )
 from kube import Conflict, KubeClient, KubeError, NotFound, UnknownKind
 from kube.pod_logs import read_pod_log
@@ -167,16 +168,12 @@ class KubernetesEndpoints:
         return self._backend.client
 
     def quota_held(self, spec: Spec, replicas: int) -> dict[str, Decimal]:
-        """What Kueue reserves for the endpoint's Ray cluster: the head, and one worker per
-        replica (``serve.autoscaling.max_replicas`` of them: the worker group is fixed)."""
+        """What Kueue reserves for the endpoint's Ray cluster, as :func:`render_rayservice`
+        asks for it: the head, and the worker group (:func:`worker_count`: one worker per
+        replica, or ``serve.autoscaling.max_replicas`` of them: the group is fixed)."""
         compute = spec.compute
         head = compute.ray_head
-        serve = spec.serve
-        workers = (
-            serve.autoscaling.max_replicas
-            if serve is not None and serve.autoscaling is not None
-            else replicas
-        )
+        workers = worker_count(spec, replicas)
         held = {
             "cpu": parse_quantity(head.cpus) + parse_quantity(compute.cpus) * workers,
             "memory": parse_quantity(head.memory) + parse_quantity(compute.memory) * workers,

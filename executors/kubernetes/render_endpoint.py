@@ -405,14 +405,14 @@ def _ray_pod(
     }
 
 
-def worker_count(spec: Spec) -> int:
-    """The Ray workers an endpoint holds (Kueue admits them all at once): one per replica,
-    or the most replicas autoscaling may reach."""
+def worker_count(spec: Spec, replicas: int | None = None) -> int:
+    """The Ray workers an endpoint holds (Kueue admits them all at once): one per replica
+    (``replicas``, else the spec's), or the most replicas autoscaling may reach."""
     serve = spec.serve
     assert serve is not None
     if serve.autoscaling is not None:
         return serve.autoscaling.max_replicas
-    return serve.replicas or 1
+    return replicas if replicas is not None else (serve.replicas or 1)
 
 
 def _number(quantity: str) -> int | float:

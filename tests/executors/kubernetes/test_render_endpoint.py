@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import difflib
 import os
+from decimal import Decimal
 from typing import Any
 
 import pytest
 import yaml
 
 from executors.kubernetes import labels
+from executors.kubernetes.endpoints import KubernetesEndpoints
 from executors.kubernetes.render import FETCH_SCRIPT, STAGE_SCRIPT, Flavor, RenderError
 from executors.kubernetes.render_endpoint import (
     SERVE_BUILDER,
@@ -26,6 +28,7 @@ from executors.kubernetes.render_endpoint import (
     render_rayservice,
     worker_count,
 )
+from tau.quantity import parse_quantity
 from tau.spec import spec_hash
 from tau.spec.model import EnvVar
 from tests.cluster.kueue_objects import H100_LABELS
@@ -330,3 +333,35 @@ def test_the_vllm_example_serves_its_workspace_model_and_trtllm_runs_on_h100s() 
         }
         for init in pod["initContainers"]:
             assert "HF_TOKEN" not in env_of(init)
+
+
+def pod_requests(pod: dict[str, Any]) -> dict[str, Decimal]:
+    """What Kueue counts for one pod: per resource, the larger of its containers' requests
+    together and any one init container's."""
+
+    def requests(container: dict[str, Any]) -> dict[str, Decimal]:
+        asked = container.get("resources", {}).get("requests", {})
+        return {name: parse_quantity(str(value)) for name, value in asked.items()}
+
+    total: dict[str, Decimal] = {}
+    for container in pod["containers"]:
+        for name, value in requests(container).items():
+            total[name] = total.get(name, Decimal(0)) + value
+    for container in pod.get("initContainers", []):
+        for name, value in requests(container).items():
+            total[name] = max(total.get(name, Decimal(0)), value)
+    return total
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_the_quota_an_endpoint_holds_is_what_its_rendered_pods_request(case: EndpointCase) -> None:
+    """The preemption rules (serving/preemption.py) add up what endpoints hold without
+    rendering them: the same figures as the pods Kueue admits."""
+    service = render_rayservice(case.spec, case.target)
+    pods = ray_pods(service)
+    workers = service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"]
+    rendered = pod_requests(pods["head"])
+    for name, value in pod_requests(pods["worker"]).items():
+        rendered[name] = rendered.get(name, Decimal(0)) + value * workers
+    endpoints = KubernetesEndpoints(backend=None)  # type: ignore[arg-type]
+    assert endpoints.quota_held(case.spec, worker_count(case.spec)) == rendered
