@@ -119,7 +119,13 @@ def recorded_durations(path: Path | None = None) -> dict[str, float]:
     return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """Whether this process is one of pytest-xdist's workers (not its controller, nor a
+    pytest that a test started inside a worker, which inherits the worker's environment)."""
+    return hasattr(config, "workerinput")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item)
         # On the report too: under pytest-xdist the workers collect, the controller sums.
@@ -128,7 +134,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, tier))
     # Under xdist the workers collect, each the same way, and the controller hands out what
     # they collected in that order.
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if is_xdist_worker(config):
         items[:] = longest_first(items, recorded_durations())
 
 
@@ -190,7 +196,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     target = os.environ.get(RECORD_SETTING)
-    if not target or os.environ.get("PYTEST_XDIST_WORKER") or not _module_seconds:
+    if not target or is_xdist_worker(session.config) or not _module_seconds:
         return
     path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -226,10 +232,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def main(paths: list[str]) -> int:
-    """Merge the passes' records (``var/test-lanes/durations-*.json``) into one, printed."""
+    """Merge the passes' records (``var/test-lanes/durations-*.json``) into one, printed: a
+    module with tests in two passes (its slow ones in the other lane, say) by its longer."""
     merged: dict[str, float] = {}
     for path in paths:
-        merged.update(recorded_durations(Path(path)))
+        for module, seconds in recorded_durations(Path(path)).items():
+            merged[module] = max(seconds, merged.get(module, 0.0))
     sys.stdout.write(json_of(merged))
     return 0
 
