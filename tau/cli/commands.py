@@ -59,6 +59,7 @@ from tau.cli.config import (
     save_profile,
 )
 from tau.cli.data import data_group
+from tau.cli.pipelines import pipeline_group
 from tau.cli.serving import serve_group
 from tau.cli.templates import TAUIGNORE, TEMPLATES, TRAIN_PY, tau_yaml
 from tau.spec import SpecProblem
@@ -1564,3 +1565,4 @@ for _alias, _command in (
 
 cli.add_command(data_group)
 cli.add_command(serve_group)
+cli.add_command(pipeline_group)
