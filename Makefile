@@ -78,7 +78,7 @@ test: install-docs test-tools
 # suite's own PostgreSQL and Redis, spread over every core (pytest-xdist: a database per
 # worker); nothing else is built or started.
 FAST_TIERS := (unit or db) and not slow
-PARALLEL := -n auto --dist loadscope --no-loadscope-reorder
+PARALLEL := -n auto --dist loadscope
 test-fast: install-dev
 	$(PYTHON) deploy/dev/test_services.py run -- $(VENV)/bin/pytest $(PARALLEL) -m "$(FAST_TIERS)" $(PYTEST_ARGS)
 

@@ -119,13 +119,7 @@ def recorded_durations(path: Path | None = None) -> dict[str, float]:
     return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def is_xdist_worker(config: pytest.Config) -> bool:
-    """Whether this process is one of pytest-xdist's workers (not its controller, nor a
-    pytest that a test started inside a worker, which inherits the worker's environment)."""
-    return hasattr(config, "workerinput")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item)
         # On the report too: under pytest-xdist the workers collect, the controller sums.
@@ -134,7 +128,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
     # Under xdist the workers collect, each the same way, and the controller hands out what
     # they collected in that order.
-    if is_xdist_worker(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         items[:] = longest_first(items, recorded_durations())
 
 
@@ -196,7 +190,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     target = os.environ.get(RECORD_SETTING)
-    if not target or is_xdist_worker(session.config) or not _module_seconds:
+    if not target or os.environ.get("PYTEST_XDIST_WORKER") or not _module_seconds:
         return
     path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,12 +226,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def main(paths: list[str]) -> int:
-    """Merge the passes' records (``var/test-lanes/durations-*.json``) into one, printed: a
-    module with tests in two passes (its slow ones in the other lane, say) by its longer."""
+    """Merge the passes' records (``var/test-lanes/durations-*.json``) into one, printed."""
     merged: dict[str, float] = {}
     for path in paths:
-        for module, seconds in recorded_durations(Path(path)).items():
-            merged[module] = max(seconds, merged.get(module, 0.0))
+        merged.update(recorded_durations(Path(path)))
     sys.stdout.write(json_of(merged))
     return 0
 

@@ -45,10 +45,6 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "var" / "test-lanes"
 NOTHING_SELECTED = 5
-#: How xdist spreads a pass: a module (or class) to one worker, sharing its fixtures; in the
-#: order collected, which tests/tiers.py makes the longest first (xdist's own order would be
-#: the most tests first).
-LOADSCOPE = ("--dist", "loadscope", "--no-loadscope-reorder")
 #: The Redis URLs a lane gets a database of its own in.
 REDIS_SETTINGS = ("REDIS_URL", "CELERY_BROKER_URL", "TAU_CACHE_URL")
 
@@ -208,7 +204,7 @@ def main(argv: list[str]) -> int:
     ):
         (LOGS / old).unlink(missing_ok=True)
     started = time.monotonic()
-    fast_pass = FastPass([*command, "-m", options.fast, "-n", "auto", *LOADSCOPE])
+    fast_pass = FastPass([*command, "-m", options.fast, "-n", "auto", "--dist", "loadscope"])
     cluster = ClusterLane(
         shlex.split(options.cluster_build),
         [*command, "-m", f"cluster and not {fast}", "-p", "no:cacheprovider"],
@@ -238,7 +234,8 @@ def main(argv: list[str]) -> int:
                 f"not cluster and not {fast}",
                 "-n",
                 options.workers,
-                *LOADSCOPE,
+                "--dist",
+                "loadscope",
             ],
             cwd=ROOT,
             env=lane_environment("others"),
