@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-
-from tests import tiers
 
 pytest_plugins = ["pytester"]
 
@@ -105,13 +102,8 @@ def test_each_pass_names_its_costliest_tests_by_cpu_their_programs_included(
     measured."""
     pytester.makepyfile(test_costs=COSTS)
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))  # tests.tiers
-    record = pytester.path / "durations.json"
-    monkeypatch.setenv(tiers.RECORD_SETTING, str(record))
     result = pytester.runpytest_subprocess("-p", "no:django", "-p", "tests.tiers", *workers)
     result.assert_outcomes(passed=3)
-    # What the module took, setup to teardown, for the next run's order.
-    assert list(json.loads(record.read_text())) == ["test_costs.py"]
-    assert json.loads(record.read_text())["test_costs.py"] >= 0.9
     title = next(n for n, line in enumerate(result.outlines) if "costliest 3 tests by CPU" in line)
     lines = result.outlines[title + 1 : title + 4]
     named = [line.split()[1].split("::")[1] for line in lines]
@@ -123,42 +115,3 @@ def test_each_pass_names_its_costliest_tests_by_cpu_their_programs_included(
     (unit,) = [line for line in result.outlines if line.startswith("unit ")]
     assert unit.split()[:2] == ["unit", "3"], unit
     assert "(CPU 0.0 min)" in unit, unit  # 1 s in all, in minutes
-
-
-def test_under_xdist_the_longest_modules_are_handed_out_first(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """xdist's workers collect, and ``--dist loadscope`` hands modules out in that order: the
-    longest measured first, a module never measured as a middling one, each module's tests in
-    their own order. Without xdist nothing moves."""
-    pytester.makepyfile(
-        test_a="def test_a1(): pass\ndef test_a2(): pass\n",
-        test_b="def test_b(): pass\n",
-        test_c="def test_c(): pass\n",
-        test_new="def test_new(): pass\n",
-    )
-    durations = pytester.path / "measured.json"
-    durations.write_text(json.dumps({"test_a.py": 1.0, "test_b.py": 30.0, "test_c.py": 10.0}))
-    monkeypatch.setattr(tiers, "DURATIONS", durations)
-
-    def collected() -> list[str]:
-        result = pytester.runpytest("-p", "no:django", "-p", "tests.tiers", "--collect-only", "-q")
-        # (In this process the plugin's totals are the outer session's: only the list counts.)
-        return [line for line in result.outlines if line.startswith("test_")]
-
-    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
-    assert collected() == [
-        "test_b.py::test_b",
-        "test_c.py::test_c",
-        "test_new.py::test_new",  # the median of 1, 10 and 30, after test_c collected first
-        "test_a.py::test_a1",
-        "test_a.py::test_a2",
-    ]
-    monkeypatch.delenv("PYTEST_XDIST_WORKER")
-    assert collected() == [
-        "test_a.py::test_a1",
-        "test_a.py::test_a2",
-        "test_b.py::test_b",
-        "test_c.py::test_c",
-        "test_new.py::test_new",
-    ]

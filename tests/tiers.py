@@ -19,25 +19,13 @@ started and waited for meanwhile (a portal, an agent, a training, a CLI call: co
 when it has ended). On two cores, with the lanes of ``make test`` side by side, CPU is what
 the suite's time is made of (docs/tests.md): this says where it goes. Servers that outlive a
 test (the control plane, PostgreSQL) are not in it.
-
-Under pytest-xdist the modules are handed out longest first (``tests/durations.json``: each
-module's seconds in a measured ``make test``), so that no long module starts last and keeps
-one worker busy after the others have run out of work; a module not in the file counts as
-a middling one. ``make test`` records each pass's modules in
-``var/test-lanes/durations-<lane>.json``; ``python tests/tiers.py var/test-lanes/durations-*.json
-> tests/durations.json`` makes them the new order.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import resource
-import statistics
-import sys
 from collections import defaultdict
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -62,11 +50,6 @@ _seconds: dict[str, float] = defaultdict(float)
 _counts: dict[str, int] = defaultdict(int)
 _cpu_by_tier: dict[str, float] = defaultdict(float)
 _cpu_by_test: dict[str, float] = defaultdict(float)
-_module_seconds: dict[str, float] = defaultdict(float)
-#: Each module's seconds in a measured run: the order in which xdist hands them out.
-DURATIONS = Path(__file__).with_name("durations.json")
-#: Where a pass writes its own modules' seconds, if set (deploy/dev/test_lanes.py sets it).
-RECORD_SETTING = "TAU_TEST_DURATIONS"
 #: How many of the costliest tests each pass names.
 COSTLIEST = 15
 #: The CPU seconds counted for the phase of a test that has just run (setup, call, teardown).
@@ -84,41 +67,6 @@ def tier_of(item: pytest.Item) -> str:
     return "unit"
 
 
-def module_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
-
-
-def longest_first(items: Sequence[pytest.Item], seconds: Mapping[str, float]) -> list[pytest.Item]:
-    """``items`` with their modules in order of ``seconds`` (longest first; a module not in
-    it as the median of those that are), each module's tests in their own order. xdist's
-    ``--dist loadscope`` hands modules (or classes) out in collection order: the longest
-    first keeps a long one from starting when the rest are nearly done."""
-    known = [
-        seconds[module]
-        for module in {module_of(item.nodeid) for item in items}
-        if module in seconds
-    ]
-    middling = statistics.median(known) if known else 0.0
-    first_seen: dict[str, int] = {}
-    for item in items:
-        first_seen.setdefault(module_of(item.nodeid), len(first_seen))
-
-    def key(item: pytest.Item) -> tuple[float, int]:
-        module = module_of(item.nodeid)
-        return (-seconds.get(module, middling), first_seen[module])
-
-    return sorted(items, key=key)  # stable: a module's tests keep their order
-
-
-def recorded_durations(path: Path | None = None) -> dict[str, float]:
-    """The seconds recorded in ``path`` (:data:`DURATIONS`), none if it is missing or bad."""
-    try:
-        data = json.loads((path or DURATIONS).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item)
@@ -126,10 +74,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.user_properties.append(("tier", tier))
         if item.get_closest_marker(tier) is None:
             item.add_marker(getattr(pytest.mark, tier))
-    # Under xdist the workers collect, each the same way, and the controller hands out what
-    # they collected in that order.
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items[:] = longest_first(items, recorded_durations())
 
 
 def cpu_seconds() -> float:
@@ -179,31 +123,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if not isinstance(tier, str):
         return
     _seconds[tier] += report.duration  # setup, call and teardown
-    _module_seconds[module_of(report.nodeid)] += report.duration
     if report.when == "setup":
         _counts[tier] += 1
     cpu = properties.get("cpu")
     if isinstance(cpu, float):
         _cpu_by_tier[tier] += cpu
         _cpu_by_test[report.nodeid] += cpu
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    target = os.environ.get(RECORD_SETTING)
-    if not target or os.environ.get("PYTEST_XDIST_WORKER") or not _module_seconds:
-        return
-    path = Path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json_of(_module_seconds))
-    partial.replace(path)
-
-
-def json_of(seconds: Mapping[str, float]) -> str:
-    return (
-        json.dumps({module: round(seconds[module], 1) for module in sorted(seconds)}, indent=1)
-        + "\n"
-    )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -223,16 +148,3 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         )
         for nodeid, cpu in costliest:
             terminalreporter.write_line(f"{cpu:8.1f}s  {nodeid}")
-
-
-def main(paths: list[str]) -> int:
-    """Merge the passes' records (``var/test-lanes/durations-*.json``) into one, printed."""
-    merged: dict[str, float] = {}
-    for path in paths:
-        merged.update(recorded_durations(Path(path)))
-    sys.stdout.write(json_of(merged))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -58,10 +58,8 @@ def in_database(url: str, number: int) -> str:
 
 
 def lane_environment(name: str, redis_database: int | None = None) -> dict[str, str]:
-    """This environment for the lane ``name``, in its own Redis database if one is given;
-    its pass records how long each module took (tests/tiers.py)."""
+    """This environment for the lane ``name``, in its own Redis database if one is given."""
     env = dict(os.environ, TAU_TEST_LANE=name)
-    env["TAU_TEST_DURATIONS"] = str(LOGS / f"durations-{name}.json")
     for setting in REDIS_SETTINGS:
         if env.get(setting) and redis_database is not None:
             env[setting] = in_database(env[setting], redis_database)
@@ -194,14 +192,7 @@ def main(argv: list[str]) -> int:
     fast = f"({options.fast})"
 
     LOGS.mkdir(parents=True, exist_ok=True)
-    for old in (
-        "cluster-build.log",
-        "cluster.log",
-        "fast.log",
-        "durations-cluster.json",
-        "durations-others.json",
-        "durations-fast.json",
-    ):
+    for old in ("cluster-build.log", "cluster.log", "fast.log"):
         (LOGS / old).unlink(missing_ok=True)
     started = time.monotonic()
     fast_pass = FastPass([*command, "-m", options.fast, "-n", "auto", "--dist", "loadscope"])
