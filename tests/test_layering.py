@@ -35,7 +35,8 @@ LAYERS: dict[str, int] = {
     "gpus": 9,  # the GPU fleet, telemetry, GPU efficiency of runs
     "accounting": 9,  # GPU-hours used, usage pages and API, budget warnings
     "notifications": 9,  # e-mail and webhooks about runs and budgets
-    "web": 10,  # the UI shell: root URLconf, home pages, commands that start everything
+    "pipelines": 10,  # stages of a workload's life as one record, above what they use
+    "web": 11,  # the UI shell: root URLconf, home pages, commands that start everything
 }
 #: Not part of the product's layering: they may import any package, and none imports them.
 OUTSIDE = {"tests", "benchmarks", "deploy", "examples", "docs", "var", "static", "templates"}
