@@ -547,6 +547,7 @@ def check_pipeline(path: Path, *, shown: str | None = None) -> PipelineCheck:
         if reading.spec is not None:
             specs[stage.name] = reading.spec
     found.extend(_endpoint_problems(stages, specs, label))
+    found.extend(_unreported_metrics(stages, specs, folder, label))
     # pipeline.yaml's own in file order first, then each stage's file, in stage order.
     found.sort(
         key=lambda item: (0, item.problem.line, item.problem.column) if item.file == label else (1,)
@@ -627,6 +628,61 @@ def _endpoint_problems(
                     "which has no final metrics",
                     "gate on an evaluation stage's metrics instead",
                 ),
+            )
+
+
+#: How much of a stage's project is searched for the name of a metric a gate reads.
+MAX_SEARCHED_FILES: Final = 500
+MAX_SEARCHED_BYTES: Final = 1024 * 1024
+_SKIPPED_FOLDERS: Final = frozenset({".git", ".venv", "venv", "__pycache__", "node_modules"})
+
+
+def _project_mentions(project: Path, word: str) -> bool | None:
+    """Whether a Python file of ``project`` names ``word`` (a whole word); None when the
+    project is too large to say within the bounds above (then nothing is claimed)."""
+    pattern = re.compile(rf"(?<![\w./-]){re.escape(word)}(?![\w./-])")
+    searched = 0
+    for path in sorted(project.rglob("*.py")):
+        if _SKIPPED_FOLDERS & set(path.relative_to(project).parts) or path.is_symlink():
+            continue
+        searched += 1
+        if searched > MAX_SEARCHED_FILES:
+            return None
+        try:
+            text = path.read_bytes()[:MAX_SEARCHED_BYTES].decode("utf-8", "replace")
+        except OSError:
+            continue
+        if pattern.search(text):
+            return True
+    return False
+
+
+def _unreported_metrics(
+    stages: Sequence[Stage], specs: Mapping[str, Spec], folder: Path, label: str
+) -> Iterator[FileProblem]:
+    """A warning for a gate on a metric its stage's code never names (a typo, most often:
+    at run time the gate could not decide, and the pipeline would fail there)."""
+    by_name = {stage.name: stage for stage in stages}
+    for stage in stages:
+        gate = stage.when
+        if gate is None or gate.stage not in specs or gate.stage not in by_name:
+            continue
+        if specs[gate.stage].run.workload_kind == "rayservice":
+            continue  # said already: an endpoint has no final metrics
+        project = (folder / by_name[gate.stage].config).parent
+        if _project_mentions(project, gate.metric) is False:
+            yield FileProblem(
+                label,
+                SpecProblem(
+                    f"stages.{stage.name}.when",
+                    stage.line,
+                    stage.column,
+                    f"no Python file of {quote(gate.stage)}'s project names the metric "
+                    f"{quote(gate.metric)}: if {gate.stage} does not report it, the gate "
+                    "cannot decide and the pipeline fails there",
+                    f"check the name against what {gate.stage} reports (tau.sdk.log_metrics)",
+                ),
+                "warning",
             )
 
 

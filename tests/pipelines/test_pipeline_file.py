@@ -43,6 +43,9 @@ ENDPOINT = (
 )
 
 
+REPORTS = "from tau import sdk\n\nsdk.log_metrics(1, accuracy=0.9, loss=0.1, rows=20, x=1)\n"
+
+
 def project(root: Path, pipeline: str, **stages: str) -> Path:
     """A folder with ``pipeline.yaml`` and a tau.yaml per stage folder (``serve`` an
     endpoint unless given)."""
@@ -55,6 +58,8 @@ def project(root: Path, pipeline: str, **stages: str) -> Path:
     for folder, text in {**defaults, **stages}.items():
         (root / folder).mkdir(exist_ok=True)
         (root / folder / "tau.yaml").write_text(text)
+        # What each stage's program reports, for the gates' metrics.
+        (root / folder / "main.py").write_text(REPORTS)
     return root / "pipeline.yaml"
 
 
@@ -305,3 +310,27 @@ def test_tau_pipeline_validate_says_ok_or_every_problem_and_exits_2(
     assert "cannot read the file" in capsys.readouterr().err
     assert main(["pipeline", "schema"]) == 0
     assert json.loads(capsys.readouterr().out)["title"].startswith("pipeline.yaml")
+
+
+def test_a_gate_on_a_metric_its_stage_s_code_never_names_is_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = project(tmp_path, LIFECYCLE.replace("metrics.accuracy", "metrics.acuracy"))
+    check = check_pipeline(path, shown="pipeline.yaml")
+    assert check.ok  # a warning: the code may name it in a way no search sees
+    assert [problem.format() for problem in check.problems] == [
+        "pipeline.yaml:9:3: warning: stages.serve.when: no Python file of `evaluate`'s project "
+        "names the metric `acuracy`: if evaluate does not report it, the gate cannot decide "
+        "and the pipeline fails there (check the name against what evaluate reports "
+        "(tau.sdk.log_metrics))"
+    ]
+    # Named in a file of the project (quoted, or as a keyword): no warning.
+    (tmp_path / "evaluate" / "sub").mkdir()
+    (tmp_path / "evaluate" / "sub" / "metrics.py").write_text('NAMES = ["acuracy"]\n')
+    assert check_pipeline(path).problems == ()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "evaluate" / "sub" / "metrics.py").unlink()
+    assert main(["pipeline", "validate"]) == 0
+    said = capsys.readouterr()
+    assert said.out.startswith("pipeline.yaml: ok (6 stages")
+    assert "warning: stages.serve.when" in said.out
