@@ -55,11 +55,7 @@ def reading_lines(shown: str, reading: Reading) -> list[str]:
     lines = [problem.format(shown) for problem in reading.problems]
     if reading.spec is not None:
         lines.append(f"{shown}: ok ({reading.summary()})")
-    lines.extend(
-        f"{shown}:{warning.line}:{warning.column}: warning: {warning.path}: {warning.message}"
-        + (f" ({warning.hint})" if warning.hint else "")
-        for warning in reading.warnings
-    )
+    lines.extend(warning.format(shown, warning=True) for warning in reading.warnings)
     lines.extend(f"{shown}: note: {note}" for note in reading.notes)
     return lines
 

@@ -47,11 +47,14 @@ class SpecProblem:
             "hint": self.hint,
         }
 
-    def format(self, filename: str | None = None) -> str:
-        """``FILE:LINE:COLUMN: path: message (hint)``, the shape editors and CI logs link."""
+    def format(self, filename: str | None = None, *, warning: bool = False) -> str:
+        """``FILE:LINE:COLUMN: path: message (hint)``, the shape editors and CI logs link;
+        ``FILE:LINE:COLUMN: warning: path: …`` for a warning."""
         where = f"{self.line}:{self.column}"
         if filename is not None:
             where = f"{filename}:{where}"
+        if warning:
+            where += ": warning"
         text = f"{where}: {self.path}: {self.message}"
         if self.hint:
             text += f" ({self.hint})"
