@@ -487,15 +487,26 @@ class FileProblem:
     severity: Literal["error", "warning"] = "error"
 
     def format(self) -> str:
-        if self.severity == "warning":
-            p = self.problem
-            return f"{self.file}:{p.line}:{p.column}: warning: {p.path}: {p.message}" + (
-                f" ({p.hint})" if p.hint else ""
-            )
-        return self.problem.format(self.file)
+        return self.problem.format(self.file, warning=self.severity == "warning")
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, **self.problem.to_dict(), "severity": self.severity}
+
+
+def _at_stage(
+    label: str,
+    stage: Stage,
+    path: str,
+    message: str,
+    hint: str | None,
+    severity: Literal["error", "warning"] = "error",
+) -> FileProblem:
+    """A problem of ``stage`` found once its files are read, placed at its name's key."""
+    return FileProblem(
+        label,
+        SpecProblem(f"stages.{stage.name}.{path}", stage.line, stage.column, message, hint),
+        severity,
+    )
 
 
 @dataclass(frozen=True)
@@ -509,9 +520,8 @@ class PipelineCheck:
 
     @property
     def ok(self) -> bool:
-        return self.pipeline is not None and not any(
-            problem.severity == "error" for problem in self.problems
-        )
+        """No error anywhere (:func:`check_pipeline` gives the pipeline only then)."""
+        return self.pipeline is not None
 
 
 def check_pipeline(path: Path, *, shown: str | None = None) -> PipelineCheck:
@@ -534,11 +544,9 @@ def check_pipeline(path: Path, *, shown: str | None = None) -> PipelineCheck:
     base = Path(label).parent
     specs: dict[str, Spec] = {}
     for stage in stages:
-        config_path = f"stages.{stage.name}.config"
-        where = (stage.line, stage.column)
         problem, data = _stage_file(folder, stage.config)
         if problem is not None:
-            found.append(FileProblem(label, SpecProblem(config_path, *where, *problem)))
+            found.append(_at_stage(label, stage, "config", *problem))
             continue
         reading = read_source(data)
         stage_label = str(base / stage.config) if str(base) != "." else stage.config
@@ -605,29 +613,23 @@ def _endpoint_problems(
     for stage in stages:
         for index, need in enumerate(stage.needs):
             if need in endpoints:
-                yield FileProblem(
+                yield _at_stage(
                     label,
-                    SpecProblem(
-                        f"stages.{stage.name}.needs[{index}]",
-                        stage.line,
-                        stage.column,
-                        f"needs {quote(need)}, an endpoint, which runs until it is stopped: "
-                        f"{quote(stage.name)} would never start",
-                        "an endpoint is a pipeline's last stage; let other stages need the "
-                        "stage before it",
-                    ),
+                    stage,
+                    f"needs[{index}]",
+                    f"needs {quote(need)}, an endpoint, which runs until it is stopped: "
+                    f"{quote(stage.name)} would never start",
+                    "an endpoint is a pipeline's last stage; let other stages need the "
+                    "stage before it",
                 )
         if stage.when is not None and stage.when.stage in endpoints:
-            yield FileProblem(
+            yield _at_stage(
                 label,
-                SpecProblem(
-                    f"stages.{stage.name}.when",
-                    stage.line,
-                    stage.column,
-                    f"the gate reads the metrics of {quote(stage.when.stage)}, an endpoint, "
-                    "which has no final metrics",
-                    "gate on an evaluation stage's metrics instead",
-                ),
+                stage,
+                "when",
+                f"the gate reads the metrics of {quote(stage.when.stage)}, an endpoint, "
+                "which has no final metrics",
+                "gate on an evaluation stage's metrics instead",
             )
 
 
@@ -671,17 +673,14 @@ def _unreported_metrics(
             continue  # said already: an endpoint has no final metrics
         project = (folder / by_name[gate.stage].config).parent
         if _project_mentions(project, gate.metric) is False:
-            yield FileProblem(
+            yield _at_stage(
                 label,
-                SpecProblem(
-                    f"stages.{stage.name}.when",
-                    stage.line,
-                    stage.column,
-                    f"no Python file of {quote(gate.stage)}'s project names the metric "
-                    f"{quote(gate.metric)}: if {gate.stage} does not report it, the gate "
-                    "cannot decide and the pipeline fails there",
-                    f"check the name against what {gate.stage} reports (tau.sdk.log_metrics)",
-                ),
+                stage,
+                "when",
+                f"no Python file of {quote(gate.stage)}'s project names the metric "
+                f"{quote(gate.metric)}: if {gate.stage} does not report it, the gate "
+                "cannot decide and the pipeline fails there",
+                f"check the name against what {gate.stage} reports (tau.sdk.log_metrics)",
                 "warning",
             )
 
