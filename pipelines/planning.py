@@ -98,13 +98,12 @@ def plan(
         before = [need for need in stage.needs if need in held or state[need] in ENDED_BADLY]
         if before:
             need = before[0]
-            cause = (
-                f"{need} {state[need].value}"
-                if state[need] in ENDED_BADLY
-                else f"{need} will not run"
-            )
-            kind = held[need].kind if need in held and state[need] not in ENDED_BADLY else "blocked"
-            held[name] = Held(name, f"not started: {cause}", kind)
+            # Held itself (it never started, so it did not end badly): what held it holds
+            # this one too, gated or blocked.
+            if need in held:
+                held[name] = Held(name, f"not started: {need} will not run", held[need].kind)
+            else:
+                held[name] = Held(name, f"not started: {need} {state[need].value}", "blocked")
             continue
         if any(state[need] not in DONE for need in stage.needs):
             continue  # waits for what it needs
