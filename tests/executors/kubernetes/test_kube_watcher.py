@@ -1645,6 +1645,15 @@ def test_one_watcher_acts_and_a_killed_one_is_replaced_without_losing_or_doublin
         assert standby.actions() == []  # only the Lease holder acts
         first.kill()  # in the middle of it: about 40 runs are still to end
         killed_at = ended()
+        # The standby takes over once the killed holder's lease runs out; the killed pod's
+        # replacement starts after that, as a restarted pod comes back later than a running
+        # standby notices (started at once, it would race the standby for the free Lease).
+        wait_until(
+            "watcher-b to take the Lease",
+            lambda: lease_holder(client, lease_namespace) == "watcher-b" or None,
+            30,
+            describe=standby.output,
+        )
         restarted = start("watcher-a2")
         wait_until(
             "every run to end",
