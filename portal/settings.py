@@ -125,6 +125,7 @@ INSTALLED_APPS = [
     "gpus",
     "accounting",
     "notifications",
+    "pipelines",
     "web",
 ]
 
@@ -258,6 +259,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # The same for evidence: seals a lost task, a broker outage or a crash left unsealed.
     "reconcile-seals": {
         "task": "evidence.tasks.reconcile_seals",
+        "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
+    },
+    # A step for every running pipeline: a lost message, an endpoint stage become ready.
+    "reconcile-pipelines": {
+        "task": "pipelines.tasks.reconcile_pipelines",
         "schedule": float(env_int("TAU_RECONCILE_SECONDS", 15, minimum=1)),
     },
     # Dataset and model versions a dead process left on the way (catalog.sweep).

@@ -349,12 +349,28 @@ def _unwrapped(source: Path, folder: str) -> Path:
     return Path(target)
 
 
+def folder_zip(bundle_sha256: str, folder: str) -> Path:
+    """A new zip of what lies in ``folder/`` of a stored bundle, names taken relative to it
+    (a pipeline's stage is the folder of its tau.yaml), made the way an upload is unwrapped,
+    so the same folder always gives the same zip. The caller deletes the file."""
+    source = bundle_path(bundle_sha256)
+    if inspect_zip(source).sha256 != bundle_sha256:
+        raise BundleRejected(f"The stored bundle {bundle_sha256[:12]} does not match its digest.")
+    return _unwrapped(source, folder)
+
+
 def unpack(bundle_sha256: str, destination: Path) -> None:
     """Unpack a stored bundle into ``destination``, which must be a new, empty directory."""
     source = bundle_path(bundle_sha256)
     # A stored file could have been damaged or replaced: check it again, digest included.
     if inspect_zip(source).sha256 != bundle_sha256:
         raise BundleRejected(f"The stored bundle {bundle_sha256[:12]} does not match its digest.")
+    unpack_checked(source, destination)
+
+
+def unpack_checked(source: Path, destination: Path) -> None:
+    """Unpack a zip that passed :func:`inspect_zip` (a stored bundle, a staged upload) into
+    ``destination``, which must be a new, empty directory."""
     destination.mkdir(parents=True, exist_ok=False)
     root = destination.resolve()
     with zipfile.ZipFile(source) as archive:

@@ -14,7 +14,7 @@ on every edit, with the listing of the chosen zip that the browser reads.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
@@ -310,8 +310,16 @@ def check_bundle(
 
 
 def submit(
-    *, workspace: Workspace, user: User, spec_source: bytes, bundle: IO[bytes] | None
+    *,
+    workspace: Workspace,
+    user: User,
+    spec_source: bytes,
+    bundle: IO[bytes] | None,
+    note: Mapping[str, Any] | None = None,
 ) -> Run:
+    """Check a submission whole and write the run (``SubmissionRefused`` with every problem,
+    and nothing written, otherwise). ``note``: what the caller records in the run's
+    ``submitted`` event besides (a pipeline: its name and the stage the run is)."""
     if settings.TAU_BACKEND not in available_backend_names():
         # Refuse now rather than accept a run that no backend will ever take.
         raise SubmissionRefused(
@@ -364,8 +372,12 @@ def submit(
             backend=settings.TAU_BACKEND,
             unwrapped_folder=unwrap,
             cost=placement.cost.to_dict() if placement.cost else None,
-            extensions=tuple(
-                functools.partial(extension.record, checked=result) for extension, result in checked
+            extensions=(
+                *(
+                    functools.partial(extension.record, checked=result)
+                    for extension, result in checked
+                ),
+                *([lambda run: dict(note)] if note else []),
             ),
         ),
     )

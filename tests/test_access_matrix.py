@@ -49,6 +49,7 @@ from serving.models import Endpoint, EndpointDelivery
 from serving.workload_tokens import issue_endpoint_token
 from tests.conftest import CAST, World
 from tests.evidence.helpers import TEST_SIGNING_KEY
+from tests.pipelines.factories import make_pipeline, pipeline_zip
 from tests.runs.factories import TINY_FILES, TINY_SPEC, cluster_quota, make_run, zip_bytes
 from tests.serving import fakes
 from tests.serving.factories import ENDPOINT_FILES, ENDPOINT_SPEC, make_endpoint
@@ -262,6 +263,11 @@ def the_endpoint(world: Any) -> Endpoint:
 
 def ENDPOINT(world: Any) -> dict[str, Any]:
     return {"workspace_slug": "alpha", "name": the_endpoint(world).name}
+
+
+def PIPELINE(world: Any) -> dict[str, Any]:
+    """A running pipeline of alpha's, submitted by the researcher (a new one for each call)."""
+    return {"workspace_slug": "alpha", "name": make_pipeline(world).name}
 
 
 def ENDPOINT_INVOKED(world: Any) -> dict[str, Any]:
@@ -540,6 +546,17 @@ MATRIX: dict[str, Route] = {
         data={"files": 1, "bytes": 1, "seconds": 1},
         api=True,
     ),
+    # Pipelines: read by whoever reads the workspace; submitted by researchers; cancelled by
+    # the one who submitted it (the researcher here) and workspace admins.
+    "api:pipeline-list": Route(
+        {"GET": API_READ, "POST": RESEARCHER_WRITE(201)},
+        ALPHA,
+        data=lambda: {"bundle": SimpleUploadedFile("pipeline.zip", pipeline_zip())},
+        api=True,
+        multipart=True,
+    ),
+    "api:pipeline-detail": Route({"GET": API_READ}, PIPELINE, api=True),
+    "api:pipeline-cancel": Route({"POST": RESEARCHER_WRITE(200)}, PIPELINE, api=True),
     # Usage: a workspace's for whoever reads it; every workspace's for the platform team.
     "api:workspace-usage": Route({"GET": API_READ}, ALPHA, api=True),
     # Datasets and models: read by whoever reads the workspace; made, uploaded, verified and

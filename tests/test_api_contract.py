@@ -45,10 +45,12 @@ from catalog.ingest import asset_named, ingest_folder, set_alias
 from evidence import sealing
 from evidence.models import EvidenceRecord, SealRequest
 from identity import tokens
+from pipelines.models import Pipeline
 from runs import artifacts, run_tokens, submission
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt, RunState
 from runs.state import transition
 from tests.evidence.helpers import TEST_SIGNING_KEY
+from tests.pipelines.factories import make_pipeline
 from tests.runs.factories import TINY_FILES, TINY_SPEC, zip_bytes
 from tests.runs.processes import Portal, portal_processes
 from tests.scripts import load_script
@@ -137,6 +139,11 @@ def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
         serves = f"  replicas: 1\n  model: {{name: {name}, version: train}}\n"
         spec = ENDPOINT_SPEC.replace(b"  replicas: 1\n", serves.encode())
         make_endpoint(world, who=who, workspace=workspace, spec=spec, name=name)
+    # A pipeline in each, renamed ``<slug>-wiki`` (a pipeline's name is made when it is
+    # submitted), its first stage started.
+    for workspace, who in ((world.alpha, "researcher"), (world.beta, "outsider")):
+        pipeline = make_pipeline(world, workspace=workspace, who=who)
+        Pipeline.objects.unscoped().filter(pk=pipeline.pk).update(name=f"{workspace.slug}-wiki")
     # The second run of each reads its workspace's dataset (its staging listing and file).
     alpha = [
         _submit(world, world.alpha, "researcher", name, reads=name == "sweep")
@@ -222,6 +229,8 @@ STATE_DEPENDENT_400 = (
     # says).
     "POST /api/v1/workspaces/{workspace_slug}/endpoints/",
     "PATCH /api/v1/workspaces/{workspace_slug}/endpoints/{name}/",
+    # A pipeline's zip: its pipeline.yaml and every stage's tau.yaml, checked as a run's.
+    "POST /api/v1/workspaces/{workspace_slug}/pipelines/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/checkpoints/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/metrics/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/artifacts/",
@@ -288,7 +297,7 @@ def _schemathesis_config(contract: Contract, directory: Path) -> Path:
         "runs": run_names + [run.spec_name for run in contract.alpha_runs],
         # Members whose change or removal takes no token's access away.
         "members": ["mia", "max", "bea"],
-        # Each workspace's dataset, model and endpoint: ``<slug>-wiki``.
+        # Each workspace's dataset, model, endpoint and pipeline: ``<slug>-wiki``.
         "assets": ["alpha-wiki", "beta-wiki"],
         "versions": ["1", "train", "latest"],
     }

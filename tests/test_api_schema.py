@@ -36,6 +36,7 @@ from evidence import sealing
 from evidence.models import SealRequest
 from gpus.models import GpuNode
 from identity import tokens
+from runs import submission
 from runs.artifacts import store_artifact
 from runs.models import Checkpoint, MetricPoint, RunEvent, RunState
 from runs.state import transition
@@ -43,6 +44,7 @@ from serving.models import EndpointState
 from serving.workload_tokens import issue_endpoint_token
 from tests.conftest import World
 from tests.evidence.helpers import TEST_SIGNING_KEY
+from tests.pipelines.factories import PIPELINE, make_pipeline, pipeline_zip
 from tests.runs.factories import TINY_SPEC, cluster_quota, make_run, zip_bytes
 from tests.runs.test_api import attempt_with_log, bearer, run_token
 from tests.serving import fakes
@@ -905,6 +907,75 @@ def sealed_run(world: Any, settings: Any) -> Any:
     transition(ran, RunState.CANCELLED)
     assert sealing.seal(SealRequest.objects.for_workspace(world.alpha).get(run=ran).pk)
     return ran
+
+
+# --- Pipelines (issue 35) ---------------------------------------------------------------------
+
+PIPELINES = f"{API}/alpha/pipelines"
+PL = f"{WS}/pipelines/{{name}}"
+
+
+def pipeline_form(data: bytes | None = None) -> dict[str, Any]:
+    return {"bundle": SimpleUploadedFile("pipeline.zip", data or pipeline_zip())}
+
+
+@call("GET", f"{WS}/pipelines/", 200)
+def pipeline_list(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    make_pipeline(world)
+    return client(world, "viewer").get(f"{PIPELINES}/")
+
+
+@call("POST", f"{WS}/pipelines/", 201)
+def pipeline_submit(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(f"{PIPELINES}/", pipeline_form(), format="multipart")
+
+
+@call("POST", f"{WS}/pipelines/", 400)
+def pipeline_submit_with_problems(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    broken = pipeline_zip(PIPELINE.replace("needs: [prepare]}", "needs: [nothing]}"))
+    return client(world).post(f"{PIPELINES}/", pipeline_form(broken), format="multipart")
+
+
+@call("POST", f"{WS}/pipelines/", 403)
+def pipeline_submit_as_a_viewer(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").post(f"{PIPELINES}/", pipeline_form(), format="multipart")
+
+
+@call("POST", f"{WS}/pipelines/", 413)
+def pipeline_submit_too_large(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(
+        f"{PIPELINES}/",
+        pipeline_form(),
+        format="multipart",
+        CONTENT_LENGTH=str(submission.MAX_SUBMISSION_BYTES + 1),
+    )
+
+
+@call("GET", f"{PL}/", 200)
+def pipeline_detail(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{PIPELINES}/{make_pipeline(world).name}/")
+
+
+@call("GET", f"{PL}/", 404)
+def pipeline_detail_missing(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{PIPELINES}/nothing-here/")
+
+
+@call("POST", f"{PL}/cancel/", 200)
+def pipeline_cancel(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world).post(f"{PIPELINES}/{make_pipeline(world).name}/cancel/")
+
+
+@call("POST", f"{PL}/cancel/", 403)
+def pipeline_cancel_as_a_viewer(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").post(f"{PIPELINES}/{make_pipeline(world).name}/cancel/")
+
+
+@call("POST", f"{PL}/cancel/", 409)
+def pipeline_cancel_of_one_ended(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = make_pipeline(world).name
+    client(world).post(f"{PIPELINES}/{name}/cancel/")  # prepare had not started: it ends now
+    return client(world).post(f"{PIPELINES}/{name}/cancel/")
 
 
 # --- Endpoints (issue 34) ---------------------------------------------------------------------
@@ -1808,6 +1879,8 @@ def test_only_submissions_and_artifacts_take_anything_but_json(schema: dict[str,
         # A deployment takes the same form as a submission; the proxy passes any body on.
         ("POST", f"{WS}/endpoints/", "multipart/form-data"),
         ("POST", f"{WS}/endpoints/{{name}}/invoke/{{path}}", "*/*"),
+        # A pipeline is its folder, zipped, as a form.
+        ("POST", f"{WS}/pipelines/", "multipart/form-data"),
         # An upload's files, declared as JSON lines (catalog.uploads).
         ("POST", f"{WS}/datasets/{{name}}/versions/", "application/x-ndjson"),
         ("POST", f"{WS}/models/{{name}}/versions/", "application/x-ndjson"),

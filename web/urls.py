@@ -33,6 +33,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("gpus.api.urls")),
     path("", include("accounting.api.urls")),
     path("", include("notifications.api.urls")),
+    path("", include("pipelines.api.urls")),
     path("me/", MeView.as_view(), name="me"),
     path("schema/", ApiSchemaView.as_view(), name="schema"),
     path("docs/", ApiDocsView.as_view(), name="docs"),

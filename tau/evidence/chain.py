@@ -36,7 +36,7 @@ GENESIS_HASH = "0" * 64
 CONTENT_FIELDS = ("run", "seq", "time", "kind", "old_state", "new_state", "message", "data")
 
 #: What a chain can be the history of: the first field of its events' content.
-SUBJECTS = ("run", "endpoint")
+SUBJECTS = ("run", "endpoint", "pipeline")
 
 
 def content_fields(subject: str = "run") -> tuple[str, ...]:

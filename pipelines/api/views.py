@@ -1,0 +1,192 @@
+"""REST API for pipelines under ``/api/v1/workspaces/<ws>/pipelines/`` (issue 35).
+
+Members read a workspace's pipelines; researchers submit them; the one who submitted a
+pipeline and the workspace's admins cancel it. Every route is scoped by
+``WorkspaceScopedViewSet`` (an outsider gets 404) and refuses in the API's one shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, status
+from rest_framework.parsers import MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
+
+from identity.tokens import token_of
+from pipelines import orchestration
+from pipelines.api.serializers import (
+    PipelineSerializer,
+    PipelineSubmitSerializer,
+    pipeline_fields,
+)
+from pipelines.models import Pipeline
+from portal.api import refusals
+from portal.requests import signed_in_user
+from runs import submission
+from runs.api.views import RunCursorPagination
+from workspaces.access import WorkspaceScopedViewSet
+from workspaces.models import Role
+
+NOT_SUBMITTED = "The pipeline was not submitted."
+REFUSAL = "Only its submitter or a workspace admin can do that."
+
+
+class PipelineCursorPagination(RunCursorPagination):
+    """The pipelines list's pages, newest first: ``limit`` (1 to 200) each."""
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["description"] = f"Pipelines per page (default {self.page_size})."
+        return parameters
+
+
+class PipelineTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+
+    def __init__(self, declared: int, limit: int) -> None:
+        super().__init__(
+            f"The upload is {declared / 2**20:.1f} MiB; a pipeline may be at most "
+            f"{limit / 2**20:.1f} MiB (its zip and the form around it). Nothing was read or "
+            "kept."
+        )
+
+
+def may_act_on(pipeline: Pipeline, *, access: Any, user_id: int | None) -> bool:
+    """Cancel, resume: the one who submitted it (a researcher still) or a workspace admin."""
+    if access.allows(Role.ADMIN):
+        return True
+    return (
+        access.allows(Role.RESEARCHER) and user_id is not None and pipeline.created_by_id == user_id
+    )
+
+
+class PipelineViewSet(WorkspaceScopedViewSet):
+    """Pipelines of one workspace: list and submit; read and cancel one."""
+
+    pagination_class = PipelineCursorPagination
+    parser_classes = [MultiPartParser]
+
+    def get_base_queryset(self) -> QuerySet[Any]:
+        return Pipeline.objects.all().order_by("-created_at", "-id")
+
+    def get_serializer_class(self) -> type[BaseSerializer[Any]]:
+        return PipelineSubmitSerializer if self.action == "create" else PipelineSerializer
+
+    def get_object(self) -> Pipeline:
+        name = self.kwargs["name"]
+        pipeline: Pipeline | None = (
+            None if "\x00" in name else self.get_queryset().filter(name=name).first()
+        )
+        if pipeline is None:
+            raise exceptions.NotFound(f"This workspace has no pipeline named {name!r}.")
+        pipeline.workspace = self.workspace
+        return pipeline
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        if request.method == "POST" and self.action == "create":
+            # Before anything reads the body (the session's CSRF check reads a form whole).
+            try:
+                declared = int(request.META.get("CONTENT_LENGTH") or 0)
+            except ValueError:
+                declared = 0
+            if declared > submission.MAX_SUBMISSION_BYTES:
+                raise PipelineTooLarge(declared, submission.MAX_SUBMISSION_BYTES)
+        super().initial(request, *args, **kwargs)
+
+    def _fields(self, pipeline: Pipeline) -> dict[str, Any]:
+        return pipeline_fields(pipeline, workspace_slug=self.workspace.slug)
+
+    @extend_schema(
+        description="The workspace's pipelines, newest first, each with its stages.",
+        responses={200: PipelineSerializer(many=True), **refusals(400)},
+    )
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        page = self.paginate_queryset(self.get_queryset()) or []
+        return self.get_paginated_response(
+            PipelineSerializer([self._fields(pipeline) for pipeline in page], many=True).data
+        )
+
+    @extend_schema(
+        description="Submits a pipeline: the folder of pipeline.yaml, zipped (`bundle`). It "
+        "is checked whole first — pipeline.yaml, every stage's tau.yaml, and each run stage "
+        "as the workspace would take it — and nothing is kept unless all of it passes; then "
+        "its first stages start.",
+        request={"multipart/form-data": PipelineSubmitSerializer},
+        responses={
+            201: PipelineSerializer,
+            **refusals(
+                400,
+                413,
+                words={
+                    400: "`problems` lists every problem of every file at once: `file` "
+                    "(pipeline.yaml or a stage's tau.yaml, relative to it), `path`, `line`, "
+                    "`column`, `message`, `hint`.",
+                    413: "The upload declares more than a project zip and its form.",
+                    429: "Also: more submissions a minute than allowed with this token or by "
+                    "its user (`TAU_SUBMISSIONS_PER_MINUTE`, `…_PER_USER`).",
+                },
+            ),
+        },
+    )
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        token = token_of(request)
+        try:
+            submission.count_submission(
+                user_id=signed_in_user(request).pk, token_key=token.key if token else None
+            )
+        except submission.TooManySubmissions as exc:
+            raise exceptions.Throttled(wait=exc.wait, detail=str(exc)) from None
+        bundle = request.FILES.get("bundle")
+        if bundle is None:
+            raise exceptions.ValidationError(
+                {"bundle": ["Attach the zipped folder of pipeline.yaml as the form file 'bundle'."]}
+            )
+        try:
+            pipeline = orchestration.submit_pipeline(
+                workspace=self.workspace, user=signed_in_user(request), bundle=bundle
+            )
+        except orchestration.PipelineRefused as exc:
+            return Response(
+                {"detail": NOT_SUBMITTED, "problems": [p.to_dict() for p in exc.problems]},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        return Response(self._fields(pipeline), status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: PipelineSerializer, **refusals()})
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return Response(self._fields(self.get_object()))
+
+    @extend_schema(
+        description="Cancels the pipeline: its running stages are cancelled and no new one "
+        "starts; it ends `cancelled` once they have stopped (`cancel_requested` is true "
+        "meanwhile). Asking again changes nothing.",
+        request=None,
+        responses={
+            200: PipelineSerializer,
+            **refusals(
+                409,
+                words={
+                    403: "Also: only the one who submitted it or a workspace admin cancels it.",
+                    409: "Also: it has ended already (`state` says how).",
+                },
+            ),
+        },
+    )
+    def cancel(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        pipeline = self.get_object()
+        if not may_act_on(pipeline, access=self.access, user_id=request.user.pk):
+            raise exceptions.PermissionDenied(REFUSAL)
+        try:
+            orchestration.cancel_pipeline(pipeline=pipeline, user=signed_in_user(request))
+        except orchestration.PipelineActionRefused as exc:
+            return Response(
+                {"detail": str(exc), "state": pipeline.state}, status=status.HTTP_409_CONFLICT
+            )
+        return Response(self._fields(self.get_queryset().get(pk=pipeline.pk)))
