@@ -21,10 +21,13 @@ class PipelineEventKind(enum.StrEnum):
     SUBMITTED = "submitted"
     STAGE_STARTED = "stage_started"  # its run (or endpoint) was written
     STAGE_NOT_STARTED = "stage_not_started"  # refused when it was to start (named why)
+    STAGE_REUSED = "stage_reused"  # an earlier run of the same spec, code and inputs stands
+    STAGE_RESUMED = "stage_resumed"  # its run was resumed (a new attempt) by a resume
     STAGE_ENDED = "stage_ended"  # its run ended, or its endpoint became ready or failed
     STAGE_HELD = "stage_held"  # a gate said no, or a stage before it ended badly
     GATE = "gate"  # a gate decided: the value it read and whether it passed
     CANCEL_REQUESTED = "cancel_requested"
+    RESUMED = "resumed"  # running again from the stages that did not succeed
     ENDED = "ended"  # the pipeline's own state became final
 
 

@@ -46,6 +46,9 @@ class Pipeline(TenantModel):
     )
     state_reason = models.TextField(blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    #: Stages never reused from an earlier run, whatever it matched (``--rerun``): each starts
+    #: a run of its own, and so does every stage after it.
+    rerun = models.JSONField(default=list, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
     )
@@ -92,6 +95,8 @@ class PipelineStage(TenantModel):
     reason = models.TextField(blank=True)
     #: What its gate read and decided: ``{"value": 0.91, "passed": true}``; empty before.
     gate_decision = models.JSONField(default=dict, blank=True)
+    #: The run that stands for it: its own, or (``reused``) an earlier pipeline's run of the
+    #: same stage with the same spec, code and pinned inputs.
     run = models.ForeignKey(
         "runs.Run", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import tempfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from runs.models import Run, RunState
 from runs.state import RunActionRefused
 from tau.pipeline import FileProblem, check_pipeline, load_pipeline
 from tau.pipeline import Pipeline as PipelineFile
+from tau.spec.model import spec_hash
 from tau.spec.problems import SpecProblem
 from workspaces.models import Membership, Role
 
@@ -120,11 +121,17 @@ def _file_problem(label: str, problem: submission.SubmissionProblem) -> FileProb
 
 
 def submit_pipeline(
-    *, workspace: Workspace, user: User, bundle: IO[bytes], config: str = PIPELINE_FILE
+    *,
+    workspace: Workspace,
+    user: User,
+    bundle: IO[bytes],
+    config: str = PIPELINE_FILE,
+    rerun: Sequence[str] = (),
 ) -> Pipeline:
     """Check a pipeline's zip whole (pipeline.yaml, every stage's tau.yaml, and each run
     stage against the workspace) and, if all is well, keep it and write the pipeline, its
     stages and its ``submitted`` event; its first step is asked for once that commits.
+    ``rerun``: stages never reused from an earlier pipeline's run (nor those after them).
     ``PipelineRefused`` with every problem otherwise, and nothing is written."""
     try:
         staged = bundles.stage_upload(bundle)
@@ -156,13 +163,28 @@ def submit_pipeline(
                 )
                 for stage in pipeline_file.stages
             ]
-        problems = _stage_problems(stage_sources, workspace)
+        names = [stage.name for stage in pipeline_file.stages]
+        problems = [
+            FileProblem(
+                label,
+                SpecProblem(
+                    "rerun",
+                    0,
+                    0,
+                    f"--rerun names {name!r}, which is not a stage of this pipeline",
+                    f"its stages: {', '.join(names)}",
+                ),
+            )
+            for name in rerun
+            if name not in names
+        ]
+        problems += _stage_problems(stage_sources, workspace)
         if problems:
             raise PipelineRefused(problems)
         kept = bundles.keep(staged, workspace=workspace)
     finally:
         bundles.discard(staged)
-    return _create(workspace, user, pipeline_file, source, folder, kept)
+    return _create(workspace, user, pipeline_file, source, folder, kept, sorted(set(rerun)))
 
 
 def _create(
@@ -172,10 +194,12 @@ def _create(
     source: str,
     folder: str,
     bundle: CodeBundle,
+    rerun: list[str],
 ) -> Pipeline:
     with transaction.atomic():
         pipeline = Pipeline(
             workspace=workspace,
+            rerun=rerun,
             spec_name=pipeline_file.name,
             source=source,
             folder=folder,
@@ -213,6 +237,7 @@ def _create(
                 "bundle": bundle.sha256,
                 "folder": folder,
                 "stages": [stage.to_dict() for stage in pipeline_file.stages],
+                **({"rerun": rerun} if rerun else {}),
             },
             first=True,
         )
@@ -280,6 +305,8 @@ def _endpoint_stage_state(endpoint: Endpoint) -> StageState:
 
 def _observed(stage: PipelineStage) -> StageState:
     """The stage's state as its run (or endpoint) says it now."""
+    if stage.state == StageState.REUSED:
+        return StageState.REUSED  # an earlier pipeline's run, which succeeded
     if stage.run is not None:
         return RUN_STAGE_STATES.get(RunState(stage.run.state), StageState.RUNNING)
     if stage.endpoint is not None:
@@ -324,49 +351,17 @@ def advance(pipeline_id: int) -> Step | None:
             observed = _observed(stage)
             if observed != stage.state:
                 _stage_ended(pipeline, stage, observed, now)
-        metrics = {
-            stage.name: _final_metrics(stage.run)
-            for stage in stages
-            if stage.run is not None and stage.state in DONE and _gated_on(pipeline_file, stage)
-        }
-        decided = plan(
-            pipeline_file,
-            {stage.name: StageState(stage.state) for stage in stages},
-            metrics,
-            cancelled=pipeline.cancel_requested_at is not None,
-        )
-        for name, (value, passed) in decided.gates.items():
-            stage = by_name[name]
-            if stage.gate_decision == {"value": value, "passed": passed}:
-                continue
-            stage.gate_decision = {"value": value, "passed": passed}
-            stage.save(update_fields=["gate_decision"])
-            append_event(
-                pipeline,
-                PipelineEventKind.GATE,
-                message=f"{stage.gate}: {value:g} — {'passed' if passed else 'not passed'}",
-                data={"stage": name, "gate": stage.gate, "value": value, "passed": passed},
-            )
-        for held in decided.held:
-            stage = by_name[held.stage]
-            if stage.reason == held.why:
-                continue
-            stage.reason = held.why
-            stage.save(update_fields=["reason"])
-            append_event(
-                pipeline,
-                PipelineEventKind.STAGE_HELD,
-                message=f"{held.stage} {held.why}",
-                data={"stage": held.stage, "kind": held.kind},
-            )
-        started = []
-        for name in decided.start:
-            if _start(pipeline, by_name[name], pipeline_file, now):
-                started.append(name)
-        if not started and decided.start:
-            # A stage refused at its start ended badly: what follows from that is decided now,
-            # not a round later.
-            transaction.on_commit(lambda: publish(pipeline.pk))
+        started: list[str] = []
+        # A stage reused or refused at its start has ended already: what follows from that is
+        # decided in this same step (one more pass for each, at most one per stage).
+        for _ in range(len(stages) + 1):
+            decided = _decide(pipeline, pipeline_file, stages)
+            for name in decided.start:
+                _start(pipeline, by_name[name], pipeline_file, now)
+            running = [name for name in decided.start if by_name[name].state == StageState.RUNNING]
+            started += running
+            if len(running) == len(decided.start):
+                break
         if decided.state != PipelineState.RUNNING:
             old = pipeline.state
             pipeline.state = decided.state
@@ -383,6 +378,48 @@ def advance(pipeline_id: int) -> Step | None:
         else:
             pipeline.save(update_fields=["updated_at"])
         return Step(decided, tuple(started))
+
+
+def _decide(pipeline: Pipeline, pipeline_file: PipelineFile, stages: list[PipelineStage]) -> Plan:
+    """:func:`plan` on the stages as they are, and what it decided of gates and held stages
+    written (each once: a decision already recorded is not recorded again)."""
+    by_name = {stage.name: stage for stage in stages}
+    metrics = {
+        stage.name: _final_metrics(stage.run)
+        for stage in stages
+        if stage.run is not None and stage.state in DONE and _gated_on(pipeline_file, stage)
+    }
+    decided = plan(
+        pipeline_file,
+        {stage.name: StageState(stage.state) for stage in stages},
+        metrics,
+        cancelled=pipeline.cancel_requested_at is not None,
+    )
+    for name, (value, passed) in decided.gates.items():
+        stage = by_name[name]
+        if stage.gate_decision == {"value": value, "passed": passed}:
+            continue
+        stage.gate_decision = {"value": value, "passed": passed}
+        stage.save(update_fields=["gate_decision"])
+        append_event(
+            pipeline,
+            PipelineEventKind.GATE,
+            message=f"{stage.gate}: {value:g} — {'passed' if passed else 'not passed'}",
+            data={"stage": name, "gate": stage.gate, "value": value, "passed": passed},
+        )
+    for held in decided.held:
+        stage = by_name[held.stage]
+        if stage.reason == held.why:
+            continue
+        stage.reason = held.why
+        stage.save(update_fields=["reason"])
+        append_event(
+            pipeline,
+            PipelineEventKind.STAGE_HELD,
+            message=f"{held.stage} {held.why}",
+            data={"stage": held.stage, "kind": held.kind},
+        )
+    return decided
 
 
 def _gated_on(pipeline_file: PipelineFile, stage: PipelineStage) -> bool:
@@ -428,10 +465,10 @@ def _stage_source(pipeline: Pipeline, config: str) -> bytes:
         return archive.read(name)
 
 
-def _start(pipeline: Pipeline, stage: PipelineStage, pipeline_file: PipelineFile, now: Any) -> bool:
-    """Submit the stage's run (or deploy its endpoint) as the pipeline's submitter, and link
-    it; or, when that is refused now (the quota changed, the submitter left), fail the stage
-    with the reasons. True if it started."""
+def _start(pipeline: Pipeline, stage: PipelineStage, pipeline_file: PipelineFile, now: Any) -> None:
+    """Start the stage: reuse an earlier run of it that matches (:func:`_reusable`), or submit
+    its run (or deploy its endpoint) as the pipeline's submitter, and link it; or, when that
+    is refused now (the quota changed, the submitter left), fail the stage with the reasons."""
     user = pipeline.created_by
     source = _stage_source(pipeline, stage.config)
     folder = _stage_folder(pipeline, stage.config)
@@ -441,20 +478,26 @@ def _start(pipeline: Pipeline, stage: PipelineStage, pipeline_file: PipelineFile
         problems.append(why)
     else:
         assert user is not None
-        try:
-            made = _submit_stage(pipeline, stage, user, source, folder)
-        except submission.SubmissionRefused as exc:
-            problems += [f"{problem.path}: {problem.message}" for problem in exc.problems]
-        except Exception as exc:
-            from serving.backends import EndpointsUnavailable
-            from serving.services import DeployRefused, NameTaken
-
-            if isinstance(exc, DeployRefused):
+        with _stage_zip(pipeline, folder) as stage_zip:
+            forced = _forced(pipeline, pipeline_file, stage.name)
+            reused = None if forced else _reusable(pipeline, stage, source, stage_zip)
+            if reused is not None:
+                _reuse(pipeline, stage, reused, now)
+                return
+            try:
+                made = _submit_stage(pipeline, stage, user, source, stage_zip)
+            except submission.SubmissionRefused as exc:
                 problems += [f"{problem.path}: {problem.message}" for problem in exc.problems]
-            elif isinstance(exc, NameTaken | EndpointsUnavailable | bundles.BundleRejected):
-                problems.append(str(exc))
-            else:
-                raise
+            except Exception as exc:
+                from serving.backends import EndpointsUnavailable
+                from serving.services import DeployRefused, NameTaken
+
+                if isinstance(exc, DeployRefused):
+                    problems += [f"{problem.path}: {problem.message}" for problem in exc.problems]
+                elif isinstance(exc, NameTaken | EndpointsUnavailable | bundles.BundleRejected):
+                    problems.append(str(exc))
+                else:
+                    raise
     if made is None:
         stage.state = StageState.FAILED
         stage.reason = "could not start: " + "; ".join(problems)
@@ -468,7 +511,7 @@ def _start(pipeline: Pipeline, stage: PipelineStage, pipeline_file: PipelineFile
             message=f"{stage.name} {stage.reason}",
             data={"stage": stage.name, "problems": problems},
         )
-        return False
+        return
     stage.state = StageState.RUNNING
     stage.reason = ""
     stage.started_at = now
@@ -488,7 +531,96 @@ def _start(pipeline: Pipeline, stage: PipelineStage, pipeline_file: PipelineFile
         message=f"{stage.name}: {what.get('run') or what.get('endpoint')} submitted",
         data={"stage": stage.name, "folder": folder, **what},
     )
-    return True
+
+
+@contextlib.contextmanager
+def _stage_zip(pipeline: Pipeline, folder: str) -> Iterator[Path]:
+    """The stage's project zip: its folder of the pipeline's zip (removed after), or the
+    whole zip for a stage whose tau.yaml is at its top."""
+    if not folder:
+        yield bundles.bundle_path(pipeline.bundle.sha256)
+        return
+    made = bundles.folder_zip(pipeline.bundle.sha256, folder)
+    try:
+        yield made
+    finally:
+        made.unlink(missing_ok=True)
+
+
+def _forced(pipeline: Pipeline, pipeline_file: PipelineFile, name: str) -> bool:
+    """Whether the stage must run afresh: it is named by ``--rerun``, or comes after one that
+    is (what it would reuse was made from the outputs being made again)."""
+    rerun = set(pipeline.rerun)
+    return name in rerun or bool(rerun & pipeline_file.upstream(name))
+
+
+def _reusable(
+    pipeline: Pipeline, stage: PipelineStage, source: bytes, stage_zip: Path
+) -> Run | None:
+    """An earlier run of this stage (of any of the workspace's pipelines) that succeeded with
+    the same spec (as the workspace takes it now: the same hash), the same code (the stage's
+    zip's digest) and the same pinned inputs (each dataset and model version, where it is
+    read): its outputs stand for the stage's. The newest such run; None if there is none, or
+    the stage is an endpoint (an endpoint is deployed every time)."""
+    from catalog.models import RunInput
+    from catalog.runs import check_inputs
+
+    reading = submission.reading_of(source)
+    if reading.spec is None or reading.spec.is_endpoint:
+        return None
+    try:
+        placement = submission.check_spec(source, workspace=pipeline.workspace)
+    except submission.SubmissionRefused:
+        return None  # the submission says why
+    problems, pinned = check_inputs(placement.spec, pipeline.workspace)
+    if problems:
+        return None
+    wanted = {(item.version.pk, item.path) for item in pinned}
+    code = bundles.inspect_zip(stage_zip).sha256
+    candidates = (
+        Run.objects.for_workspace(pipeline.workspace_id)
+        .filter(
+            state=RunState.SUCCEEDED,
+            spec_hash=spec_hash(placement.spec),
+            bundle__sha256=code,
+            pipeline_stage__stage=stage.name,
+        )
+        .order_by("-finished_at", "-id")[:20]
+    )
+    for run in candidates:
+        read = set(
+            RunInput.objects.for_workspace(pipeline.workspace_id)
+            .filter(run=run)
+            .values_list("version_id", "path")
+        )
+        if read == wanted:
+            return run
+    return None
+
+
+def _reuse(pipeline: Pipeline, stage: PipelineStage, run: Run, now: Any) -> None:
+    stage.state = StageState.REUSED
+    stage.reason = ""
+    stage.run = run
+    stage.started_at = now
+    stage.ended_at = now
+    stage.save(update_fields=["state", "reason", "run", "started_at", "ended_at"])
+    origin = StageRun.objects.for_workspace(pipeline.workspace_id).get(run=run)
+    append_event(
+        pipeline,
+        PipelineEventKind.STAGE_REUSED,
+        old_state=StageState.PENDING,
+        new_state=StageState.REUSED,
+        message=f"{stage.name}: reused {run.name} (the same spec, code and inputs succeeded "
+        "before); not run again",
+        data={
+            "stage": stage.name,
+            "run": run.name,
+            "spec_hash": run.spec_hash,
+            "bundle": run.bundle.sha256 if run.bundle else None,
+            "pipeline": origin.pipeline.name,
+        },
+    )
 
 
 def _submitter_gone(pipeline: Pipeline, user: User | None) -> str | None:
@@ -509,34 +641,25 @@ def _submitter_gone(pipeline: Pipeline, user: User | None) -> str | None:
 
 
 def _submit_stage(
-    pipeline: Pipeline, stage: PipelineStage, user: User, source: bytes, folder: str
+    pipeline: Pipeline, stage: PipelineStage, user: User, source: bytes, stage_zip: Path
 ) -> Run | Endpoint:
-    """The stage's run (or endpoint), from its folder of the pipeline's zip."""
+    """The stage's run (or endpoint), from its project zip."""
     reading = submission.reading_of(source)
     is_endpoint = reading.spec is not None and reading.spec.is_endpoint
-    stage_zip = (
-        bundles.folder_zip(pipeline.bundle.sha256, folder)
-        if folder
-        else bundles.bundle_path(pipeline.bundle.sha256)
-    )
-    try:
-        with open(stage_zip, "rb") as handle:
-            if is_endpoint:
-                from serving.services import deploy_endpoint
+    with open(stage_zip, "rb") as handle:
+        if is_endpoint:
+            from serving.services import deploy_endpoint
 
-                return deploy_endpoint(
-                    workspace=pipeline.workspace, user=user, spec_source=source, bundle=handle
-                )
-            return submission.submit(
-                workspace=pipeline.workspace,
-                user=user,
-                spec_source=source,
-                bundle=handle,
-                note={"pipeline": pipeline.name, "stage": stage.name},
+            return deploy_endpoint(
+                workspace=pipeline.workspace, user=user, spec_source=source, bundle=handle
             )
-    finally:
-        if folder:
-            Path(stage_zip).unlink(missing_ok=True)
+        return submission.submit(
+            workspace=pipeline.workspace,
+            user=user,
+            spec_source=source,
+            bundle=handle,
+            note={"pipeline": pipeline.name, "stage": stage.name},
+        )
 
 
 # --- What people do ------------------------------------------------------------------------
@@ -578,3 +701,126 @@ def cancel_pipeline(*, pipeline: Pipeline, user: User | None) -> Pipeline:
     advance(locked.pk)
     locked.refresh_from_db()
     return locked
+
+
+#: The states a pipeline may be resumed from: it ended, and not by succeeding.
+RESUMABLE = frozenset({PipelineState.FAILED, PipelineState.STOPPED, PipelineState.CANCELLED})
+
+
+def resume_pipeline(
+    *, pipeline: Pipeline, user: User | None, rerun: Sequence[str] = ()
+) -> Pipeline:
+    """Run a pipeline that failed, stopped or was cancelled again from where it ended: each
+    stage that failed or was cancelled has its run resumed (a new attempt of the same run, from
+    its newest checkpoint), the stages that never started start as what they need succeeds,
+    and those that succeeded keep their outputs. ``rerun``: stages to run afresh (a new run,
+    never reused), with every stage after them. Refused for one still running or that
+    succeeded, and for a stage name it does not have."""
+    who = user.get_username() if user is not None else "the system"
+    with transaction.atomic():
+        locked = lock_pipeline(pipeline.pk)
+        if locked.state not in RESUMABLE:
+            said = "is still running" if locked.is_running else f"has {locked.state}"
+            raise PipelineActionRefused(
+                f"{locked.name} {said}: only a pipeline that failed, stopped or was cancelled "
+                "is resumed."
+            )
+        pipeline_file, _ = load_pipeline(locked.source)
+        assert pipeline_file is not None, "a kept pipeline.yaml was checked at submission"
+        names = [stage.name for stage in pipeline_file.stages]
+        unknown = [name for name in rerun if name not in names]
+        if unknown:
+            raise PipelineActionRefused(
+                f"{locked.name} has no stage {unknown[0]!r} (its stages: {', '.join(names)})."
+            )
+        locked.rerun = sorted(set(rerun))
+        stages = list(
+            PipelineStage.objects.unscoped()
+            .filter(pipeline=locked)
+            .select_related("run")
+            .order_by("position")
+        )
+        afresh = {name for name in names if _forced(locked, pipeline_file, name)}
+        resumed: list[str] = []
+        for stage in stages:
+            if stage.name in afresh:
+                _reset(stage)
+            elif stage.state in (StageState.FAILED, StageState.CANCELLED):
+                if stage.run is not None and _resume_run(stage.run, user):
+                    stage.state = StageState.RUNNING
+                    stage.reason = ""
+                    stage.ended_at = None
+                    stage.save(update_fields=["state", "reason", "ended_at"])
+                    resumed.append(stage.name)
+                else:
+                    _reset(stage)
+            elif stage.state == StageState.PENDING and (stage.reason or stage.gate_decision):
+                _reset(stage)  # held by what is now being run again: decided afresh
+        old = locked.state
+        locked.state = PipelineState.RUNNING
+        locked.state_reason = ""
+        locked.ended_at = None
+        locked.cancel_requested_at = None
+        locked.save(
+            update_fields=[
+                "state",
+                "state_reason",
+                "ended_at",
+                "cancel_requested_at",
+                "rerun",
+                "updated_at",
+            ]
+        )
+        append_event(
+            locked,
+            PipelineEventKind.RESUMED,
+            old_state=old,
+            new_state=PipelineState.RUNNING,
+            message=f"Resumed by {who}"
+            + (f"; run afresh: {', '.join(locked.rerun)}" if locked.rerun else ""),
+            data={"by": who, "rerun": locked.rerun, "resumed": resumed},
+        )
+        for name in resumed:
+            run = next(stage.run for stage in stages if stage.name == name)
+            append_event(
+                locked,
+                PipelineEventKind.STAGE_RESUMED,
+                new_state=StageState.RUNNING,
+                message=f"{name}: {run.name if run else ''} resumed (a new attempt)",
+                data={"stage": name, "run": run.name if run else None},
+            )
+    advance(locked.pk)
+    locked.refresh_from_db()
+    return locked
+
+
+def _reset(stage: PipelineStage) -> None:
+    """The stage as if it had never started (its runs stay in the record: ``StageRun``)."""
+    stage.state = StageState.PENDING
+    stage.reason = ""
+    stage.gate_decision = {}
+    stage.run = None
+    stage.endpoint = None
+    stage.started_at = None
+    stage.ended_at = None
+    stage.save(
+        update_fields=[
+            "state",
+            "reason",
+            "gate_decision",
+            "run",
+            "endpoint",
+            "started_at",
+            "ended_at",
+        ]
+    )
+
+
+def _resume_run(run: Run, user: User | None) -> bool:
+    """A new attempt of the stage's run (from its newest checkpoint); False when it cannot be
+    (then the stage starts a new run)."""
+    try:
+        lifecycle.resume_run(run=run, user=user)
+    except RunActionRefused:
+        return False
+    return True

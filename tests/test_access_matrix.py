@@ -557,6 +557,8 @@ MATRIX: dict[str, Route] = {
     ),
     "api:pipeline-detail": Route({"GET": API_READ}, PIPELINE, api=True),
     "api:pipeline-cancel": Route({"POST": RESEARCHER_WRITE(200)}, PIPELINE, api=True),
+    # A running pipeline cannot be resumed (409): who gets that far is who may resume one.
+    "api:pipeline-resume": Route({"POST": RESEARCHER_WRITE(409)}, PIPELINE, api=True),
     # Usage: a workspace's for whoever reads it; every workspace's for the platform team.
     "api:workspace-usage": Route({"GET": API_READ}, ALPHA, api=True),
     # Datasets and models: read by whoever reads the workspace; made, uploaded, verified and

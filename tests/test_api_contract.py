@@ -231,6 +231,8 @@ STATE_DEPENDENT_400 = (
     "PATCH /api/v1/workspaces/{workspace_slug}/endpoints/{name}/",
     # A pipeline's zip: its pipeline.yaml and every stage's tau.yaml, checked as a run's.
     "POST /api/v1/workspaces/{workspace_slug}/pipelines/",
+    # The stages to run afresh must be the pipeline's own.
+    "POST /api/v1/workspaces/{workspace_slug}/pipelines/{name}/resume/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/checkpoints/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/metrics/",
     "POST /api/v1/workspaces/{workspace_slug}/runs/{run_name}/report/artifacts/",

@@ -978,6 +978,31 @@ def pipeline_cancel_of_one_ended(world: Any, tmp: Path, settings: Any) -> HttpRe
     return client(world).post(f"{PIPELINES}/{name}/cancel/")
 
 
+@call("POST", f"{PL}/resume/", 200)
+def pipeline_resume(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = make_pipeline(world).name
+    client(world).post(f"{PIPELINES}/{name}/cancel/")
+    return client(world).post(f"{PIPELINES}/{name}/resume/", {"rerun": ["train"]}, format="json")
+
+
+@call("POST", f"{PL}/resume/", 400)
+def pipeline_resume_of_a_stage_it_lacks(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = make_pipeline(world).name
+    return client(world).post(f"{PIPELINES}/{name}/resume/", {"rerun": ["nope"]}, format="json")
+
+
+@call("POST", f"{PL}/resume/", 403)
+def pipeline_resume_as_a_viewer(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = make_pipeline(world).name
+    return client(world, "viewer").post(f"{PIPELINES}/{name}/resume/", {}, format="json")
+
+
+@call("POST", f"{PL}/resume/", 409)
+def pipeline_resume_of_one_running(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    name = make_pipeline(world).name
+    return client(world).post(f"{PIPELINES}/{name}/resume/", {}, format="json")
+
+
 # --- Endpoints (issue 34) ---------------------------------------------------------------------
 
 ENDPOINTS = f"{API}/alpha/endpoints"

@@ -8,10 +8,19 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from pipelines.models import Pipeline, PipelineStage
+from pipelines.models import MAX_STAGES, Pipeline, PipelineStage
 from pipelines.planning import PipelineState, StageState
 from pipelines.selectors import produced, stages_of
 from runs.api.serializers import UploadField
+from tau.pipeline import MAX_STAGE_NAME_LENGTH
+
+
+def stage_name() -> serializers.RegexField:
+    """A stage's name, as pipeline.yaml allows it."""
+    return serializers.RegexField(
+        rf"^[a-z]([-a-z0-9]{{0,{MAX_STAGE_NAME_LENGTH - 2}}}[a-z0-9])?$",
+        max_length=MAX_STAGE_NAME_LENGTH,
+    )
 
 
 class PipelineSubmitSerializer(serializers.Serializer[Any]):
@@ -21,6 +30,23 @@ class PipelineSubmitSerializer(serializers.Serializer[Any]):
         help_text="The folder of pipeline.yaml, zipped (pipeline.yaml at the zip's top, or "
         "inside its single top-level folder), with every stage's project folder in it. The "
         "same limits as a run's project zip."
+    )
+    rerun = serializers.ListField(
+        child=stage_name(),
+        required=False,
+        max_length=MAX_STAGES,
+        help_text="Stages never reused from an earlier pipeline's run (nor those after them): "
+        "a form field given once per stage.",
+    )
+
+
+class PipelineResumeSerializer(serializers.Serializer[Any]):
+    rerun = serializers.ListField(
+        child=stage_name(),
+        required=False,
+        max_length=MAX_STAGES,
+        help_text="Stages to run afresh (a new run, never reused), with every stage after them; "
+        "the others resume where they ended.",
     )
 
 
@@ -85,6 +111,9 @@ class PipelineSerializer(serializers.Serializer[Any]):
         "or was cancelled; empty while running and when it succeeded."
     )
     cancel_requested = serializers.BooleanField()
+    rerun = serializers.ListField(
+        child=serializers.CharField(), help_text="Stages run afresh, never reused (`--rerun`)."
+    )
     created_by = serializers.CharField()
     created_at = serializers.DateTimeField()
     ended_at = serializers.DateTimeField(allow_null=True)
@@ -129,6 +158,7 @@ def pipeline_fields(pipeline: Pipeline, *, workspace_slug: str) -> dict[str, Any
         "state": pipeline.state,
         "state_reason": pipeline.state_reason,
         "cancel_requested": pipeline.cancel_requested_at is not None,
+        "rerun": list(pipeline.rerun),
         "created_by": pipeline.created_by_username,
         "created_at": pipeline.created_at,
         "ended_at": pipeline.ended_at,

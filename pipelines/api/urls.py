@@ -17,4 +17,9 @@ urlpatterns = [
         views.PipelineViewSet.as_view({"post": "cancel"}),
         name="pipeline-cancel",
     ),
+    path(
+        f"{PIPELINE}resume/",
+        views.PipelineViewSet.as_view({"post": "resume"}),
+        name="pipeline-resume",
+    ),
 ]

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django.http import QueryDict
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
-from rest_framework.parsers import MultiPartParser
+from rest_framework.parsers import BaseParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
@@ -20,12 +21,13 @@ from rest_framework.serializers import BaseSerializer
 from identity.tokens import token_of
 from pipelines import orchestration
 from pipelines.api.serializers import (
+    PipelineResumeSerializer,
     PipelineSerializer,
     PipelineSubmitSerializer,
     pipeline_fields,
 )
-from pipelines.models import Pipeline
-from portal.api import refusals
+from pipelines.models import Pipeline, PipelineStage
+from portal.api import BoundedJSONParser, refusals
 from portal.requests import signed_in_user
 from runs import submission
 from runs.api.views import RunCursorPagination
@@ -71,13 +73,22 @@ class PipelineViewSet(WorkspaceScopedViewSet):
     """Pipelines of one workspace: list and submit; read and cancel one."""
 
     pagination_class = PipelineCursorPagination
-    parser_classes = [MultiPartParser]
+    parser_classes = [MultiPartParser, BoundedJSONParser]
+
+    def get_parsers(self) -> list[BaseParser]:
+        # Only a submission carries a file; the actions take JSON alone.
+        if getattr(self, "action_map", {}).get("post") == "create":
+            return [MultiPartParser()]
+        return [BoundedJSONParser()]
 
     def get_base_queryset(self) -> QuerySet[Any]:
         return Pipeline.objects.all().order_by("-created_at", "-id")
 
     def get_serializer_class(self) -> type[BaseSerializer[Any]]:
-        return PipelineSubmitSerializer if self.action == "create" else PipelineSerializer
+        return {
+            "create": PipelineSubmitSerializer,
+            "resume": PipelineResumeSerializer,
+        }.get(self.action or "", PipelineSerializer)
 
     def get_object(self) -> Pipeline:
         name = self.kwargs["name"]
@@ -148,9 +159,16 @@ class PipelineViewSet(WorkspaceScopedViewSet):
             raise exceptions.ValidationError(
                 {"bundle": ["Attach the zipped folder of pipeline.yaml as the form file 'bundle'."]}
             )
+        given = request.data.getlist("rerun") if isinstance(request.data, QueryDict) else []
+        checked = PipelineResumeSerializer(data={"rerun": given})
+        checked.is_valid(raise_exception=True)
+        rerun = checked.validated_data.get("rerun", [])
         try:
             pipeline = orchestration.submit_pipeline(
-                workspace=self.workspace, user=signed_in_user(request), bundle=bundle
+                workspace=self.workspace,
+                user=signed_in_user(request),
+                bundle=bundle,
+                rerun=rerun,
             )
         except orchestration.PipelineRefused as exc:
             return Response(
@@ -185,6 +203,53 @@ class PipelineViewSet(WorkspaceScopedViewSet):
             raise exceptions.PermissionDenied(REFUSAL)
         try:
             orchestration.cancel_pipeline(pipeline=pipeline, user=signed_in_user(request))
+        except orchestration.PipelineActionRefused as exc:
+            return Response(
+                {"detail": str(exc), "state": pipeline.state}, status=status.HTTP_409_CONFLICT
+            )
+        return Response(self._fields(self.get_queryset().get(pk=pipeline.pk)))
+
+    @extend_schema(
+        description="Runs a pipeline that failed, stopped or was cancelled again from where it "
+        "ended: each stage that failed or was cancelled has its run resumed (a new attempt of "
+        "the same run, from its newest checkpoint), the stages that never started start as "
+        "what they need succeeds, and those that succeeded keep their outputs. `rerun` names "
+        "stages to run afresh (a new run, never reused), with every stage after them.",
+        request=PipelineResumeSerializer,
+        responses={
+            200: PipelineSerializer,
+            **refusals(
+                400,
+                409,
+                words={
+                    400: "Also: `rerun` names a stage the pipeline does not have.",
+                    403: "Also: only the one who submitted it or a workspace admin resumes it.",
+                    409: "Also: it is still running, or it succeeded (`state` says which).",
+                },
+            ),
+        },
+    )
+    def resume(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        pipeline = self.get_object()
+        if not may_act_on(pipeline, access=self.access, user_id=request.user.pk):
+            raise exceptions.PermissionDenied(REFUSAL)
+        body = PipelineResumeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        rerun = body.validated_data.get("rerun", [])
+        names = set(
+            PipelineStage.objects.for_workspace(self.workspace)
+            .filter(pipeline=pipeline)
+            .values_list("name", flat=True)
+        )
+        unknown = [name for name in rerun if name not in names]
+        if unknown:
+            raise exceptions.ValidationError(
+                {"rerun": [f"{pipeline.name} has no stage {unknown[0]!r}."]}
+            )
+        try:
+            orchestration.resume_pipeline(
+                pipeline=pipeline, user=signed_in_user(request), rerun=rerun
+            )
         except orchestration.PipelineActionRefused as exc:
             return Response(
                 {"detail": str(exc), "state": pipeline.state}, status=status.HTTP_409_CONFLICT

@@ -63,7 +63,9 @@ def _problem_lines(problems: list[dict[str, Any]]) -> None:
         err.print(text, markup=False)
 
 
-def submit(api: Api, workspace: str, config: Path, *, quiet: bool) -> dict[str, Any]:
+def submit(
+    api: Api, workspace: str, config: Path, *, quiet: bool, rerun: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Send the folder of ``config`` as one zip; the portal's answer (the pipeline)."""
     root = config.parent
     with tempfile.TemporaryDirectory(prefix="tau-bundle-") as scratch:
@@ -79,6 +81,7 @@ def submit(api: Api, workspace: str, config: Path, *, quiet: bool) -> dict[str, 
             try:
                 response = api.http.post(
                     pipeline_path(workspace),
+                    data={"rerun": list(rerun)},
                     files={"bundle": ("pipeline.zip", zipped, "application/zip")},
                     timeout=300,
                 )
@@ -106,6 +109,8 @@ def _stage_line(stage: dict[str, Any]) -> str:
         text += f" ({stage['run']})"
     elif stage.get("endpoint"):
         text += f" (endpoint {stage['endpoint']})"
+    if stage["state"] == "reused":
+        text += ", reused: the same spec, code and inputs succeeded before"
     gate = stage.get("gate")
     if gate and gate.get("passed") is not None:
         verdict = "passed" if gate["passed"] else "not passed"
@@ -211,11 +216,24 @@ def schema_command() -> int:
     help="Follow it until it ends: exit 0 when it succeeded or a gate stopped it, 1 when it "
     "failed or was cancelled.",
 )
+@click.option(
+    "--rerun",
+    "rerun",
+    metavar="STAGE",
+    multiple=True,
+    help="Run STAGE (and every stage after it) afresh even where an earlier pipeline's run "
+    "of it matches; may be given more than once.",
+)
 @workspace_option
 @json_option
 @click.pass_context
 def run_command(
-    ctx: click.Context, config: Path, watch: bool, workspace: str | None, as_json: bool
+    ctx: click.Context,
+    config: Path,
+    watch: bool,
+    rerun: tuple[str, ...],
+    workspace: str | None,
+    as_json: bool,
 ) -> int:
     """Submit a pipeline: checked here first (as `tau pipeline validate`), then by the portal
     with the workspace's rules; its first stages start at once."""
@@ -232,7 +250,14 @@ def run_command(
     state = state_of(ctx)
     ws = state.workspace_for(workspace)
     api = state.api()
-    row = submit(api, ws, config, quiet=as_json)
+    stages = [stage.name for stage in check.pipeline.stages] if check.pipeline else []
+    for name in rerun:
+        if name not in stages:
+            raise click.BadParameter(
+                f"{name!r} is not a stage of {shown} (its stages: {', '.join(stages)}).",
+                param_hint="--rerun",
+            )
+    row = submit(api, ws, config, quiet=as_json, rerun=rerun)
     if watch:
         if not as_json:
             out.print(f"Submitted {row['name']} to {ws}.", markup=False)
@@ -325,4 +350,51 @@ def cancel_command(ctx: click.Context, name: str, workspace: str | None, as_json
         out.print(f"Cancelling {name}: its running stages are being stopped.", markup=False)
     else:
         out.print(f"{name} is {row['state']}.", markup=False)
+    return EXIT_OK
+
+
+@pipeline_group.command("resume")
+@click.argument("name")
+@click.option(
+    "--rerun",
+    "rerun",
+    metavar="STAGE",
+    multiple=True,
+    help="Run STAGE (and every stage after it) afresh, as a new run; may be given more than once.",
+)
+@click.option("--watch", is_flag=True, help="Follow it until it ends (as `run --watch`).")
+@workspace_option
+@json_option
+@click.pass_context
+def resume_command(
+    ctx: click.Context,
+    name: str,
+    rerun: tuple[str, ...],
+    watch: bool,
+    workspace: str | None,
+    as_json: bool,
+) -> int:
+    """Run a pipeline that failed, stopped or was cancelled again from where it ended.
+
+    Each stage that failed or was cancelled resumes its run (a new attempt, from its newest
+    checkpoint); the stages that succeeded keep their outputs and are not run again."""
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    response = api.http.post(pipeline_path(ws, name, "resume/"), json={"rerun": list(rerun)})
+    if response.status_code == 409:
+        answer = api.json_of(response)
+        raise CliError(problem_text(answer), EXIT_FAILED, details=answer)
+    api.check(response)
+    row = api.json_of(response)
+    if watch:
+        if not as_json:
+            out.print(f"Resumed {name}.", markup=False)
+        return watch_pipeline(api, ws, name, as_json=as_json)
+    if as_json:
+        print_json(row)
+        return EXIT_OK
+    out.print(f"Resumed {name}: it is {row['state']}.", markup=False)
+    for stage in row["stages"]:
+        out.print(_stage_line(stage), markup=False)
     return EXIT_OK

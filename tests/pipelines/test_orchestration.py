@@ -8,10 +8,13 @@ itself on each backend is the runs tests' and the example's (tests/pipelines/tes
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from catalog.ingest import asset_named, ingest_folder
 from pipelines import orchestration
 from pipelines.events import append_event, verify_event_chain
 from pipelines.models import Pipeline, PipelineEvent, PipelineStage, StageRun
@@ -234,7 +237,7 @@ def test_a_stage_refused_when_it_starts_fails_with_the_reason(world: Any) -> Non
         f"could not start: {researcher.username}, who submitted the pipeline, has no active "
         "account any more"
     )
-    orchestration.advance(pipeline.pk)
+    # What follows from it is decided in the same step: nothing else can start.
     pipeline.refresh_from_db()
     assert (pipeline.state, pipeline.state_reason) == ("failed", "stage prepare failed")
 
@@ -315,3 +318,180 @@ def test_run_ended_asks_for_the_pipelines_step(
     with django_capture_on_commit_callbacks(execute=True):
         finish(run_of(pipeline, "prepare"))
     assert asked == [pipeline.pk]
+
+
+# --- Resume and reuse ----------------------------------------------------------------------
+
+
+def runs_of(spec_name: str) -> list[Run]:
+    return list(Run.objects.unscoped().filter(spec_name=spec_name).order_by("id"))
+
+
+def test_resume_resumes_the_failed_stage_and_keeps_what_succeeded(world: Any) -> None:
+    pipeline = submit(world)
+    orchestration.advance(pipeline.pk)
+    end(pipeline, "prepare")
+    end(pipeline, "report")
+    end(pipeline, "train", RunState.FAILED)
+    pipeline.refresh_from_db()
+    assert pipeline.state == "failed"
+    with pytest.raises(PipelineActionRefused, match="no stage 'trian'"):
+        orchestration.resume_pipeline(pipeline=pipeline, user=None, rerun=["trian"])
+
+    resumed = orchestration.resume_pipeline(pipeline=pipeline, user=world.users["researcher"])
+    assert resumed.state == "running"
+    train = run_of(pipeline, "train")
+    # The same run, a new attempt (from its newest checkpoint, had it written one).
+    assert [run.pk for run in runs_of("train")] == [train.pk]
+    assert (train.state, train.attempt_count) == (RunState.QUEUED, 2)
+    assert len(runs_of("prepare")) == len(runs_of("report")) == 1  # not run again
+    assert states(pipeline)["evaluate"] == "pending"
+    assert stage(pipeline, "evaluate").reason == ""  # held no more: it waits for train
+    with pytest.raises(PipelineActionRefused, match="still running"):
+        orchestration.resume_pipeline(pipeline=pipeline, user=None)
+
+    end(pipeline, "train")
+    report(run_of(pipeline, "evaluate"), "accuracy", 0.95)
+    end(pipeline, "evaluate")
+    end(pipeline, "publish")
+    pipeline.refresh_from_db()
+    assert pipeline.state == "succeeded"
+    kinds = list(
+        PipelineEvent.objects.unscoped().filter(pipeline=pipeline).values_list("kind", flat=True)
+    )
+    assert kinds.count("ended") == 2
+    assert "resumed" in kinds
+    assert "stage_resumed" in kinds
+    assert verify_event_chain(pipeline)
+    with pytest.raises(PipelineActionRefused, match="has succeeded"):
+        orchestration.resume_pipeline(pipeline=pipeline, user=None)
+
+
+def test_resume_after_a_gate_said_no_decides_again_and_rerun_runs_the_stage_afresh(
+    world: Any,
+) -> None:
+    pipeline = submit(world)
+    orchestration.advance(pipeline.pk)
+    for name in ("prepare", "train", "report"):
+        end(pipeline, name)
+    first_evaluation = run_of(pipeline, "evaluate")
+    report(first_evaluation, "accuracy", 0.42)
+    end(pipeline, "evaluate")
+    pipeline.refresh_from_db()
+    assert pipeline.state == "stopped"
+    # Resumed as it is: the same value, the same answer.
+    again = orchestration.resume_pipeline(pipeline=pipeline, user=None)
+    assert again.state == "stopped"
+    # --rerun evaluate: a new run of it, and a new decision from what that one reports.
+    again = orchestration.resume_pipeline(pipeline=pipeline, user=None, rerun=["evaluate"])
+    assert again.state == "running"
+    assert again.rerun == ["evaluate"]
+    second = run_of(pipeline, "evaluate")
+    assert second.pk != first_evaluation.pk
+    assert len(runs_of("train")) == 1
+    report(second, "accuracy", 0.85)
+    end(pipeline, "evaluate")
+    assert stage(pipeline, "publish").gate_decision == {"value": 0.85, "passed": True}
+
+
+def succeed_all(pipeline: Pipeline) -> None:
+    orchestration.advance(pipeline.pk)
+    for name in ("prepare", "train", "report"):
+        end(pipeline, name)
+    report(run_of(pipeline, "evaluate"), "accuracy", 0.9)
+    end(pipeline, "evaluate")
+    end(pipeline, "publish")
+    pipeline.refresh_from_db()
+    assert pipeline.state == "succeeded"
+
+
+def test_a_stage_whose_spec_code_and_inputs_succeeded_before_is_reused(world: Any) -> None:
+    succeed_all(submit(world))
+    # The same files again, but train's code changed: prepare and report are reused (and so
+    # is nothing after train, whose inputs are a new train's outputs... its code changed).
+    changed = pipeline_zip(**{"train/main.py": "print('a better model')\n"})
+    second = submit(world, changed)
+    orchestration.advance(second.pk)
+    assert states(second) == {
+        "prepare": "reused",
+        "train": "running",
+        "report": "reused",
+        "evaluate": "pending",
+        "publish": "pending",
+    }
+    assert len(runs_of("prepare")) == 1
+    assert len(runs_of("train")) == 2
+    assert stage(second, "prepare").run == runs_of("prepare")[0]
+    reused = PipelineEvent.objects.unscoped().filter(pipeline=second, kind="stage_reused")
+    assert sorted(event.data["stage"] for event in reused) == ["prepare", "report"]
+    assert all("not run again" in event.message for event in reused)
+    # evaluate's spec and code are the same as before, and it is reused once train is done
+    # (the inputs TauGrid compares are the pinned dataset and model versions each reads).
+    end(second, "train")
+    assert states(second)["evaluate"] == "reused"
+    assert stage(second, "publish").gate_decision == {"value": 0.9, "passed": True}
+
+
+def test_rerun_runs_a_stage_and_everything_after_it_afresh(world: Any) -> None:
+    succeed_all(submit(world))
+    second = orchestration.submit_pipeline(
+        workspace=world.alpha,
+        user=world.users["researcher"],
+        bundle=io.BytesIO(pipeline_zip()),
+        rerun=["train"],
+    )
+    orchestration.advance(second.pk)
+    end(second, "train")
+    assert states(second) == {
+        "prepare": "reused",
+        "train": "succeeded",
+        "report": "reused",
+        "evaluate": "running",
+        "publish": "pending",
+    }
+    with pytest.raises(PipelineRefused) as caught:
+        orchestration.submit_pipeline(
+            workspace=world.alpha,
+            user=world.users["researcher"],
+            bundle=io.BytesIO(pipeline_zip()),
+            rerun=["trian"],
+        )
+    assert "'trian'" in caught.value.problems[0].format()
+
+
+def test_a_reused_run_must_have_been_the_same_stage(world: Any) -> None:
+    """Another pipeline's stage of another name with the same files is not this stage."""
+    data = pipeline_zip(
+        PIPELINE.replace("prepare:", "prep:").replace("[prepare]", "[prep]"),
+        **{"prep/tau.yaml": stage_spec("prepare"), "prep/main.py": "print('ok')\n"},
+    )
+    first = submit(world, data)
+    orchestration.advance(first.pk)
+    finish(run_of(first, "prep"))
+    second = submit(world)
+    orchestration.advance(second.pk)
+    assert states(second)["prepare"] == "running"
+
+
+def test_a_dataset_moved_on_under_the_same_name_is_other_inputs(world: Any, tmp_path: Path) -> None:
+    """``latest`` is pinned when a stage starts: the version it resolves to is what is
+    compared, so a new version of the dataset runs the stage again."""
+    files = tmp_path / "wiki"
+    files.mkdir()
+    (files / "part-0.txt").write_text("one\n")
+    wiki = asset_named(world.alpha, "dataset", "wiki")
+    ingest_folder(wiki, files, source="prefix")
+    reads = stage_spec("prepare") + "inputs:\n  datasets:\n    - {name: wiki, version: latest}\n"
+    data = pipeline_zip(**{"prepare/tau.yaml": reads})
+    first = submit(world, data)
+    orchestration.advance(first.pk)
+    end(first, "prepare")
+    again = submit(world, data)
+    orchestration.advance(again.pk)
+    assert states(again)["prepare"] == "reused"
+    (files / "part-0.txt").write_text("two\n")
+    ingest_folder(wiki, files, source="prefix")
+    third = submit(world, data)
+    orchestration.advance(third.pk)
+    assert states(third)["prepare"] == "running"
+    assert len(runs_of("prepare")) == 2

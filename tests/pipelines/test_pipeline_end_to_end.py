@@ -127,3 +127,12 @@ def test_a_pipeline_runs_its_stages_here_and_a_closed_gate_stops_it(
     refused = tau("pipeline", "cancel", pipeline.name)
     assert refused.returncode == 1
     assert "already stopped" in refused.stderr
+
+    # Resumed as it is, the gate reads the same value and says the same: nothing runs again.
+    resumed = tau("pipeline", "resume", pipeline.name)
+    assert resumed.returncode == 0, _said(resumed)
+    assert f"Resumed {pipeline.name}: it is stopped." in resumed.stdout
+    assert Run.objects.unscoped().count() == 4
+    unknown = tau("pipeline", "resume", pipeline.name, "--rerun", "nope")
+    assert unknown.returncode == 2, _said(unknown)
+    assert "no stage 'nope'" in unknown.stderr
