@@ -95,6 +95,9 @@ class PipelineStage(TenantModel):
     reason = models.TextField(blank=True)
     #: What its gate read and decided: ``{"value": 0.91, "passed": true}``; empty before.
     gate_decision = models.JSONField(default=dict, blank=True)
+    #: The final value of each metric its run reported, kept when the stage ended (or was
+    #: reused): what gates read and its box shows.
+    metrics = models.JSONField(default=dict, blank=True)
     #: The run that stands for it: its own, or (``reused``) an earlier pipeline's run of the
     #: same stage with the same spec, code and pinned inputs.
     run = models.ForeignKey(

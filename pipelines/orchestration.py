@@ -384,11 +384,7 @@ def _decide(pipeline: Pipeline, pipeline_file: PipelineFile, stages: list[Pipeli
     """:func:`plan` on the stages as they are, and what it decided of gates and held stages
     written (each once: a decision already recorded is not recorded again)."""
     by_name = {stage.name: stage for stage in stages}
-    metrics = {
-        stage.name: _final_metrics(stage.run)
-        for stage in stages
-        if stage.run is not None and stage.state in DONE and _gated_on(pipeline_file, stage)
-    }
+    metrics = {stage.name: stage.metrics for stage in stages if stage.state in DONE}
     decided = plan(
         pipeline_file,
         {stage.name: StageState(stage.state) for stage in stages},
@@ -422,13 +418,6 @@ def _decide(pipeline: Pipeline, pipeline_file: PipelineFile, stages: list[Pipeli
     return decided
 
 
-def _gated_on(pipeline_file: PipelineFile, stage: PipelineStage) -> bool:
-    """Whether some gate reads this stage's metrics (only those are read from the database)."""
-    return any(
-        other.when is not None and other.when.stage == stage.name for other in pipeline_file.stages
-    )
-
-
 def _stage_ended(pipeline: Pipeline, stage: PipelineStage, observed: StageState, now: Any) -> None:
     old = stage.state
     stage.state = observed
@@ -436,6 +425,9 @@ def _stage_ended(pipeline: Pipeline, stage: PipelineStage, observed: StageState,
     if observed in DONE or observed in ENDED_BADLY:
         stage.ended_at = now
         fields.append("ended_at")
+        if stage.run is not None:
+            stage.metrics = _final_metrics(stage.run)
+            fields.append("metrics")
     stage.save(update_fields=fields)
     subject = stage.run.name if stage.run is not None else stage.endpoint.name  # type: ignore[union-attr]
     append_event(
@@ -448,6 +440,7 @@ def _stage_ended(pipeline: Pipeline, stage: PipelineStage, observed: StageState,
             "stage": stage.name,
             **({"run": stage.run.name} if stage.run is not None else {}),
             **({"endpoint": stage.endpoint.name} if stage.endpoint is not None else {}),
+            **({"metrics": stage.metrics} if stage.metrics else {}),
         },
     )
 
@@ -602,9 +595,10 @@ def _reuse(pipeline: Pipeline, stage: PipelineStage, run: Run, now: Any) -> None
     stage.state = StageState.REUSED
     stage.reason = ""
     stage.run = run
+    stage.metrics = _final_metrics(run)
     stage.started_at = now
     stage.ended_at = now
-    stage.save(update_fields=["state", "reason", "run", "started_at", "ended_at"])
+    stage.save(update_fields=["state", "reason", "run", "metrics", "started_at", "ended_at"])
     origin = StageRun.objects.for_workspace(pipeline.workspace_id).get(run=run)
     append_event(
         pipeline,
@@ -749,8 +743,9 @@ def resume_pipeline(
                 if stage.run is not None and _resume_run(stage.run, user):
                     stage.state = StageState.RUNNING
                     stage.reason = ""
+                    stage.metrics = {}
                     stage.ended_at = None
-                    stage.save(update_fields=["state", "reason", "ended_at"])
+                    stage.save(update_fields=["state", "reason", "metrics", "ended_at"])
                     resumed.append(stage.name)
                 else:
                     _reset(stage)
@@ -799,6 +794,7 @@ def _reset(stage: PipelineStage) -> None:
     stage.state = StageState.PENDING
     stage.reason = ""
     stage.gate_decision = {}
+    stage.metrics = {}
     stage.run = None
     stage.endpoint = None
     stage.started_at = None
@@ -808,6 +804,7 @@ def _reset(stage: PipelineStage) -> None:
             "state",
             "reason",
             "gate_decision",
+            "metrics",
             "run",
             "endpoint",
             "started_at",

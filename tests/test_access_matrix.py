@@ -645,6 +645,21 @@ MATRIX: dict[str, Route] = {
         )
         for action in ("scale", "stop", "delete")
     },
+    # Pipeline pages: read by whoever reads the workspace; cancelled and resumed by the one
+    # who submitted it (the researcher here) and workspace admins, as in the API (a running
+    # pipeline's resume is refused with a message: a redirect all the same).
+    "pipelines": Route({"GET": PAGE_READ}, ALPHA),
+    "pipeline-page": Route({"GET": PAGE_READ}, PIPELINE),
+    **{
+        f"pipeline-page-{action}": Route(
+            {
+                "POST": codes(403, 302, 302, 403, 404, 302),
+                "GET": codes(405, 405, 405, 405, 404, 302),
+            },
+            PIPELINE,
+        )
+        for action in ("cancel", "resume")
+    },
     # The evidence section: read by anyone who reads the run; a check asked for by them too
     # (it changes nothing but the check's result).
     "run-page-evidence": Route(

@@ -49,6 +49,7 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("", include("gpus.urls")),
     path("", include("accounting.urls")),
     path("", include("notifications.urls")),
+    path("", include("pipelines.urls")),
 ]
 
 # Under /api/ a 404 is JSON, as the schema says, also where no route matches.

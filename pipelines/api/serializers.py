@@ -97,6 +97,10 @@ class StageSerializer(serializers.Serializer[Any]):
         help_text="What it made: the dataset and model versions its run produced "
         "(`{kind, name, version}`), or its endpoint.",
     )
+    metrics = serializers.DictField(
+        child=serializers.FloatField(),
+        help_text="The final value of each metric its run reported, kept when it ended.",
+    )
     gate = GateField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
@@ -135,6 +139,7 @@ def stage_fields(
         "run_url": reverse("api:run-detail", args=[workspace_slug, run.name]) if run else None,
         "endpoint": stage.endpoint.name if stage.endpoint is not None else None,
         "produced": produced,
+        "metrics": dict(stage.metrics),
         "gate": {
             "when": stage.gate,
             "value": stage.gate_decision.get("value"),

@@ -17,8 +17,10 @@ pytestmark = pytest.mark.django_db
 
 # Session and user come first on every page; the navigation adds one for its workspaces.
 PINNED = {
-    "runs": 6,  # + access, runs page, its experiments
-    "run": 11,  # + access, resolve run, attempts, events, checkpoints, artifacts, data (2)
+    "runs": 7,  # + access, runs page, its experiments, running pipelines
+    # + access, resolve run, attempts, events, checkpoints, artifacts, data (2), the pipeline
+    # stage it is (none here: the query is made all the same)
+    "run": 12,
     "run-fragment": 11,  # + version, then the same reads as the page (minus the navigation)
     "queue": 9,  # + access, pending, running, admission history, usage (runs, quotas)
     "platform-queue": 8,  # + live runs, usage (runs, quotas), workspaces, endpoints
