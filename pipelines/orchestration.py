@@ -452,10 +452,19 @@ def _stage_folder(pipeline: Pipeline, config: str) -> str:
     return "" if folder == "." else folder
 
 
-def _stage_source(pipeline: Pipeline, config: str) -> bytes:
+def _stage_source(pipeline: Pipeline, config: str) -> tuple[bytes, str | None]:
+    """The stage's tau.yaml from the pipeline's zip; or why it cannot be read: the store lost
+    the zip (a volume replaced, a file removed by hand), and no later step could read it
+    either."""
     name = str(PurePosixPath(pipeline.folder or ".") / config).removeprefix("./")
-    with zipfile.ZipFile(bundles.bundle_path(pipeline.bundle.sha256)) as archive:
-        return archive.read(name)
+    try:
+        with zipfile.ZipFile(bundles.bundle_path(pipeline.bundle.sha256)) as archive:
+            return archive.read(name), None
+    except (OSError, KeyError, zipfile.BadZipFile) as error:
+        return b"", (
+            f"the pipeline's files ({pipeline.bundle.sha256[:12]}) are no longer in the bundle "
+            f"store: {error}"
+        )
 
 
 def _start(pipeline: Pipeline, stage: PipelineStage, pipeline_file: PipelineFile, now: Any) -> None:
@@ -463,11 +472,11 @@ def _start(pipeline: Pipeline, stage: PipelineStage, pipeline_file: PipelineFile
     its run (or deploy its endpoint) as the pipeline's submitter, and link it; or, when that
     is refused now (the quota changed, the submitter left), fail the stage with the reasons."""
     user = pipeline.created_by
-    source = _stage_source(pipeline, stage.config)
     folder = _stage_folder(pipeline, stage.config)
     problems: list[str] = []
     made: Run | Endpoint | None = None
-    if (why := _submitter_gone(pipeline, user)) is not None:
+    source, why = _stage_source(pipeline, stage.config)
+    if why is not None or (why := _submitter_gone(pipeline, user)) is not None:
         problems.append(why)
     else:
         assert user is not None

@@ -559,6 +559,10 @@ MATRIX: dict[str, Route] = {
     "api:pipeline-cancel": Route({"POST": RESEARCHER_WRITE(200)}, PIPELINE, api=True),
     # A running pipeline cannot be resumed (409): who gets that far is who may resume one.
     "api:pipeline-resume": Route({"POST": RESEARCHER_WRITE(409)}, PIPELINE, api=True),
+    # Its record: for whoever reads the workspace (a running pipeline has none yet: 409).
+    "api:pipeline-evidence": Route(
+        {"GET": codes(409, 409, 409, 409, 404, 401)}, PIPELINE, api=True
+    ),
     # Usage: a workspace's for whoever reads it; every workspace's for the platform team.
     "api:workspace-usage": Route({"GET": API_READ}, ALPHA, api=True),
     # Datasets and models: read by whoever reads the workspace; made, uploaded, verified and

@@ -45,6 +45,7 @@ from catalog.ingest import asset_named, ingest_folder, set_alias
 from evidence import sealing
 from evidence.models import EvidenceRecord, SealRequest
 from identity import tokens
+from pipelines import orchestration
 from pipelines.models import Pipeline
 from runs import artifacts, run_tokens, submission
 from runs.models import Checkpoint, MetricPoint, Run, RunAttempt, RunState
@@ -140,10 +141,18 @@ def _furnish(world: Any) -> tuple[list[Run], list[Run]]:
         spec = ENDPOINT_SPEC.replace(b"  replicas: 1\n", serves.encode())
         make_endpoint(world, who=who, workspace=workspace, spec=spec, name=name)
     # A pipeline in each, renamed ``<slug>-wiki`` (a pipeline's name is made when it is
-    # submitted), its first stage started.
+    # submitted), cancelled once its first stage started, and that stage's run record sealed:
+    # its record has something to answer.
     for workspace, who in ((world.alpha, "researcher"), (world.beta, "outsider")):
         pipeline = make_pipeline(world, workspace=workspace, who=who)
         Pipeline.objects.unscoped().filter(pk=pipeline.pk).update(name=f"{workspace.slug}-wiki")
+        pipeline.refresh_from_db()
+        orchestration.cancel_pipeline(pipeline=pipeline, user=None)
+        with override_settings(TAU_EVIDENCE_SIGNING_KEY=TEST_SIGNING_KEY):
+            for request in SealRequest.objects.unscoped().filter(
+                run__pipeline_stage__pipeline=pipeline
+            ):
+                assert sealing.seal(request.pk)
     # The second run of each reads its workspace's dataset (its staging listing and file).
     alpha = [
         _submit(world, world.alpha, "researcher", name, reads=name == "sweep")

@@ -978,6 +978,21 @@ def pipeline_cancel_of_one_ended(world: Any, tmp: Path, settings: Any) -> HttpRe
     return client(world).post(f"{PIPELINES}/{name}/cancel/")
 
 
+@call("GET", f"{PL}/evidence/", 200)
+def pipeline_evidence(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    settings.TAU_EVIDENCE_SIGNING_KEY = TEST_SIGNING_KEY
+    pipeline = make_pipeline(world)
+    client(world).post(f"{PIPELINES}/{pipeline.name}/cancel/")
+    for request in SealRequest.objects.unscoped().filter(sealed_at__isnull=True):
+        assert sealing.seal(request.pk)
+    return client(world, "viewer").get(f"{PIPELINES}/{pipeline.name}/evidence/")
+
+
+@call("GET", f"{PL}/evidence/", 409)
+def pipeline_evidence_while_running(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
+    return client(world, "viewer").get(f"{PIPELINES}/{make_pipeline(world).name}/evidence/")
+
+
 @call("POST", f"{PL}/resume/", 200)
 def pipeline_resume(world: Any, tmp: Path, settings: Any) -> HttpResponseBase:
     name = make_pipeline(world).name

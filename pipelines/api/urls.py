@@ -22,4 +22,9 @@ urlpatterns = [
         views.PipelineViewSet.as_view({"post": "resume"}),
         name="pipeline-resume",
     ),
+    path(
+        f"{PIPELINE}evidence/",
+        views.PipelineEvidenceViewSet.as_view({"get": "retrieve"}),
+        name="pipeline-evidence",
+    ),
 ]

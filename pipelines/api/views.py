@@ -7,11 +7,13 @@ pipeline and the workspace's admins cancel it. Every route is scoped by
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.db.models import QuerySet
-from django.http import QueryDict
-from drf_spectacular.utils import extend_schema
+from django.http import FileResponse, QueryDict
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.parsers import BaseParser, MultiPartParser
 from rest_framework.request import Request
@@ -19,7 +21,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
 from identity.tokens import token_of
-from pipelines import orchestration
+from pipelines import evidence, orchestration
 from pipelines.api.serializers import (
     PipelineResumeSerializer,
     PipelineSerializer,
@@ -27,7 +29,7 @@ from pipelines.api.serializers import (
     pipeline_fields,
 )
 from pipelines.models import Pipeline, PipelineStage
-from portal.api import BoundedJSONParser, refusals
+from portal.api import BoundedJSONParser, FileDownloadNegotiation, refusals
 from portal.requests import signed_in_user
 from runs import submission
 from runs.api.views import RunCursorPagination
@@ -255,3 +257,50 @@ class PipelineViewSet(WorkspaceScopedViewSet):
                 {"detail": str(exc), "state": pipeline.state}, status=status.HTTP_409_CONFLICT
             )
         return Response(self._fields(self.get_queryset().get(pk=pipeline.pk)))
+
+
+class PipelineEvidenceViewSet(WorkspaceScopedViewSet):
+    """A pipeline's record as one file, checked offline with ``tau evidence verify FILE``."""
+
+    content_negotiation_class = FileDownloadNegotiation
+
+    def get_base_queryset(self) -> QuerySet[Any]:
+        return Pipeline.objects.all()
+
+    @extend_schema(
+        description="The pipeline's record, one tar: `pipeline.json` (its manifest, signed "
+        "with the portal's evidence key: the pipeline, how its history ends, each stage with "
+        "its state, gate decision, metrics, run or endpoint and every dataset and model "
+        "version it read and made by manifest digest, the lineage graph, every member's "
+        "SHA-256), `pipeline.sig`, `pipeline.yaml`, `history.jsonl` (its hash-chained "
+        "history), then each stage's own record (its run's sealed record, its endpoint's "
+        "history). `python -m tau.evidence verify FILE` (or `tau evidence verify FILE`) "
+        "checks all of it offline, every stage's record in full.",
+        responses={
+            (200, "application/x-tar"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="`<name>.pipeline.tar`"
+            ),
+            **refusals(
+                409,
+                words={
+                    409: "Also: the pipeline is still running, or a stage's run record is "
+                    "still being sealed (`detail` says which; ask again in a moment)."
+                },
+            ),
+        },
+    )
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        name = kwargs["name"]
+        pipeline = None if "\x00" in name else self.get_queryset().filter(name=name).first()
+        if pipeline is None:
+            raise exceptions.NotFound(f"This workspace has no pipeline named {name!r}.")
+        try:
+            handle = evidence.build_record(pipeline)
+        except evidence.NotReady as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        size = os.fstat(handle.fileno()).st_size
+        response = FileResponse(handle, content_type="application/x-tar")
+        response["Content-Length"] = str(size)
+        response["Content-Disposition"] = f'attachment; filename="{evidence.record_name(pipeline)}"'
+        response["Cache-Control"] = "no-store"
+        return response

@@ -398,3 +398,77 @@ def resume_command(
     for stage in row["stages"]:
         out.print(_stage_line(stage), markup=False)
     return EXIT_OK
+
+
+@pipeline_group.command("evidence")
+@click.argument("name")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the record (default: the portal's file name, <name>.pipeline.tar, in "
+    "the current folder).",
+)
+@click.option("--force", is_flag=True, help="Replace the file if it exists.")
+@click.option(
+    "--verify",
+    "then_verify",
+    is_flag=True,
+    help="Check it once written, every stage's record included, against the portal's keys.",
+)
+@workspace_option
+@json_option
+@click.pass_context
+def evidence_command(
+    ctx: click.Context,
+    name: str,
+    output: Path | None,
+    force: bool,
+    then_verify: bool,
+    workspace: str | None,
+    as_json: bool,
+) -> int:
+    """Download a pipeline's record: its signed manifest, pipeline.yaml, its history and each
+    stage's own record, in one file (`tau evidence verify FILE` checks it offline)."""
+    from tau.cli.commands import _attachment_name, _download
+
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    if output is not None and output.exists() and not force:
+        raise CliError(f"{output} exists; use --force to replace it.", EXIT_USAGE)
+    try:
+        with api.http.stream(
+            "GET", pipeline_path(ws, name, "evidence/"), headers={"Accept": "application/x-tar"}
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                if response.status_code == 409:
+                    said = problem_text(api.json_of(response))
+                    raise CliError(f"no record of {name} to download yet: {said}")
+                api.check(response)
+            target = output or Path(_attachment_name(response) or f"{name}.pipeline.tar")
+            if output is None and target.exists() and not force:
+                raise CliError(
+                    f"{target} exists; use --force to replace it (or -o FILE).", EXIT_USAGE
+                )
+            size = _download(response, target, quiet=as_json)
+    except CliError:
+        raise
+    except KeyboardInterrupt:
+        raise CliError("download stopped; nothing was written.", EXIT_INTERRUPTED) from None
+    except httpx.HTTPError as error:
+        raise CliError(f"the download from {api.url} failed: {error}") from None
+    if not as_json:
+        out.print(f"Wrote {target} ({size:,} bytes).", markup=False)
+    if not then_verify:
+        if as_json:
+            print_json({"file": str(target), "size": size})
+        return EXIT_OK
+    keyring = api.json_of(api.request("GET", "/api/v1/evidence/keys/"))
+    from tau.evidence.verify import verify_and_report
+
+    with tempfile.TemporaryDirectory(prefix="tau-keys-") as scratch:
+        keys_file = Path(scratch) / "keys.json"
+        keys_file.write_text(json.dumps(keyring))
+        return verify_and_report(str(target), str(keys_file), as_json=as_json)

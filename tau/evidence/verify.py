@@ -35,6 +35,7 @@ from tau.evidence.keys import (
     read_signature_document,
     signature_is_valid,
 )
+from tau.evidence.pipeline_record import PipelineReport, is_pipeline_record, verify_pipeline_file
 
 __all__ = [
     "EXIT_MISMATCH",
@@ -630,6 +631,11 @@ def verify_and_report(path: str, key_file: str | None, *, as_json: bool) -> int:
                 trusted = load_trusted_keys(key_data)
             except KeyFormatError as error:
                 raise UnreadableError(f"{key_file}: {error}") from None
+        if _is_pipeline_record(path):
+            # A pipeline's record: its own manifest, and each stage's record inside it.
+            pipeline = _verify_pipeline(path, trusted)
+            print(json.dumps(pipeline.as_dict(), indent=2) if as_json else pipeline.text())
+            return EXIT_OK if pipeline.ok else EXIT_MISMATCH
         if _is_endpoint_history(path):
             # An endpoint's history (JSON lines), not a run's record: no signature yet.
             history = _verify_history(path)
@@ -643,6 +649,23 @@ def verify_and_report(path: str, key_file: str | None, *, as_json: bool) -> int:
         return EXIT_USAGE
     print(json.dumps(report.as_dict(), indent=2) if as_json else report.text())
     return EXIT_OK if report.ok else EXIT_MISMATCH
+
+
+def _is_pipeline_record(path: str) -> bool:
+    """Whether ``path`` is a pipeline's record (``tau.evidence.pipeline_record``): a tar whose
+    first member is ``pipeline.json``."""
+    try:
+        with open(path, "rb") as handle:
+            return is_pipeline_record(handle.read(archive.BLOCK))
+    except OSError:
+        return False
+
+
+def _verify_pipeline(path: str, trusted: dict[str, bytes] | None) -> PipelineReport:
+    try:
+        return verify_pipeline_file(path, trusted)
+    except OSError as error:
+        raise UnreadableError(f"cannot read {path}: {error.strerror or error}") from None
 
 
 def _is_endpoint_history(path: str) -> bool:

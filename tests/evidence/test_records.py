@@ -254,10 +254,10 @@ def test_the_generated_key_is_private_and_stable(world: Any, var_dir: Path) -> N
 
 
 #: The run page of a finished run with its evidence: session, user, navigation, access,
-#: resolve run, attempts, events, checkpoints, artifacts, the data it read and made
-#: (tests/pages/test_page_queries.py), plus the evidence section's newest record and its check
-#: for a newer ending still sealing.
-FINISHED_RUN_PAGE_QUERIES = 13
+#: resolve run, attempts, events, checkpoints, artifacts, the data it read and made, the
+#: pipeline stage it is (tests/pages/test_page_queries.py), plus the evidence section's newest
+#: record and its check for a newer ending still sealing.
+FINISHED_RUN_PAGE_QUERIES = 14
 
 
 def page_queries(client: Any, run: Run) -> tuple[int, bytes]:

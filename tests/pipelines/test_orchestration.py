@@ -495,3 +495,15 @@ def test_a_dataset_moved_on_under_the_same_name_is_other_inputs(world: Any, tmp_
     orchestration.advance(third.pk)
     assert states(third)["prepare"] == "running"
     assert len(runs_of("prepare")) == 2
+
+
+def test_a_pipeline_whose_files_left_the_store_fails_saying_so(world: Any) -> None:
+    """Rather than a step that fails every round and a pipeline running for ever."""
+    from runs import bundles
+
+    pipeline = submit(world)
+    bundles.bundle_path(pipeline.bundle.sha256).unlink()
+    orchestration.advance(pipeline.pk)
+    pipeline.refresh_from_db()
+    assert (pipeline.state, pipeline.state_reason) == ("failed", "stage prepare failed")
+    assert "no longer in the bundle store" in stage(pipeline, "prepare").reason

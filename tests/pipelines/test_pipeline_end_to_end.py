@@ -8,6 +8,7 @@ behind the closed gate never runs."""
 from __future__ import annotations
 
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,3 +137,17 @@ def test_a_pipeline_runs_its_stages_here_and_a_closed_gate_stops_it(
     unknown = tau("pipeline", "resume", pipeline.name, "--rerun", "nope")
     assert unknown.returncode == 2, _said(unknown)
     assert "no stage 'nope'" in unknown.stderr
+
+    # Its record, once the worker has sealed each stage's run: downloaded and checked
+    # offline, every stage's record in full, against the portal's keys.
+    deadline = time.monotonic() + 60
+    while True:
+        pulled = tau("pipeline", "evidence", pipeline.name, "--verify", cwd=tmp_path)
+        if pulled.returncode == 0 or time.monotonic() > deadline:
+            break
+        assert "being sealed" in pulled.stderr, _said(pulled)
+        time.sleep(1)
+    assert pulled.returncode == 0, _said(pulled)
+    assert f"OK {pipeline.name}.pipeline.tar (taugrid-pipeline-record/1)" in pulled.stdout
+    assert "a trusted key" in pulled.stdout
+    assert "4 stage records" in pulled.stdout
