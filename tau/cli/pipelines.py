@@ -472,3 +472,68 @@ def evidence_command(
         keys_file = Path(scratch) / "keys.json"
         keys_file.write_text(json.dumps(keyring))
         return verify_and_report(str(target), str(keys_file), as_json=as_json)
+
+
+@pipeline_group.command("logs")
+@click.argument("name")
+@click.argument("stage")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep printing until the stage's run ends (waiting for it to start, if it has not).",
+)
+@click.option("--attempt", type=click.IntRange(min=1), help="Which attempt (default newest).")
+@workspace_option
+@json_option
+@click.pass_context
+def logs_command(
+    ctx: click.Context,
+    name: str,
+    stage: str,
+    follow: bool,
+    attempt: int | None,
+    workspace: str | None,
+    as_json: bool,
+) -> int:
+    """Print the log of a pipeline's stage: its run's, as `tau run logs` does."""
+    from tau.cli.commands import logs_command as run_logs
+
+    state = state_of(ctx)
+    ws = state.workspace_for(workspace)
+    api = state.api()
+    said = ""
+    try:
+        while True:
+            row = api.get(pipeline_path(ws, name))
+            found = next((item for item in row["stages"] if item["name"] == stage), None)
+            if found is None:
+                names = ", ".join(item["name"] for item in row["stages"])
+                raise CliError(f"{name} has no stage {stage!r} (its stages: {names}).", EXIT_USAGE)
+            if found.get("endpoint"):
+                raise CliError(
+                    f"{stage} is an endpoint: `tau serve logs {found['endpoint']}` prints its log.",
+                    EXIT_USAGE,
+                )
+            if found.get("run"):
+                break
+            why = (found.get("reason") or "it waits for the stages it needs").removeprefix(
+                "not started: "
+            )
+            if not follow or row["state"] != "running":
+                raise CliError(f"{stage} of {name} has not started: {why}.")
+            if why != said:
+                err.print(f"{stage} has not started yet: {why}.", markup=False)
+                said = why
+            time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        raise CliError(f"stopped waiting; {name} goes on.", EXIT_INTERRUPTED) from None
+    result: int = ctx.invoke(
+        run_logs,
+        name=found["run"],
+        workspace=ws,
+        follow=follow,
+        attempt=attempt,
+        as_json=as_json,
+    )
+    return result

@@ -125,6 +125,12 @@ def test_a_pipeline_runs_its_stages_here_and_a_closed_gate_stops_it(
         "pending",
     ]
     assert [row["name"] for row in tau.json("pipeline", "list")] == [pipeline.name]
+    logs = tau("pipeline", "logs", pipeline.name, "evaluate")
+    assert logs.returncode == 0, _said(logs)
+    assert "evaluate done" in logs.stdout
+    held = tau("pipeline", "logs", pipeline.name, "publish")
+    assert held.returncode == 1, _said(held)
+    assert f"publish of {pipeline.name} has not started: evaluate.metrics.accuracy" in held.stderr
     refused = tau("pipeline", "cancel", pipeline.name)
     assert refused.returncode == 1
     assert "already stopped" in refused.stderr

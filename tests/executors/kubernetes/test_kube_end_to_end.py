@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import zipfile
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -41,6 +42,7 @@ from tests.runs.processes import (
     ROOT,
     Portal,
     get_json,
+    multipart_form,
     portal_processes,
     post_json,
     submit_example,
@@ -705,3 +707,63 @@ def test_a_run_reading_a_dataset_has_it_staged_and_checked_before_its_program(
     assert (tokenized.state, tokenized.files_count) == ("ready", 1)
     assert tokenized.produced_by_id == Run.objects.unscoped().get(name=name).pk
     assert list(tokenized.derived_from.all()) == [version]
+
+
+PIPELINE = """\
+schema_version: 1
+name: on-the-cluster
+stages:
+  prepare: {config: prepare/tau.yaml}
+  train: {config: train/tau.yaml, needs: [prepare]}
+  report: {config: report/tau.yaml, needs: [prepare]}
+"""
+
+
+def test_a_pipeline_runs_its_stages_as_kueue_admitted_jobs(team: Callable[..., Team]) -> None:
+    """The same pipeline.yaml as on this machine (tests/pipelines): each stage an ordinary run
+    of the workspace, delivered as a Job, admitted by Kueue and run on a fake node, the next
+    stages started by the worker when the watcher has seen the first succeed; the two after
+    it side by side (the quota has room for both)."""
+    place = team(cpus=2)
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("pipeline.yaml", PIPELINE)
+        for stage in ("prepare", "train", "report"):
+            spec = example_spec(lasts="3s").replace("name: cpu-quickstart", f"name: {stage}")
+            bundle.writestr(f"{stage}/tau.yaml", spec)
+            bundle.write(ROOT / "examples" / "cpu-quickstart" / "train.py", f"{stage}/train.py")
+    body, content_type = multipart_form([("bundle", "pipeline.zip", archive.getvalue())])
+    request = urllib.request.Request(
+        f"{place.portal.url}/api/v1/workspaces/{place.workspace.slug}/pipelines/",
+        data=body,
+        headers={"Authorization": f"Bearer {place.token}", "Content-Type": content_type},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        created = json.loads(response.read())
+    url = f"{place.portal.url}{created['url']}"
+
+    def ended() -> dict[str, Any] | None:
+        pipeline = get_json(url, place.token)
+        return pipeline if pipeline["state"] != "running" else None
+
+    pipeline = wait_until(
+        "the pipeline to end",
+        ended,
+        timeout=150,
+        describe=lambda: f"{get_json(url, place.token)}\n{place.portal.log('watcher')[-2000:]}",
+    )
+    assert pipeline["state"] == "succeeded", pipeline
+    stages = {stage["name"]: stage for stage in pipeline["stages"]}
+    for name in ("prepare", "train", "report"):
+        run = stages[name]["run"]
+        assert stages[name]["state"] == "succeeded", stages[name]
+        assert place.history(run)[-4:] == ["queued", "admitted", "running", "succeeded"], name
+        attempt = place.attempt(run, 1)
+        assert attempt.cluster_queue == f"tau-{place.workspace.slug}"
+        assert all(node.startswith("cpu-") for node in attempt.node_names)
+    # Both after prepare were admitted before either finished: side by side, within quota.
+    attempts = [place.attempt(stages[name]["run"], 1) for name in ("train", "report")]
+    admitted = [attempt.admitted_at for attempt in attempts if attempt.admitted_at]
+    finished = [attempt.finished_at for attempt in attempts if attempt.finished_at]
+    assert len(admitted) == len(finished) == 2, attempts
+    assert max(admitted) < min(finished), (admitted, finished)
