@@ -22,10 +22,14 @@ succeeds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -70,9 +74,50 @@ class Pinned:
     path: str
 
 
+#: While a pipeline starts a stage (``pipelines.orchestration``): what each stage before it
+#: made, ``(stage, kind) → version``, for the stage's ``{from: STAGE}`` inputs. Unset
+#: elsewhere: such an input is then refused (it means something only inside a pipeline).
+HANDED_OVER: ContextVar[Mapping[tuple[str, str], AssetVersion] | None] = ContextVar(
+    "handed_over", default=None
+)
+
+
+#: ``HANDED_OVER`` while a pipeline is checked at submission: its stages have made nothing
+#: yet, and a ``{from: STAGE}`` input is taken as it is (the pipeline's own check holds it to
+#: a stage that makes such a version).
+LATER: Mapping[tuple[str, str], AssetVersion] = MappingProxyType({})
+
+
+@contextlib.contextmanager
+def handing_over(made: Mapping[tuple[str, str], AssetVersion]) -> Iterator[None]:
+    """Resolve ``{from: STAGE}`` inputs from ``made`` within the block."""
+    token = HANDED_OVER.set(made)
+    try:
+        yield
+    finally:
+        HANDED_OVER.reset(token)
+
+
+def _handed_over(kind: str, at: str, stage: str) -> tuple[tuple[str, str] | None, Any]:
+    """The version stage ``stage`` made for a ``{from: stage}`` input, or the problem."""
+    made = HANDED_OVER.get()
+    if made is None:
+        return (
+            f"{at}.from",
+            f"`from: {stage}` reads what a pipeline's stage made: this tau.yaml reads it only "
+            "when it runs as a stage of a pipeline (`tau pipeline run`)",
+        ), None
+    if made is LATER:
+        return None, None
+    version = made.get((stage, kind))
+    if version is None:
+        return (f"{at}.from", f"the stage {stage} made no {kind} version"), None
+    return None, version
+
+
 def check_inputs(spec: Spec, workspace: Workspace) -> tuple[list[tuple[str, str]], list[Pinned]]:
     """Each of the spec's datasets and models resolved to a ready version, or a problem at
-    its key."""
+    its key. A ``{from: STAGE}`` input is the version that stage made (``HANDED_OVER``)."""
     problems: list[tuple[str, str]] = []
     pinned: list[Pinned] = []
     wanted_inputs: list[tuple[str, str, AssetInput]] = [
@@ -84,6 +129,13 @@ def check_inputs(spec: Spec, workspace: Workspace) -> tuple[list[tuple[str, str]
         for index, wanted in enumerate(spec.inputs.models)
     ]
     for kind, at, wanted in wanted_inputs:
+        if wanted.from_stage is not None:
+            problem, made = _handed_over(kind, at, wanted.from_stage)
+            if problem is not None:
+                problems.append(problem)
+            elif made is not None:
+                pinned.append(Pinned(made, f"from:{wanted.from_stage}", wanted.path))
+            continue
         asset = Asset.objects.for_workspace(workspace).filter(kind=kind, name=wanted.name).first()
         if asset is None:
             problems.append(
@@ -139,7 +191,9 @@ def record_inputs(run: Run, checked: list[Pinned]) -> dict[str, Any]:
         recorded.setdefault(key, []).append(
             {
                 "ref": item.version.ref,
-                "asked": f"{item.version.asset.name}@{item.asked}",
+                "asked": item.asked
+                if item.asked.startswith("from:")
+                else f"{item.version.asset.name}@{item.asked}",
                 "manifest_digest": item.version.manifest_digest,
                 "path": item.path,
             }

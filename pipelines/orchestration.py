@@ -37,6 +37,7 @@ from celery import current_app
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from catalog.runs import LATER, handing_over
 from pipelines.events import PipelineEventKind, append_event
 from pipelines.models import Pipeline, PipelineStage, StageRun
 from pipelines.planning import DONE, ENDED_BADLY, PipelineState, Plan, StageState, plan
@@ -52,6 +53,7 @@ from workspaces.models import Membership, Role
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
+    from catalog.models import AssetVersion
     from runs.models import CodeBundle, RunEvent
     from serving.models import Endpoint
     from workspaces.models import Workspace
@@ -103,12 +105,15 @@ def _stage_problems(
     for label, source, is_endpoint in check_specs:
         if is_endpoint:
             continue  # an endpoint's own checks run when it is deployed
-        try:
-            placement = submission.check_spec(source, workspace=workspace)
-        except submission.SubmissionRefused as exc:
-            found += [_file_problem(label, problem) for problem in exc.problems]
-            continue
-        problems, _ = submission.check_extensions(source, placement.spec, workspace)
+        # What the stages before it make is not there yet: its `from` inputs are taken as they
+        # are (check_pipeline held each to a stage before it that makes such a version).
+        with handing_over(LATER):
+            try:
+                placement = submission.check_spec(source, workspace=workspace)
+            except submission.SubmissionRefused as exc:
+                found += [_file_problem(label, problem) for problem in exc.problems]
+                continue
+            problems, _ = submission.check_extensions(source, placement.spec, workspace)
         found += [_file_problem(label, problem) for problem in problems]
     return found
 
@@ -480,7 +485,10 @@ def _start(pipeline: Pipeline, stage: PipelineStage, pipeline_file: PipelineFile
         problems.append(why)
     else:
         assert user is not None
-        with _stage_zip(pipeline, folder) as stage_zip:
+        with (
+            _stage_zip(pipeline, folder) as stage_zip,
+            handing_over(_made_before(pipeline, pipeline_file, stage.name)),
+        ):
             forced = _forced(pipeline, pipeline_file, stage.name)
             reused = None if forced else _reusable(pipeline, stage, source, stage_zip)
             if reused is not None:
@@ -533,6 +541,35 @@ def _start(pipeline: Pipeline, stage: PipelineStage, pipeline_file: PipelineFile
         message=f"{stage.name}: {what.get('run') or what.get('endpoint')} submitted",
         data={"stage": stage.name, "folder": folder, **what},
     )
+
+
+def _made_before(
+    pipeline: Pipeline, pipeline_file: PipelineFile, name: str
+) -> dict[tuple[str, str], AssetVersion]:
+    """What each stage before ``name`` made, ``(stage, kind) → version``: the newest ready
+    dataset and model version its run produced (what a ``{from: STAGE}`` input reads)."""
+    from catalog.models import AssetVersion
+
+    runs = {
+        stage.run_id: stage.name
+        for stage in PipelineStage.objects.unscoped().filter(
+            pipeline=pipeline,
+            name__in=pipeline_file.upstream(name),
+            state__in=[StageState.SUCCEEDED, StageState.REUSED],
+            run__isnull=False,
+        )
+    }
+    made: dict[tuple[str, str], AssetVersion] = {}
+    versions = (
+        AssetVersion.objects.for_workspace(pipeline.workspace_id)
+        .filter(produced_by_id__in=runs, state=AssetVersion.State.READY)
+        .select_related("asset")
+        .order_by("number")
+    )
+    for version in versions:
+        assert version.produced_by_id is not None  # filtered on it
+        made[(runs[version.produced_by_id], version.asset.kind)] = version
+    return made
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from tau.k8s_names import dns1035_label_problem
+from tau.spec import locate
 from tau.spec.fields import (
     INVALID,
     Field,
@@ -49,7 +50,12 @@ from tau.spec.loader import MAX_FILE_BYTES, load_yaml
 from tau.spec.model import SCHEMA_VERSION, Spec
 from tau.spec.nodes import MappingNode, Node, SequenceNode
 from tau.spec.problems import DOCUMENT_PATH, ProblemCollector, SpecProblem, join_path, quote
-from tau.spec.schema import MAX_NAME_LENGTH, SchemaVersionKind, read_source
+from tau.spec.schema import (
+    MAX_NAME_LENGTH,
+    STAGE_NAME_MAX_LENGTH,
+    SchemaVersionKind,
+    read_source,
+)
 
 #: The file ``tau pipeline`` reads when none is named.
 DEFAULT_FILE = "pipeline.yaml"
@@ -57,7 +63,7 @@ DEFAULT_FILE = "pipeline.yaml"
 MAX_STAGES: Final = 64
 #: A stage's name: a DNS-1035 label, short enough to sit in a run's labels with the
 #: pipeline's name.
-MAX_STAGE_NAME_LENGTH: Final = 32
+MAX_STAGE_NAME_LENGTH: Final = STAGE_NAME_MAX_LENGTH  # as tau.yaml's `from` reads one
 #: A gate's text.
 MAX_GATE_LENGTH: Final = 200
 
@@ -543,6 +549,7 @@ def check_pipeline(path: Path, *, shown: str | None = None) -> PipelineCheck:
     folder = path.parent
     base = Path(label).parent
     specs: dict[str, Spec] = {}
+    files: dict[str, tuple[str, bytes]] = {}
     for stage in stages:
         problem, data = _stage_file(folder, stage.config)
         if problem is not None:
@@ -550,11 +557,13 @@ def check_pipeline(path: Path, *, shown: str | None = None) -> PipelineCheck:
             continue
         reading = read_source(data)
         stage_label = str(base / stage.config) if str(base) != "." else stage.config
+        files[stage.name] = (stage_label, data)
         found.extend(FileProblem(stage_label, problem) for problem in reading.problems)
         found.extend(FileProblem(stage_label, warning, "warning") for warning in reading.warnings)
         if reading.spec is not None:
             specs[stage.name] = reading.spec
     found.extend(_endpoint_problems(stages, specs, label))
+    found.extend(_handover_problems(stages, specs, files))
     found.extend(_unreported_metrics(stages, specs, folder, label))
     # pipeline.yaml's own in file order first, then each stage's file, in stage order.
     found.sort(
@@ -631,6 +640,64 @@ def _endpoint_problems(
                 "which has no final metrics",
                 "gate on an evaluation stage's metrics instead",
             )
+
+
+def _before(stages: Sequence[Stage], name: str) -> set[str]:
+    """The stages ``name`` needs, directly or not (a circle, reported elsewhere, ends it)."""
+    needs = {stage.name: stage.needs for stage in stages}
+    seen: set[str] = set()
+    todo = list(needs.get(name, ()))
+    while todo:
+        need = todo.pop()
+        if need not in seen and need != name:
+            seen.add(need)
+            todo.extend(needs.get(need, ()))
+    return seen
+
+
+def _handover_problems(
+    stages: Sequence[Stage], specs: Mapping[str, Spec], files: Mapping[str, tuple[str, bytes]]
+) -> Iterator[FileProblem]:
+    """A stage's ``{from: STAGE}`` input names a stage it needs (so that stage has ended when
+    it starts) whose tau.yaml makes such a version (``outputs.dataset``, ``outputs.model``);
+    said at the ``from`` in the stage's own tau.yaml."""
+    names = {stage.name for stage in stages}
+    for stage in stages:
+        spec = specs.get(stage.name)
+        if spec is None:
+            continue
+        label, source = files[stage.name]
+        before = _before(stages, stage.name)
+        wanted = [
+            (f"inputs.datasets[{index}].from", "dataset", item.from_stage)
+            for index, item in enumerate(spec.inputs.datasets)
+        ] + [
+            (f"inputs.models[{index}].from", "model", item.from_stage)
+            for index, item in enumerate(spec.inputs.models)
+        ]
+        for path, kind, source_stage in wanted:
+            if source_stage is None:
+                continue
+            where = locate(source, path)
+            line, column = where if where else (0, 0)
+            if source_stage not in names:
+                message = f"names {quote(source_stage)}, which is not a stage of this pipeline"
+                hint = "the stages are: " + ", ".join(quote(name) for name in sorted(names))
+            elif source_stage not in before:
+                message = (
+                    f"names {quote(source_stage)}, which {quote(stage.name)} does not need: it "
+                    "may not have ended when this stage starts"
+                )
+                hint = f"add {source_stage} to the `needs` of {stage.name} in pipeline.yaml"
+            elif source_stage in specs and getattr(specs[source_stage].outputs, kind) is None:
+                message = (
+                    f"names {quote(source_stage)}, which makes no {kind}: its tau.yaml has no "
+                    f"`outputs.{kind}`"
+                )
+                hint = f"declare `outputs.{kind}` in the tau.yaml of {source_stage}"
+            else:
+                continue
+            yield FileProblem(label, SpecProblem(path, line, column, message, hint))
 
 
 #: How much of a stage's project is searched for the name of a metric a gate reads.

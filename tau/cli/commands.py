@@ -15,7 +15,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -59,6 +58,14 @@ from tau.cli.config import (
     save_profile,
 )
 from tau.cli.data import data_group
+from tau.cli.downloads import attachment_name, download_to
+from tau.cli.logs import (
+    POLL_SECONDS,
+    TERMINAL_STATES,
+    WAITING_STATES,
+    LogFollower,
+    print_run_log,
+)
 from tau.cli.pipelines import pipeline_group
 from tau.cli.serving import serve_group
 from tau.cli.templates import TAUIGNORE, TEMPLATES, TRAIN_PY, tau_yaml
@@ -67,8 +74,6 @@ from tau.spec.cli import reading_lines, reading_records
 from tau.spec.loader import MAX_FILE_BYTES
 from tau.spec.schema import check_source, json_schema, read_source
 
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
-WAITING_STATES = ("pending", "queued", "preempted", "evicted")
 RUN_STATES = (
     "pending",
     "queued",
@@ -82,7 +87,6 @@ RUN_STATES = (
     "evicted",
 )
 MEMBER_ROLES = ("viewer", "researcher", "admin")
-POLL_SECONDS = 1.0
 #: How long `tau run cancel` waits for a cancelling run to stop before it says it is stopping.
 CANCEL_WAIT_SECONDS = 15.0
 
@@ -636,50 +640,6 @@ run_group.add_command(schema_command)
 # --- following a run ----------------------------------------------------------------------
 
 
-@dataclass
-class LogFollower:
-    """Reads an attempt's log piece by piece (the logs route's ``offset``), moving on to the
-    next attempt when one starts."""
-
-    api: Api
-    path: str
-    attempt: int | None = None
-    offset: int = 0
-    #: Whether the attempt read last has ended and its log was read to the end.
-    complete: bool = False
-    #: Why the attempt read last has no log (yet), as the portal says it; empty if it has one.
-    note: str = ""
-
-    def read(self, *, attempt_count: int) -> str:
-        texts = []
-        for _ in range(50):  # a burst of output comes in several pieces
-            params: dict[str, Any] = {"offset": self.offset}
-            if self.attempt is not None:
-                params["attempt"] = self.attempt
-            chunk = self.api.get(self.path + "logs/", **params)
-            self.note = str(chunk.get("note") or "")
-            if chunk.get("attempt") is None:
-                break
-            if self.attempt is None:
-                self.attempt = int(chunk["attempt"])
-            if chunk.get("text"):
-                texts.append(chunk["text"])
-            moved = chunk["next_offset"] != self.offset
-            self.offset = int(chunk["next_offset"])
-            self.complete = bool(chunk.get("complete")) and self.offset >= int(
-                chunk.get("size") or 0
-            )
-            if moved and self.offset < int(chunk.get("size") or 0):
-                continue
-            if chunk.get("complete") and self.attempt < attempt_count:
-                self.attempt += 1
-                self.offset = 0
-                texts.append(f"--- attempt {self.attempt} ---\n")
-                continue
-            break
-        return "".join(texts)
-
-
 def _state_line(run: dict[str, Any]) -> str:
     text = f"{time.strftime('%H:%M:%S')} {run['name']}: {run['state']}"
     if run.get("queue_position"):
@@ -817,95 +777,7 @@ def logs_command(
     state = state_of(ctx)
     ws = state.workspace_for(workspace)
     api = state.api()
-    path = run_path(ws, name)
-    if follow:
-        follower = LogFollower(api, path, attempt=attempt)
-        said = ""
-        try:
-            while True:
-                run = api.get(path)
-                name = str(run["name"])  # NAME may be a spec name
-                count = int(run.get("attempt_count") or 0)
-                text = follower.read(attempt_count=attempt or count)
-                if text:
-                    if as_json:
-                        sys.stdout.write(json.dumps({"text": text}) + "\n")
-                    else:
-                        sys.stdout.write(text)
-                    sys.stdout.flush()
-                if follower.note and follower.note != said:
-                    # Why there is no log yet (a pod that cannot start), once, as it changes.
-                    err.print(f"{name}: no log yet: {follower.note}", markup=False)
-                said = follower.note
-                if run["state"] in TERMINAL_STATES and not text:
-                    # How it ended, on standard error: a cancelled run is exit 1 too.
-                    err.print(_end_line(run), markup=False)
-                    return EXIT_OK if run["state"] == "succeeded" else EXIT_FAILED
-                if attempt is not None and follower.complete and not text:
-                    err.print(
-                        f"attempt {attempt} of {name} has ended; the run is {run['state']}.",
-                        markup=False,
-                    )
-                    return EXIT_OK  # the attempt asked for has ended; the run goes on
-                if not text:
-                    time.sleep(POLL_SECONDS)
-        except KeyboardInterrupt:
-            raise CliError(f"stopped following; {name} goes on.", EXIT_INTERRUPTED) from None
-    if as_json:
-        print_json(api.get(path + "logs/", attempt=attempt, offset=0))
-        return EXIT_OK
-    params: dict[str, Any] = {"format": "text"}
-    if attempt is not None:
-        params["attempt"] = attempt
-    written = 0
-    try:
-        with api.http.stream(
-            "GET", path + "logs/", params=params, headers={"Accept": "text/plain"}
-        ) as response:
-            if response.status_code >= 400:
-                response.read()
-                api.check(response)
-            for chunk in response.iter_bytes():
-                sys.stdout.buffer.write(chunk)
-                written += len(chunk)
-    except CliError:
-        raise
-    except Exception as error:
-        raise CliError(f"reading the log failed: {error}") from None
-    sys.stdout.flush()
-    if not written:
-        err.print(_why_no_log(api, path, attempt), markup=False)
-    return EXIT_OK
-
-
-def _end_line(run: dict[str, Any]) -> str:
-    """How a run stands, in one line: ``NAME cancelled — Cancelled by rob.``"""
-    reason = run.get("state_reason")
-    return f"{run['name']} {run['state']}" + (f" — {reason}" if reason else ".")
-
-
-def _why_no_log(api: Api, path: str, attempt: int | None) -> str:
-    """Why ``tau run logs`` printed nothing, in the portal's words where it has some (a pod
-    that never started, a log that is gone), else from the run's state."""
-    chunk = api.get(path + "logs/", attempt=attempt, offset=0)
-    run = api.get(path)
-    name = run["name"]
-    number = chunk.get("attempt")
-    if chunk.get("note"):
-        which = f"attempt {number} of {name}" if number else name
-        return f"{which} has no log: {chunk['note']}"
-    if number is None or run["state"] in (*WAITING_STATES, "admitted"):
-        reason = f" ({run['state_reason']})" if run.get("state_reason") else ""
-        return (
-            f"{name} has no log yet: it is {run['state']}{reason}; "
-            f"`tau run logs {name} -f` waits for it."
-        )
-    if not chunk.get("complete"):
-        return (
-            f"attempt {number} of {name} has written nothing yet; "
-            f"`tau run logs {name} -f` follows it."
-        )
-    return f"attempt {number} of {name} wrote nothing to its log."
+    return print_run_log(api, ws, name, follow=follow, attempt=attempt, as_json=as_json)
 
 
 @run_group.command("list")
@@ -1479,12 +1351,12 @@ def evidence_pull(
                     sys.stdout.buffer.write(chunk)
                 sys.stdout.buffer.flush()
                 return EXIT_OK
-            target = output or Path(_attachment_name(response) or f"{name}.evidence.tar")
+            target = output or Path(attachment_name(response) or f"{name}.evidence.tar")
             if output is None and target.exists() and not force:
                 raise CliError(
                     f"{target} exists; use --force to replace it (or -o FILE).", EXIT_USAGE
                 )
-            size = _download(response, target, quiet=as_json)
+            size = download_to(response, target, quiet=as_json)
     except CliError:
         raise
     except KeyboardInterrupt:
@@ -1504,49 +1376,6 @@ def evidence_pull(
         keys_file = Path(scratch) / "keys.json"
         keys_file.write_text(json.dumps(keyring))
         return verify_and_report(str(target), str(keys_file), as_json=as_json)
-
-
-def _attachment_name(response: httpx.Response) -> str | None:
-    """The file name the portal gives (``Content-Disposition``), if it is a plain one."""
-    found = re.search(r'filename="([^"/\\]+)"', response.headers.get("Content-Disposition", ""))
-    if found is None or found.group(1).startswith("."):
-        return None
-    return found.group(1)
-
-
-def _download(response: httpx.Response, target: Path, *, quiet: bool) -> int:
-    """Stream ``response`` into ``target`` through a temporary file beside it; the size."""
-    total = int(response.headers.get("Content-Length") or 0) or None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    written = 0
-    try:
-        with (
-            os.fdopen(handle, "wb") as file,
-            Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                console=err,
-                disable=quiet or not err.is_terminal,
-                transient=True,
-            ) as bar,
-        ):
-            task = bar.add_task(f"Downloading {target.name}", total=total)
-            for chunk in response.iter_bytes():
-                file.write(chunk)
-                written += len(chunk)
-                bar.advance(task, len(chunk))
-        if total is not None and written != total:
-            raise CliError(
-                f"the download ended after {written:,} of {total:,} bytes; nothing was written. "
-                "Try again."
-            )
-        os.replace(partial, target)
-    finally:
-        Path(partial).unlink(missing_ok=True)
-    return written
 
 
 # --- short aliases ------------------------------------------------------------------------

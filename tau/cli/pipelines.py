@@ -31,6 +31,8 @@ from tau.cli.client import (
     problem_text,
 )
 from tau.cli.common import err, json_option, out, print_json, state_of, workspace_option
+from tau.cli.downloads import attachment_name, download_to
+from tau.cli.logs import print_run_log
 from tau.pipeline import DEFAULT_FILE, check_lines, check_pipeline, json_schema
 
 #: How often ``--watch`` asks the portal.
@@ -430,8 +432,6 @@ def evidence_command(
 ) -> int:
     """Download a pipeline's record: its signed manifest, pipeline.yaml, its history and each
     stage's own record, in one file (`tau evidence verify FILE` checks it offline)."""
-    from tau.cli.commands import _attachment_name, _download
-
     state = state_of(ctx)
     ws = state.workspace_for(workspace)
     api = state.api()
@@ -447,12 +447,12 @@ def evidence_command(
                     said = problem_text(api.json_of(response))
                     raise CliError(f"no record of {name} to download yet: {said}")
                 api.check(response)
-            target = output or Path(_attachment_name(response) or f"{name}.pipeline.tar")
+            target = output or Path(attachment_name(response) or f"{name}.pipeline.tar")
             if output is None and target.exists() and not force:
                 raise CliError(
                     f"{target} exists; use --force to replace it (or -o FILE).", EXIT_USAGE
                 )
-            size = _download(response, target, quiet=as_json)
+            size = download_to(response, target, quiet=as_json)
     except CliError:
         raise
     except KeyboardInterrupt:
@@ -497,8 +497,6 @@ def logs_command(
     as_json: bool,
 ) -> int:
     """Print the log of a pipeline's stage: its run's, as `tau run logs` does."""
-    from tau.cli.commands import logs_command as run_logs
-
     state = state_of(ctx)
     ws = state.workspace_for(workspace)
     api = state.api()
@@ -528,12 +526,4 @@ def logs_command(
             time.sleep(POLL_SECONDS)
     except KeyboardInterrupt:
         raise CliError(f"stopped waiting; {name} goes on.", EXIT_INTERRUPTED) from None
-    result: int = ctx.invoke(
-        run_logs,
-        name=found["run"],
-        workspace=ws,
-        follow=follow,
-        attempt=attempt,
-        as_json=as_json,
-    )
-    return result
+    return print_run_log(api, ws, found["run"], follow=follow, attempt=attempt, as_json=as_json)

@@ -31,12 +31,14 @@ import hashlib
 import json
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from tau.evidence.canonical import canonical_json
 from tau.evidence.chain import ChainChecker, event_line
+from tau.evidence.history import verify_history_file
 from tau.evidence.keys import KeyFormatError, read_signature_document, signature_is_valid
 
 FORMAT = "taugrid-pipeline-record/1"
@@ -122,9 +124,12 @@ class PipelineReport:
 
 
 class _Check:
-    def __init__(self, tar: tarfile.TarFile, trusted_keys: dict[str, bytes] | None) -> None:
+    def __init__(
+        self, tar: tarfile.TarFile, trusted_keys: dict[str, bytes] | None, check_run: RunCheck
+    ) -> None:
         self.tar = tar
         self.trusted_keys = trusted_keys
+        self.check_run = check_run
         self.problems: list[str] = []
         self.members: dict[str, tarfile.TarInfo] = {}
         self.order: list[str] = []
@@ -180,11 +185,17 @@ def _is_stage_member(name: str) -> bool:
     return len(parts) == 3 and parts[0] == "stages" and all(parts[1:]) and ".." not in parts
 
 
+#: How a stage's run record is checked: ``tau.evidence.verify.verify_file`` (given by the
+#: caller: that module reads this one), called with the file's path and the trusted keys,
+#: answering a report with ``problems`` and ``run``.
+RunCheck = Callable[[str, "dict[str, bytes] | None"], Any]
+
+
 def verify_pipeline_file(
-    path: str | Path, trusted_keys: dict[str, bytes] | None = None
+    path: str | Path, trusted_keys: dict[str, bytes] | None = None, *, check_run: RunCheck
 ) -> PipelineReport:
-    """Check the pipeline record at ``path`` (module docstring). ``OSError`` when it cannot
-    be opened."""
+    """Check the pipeline record at ``path`` (module docstring), each stage's run record with
+    ``check_run``. ``OSError`` when it cannot be opened."""
     report = PipelineReport(path=str(path))
     with open(path, "rb") as raw:
         try:
@@ -193,7 +204,7 @@ def verify_pipeline_file(
             report.problems.append(f"not a tar file ({error})")
             return report
         with tar:
-            check = _Check(tar, trusted_keys)
+            check = _Check(tar, trusted_keys, check_run)
             _verify(check, report)
     report.problems = check.problems
     return report
@@ -370,9 +381,6 @@ def _nested(
     check: _Check, member: str, run: dict[str, Any] | None, endpoint: dict[str, Any] | None
 ) -> list[str]:
     """The problems of a stage's own record, checked in full as that file alone would be."""
-    from tau.evidence.history import verify_history_file
-    from tau.evidence.verify import verify_file
-
     extracted = check.tar.extractfile(check.members[member])
     assert extracted is not None
     with tempfile.NamedTemporaryFile(suffix=Path(member).name) as copy:
@@ -385,7 +393,7 @@ def _nested(
             if history.endpoint.get("name") != endpoint.get("name"):
                 problems.append(f"the history is of {history.endpoint.get('name')!r}")
             return problems
-        report = verify_file(copy.name, check.trusted_keys)
+        report = check.check_run(copy.name, check.trusted_keys)
         problems = list(report.problems)
         assert run is not None
         if report.run.get("name") != run.get("name"):

@@ -663,7 +663,7 @@ def _is_pipeline_record(path: str) -> bool:
 
 def _verify_pipeline(path: str, trusted: dict[str, bytes] | None) -> PipelineReport:
     try:
-        return verify_pipeline_file(path, trusted)
+        return verify_pipeline_file(path, trusted, check_run=verify_file)
     except OSError as error:
         raise UnreadableError(f"cannot read {path}: {error.strerror or error}") from None
 

@@ -363,10 +363,21 @@ class DatasetInput:
     #: server resolves it once, at submission, and every attempt of the run reads that version.
     version: str
     #: Where its files appear (read-only), relative to ``TAU_DATA_DIR``; normalised, never
-    #: ``.``. The dataset's name when the spec gives none.
+    #: ``.``. The dataset's name when the spec gives none (the stage's, for ``from``).
     path: str
+    #: In a pipeline's stage: the stage whose run made the version it reads (``{from:
+    #: prepare}``), resolved when this stage starts; ``name`` is then empty and ``version``
+    #: ``latest`` (unused). None: the catalog's ``name`` at ``version``.
+    from_stage: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What it reads, to tell two items apart: the asset and version, or the stage."""
+        return (f"from {self.from_stage}", "") if self.from_stage else (self.name, self.version)
 
     def to_dict(self) -> dict[str, Any]:
+        if self.from_stage is not None:
+            return {"from": self.from_stage, "path": self.path}
         return {"name": self.name, "version": self.version, "path": self.path}
 
 
@@ -380,10 +391,21 @@ class ModelInput:
     #: A version number or an alias, as written; resolved once, at submission, as a dataset's.
     version: str
     #: Where its files appear (read-only), relative to ``TAU_DATA_DIR``, apart from every
-    #: dataset's folder; normalised, never ``.``. The model's name when the spec gives none.
+    #: dataset's folder; normalised, never ``.``. The model's name when the spec gives none
+    #: (the stage's, for ``from``).
     path: str
+    #: In a pipeline's stage: the stage whose run made the model version it reads; as a
+    #: dataset's.
+    from_stage: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What it reads, to tell two items apart: the asset and version, or the stage."""
+        return (f"from {self.from_stage}", "") if self.from_stage else (self.name, self.version)
 
     def to_dict(self) -> dict[str, Any]:
+        if self.from_stage is not None:
+            return {"from": self.from_stage, "path": self.path}
         return {"name": self.name, "version": self.version, "path": self.path}
 
 

@@ -13,7 +13,7 @@ import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from tau.k8s_names import (
     dns1035_label_problem,
@@ -26,6 +26,7 @@ from tau.quantity import parse_quantity
 from tau.spec.dialects import Reading, read_document
 from tau.spec.fields import (
     INVALID,
+    BlockCheck,
     BlockValues,
     DurationKind,
     EnumKind,
@@ -1128,16 +1129,37 @@ _INPUT_KINDS = {
 }
 
 
+class _AssetInputKind(ObjectKind[AssetInput]):
+    """An input names a catalog asset or the pipeline stage that makes one: its JSON Schema
+    says so (exactly one of ``name`` and ``from``; no ``version`` with ``from``)."""
+
+    def json_schema(self) -> JsonSchema:
+        schema = super().json_schema()
+        schema.pop("required", None)
+        for key in ("name", "from"):
+            # Either is left out rather than null (a null one counts as left out).
+            prop = schema["properties"][key]
+            (given,) = [option for option in prop.pop("anyOf") if option.get("type") != "null"]
+            prop.pop("default", None)
+            schema["properties"][key] = {**given, **prop}
+        schema["oneOf"] = [
+            {"required": ["name"]},
+            {"required": ["from"], "not": {"required": ["version"]}},
+        ]
+        return schema
+
+
 def _asset_input(kind: str, build: Callable[..., AssetInput]) -> ObjectKind[AssetInput]:
     """An item of ``inputs.datasets`` or ``inputs.models``: a catalog asset at one version."""
     name, alias, command = _INPUT_KINDS[kind]
-    return ObjectKind(
+    return _AssetInputKind(
         (
             Field(
                 "name",
                 _asset_name_kind(kind, name),
-                f"A {kind} of your workspace (`{command}`).",
-                required=True,
+                f"A {kind} of your workspace (`{command}`). Required, unless `from` names "
+                f"the pipeline stage that makes the {kind}.",
+                default=None,
                 example=name,
             ),
             Field(
@@ -1153,17 +1175,35 @@ def _asset_input(kind: str, build: Callable[..., AssetInput]) -> ObjectKind[Asse
                 "path",
                 _folder_kind(what=f"{kind} path", directory="TAU_DATA_DIR", example=name),
                 f"Where the {kind}'s files appear, read-only, relative to `TAU_DATA_DIR`. "
-                f"Unset: the {kind}'s name.",
+                f"Unset: the {kind}'s name (with `from`: the stage's).",
                 default=None,
                 example=name,
             ),
+            Field(
+                "from",
+                StringKind(
+                    max_length=STAGE_NAME_MAX_LENGTH,
+                    rule=_stage_name_problem,
+                    pattern=STAGE_NAME_PATTERN,
+                    expected="a stage's name",
+                ),
+                f"In a pipeline's stage (pipeline.yaml): the stage before this one whose run "
+                f"made the {kind} version to read, instead of `name` and `version` (`{{from: "
+                f"prepare}}`). Resolved when this stage starts, and pinned in its record. The "
+                f"stage must be one this stage needs, and its tau.yaml must have "
+                f"`outputs.{kind}`.",
+                default=None,
+                example="prepare",
+            ),
         ),
         lambda values: build(
-            name=values["name"],
+            name=values["name"] or "",
             version=values["version"],
-            path=values["name"] if values["path"] is None else values["path"],
+            path=values["path"] or values["name"] or values["from"],
+            from_stage=values["from"],
         ),
         description=f"A {kind} the run reads, at one version.",
+        checks=(_one_source(kind),),
         aliases={
             kind: "name",
             "alias": "version",
@@ -1175,6 +1215,54 @@ def _asset_input(kind: str, build: Callable[..., AssetInput]) -> ObjectKind[Asse
         },
         expected=f"a {kind} ({{name, version, path}})",
     )
+
+
+#: A pipeline stage's name, as pipeline.yaml allows it (tau.pipeline, which imports this
+#: module, holds the same rule).
+STAGE_NAME_MAX_LENGTH: Final = 32
+STAGE_NAME_PATTERN: Final = rf"^[a-z]([-a-z0-9]{{0,{STAGE_NAME_MAX_LENGTH - 2}}}[a-z0-9])?$"
+
+
+def _stage_name_problem(text: str) -> str | None:
+    problem = dns1035_label_problem(text, max_length=STAGE_NAME_MAX_LENGTH)
+    return None if problem is None else f"the stage name {quote(text)} {problem}"
+
+
+def _one_source(kind: str) -> BlockCheck:
+    """An input names a catalog asset (``name``, ``version``) or the stage that makes it
+    (``from``): exactly one of the two."""
+    example, _alias, _command = _INPUT_KINDS[kind]
+
+    def check(block: BlockValues, problems: ProblemCollector) -> None:
+        values, nodes = block.values, block.nodes
+        if values.get("name") is None and values.get("from") is None and "name" not in nodes:
+            if "from" not in nodes:
+                problems.add(
+                    join_path(block.path, "name"),
+                    block.node,
+                    "missing required key `name`",
+                    f"add `name: {example}`",
+                )
+                block.values["name"] = INVALID
+            return
+        if "from" in nodes and "name" in nodes:
+            problems.add(
+                join_path(block.path, "from"),
+                nodes["from"],
+                f"an input names a {kind} (`name`) or the stage that makes it (`from`), not both",
+                "remove one of them",
+            )
+            block.values["from"] = INVALID
+        elif "from" in nodes and "version" in nodes:
+            problems.add(
+                join_path(block.path, "version"),
+                nodes["version"],
+                "the version of a `from` input is the one its stage made",
+                "remove `version`",
+            )
+            block.values["version"] = INVALID
+
+    return check
 
 
 def _input_item_hint(text: str, kind: str) -> str:
@@ -1251,12 +1339,16 @@ class AssetListKind(ListKind[AssetInput]):
         overlaps its folder (then reported at this, the later, item). One dataset (or model)
         may be read twice, two versions in two folders (to compare them)."""
         for index, other in earlier:
-            if (other.name, other.version) == (asset.name, asset.version):
+            if other.key == asset.key:
+                shown = (
+                    f"`from: {asset.from_stage}`"
+                    if asset.from_stage
+                    else quote(f"{asset.name}@{asset.version}")
+                )
                 problems.add(
-                    join_path(path, "name"),
-                    _entry(node, "name") or node,
-                    f"{quote(f'{asset.name}@{asset.version}')} is listed twice (also item "
-                    f"{index + 1} of the list)",
+                    join_path(path, "from" if asset.from_stage else "name"),
+                    _entry(node, "from" if asset.from_stage else "name") or node,
+                    f"{shown} is listed twice (also item {index + 1} of the list)",
                     "remove one of them",
                 )
                 return True

@@ -19,7 +19,7 @@ from pipelines.models import Pipeline
 from runs.models import Run, RunState
 from tau.evidence.keys import load_trusted_keys
 from tau.evidence.pipeline_record import verify_pipeline_file
-from tau.evidence.verify import verify_and_report
+from tau.evidence.verify import verify_and_report, verify_file
 from tests.evidence.helpers import TEST_SIGNING_KEY
 from tests.pipelines.factories import PIPELINE, make_pipeline, pipeline_zip, stage_spec
 from tests.pipelines.test_orchestration import end, report, run_of
@@ -88,7 +88,7 @@ def test_the_record_verifies_offline_and_names_inputs_and_outputs(
     seal_all()
     path = download(world, pipeline, tmp_path)
 
-    checked = verify_pipeline_file(path)
+    checked = verify_pipeline_file(path, check_run=verify_file)
     assert checked.problems == []
     assert checked.records == 2
     assert checked.events >= 6
@@ -153,7 +153,9 @@ def test_any_change_is_found(world: Any, tmp_path: Path) -> None:
         stage_records[0]: lambda data: flip(data, 3000),
     }
     for member, change in cases.items():
-        found = verify_pipeline_file(rewritten(path, member, change)).problems
+        found = verify_pipeline_file(
+            rewritten(path, member, change), check_run=verify_file
+        ).problems
         assert found, member
         assert any(
             member.split("/")[-1] in problem or "signature" in problem for problem in found
@@ -180,7 +182,7 @@ def test_a_stage_that_failed_and_one_never_started_are_in_the_record(
     end(pipeline, "prepare", RunState.FAILED)
     seal_all()
     path = download(world, pipeline, tmp_path)
-    report_ = verify_pipeline_file(path)
+    report_ = verify_pipeline_file(path, check_run=verify_file)
     assert report_.problems == []
     with tarfile.open(path) as tar:
         manifest = json.loads(tar.extractfile("pipeline.json").read())  # type: ignore[union-attr]
@@ -203,7 +205,7 @@ def test_a_model_a_stage_made_is_in_the_lineage(world: Any, tmp_path: Path) -> N
     version.save(update_fields=["produced_by"])
     seal_all()
     path = download(world, pipeline, tmp_path)
-    assert verify_pipeline_file(path).problems == []
+    assert verify_pipeline_file(path, check_run=verify_file).problems == []
     with tarfile.open(path) as tar:
         manifest = json.loads(tar.extractfile("pipeline.json").read())  # type: ignore[union-attr]
     assert manifest["stages"][1]["outputs"] == [

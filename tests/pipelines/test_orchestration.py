@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from catalog.ingest import asset_named, ingest_folder
+from catalog.models import RunInput
 from pipelines import orchestration
 from pipelines.events import append_event, verify_event_chain
 from pipelines.models import Pipeline, PipelineEvent, PipelineStage, StageRun
@@ -507,3 +508,66 @@ def test_a_pipeline_whose_files_left_the_store_fails_saying_so(world: Any) -> No
     pipeline.refresh_from_db()
     assert (pipeline.state, pipeline.state_reason) == ("failed", "stage prepare failed")
     assert "no longer in the bundle store" in stage(pipeline, "prepare").reason
+
+
+# --- Hand-over: `{from: STAGE}` ---------------------------------------------------------------
+
+HANDOVER = """\
+schema_version: 1
+name: handover
+stages:
+  prepare: {config: prepare/tau.yaml}
+  train: {config: train/tau.yaml, needs: [prepare]}
+"""
+
+
+def test_a_from_input_reads_the_version_the_stage_before_made(world: Any, tmp_path: Path) -> None:
+    makes = stage_spec("prepare") + "outputs:\n  dataset: {name: corpus, path: out}\n"
+    reads = stage_spec("train") + "inputs:\n  datasets:\n    - {from: prepare}\n"
+    data = pipeline_zip(HANDOVER, **{"prepare/tau.yaml": makes, "train/tau.yaml": reads})
+    pipeline = submit(world, data)  # accepted: prepare has made nothing yet, and will
+    orchestration.advance(pipeline.pk)
+    prepare = run_of(pipeline, "prepare")
+    # What prepare's run made (as keep_outputs registers it when it succeeds), and an older
+    # version of the same dataset that it did not make.
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "part-0.txt").write_text("old\n")
+    corpus = asset_named(world.alpha, "dataset", "corpus")
+    ingest_folder(corpus, folder, source="prefix")
+    (folder / "part-0.txt").write_text("clean\n")
+    made = ingest_folder(corpus, folder, source="prefix")
+    made.produced_by = prepare
+    made.save(update_fields=["produced_by"])
+    (folder / "part-0.txt").write_text("newer, not prepare's\n")
+    ingest_folder(corpus, folder, source="prefix")
+    end(pipeline, "prepare")
+    train = run_of(pipeline, "train")
+    (pinned,) = RunInput.objects.unscoped().filter(run=train)
+    assert (pinned.version, pinned.asked, pinned.path) == (made, "from:prepare", "prepare")
+    submitted = RunEvent.objects.unscoped().get(run=train, kind="submitted")
+    assert submitted.data["datasets"] == [
+        {
+            "ref": "corpus@2",
+            "asked": "from:prepare",
+            "manifest_digest": made.manifest_digest,
+            "path": "prepare",
+        }
+    ]
+
+
+def test_a_from_input_outside_a_pipeline_is_refused(world: Any) -> None:
+    from runs import submission
+
+    reads = stage_spec("train") + "inputs:\n  datasets:\n    - {from: prepare}\n"
+    with pytest.raises(submission.SubmissionRefused) as caught:
+        submission.submit(
+            workspace=world.alpha,
+            user=world.users["researcher"],
+            spec_source=reads.encode(),
+            bundle=io.BytesIO(zip_bytes({"main.py": "print(1)\n"})),
+        )
+    (problem,) = caught.value.problems
+    assert problem.path == "inputs.datasets[0].from"
+    assert "only when it runs as a stage of a pipeline" in problem.message
+    assert problem.line == 11

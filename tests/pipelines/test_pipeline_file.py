@@ -334,3 +334,66 @@ def test_a_gate_on_a_metric_its_stage_s_code_never_names_is_a_warning(
     said = capsys.readouterr()
     assert said.out.startswith("pipeline.yaml: ok (6 stages")
     assert "warning: stages.serve.when" in said.out
+
+
+# --- Hand-over: `{from: STAGE}` ---------------------------------------------------------------
+
+MAKES_DATA = JOB + "outputs:\n  dataset: {{name: corpus, path: out}}\n"
+MAKES_MODEL = JOB + "outputs:\n  model: {{name: tiny-gpt, path: model}}\n"
+
+
+def reads(name: str, kind: str, stage: str) -> str:
+    return JOB.format(name=name) + f"inputs:\n  {kind}s:\n    - {{from: {stage}}}\n"
+
+
+def test_a_stage_reads_what_a_stage_it_needs_made(tmp_path: Path) -> None:
+    path = project(
+        tmp_path,
+        LIFECYCLE,
+        **{
+            "data-prep": MAKES_DATA.format(name="data-prep"),
+            "train": reads("train", "dataset", "prepare"),
+            "finetune": MAKES_MODEL.format(name="finetune"),
+            "evaluate": reads("evaluate", "model", "finetune"),
+        },
+    )
+    check = check_pipeline(path)
+    assert check.ok, [problem.format() for problem in check.problems]
+    (dataset,) = check.specs["train"].inputs.datasets
+    assert (dataset.from_stage, dataset.path) == ("prepare", "prepare")
+
+
+def test_a_from_must_name_a_stage_it_needs_that_makes_such_a_version(tmp_path: Path) -> None:
+    path = project(
+        tmp_path,
+        LIFECYCLE,
+        **{
+            "data-prep": MAKES_DATA.format(name="data-prep"),
+            # report needs train (and so prepare), but prepare makes no model:
+            "report": reads("report", "model", "prepare"),
+            # train needs prepare only, not finetune:
+            "train": reads("train", "dataset", "finetune"),
+            # no such stage:
+            "evaluate": reads("evaluate", "dataset", "prep"),
+        },
+    )
+    found = lines(path)
+    assert (
+        "train/tau.yaml:6:8: inputs.datasets[0].from: names `finetune`, which `train` does not "
+        "need: it may not have ended when this stage starts (add finetune to the `needs` of "
+        "train in pipeline.yaml)"
+    ) in found, found
+    assert any(
+        line.startswith(
+            "report/tau.yaml:6:8: inputs.models[0].from: names `prepare`, which makes no model"
+        )
+        for line in found
+    ), found
+    assert any(
+        line.startswith(
+            "evaluate/tau.yaml:6:8: inputs.datasets[0].from: names `prep`, which "
+            "is not a stage of this pipeline"
+        )
+        for line in found
+    ), found
+    assert not check_pipeline(path).ok

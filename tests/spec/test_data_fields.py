@@ -500,7 +500,12 @@ def test_the_json_schema_states_the_data_fields() -> None:
     datasets = _property(schema, "inputs", "datasets")["anyOf"][0]
     assert datasets["maxItems"] == 32
     item = datasets["items"]
-    assert item["required"] == ["name"]
+    # A catalog asset by name, or (in a pipeline's stage) the stage that makes it.
+    assert "required" not in item
+    assert item["oneOf"] == [
+        {"required": ["name"]},
+        {"required": ["from"], "not": {"required": ["version"]}},
+    ]
     assert item["properties"]["name"]["pattern"] == "^[a-z0-9][a-z0-9._-]{0,62}$"
     assert item["properties"]["version"]["default"] == "latest"
     assert item["properties"]["path"]["default"] is None

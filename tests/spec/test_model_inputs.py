@@ -314,7 +314,12 @@ def test_the_json_schema_states_models_as_datasets() -> None:
     models = inputs["properties"]["models"]["anyOf"][0]
     assert models["maxItems"] == 8
     item = models["items"]
-    assert item["required"] == ["name"]
+    # A catalog asset by name, or (in a pipeline's stage) the stage that makes it.
+    assert "required" not in item
+    assert item["oneOf"] == [
+        {"required": ["name"]},
+        {"required": ["from"], "not": {"required": ["version"]}},
+    ]
     assert item["additionalProperties"] is False
     assert item["properties"]["name"]["pattern"] == "^[a-z0-9][a-z0-9._-]{0,62}$"
     assert item["properties"]["version"]["default"] == "latest"
