@@ -98,7 +98,7 @@ def handing_over(made: Mapping[tuple[str, str], AssetVersion]) -> Iterator[None]
         HANDED_OVER.reset(token)
 
 
-def _handed_over(kind: str, at: str, stage: str) -> tuple[tuple[str, str] | None, Any]:
+def handed_over(kind: str, at: str, stage: str) -> tuple[tuple[str, str] | None, Any]:
     """The version stage ``stage`` made for a ``{from: stage}`` input, or the problem."""
     made = HANDED_OVER.get()
     if made is None:
@@ -130,7 +130,7 @@ def check_inputs(spec: Spec, workspace: Workspace) -> tuple[list[tuple[str, str]
     ]
     for kind, at, wanted in wanted_inputs:
         if wanted.from_stage is not None:
-            problem, made = _handed_over(kind, at, wanted.from_stage)
+            problem, made = handed_over(kind, at, wanted.from_stage)
             if problem is not None:
                 problems.append(problem)
             elif made is not None:

@@ -15,7 +15,7 @@ from typing import Any
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.decorators import method_decorator
@@ -28,7 +28,7 @@ from pipelines.api.views import REFUSAL, may_act_on
 from pipelines.layout import BOX_HEIGHT, BOX_WIDTH, Graph, layout
 from pipelines.models import Pipeline, PipelineEvent, PipelineStage
 from pipelines.orchestration import RESUMABLE
-from pipelines.planning import PipelineState
+from pipelines.planning import PipelineState, StageState
 from pipelines.selectors import produced, stages_of
 from portal import live
 from portal.requests import signed_in_user
@@ -58,8 +58,17 @@ EVENT_WORDS = {
 
 
 def pipelines_of(workspace: Any) -> QuerySet[Pipeline]:
-    """The workspace's pipelines, newest first."""
-    return Pipeline.objects.for_workspace(workspace).order_by("-created_at", "-id")
+    """The workspace's pipelines, newest first, each with how many of its stages are done
+    (``done``: succeeded or reused) of how many (``total``), in the same query."""
+    done = [StageState.SUCCEEDED.value, StageState.REUSED.value]
+    return (
+        Pipeline.objects.for_workspace(workspace)
+        .annotate(
+            total=Count("stages"),
+            done=Count("stages", filter=Q(stages__state__in=done)),
+        )
+        .order_by("-created_at", "-id")
+    )
 
 
 def pipeline_or_404(workspace: Any, name: str) -> Pipeline:
@@ -162,9 +171,6 @@ class PipelineListView(WorkspaceViewMixin, TemplateView):
             self.request.GET.get("page")
         )
         rows = list(page)
-        counts = stage_counts(rows)
-        for pipeline in rows:
-            pipeline.done, pipeline.total = counts.get(pipeline.pk, (0, 0))  # type: ignore[attr-defined]
         context.update(
             {
                 "pipelines": page,
@@ -183,22 +189,6 @@ class PipelineListView(WorkspaceViewMixin, TemplateView):
             )
             return live.fragment_response(request, "pipelines/list.html#rows", context, etag)
         return self.render_to_response(context)
-
-
-def stage_counts(pipelines: list[Pipeline]) -> dict[int, tuple[int, int]]:
-    """Stages done (succeeded or reused) and stages in all, by pipeline: one query."""
-    counts: dict[int, list[int]] = {pipeline.pk: [0, 0] for pipeline in pipelines}
-    if not pipelines:
-        return {}
-    rows = (
-        PipelineStage.objects.for_workspace(pipelines[0].workspace_id)
-        .filter(pipeline_id__in=counts)
-        .values_list("pipeline_id", "state")
-    )
-    for pipeline_id, state in rows:
-        counts[pipeline_id][1] += 1
-        counts[pipeline_id][0] += state in ("succeeded", "reused")
-    return {key: (done, total) for key, (done, total) in counts.items()}
 
 
 @method_decorator(vary_on_headers("HX-Request"), name="dispatch")  # fragments for htmx

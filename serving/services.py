@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from catalog.ingest import find_version
 from catalog.models import Asset, AssetVersion
+from catalog.runs import handed_over
 from runs import bundles, policy
 from runs.models import CodeBundle
 from runs.submission import MAX_SPEC_BYTES, SubmissionProblem, reading_of
@@ -198,6 +199,14 @@ def _model_problems(
             return SubmissionProblem(f"model.{key}", message)
         return _at(source, f"serve.model.{key}", message)
 
+    if wanted.from_stage is not None:
+        # A pipeline's stage: the model version the stage before it made.
+        found, made = handed_over(Asset.Kind.MODEL, "serve.model", wanted.from_stage)
+        if found is not None:
+            return [_at(source, found[0], found[1])], None
+        if made is None:  # the pipeline is being checked: its stages have made nothing yet
+            return [], None
+        return [], made
     asset = (
         None
         if "\x00" in wanted.name
@@ -332,7 +341,13 @@ def _check(
         spec=placement.spec,
         source=source.decode("utf-8"),
         model_version=version,
-        model_asked=serve.model.version if serve.model is not None else "",
+        model_asked=(
+            ""
+            if serve.model is None
+            else f"from:{serve.model.from_stage}"
+            if serve.model.from_stage
+            else serve.model.version
+        ),
         priority=placement.priority,
         priority_value=placement.priority_value,
         bundle=stored,

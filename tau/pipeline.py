@@ -658,9 +658,9 @@ def _before(stages: Sequence[Stage], name: str) -> set[str]:
 def _handover_problems(
     stages: Sequence[Stage], specs: Mapping[str, Spec], files: Mapping[str, tuple[str, bytes]]
 ) -> Iterator[FileProblem]:
-    """A stage's ``{from: STAGE}`` input names a stage it needs (so that stage has ended when
-    it starts) whose tau.yaml makes such a version (``outputs.dataset``, ``outputs.model``);
-    said at the ``from`` in the stage's own tau.yaml."""
+    """A stage's ``{from: STAGE}`` input (or ``serve.model``) names a stage it needs (so that
+    stage has ended when it starts) whose tau.yaml makes such a version (``outputs.dataset``,
+    ``outputs.model``); said at the ``from`` in the stage's own tau.yaml."""
     names = {stage.name for stage in stages}
     for stage in stages:
         spec = specs.get(stage.name)
@@ -675,6 +675,8 @@ def _handover_problems(
             (f"inputs.models[{index}].from", "model", item.from_stage)
             for index, item in enumerate(spec.inputs.models)
         ]
+        if spec.serve is not None and spec.serve.model is not None:
+            wanted.append(("serve.model.from", "model", spec.serve.model.from_stage))
         for path, kind, source_stage in wanted:
             if source_stage is None:
                 continue

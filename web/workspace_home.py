@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models import Count, Q
 from django.views.generic import TemplateView
 
-from pipelines.views import pipelines_of, stage_counts
+from pipelines.views import pipelines_of
 from runs.models import LIVE_STATES, RUNNING_STATES, WAITING_STATES, Run
 from runs.usage import usage_lines
 from workspaces.access import WorkspaceViewMixin
@@ -39,7 +39,7 @@ class WorkspaceHomeView(WorkspaceViewMixin, TemplateView):
                     runs.filter(state__in=LIVE_STATES).order_by("-created_at", "-id")[:10]
                 ),
                 "counts": counts,
-                "pipelines": recent_pipelines(self.workspace),
+                "pipelines": list(pipelines_of(self.workspace)[:5]),
                 "members": list(
                     Membership.objects.for_workspace(self.workspace)
                     .select_related("user")
@@ -48,13 +48,3 @@ class WorkspaceHomeView(WorkspaceViewMixin, TemplateView):
             }
         )
         return context
-
-
-def recent_pipelines(workspace: Any) -> list[Any]:
-    """The workspace's five newest pipelines, each with how many of its stages are done
-    (two queries)."""
-    pipelines = list(pipelines_of(workspace)[:5])
-    counts = stage_counts(pipelines)
-    for pipeline in pipelines:
-        pipeline.done, pipeline.total = counts.get(pipeline.pk, (0, 0))  # type: ignore[attr-defined]
-    return pipelines

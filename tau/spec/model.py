@@ -579,8 +579,13 @@ class ModelRef:
     #: A version number (``"3"``) or an alias (``"production"``, ``"latest"``), as written;
     #: the server resolves it when the endpoint is deployed.
     version: str
+    #: In a pipeline's stage: the stage whose run made the model version to serve (``{from:
+    #: finetune}``), resolved when this stage starts; ``name`` is then empty.
+    from_stage: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        if self.from_stage is not None:
+            return {"from": self.from_stage}
         return {"name": self.name, "version": self.version}
 
 

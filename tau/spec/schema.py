@@ -1134,19 +1134,24 @@ class _AssetInputKind(ObjectKind[AssetInput]):
     says so (exactly one of ``name`` and ``from``; no ``version`` with ``from``)."""
 
     def json_schema(self) -> JsonSchema:
-        schema = super().json_schema()
-        schema.pop("required", None)
-        for key in ("name", "from"):
-            # Either is left out rather than null (a null one counts as left out).
-            prop = schema["properties"][key]
-            (given,) = [option for option in prop.pop("anyOf") if option.get("type") != "null"]
-            prop.pop("default", None)
-            schema["properties"][key] = {**given, **prop}
-        schema["oneOf"] = [
-            {"required": ["name"]},
-            {"required": ["from"], "not": {"required": ["version"]}},
-        ]
-        return schema
+        return _name_or_from(super().json_schema())
+
+
+def _name_or_from(schema: JsonSchema) -> JsonSchema:
+    """The JSON Schema of a block that names a catalog asset or the pipeline stage that
+    makes one: exactly one of ``name`` and ``from``, and no ``version`` with ``from``."""
+    schema.pop("required", None)
+    for key in ("name", "from"):
+        # Either is left out rather than null (a null one counts as left out).
+        prop = schema["properties"][key]
+        (given,) = [option for option in prop.pop("anyOf") if option.get("type") != "null"]
+        prop.pop("default", None)
+        schema["properties"][key] = {**given, **prop}
+    schema["oneOf"] = [
+        {"required": ["name"]},
+        {"required": ["from"], "not": {"required": ["version"]}},
+    ]
+    return schema
 
 
 def _asset_input(kind: str, build: Callable[..., AssetInput]) -> ObjectKind[AssetInput]:
@@ -1228,9 +1233,9 @@ def _stage_name_problem(text: str) -> str | None:
     return None if problem is None else f"the stage name {quote(text)} {problem}"
 
 
-def _one_source(kind: str) -> BlockCheck:
-    """An input names a catalog asset (``name``, ``version``) or the stage that makes it
-    (``from``): exactly one of the two."""
+def _one_source(kind: str, what: str = "an input") -> BlockCheck:
+    """An input (or ``serve.model``) names a catalog asset (``name``, ``version``) or the
+    stage that makes it (``from``): exactly one of the two."""
     example, _alias, _command = _INPUT_KINDS[kind]
 
     def check(block: BlockValues, problems: ProblemCollector) -> None:
@@ -1249,7 +1254,7 @@ def _one_source(kind: str) -> BlockCheck:
             problems.add(
                 join_path(block.path, "from"),
                 nodes["from"],
-                f"an input names a {kind} (`name`) or the stage that makes it (`from`), not both",
+                f"{what} names a {kind} (`name`) or the stage that makes it (`from`), not both",
                 "remove one of them",
             )
             block.values["from"] = INVALID
@@ -1257,7 +1262,7 @@ def _one_source(kind: str) -> BlockCheck:
             problems.add(
                 join_path(block.path, "version"),
                 nodes["version"],
-                "the version of a `from` input is the one its stage made",
+                f"the version {what} reads with `from` is the one its stage made",
                 "remove `version`",
             )
             block.values["version"] = INVALID
@@ -1996,6 +2001,9 @@ class ModelRefKind(ObjectKind[ModelRef]):
             return self.type_problem(node, path, problems, _model_ref_hint(node.text))
         return super().check_node(node, path, problems)
 
+    def json_schema(self) -> JsonSchema:
+        return _name_or_from(super().json_schema())
+
 
 MODEL_REF = ModelRefKind(
     (
@@ -2003,9 +2011,24 @@ MODEL_REF = ModelRefKind(
             "name",
             _asset_name_kind("model", "tiny-gpt"),
             "A model of your workspace (`tau data model list`); the same rules as a dataset's "
-            "name.",
-            required=True,
+            "name. Required, unless `from` names the pipeline stage that makes the model.",
+            default=None,
             example="tiny-gpt",
+        ),
+        Field(
+            "from",
+            StringKind(
+                max_length=STAGE_NAME_MAX_LENGTH,
+                rule=_stage_name_problem,
+                pattern=STAGE_NAME_PATTERN,
+                expected="a stage's name",
+            ),
+            "In a pipeline's stage (pipeline.yaml): the stage before this one whose run made "
+            "the model version to serve, instead of `name` and `version` (`{from: finetune}`). "
+            "Resolved when this stage starts, and pinned in the endpoint's record. The stage "
+            "must be one this stage needs, and its tau.yaml must have `outputs.model`.",
+            default=None,
+            example="finetune",
         ),
         Field(
             "version",
@@ -2016,9 +2039,12 @@ MODEL_REF = ModelRefKind(
             example="production",
         ),
     ),
-    lambda values: ModelRef(**values),
+    lambda values: ModelRef(
+        name=values["name"] or "", version=values["version"], from_stage=values["from"]
+    ),
     description="A model version of the workspace the endpoint serves, staged read-only at "
     "`TAU_MODEL_DIR`.",
+    checks=(_one_source("model", "`serve.model`"),),
     aliases={"model": "name", "alias": "version", "tag": "version"},
     expected="a model version ({name, version})",
 )

@@ -571,3 +571,42 @@ def test_a_from_input_outside_a_pipeline_is_refused(world: Any) -> None:
     assert problem.path == "inputs.datasets[0].from"
     assert "only when it runs as a stage of a pipeline" in problem.message
     assert problem.line == 11
+
+
+def test_an_endpoint_stage_serves_the_model_the_stage_before_made(
+    world: Any, tmp_path: Path, settings: Any
+) -> None:
+    from serving.models import Endpoint
+    from tests.serving import fakes
+    from tests.serving.factories import ENDPOINT_FILES, ENDPOINT_SPEC, model_version
+
+    settings.TAU_BACKEND_CLASSES = fakes.backend_classes(settings)
+    fakes.reset()
+    pipeline_yaml = HANDOVER.replace(
+        "  train: {config: train/tau.yaml, needs: [prepare]}\n",
+        "  serve: {config: serve/tau.yaml, needs: [prepare]}\n",
+    )
+    makes = stage_spec("prepare") + "outputs:\n  model: {name: tiny-gpt, path: model}\n"
+    serves = ENDPOINT_SPEC.decode().replace(
+        "  replicas: 1\n", "  replicas: 1\n  model: {from: prepare}\n"
+    )
+    files = {
+        "pipeline.yaml": pipeline_yaml,
+        "prepare/tau.yaml": makes,
+        "prepare/main.py": "print(1)\n",
+        "serve/tau.yaml": serves,
+        **{f"serve/{name}": body for name, body in ENDPOINT_FILES.items()},
+    }
+    pipeline = submit(world, zip_bytes(files))
+    orchestration.advance(pipeline.pk)
+    model_version(world, tmp_path)  # an older version, made by no stage
+    weights = tmp_path / "made"
+    weights.mkdir()
+    (weights / "weights.bin").write_bytes(b"prepared weights")
+    made = ingest_folder(asset_named(world.alpha, "model", "tiny-gpt"), weights, source="prefix")
+    made.produced_by = run_of(pipeline, "prepare")
+    made.save(update_fields=["produced_by"])
+    end(pipeline, "prepare")
+    endpoint = Endpoint.objects.for_workspace(world.alpha).get(name="chat")
+    assert stage(pipeline, "serve").endpoint == endpoint
+    assert (endpoint.model_version, endpoint.model_asked) == (made, "from:prepare")

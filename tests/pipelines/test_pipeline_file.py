@@ -397,3 +397,27 @@ def test_a_from_must_name_a_stage_it_needs_that_makes_such_a_version(tmp_path: P
         for line in found
     ), found
     assert not check_pipeline(path).ok
+
+
+def test_an_endpoint_serves_the_model_a_stage_it_needs_made(tmp_path: Path) -> None:
+    serves = ENDPOINT.format(name="serve").replace(
+        'serve: {import_path: "app:deployment"}',
+        'serve: {import_path: "app:deployment", model: {from: finetune}}',
+    )
+    assert serves != ENDPOINT.format(name="serve")
+    good = project(
+        tmp_path / "good",
+        LIFECYCLE,
+        finetune=MAKES_MODEL.format(name="finetune"),
+        serve=serves,
+    )
+    check = check_pipeline(good)
+    assert check.ok, [problem.format() for problem in check.problems]
+    assert check.specs["serve"].serve.model.from_stage == "finetune"  # type: ignore[union-attr]
+    # finetune declares no outputs.model here: nothing to serve.
+    found = lines(project(tmp_path / "bad", LIFECYCLE, serve=serves))
+    assert any(
+        line.startswith("serve/tau.yaml:4:")
+        and "serve.model.from: names `finetune`, which makes no model" in line
+        for line in found
+    ), found

@@ -100,8 +100,9 @@ def test_page_query_counts_do_not_grow(world: Any, django_user_model: Any, url_n
     assert len(few) == len(many)
     # Session and user; then the workspace list (shared by page and navigation), or: the
     # access check, runs in use and quotas (usage), my runs, active runs, run counts,
-    # members, the storage its datasets and models keep, and the navigation's workspace list.
-    expected = {"home": 3, "workspace-home": 11}[url_name]
+    # its newest pipelines, members, the storage its datasets and models keep, and the
+    # navigation's workspace list.
+    expected = {"home": 3, "workspace-home": 12}[url_name]
     assert len(many) == expected, [q["sql"] for q in many.captured_queries]
 
 
