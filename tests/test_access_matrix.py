@@ -39,6 +39,7 @@ from gpus.models import GpuNode
 from identity import tokens
 from notifications.models import NotificationDelivery, Webhook
 from notifications.unsubscribe import make_token
+from pipelines.models import Pipeline
 from portal import audit
 from portal.models import AuditEvent
 from runs.artifacts import store_artifact
@@ -781,6 +782,7 @@ ADMIN_OBJECTS: dict[type, Callable[[Any], Any]] = {
         run__name=SEALED_RUN(world)["run_name"]
     ),
     Endpoint: the_endpoint,
+    Pipeline: lambda world: make_pipeline(world),
     EndpointDelivery: lambda world: (
         EndpointDelivery.objects.for_workspace(world.alpha)
         .filter(endpoint=the_endpoint(world))
@@ -800,6 +802,8 @@ READ_ONLY_ADMIN_MODELS = {
     SealRequest,
     Endpoint,
     EndpointDelivery,
+    # Pipelines: changed through their services (the API, their page) alone.
+    Pipeline,
 }
 
 
