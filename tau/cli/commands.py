@@ -58,7 +58,7 @@ from tau.cli.config import (
     save_profile,
 )
 from tau.cli.data import data_group
-from tau.cli.downloads import attachment_name, download_to
+from tau.cli.downloads import attachment_name, download_to, verify_with_portal_keys
 from tau.cli.logs import (
     POLL_SECONDS,
     TERMINAL_STATES,
@@ -1369,13 +1369,7 @@ def evidence_pull(
         if as_json:
             print_json({"file": str(target), "size": size})
         return EXIT_OK
-    keyring = api.json_of(api.request("GET", "/api/v1/evidence/keys/"))
-    from tau.evidence.verify import verify_and_report
-
-    with tempfile.TemporaryDirectory(prefix="tau-keys-") as scratch:
-        keys_file = Path(scratch) / "keys.json"
-        keys_file.write_text(json.dumps(keyring))
-        return verify_and_report(str(target), str(keys_file), as_json=as_json)
+    return verify_with_portal_keys(api, target, as_json=as_json)
 
 
 # --- short aliases ------------------------------------------------------------------------

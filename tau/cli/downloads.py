@@ -3,6 +3,7 @@ beside the target, renamed into place only once whole, with progress."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -11,7 +12,7 @@ from pathlib import Path
 import httpx
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-from tau.cli.client import CliError
+from tau.cli.client import Api, CliError
 from tau.cli.common import err
 
 
@@ -56,3 +57,15 @@ def download_to(response: httpx.Response, target: Path, *, quiet: bool) -> int:
     finally:
         Path(partial).unlink(missing_ok=True)
     return written
+
+
+def verify_with_portal_keys(api: Api, target: Path, *, as_json: bool) -> int:
+    """``tau evidence verify`` of a downloaded record against the keys the portal publishes
+    (its current and earlier signing keys); the command's exit status."""
+    from tau.evidence.verify import verify_and_report
+
+    keyring = api.json_of(api.request("GET", "/api/v1/evidence/keys/"))
+    with tempfile.TemporaryDirectory(prefix="tau-keys-") as scratch:
+        keys_file = Path(scratch) / "keys.json"
+        keys_file.write_text(json.dumps(keyring))
+        return verify_and_report(str(target), str(keys_file), as_json=as_json)

@@ -31,7 +31,7 @@ from tau.cli.client import (
     problem_text,
 )
 from tau.cli.common import err, json_option, out, print_json, state_of, workspace_option
-from tau.cli.downloads import attachment_name, download_to
+from tau.cli.downloads import attachment_name, download_to, verify_with_portal_keys
 from tau.cli.logs import print_run_log
 from tau.pipeline import DEFAULT_FILE, check_lines, check_pipeline, json_schema
 
@@ -465,13 +465,7 @@ def evidence_command(
         if as_json:
             print_json({"file": str(target), "size": size})
         return EXIT_OK
-    keyring = api.json_of(api.request("GET", "/api/v1/evidence/keys/"))
-    from tau.evidence.verify import verify_and_report
-
-    with tempfile.TemporaryDirectory(prefix="tau-keys-") as scratch:
-        keys_file = Path(scratch) / "keys.json"
-        keys_file.write_text(json.dumps(keyring))
-        return verify_and_report(str(target), str(keys_file), as_json=as_json)
+    return verify_with_portal_keys(api, target, as_json=as_json)
 
 
 @pipeline_group.command("logs")
